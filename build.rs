@@ -1,0 +1,28 @@
+//! Generates the agentrt.v1 protobuf and gRPC code with protox (a pure-Rust
+//! protobuf compiler), so no system `protoc` is needed.
+
+use std::{env, fs, path::PathBuf};
+
+use prost::Message as _;
+
+const PROTOS: &[&str] = &[
+    "proto/agentrt/v1/common.proto",
+    "proto/agentrt/v1/sessions.proto",
+    "proto/agentrt/v1/runtime.proto",
+];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=proto");
+    let fds = protox::compile(PROTOS, ["proto"])?;
+    let out_dir = PathBuf::from(env::var("OUT_DIR")?);
+    // The descriptor set feeds server reflection (v1 and v1alpha).
+    fs::write(
+        out_dir.join("agentrt_descriptor.bin"),
+        fds.encode_to_vec(),
+    )?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,13 @@
+//! The agentrt runtime core. It runs agent conversation turns and keeps their
+//! state; it knows nothing of gRPC (this crate must not depend on tonic or
+//! prost — CI checks the dependency tree).
+//!
+//! Modules:
+//! - [`types`]: domain values (sessions, messages, turn records, usage).
+//! - [`store`]: the [`store::Store`] trait, with sled and in-memory stores.
+//! - [`model`]: the [`model::ModelProvider`] trait, the `provider/model`
+//!   registry, the echo model and the OpenAI-compatible HTTP provider.
+
+pub mod model;
+pub mod store;
+pub mod types;

@@ -1,0 +1,186 @@
+//! Model providers behind the [`ModelProvider`] trait, and the [`Models`]
+//! registry that routes `provider/model` names to them.
+//!
+//! - [`echo`]: `builtin/echo`, a deterministic offline demo/test model.
+//! - [`openai`]: OpenAI-compatible Chat Completions streaming over HTTP.
+//! - [`sse`]: the Server-Sent Events parser the HTTP providers share.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::Stream;
+
+use crate::types::{Message, StopReason, ThinkingLevel, Usage};
+
+pub mod echo;
+pub mod openai;
+pub mod sse;
+
+/// What a provider is asked to do: one model step.
+#[derive(Debug, Clone)]
+pub struct ModelRequest {
+    /// The model name *without* the provider prefix.
+    pub model: String,
+    /// System prompt, if any.
+    pub system_prompt: Option<String>,
+    /// The conversation so far, oldest first, ending with the new user
+    /// message.
+    pub messages: Vec<Message>,
+    /// Requested reasoning effort, if any.
+    pub thinking: Option<ThinkingLevel>,
+}
+
+/// One streamed item of a model step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelEvent {
+    /// Assistant text delta (non-empty).
+    TextDelta(String),
+    /// Reasoning delta (non-empty).
+    ReasoningDelta(String),
+    /// Token usage of the step (may arrive once, near the end).
+    Usage(Usage),
+    /// The step ended normally. Always the last item of a successful stream.
+    Finished(StopReason),
+}
+
+/// Why a model step failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ModelError {
+    /// The upstream could not be reached or answered 5xx.
+    #[error("model upstream unavailable: {0}")]
+    Unavailable(String),
+    /// The upstream refused for quota/rate (429).
+    #[error("model upstream rate limited: {0}")]
+    RateLimited(String),
+    /// The upstream rejected our credentials (401/403).
+    #[error("model upstream rejected credentials: {0}")]
+    Unauthorized(String),
+    /// The upstream rejected the request (other 4xx).
+    #[error("model upstream rejected the request: {0}")]
+    Rejected(String),
+    /// The stream ended before the model finished (no finish reason / `[DONE]`).
+    #[error("model stream ended early: {0}")]
+    Truncated(String),
+    /// The upstream sent something we cannot parse.
+    #[error("malformed model response: {0}")]
+    Malformed(String),
+}
+
+impl ModelError {
+    /// A message safe to show callers: no upstream bodies, no secrets.
+    pub fn public_message(&self) -> &'static str {
+        match self {
+            Self::Unavailable(_) => "the model service is unavailable",
+            Self::RateLimited(_) => "the model service is rate limiting requests",
+            Self::Unauthorized(_) => "the model service rejected the configured credentials",
+            Self::Rejected(_) => "the model service rejected the request",
+            Self::Truncated(_) => "the model stream ended before the model finished",
+            Self::Malformed(_) => "the model service sent a malformed response",
+        }
+    }
+}
+
+/// A model step's stream. Dropping it cancels the step (closing the
+/// upstream request).
+pub type ModelStream = Pin<Box<dyn Stream<Item = Result<ModelEvent, ModelError>> + Send>>;
+
+/// A source of model output.
+#[async_trait]
+pub trait ModelProvider: Send + Sync + fmt::Debug + 'static {
+    /// Starts one model step. Errors before the first byte are returned
+    /// here; later ones arrive in the stream. A stream that ends without
+    /// [`ModelEvent::Finished`] is treated as truncated by the runtime.
+    async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError>;
+
+    /// Whether `model` (without the provider prefix) is served. Providers
+    /// without an allow-list accept any name.
+    fn serves(&self, model: &str) -> bool {
+        let _ = model;
+        true
+    }
+}
+
+/// A `provider/model` name, split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelName<'a> {
+    /// The provider part (before the first `/`).
+    pub provider: &'a str,
+    /// The model part.
+    pub model: &'a str,
+}
+
+impl<'a> ModelName<'a> {
+    /// Splits `provider/model`; `None` when either part is empty.
+    pub fn parse(full: &'a str) -> Option<Self> {
+        let (provider, model) = full.split_once('/')?;
+        (!provider.is_empty() && !model.is_empty()).then_some(Self { provider, model })
+    }
+}
+
+/// Why a model name cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelLookupError {
+    /// Not of the form `provider/model`.
+    #[error("model name {0:?} is not of the form provider/model")]
+    Malformed(String),
+    /// No provider of that name is configured.
+    #[error("model {name:?}: no provider named {provider:?} is configured")]
+    UnknownProvider {
+        /// The full name.
+        name: String,
+        /// The provider part.
+        provider: String,
+    },
+    /// The provider does not serve that model.
+    #[error("model {0:?} is not served by its provider")]
+    UnknownModel(String),
+}
+
+/// The configured providers, by name.
+#[derive(Clone, Default)]
+pub struct Models {
+    providers: BTreeMap<String, Arc<dyn ModelProvider>>,
+}
+
+impl fmt::Debug for Models {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Models")
+            .field("providers", &self.providers.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl Models {
+    /// A registry holding only `builtin` (the echo model).
+    pub fn with_builtin() -> Self {
+        let mut models = Self::default();
+        models.insert("builtin", Arc::new(echo::EchoProvider::default()));
+        models
+    }
+
+    /// Registers (or replaces) a provider under `name`.
+    pub fn insert(&mut self, name: impl Into<String>, provider: Arc<dyn ModelProvider>) {
+        self.providers.insert(name.into(), provider);
+    }
+
+    /// Resolves a full `provider/model` name.
+    pub fn resolve(
+        &self,
+        full: &str,
+    ) -> Result<(Arc<dyn ModelProvider>, String), ModelLookupError> {
+        let name = ModelName::parse(full).ok_or_else(|| ModelLookupError::Malformed(full.into()))?;
+        let provider = self.providers.get(name.provider).ok_or_else(|| {
+            ModelLookupError::UnknownProvider {
+                name: full.to_owned(),
+                provider: name.provider.to_owned(),
+            }
+        })?;
+        if !provider.serves(name.model) {
+            return Err(ModelLookupError::UnknownModel(full.to_owned()));
+        }
+        Ok((Arc::clone(provider), name.model.to_owned()))
+    }
+}

@@ -1,0 +1,1 @@
+//! OpenAI-compatible provider (placeholder while it is written).

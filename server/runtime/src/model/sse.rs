@@ -1,0 +1,1 @@
+//! SSE parser (placeholder while it is written).

@@ -1,0 +1,150 @@
+//! Durable state behind the [`Store`] trait: sessions, messages, turn records.
+//!
+//! Two implementations: [`SledStore`] (the default, on disk) and
+//! [`MemoryStore`] (tests). Both pass the same contract suite
+//! ([`contract`]). Every write that returns `Ok` has been flushed to durable
+//! storage by the time it returns (for sled: `flush_async`), so the runtime
+//! may acknowledge it (`message_stored`).
+
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+
+use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord};
+
+pub mod contract;
+mod memory;
+mod sled_store;
+
+pub use memory::MemoryStore;
+pub use sled_store::SledStore;
+
+/// Errors of a store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The session does not exist.
+    #[error("session not found")]
+    SessionNotFound,
+    /// A stored value could not be decoded (corrupted or of an unknown
+    /// version). Never a panic.
+    #[error("corrupt record at {key}: {reason}")]
+    Corrupt {
+        /// Where (tree and key, printable).
+        key: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The storage engine failed (I/O, lock, ...).
+    #[error("storage failure: {0}")]
+    Backend(String),
+}
+
+/// Result of [`Store::create_session`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreateOutcome {
+    /// A new session was stored.
+    Created(Session),
+    /// A session with that id already existed; it is returned unchanged
+    /// (the caller decides whether the owner matches).
+    Existing(Session),
+}
+
+/// A page request for [`Store::list_sessions`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListQuery {
+    /// Only this agent's sessions when set.
+    pub agent_id: Option<String>,
+    /// Include archived sessions.
+    pub include_archived: bool,
+    /// Maximum sessions returned (the caller bounds it).
+    pub limit: usize,
+    /// Continue after this cursor (from a previous [`SessionPage`]).
+    pub after: Option<ListCursor>,
+}
+
+/// Position in the newest-activity-first order: sessions strictly after
+/// `(last_active_at, id)` in that order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListCursor {
+    /// `last_active_at` of the last session of the previous page.
+    pub last_active_at: SystemTime,
+    /// Its id (ties on time are broken by id, descending).
+    pub id: String,
+}
+
+/// One page of sessions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionPage {
+    /// Newest activity first.
+    pub sessions: Vec<Session>,
+    /// Set when more sessions may follow.
+    pub next: Option<ListCursor>,
+}
+
+/// Durable storage of sessions, history and turn records.
+///
+/// Implementations must be safe to call concurrently. Appends to one session
+/// are serialised by the store (seq assignment is atomic). Every mutating
+/// method is durable when it returns `Ok`.
+#[async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    /// Stores a new session, or returns the existing one with the same id.
+    async fn create_session(&self, new: NewSession) -> Result<CreateOutcome, StoreError>;
+
+    /// One session, or `None`.
+    async fn get_session(&self, id: &str) -> Result<Option<Session>, StoreError>;
+
+    /// A page of `owner`'s sessions, newest `last_active_at` first (ties by
+    /// id descending).
+    async fn list_sessions(&self, owner: &str, query: &ListQuery)
+    -> Result<SessionPage, StoreError>;
+
+    /// Applies `update` (touching `last_active_at`) and returns the result.
+    async fn update_session(&self, id: &str, update: SessionUpdate)
+    -> Result<Session, StoreError>;
+
+    /// Deletes a session with its whole history and turn records. `false`
+    /// when it did not exist.
+    async fn delete_session(&self, id: &str) -> Result<bool, StoreError>;
+
+    /// Atomically stores a new turn record (status `Running`) and the turn's
+    /// user message, sets the session's `last_turn`, and returns the stored
+    /// message. `turn.user_message_seq` is overwritten with the assigned seq.
+    async fn begin_turn(
+        &self,
+        turn: TurnRecord,
+        user_message: NewMessage,
+    ) -> Result<Message, StoreError>;
+
+    /// Appends a message to a session's history, assigning the next seq.
+    async fn append_message(&self, session_id: &str, message: NewMessage)
+    -> Result<Message, StoreError>;
+
+    /// Stores the final state of a turn record and the session's `last_turn`.
+    async fn finish_turn(&self, turn: TurnRecord) -> Result<(), StoreError>;
+
+    /// One turn record.
+    async fn get_turn(&self, session_id: &str, turn_id: &str)
+    -> Result<Option<TurnRecord>, StoreError>;
+
+    /// Messages with `seq > after_seq`, in seq order, at most `limit`;
+    /// compacted ones only when `include_compacted`.
+    async fn history(
+        &self,
+        session_id: &str,
+        after_seq: u64,
+        limit: usize,
+        include_compacted: bool,
+    ) -> Result<Vec<Message>, StoreError>;
+
+    /// Marks every turn record still `Running` as `Interrupted` (with
+    /// `finished_at` = now) and updates their sessions' `last_turn`.
+    /// Called once at start-up; returns the records it changed.
+    async fn recover_interrupted(&self) -> Result<Vec<TurnRecord>, StoreError>;
+
+    /// Number of stored sessions (all owners).
+    async fn count_sessions(&self) -> Result<u64, StoreError>;
+
+    /// Flushes everything to durable storage.
+    async fn flush(&self) -> Result<(), StoreError>;
+}

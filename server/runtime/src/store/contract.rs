@@ -1,0 +1,1 @@
+//! The store contract suite (filled in by the store work).

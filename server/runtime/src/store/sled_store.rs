@@ -1,0 +1,3 @@
+//! sled store (placeholder while the store is written).
+#[derive(Debug)]
+pub struct SledStore;

@@ -1,0 +1,446 @@
+//! Domain types shared by the store, the model providers and the runtime.
+//!
+//! These are plain Rust values (serde-serialisable for the store); the gRPC
+//! adapter converts them to and from the protobuf messages.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+/// Who is calling: every call runs as a principal derived from credentials.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Principal {
+    /// The user id that owns sessions.
+    pub user_id: String,
+    /// Admin principals may call the operator API.
+    pub admin: bool,
+}
+
+impl Principal {
+    /// The single user of an unauthenticated loopback server.
+    pub fn local() -> Self {
+        Self {
+            user_id: "local".to_owned(),
+            admin: true,
+        }
+    }
+}
+
+/// The author of a stored message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The caller's input.
+    User,
+    /// Model output.
+    Assistant,
+    /// A tool result.
+    Tool,
+    /// A compaction summary.
+    Summary,
+    /// A runtime notice (e.g. a timeout).
+    Notice,
+}
+
+/// Reasoning effort requested from a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ThinkingLevel {
+    /// No reasoning.
+    None,
+    /// The least reasoning a model supports.
+    Minimal,
+    /// Low effort.
+    Low,
+    /// Medium effort.
+    Medium,
+    /// High effort.
+    High,
+    /// Highest effort.
+    XHigh,
+}
+
+impl ThinkingLevel {
+    /// The lowercase name used in provider requests (`"low"`, `"xhigh"`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Minimal => "minimal",
+            Self::Low => "low",
+            Self::Medium => "medium",
+            Self::High => "high",
+            Self::XHigh => "xhigh",
+        }
+    }
+}
+
+/// One block of message content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentBlock {
+    /// Plain text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// Model reasoning.
+    Thinking {
+        /// The reasoning text.
+        thinking: String,
+        /// Provider signature to send back with it (may be empty).
+        #[serde(default)]
+        signature: String,
+    },
+    /// An image.
+    Image {
+        /// Raw image bytes (base64 in the store).
+        #[serde(with = "crate::types::base64_bytes")]
+        data: Vec<u8>,
+        /// e.g. `image/png`.
+        mime_type: String,
+    },
+    /// A tool call made by the model.
+    ToolCall {
+        /// Call id, unique within the turn.
+        id: String,
+        /// Tool name.
+        name: String,
+        /// Arguments as a JSON document.
+        arguments_json: String,
+    },
+    /// The result of a tool call.
+    ToolResult {
+        /// The id of the call this answers.
+        call_id: String,
+        /// Tool name.
+        name: String,
+        /// Result text.
+        content: String,
+        /// True when the tool failed.
+        is_error: bool,
+    },
+}
+
+impl ContentBlock {
+    /// A text block.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self::Text { text: text.into() }
+    }
+}
+
+/// Joins the text blocks of `content` with newlines.
+pub fn flatten_text(content: &[ContentBlock]) -> String {
+    let mut out = String::new();
+    for block in content {
+        if let ContentBlock::Text { text } = block {
+            if !out.is_empty() && !text.is_empty() {
+                out.push('\n');
+            }
+            out.push_str(text);
+        }
+    }
+    out
+}
+
+/// Token usage of a model step or a turn.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Generated tokens.
+    pub output_tokens: u64,
+    /// Of the output, reasoning tokens.
+    pub reasoning_tokens: u64,
+    /// Of the input, tokens served from a prompt cache.
+    pub cached_input_tokens: u64,
+}
+
+impl Usage {
+    /// Adds `other` to `self`, saturating.
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.reasoning_tokens = self.reasoning_tokens.saturating_add(other.reasoning_tokens);
+        self.cached_input_tokens = self
+            .cached_input_tokens
+            .saturating_add(other.cached_input_tokens);
+    }
+}
+
+/// Why generation of an assistant message stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The model finished.
+    Stop,
+    /// The model hit its output token limit.
+    Length,
+    /// The model stopped to call tools.
+    ToolUse,
+    /// The model or the transport failed.
+    Error,
+    /// Stopped by a caller (StopSession).
+    Cancelled,
+    /// The Chat caller went away.
+    ClientGone,
+    /// The turn deadline passed.
+    Timeout,
+    /// The server shut down.
+    Shutdown,
+}
+
+impl StopReason {
+    /// The lowercase wire name (`"stop"`, `"tool_use"`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::ToolUse => "tool_use",
+            Self::Error => "error",
+            Self::Cancelled => "cancelled",
+            Self::ClientGone => "client_gone",
+            Self::Timeout => "timeout",
+            Self::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// A message to append; the store assigns its `seq`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewMessage {
+    /// Unique message id.
+    pub id: String,
+    /// The turn that produced it.
+    pub turn_id: String,
+    /// Author.
+    pub role: Role,
+    /// Content blocks.
+    pub content: Vec<ContentBlock>,
+    /// Producing model (assistant messages).
+    pub model: Option<String>,
+    /// Usage of the step that produced it.
+    pub usage: Option<Usage>,
+    /// Why generation stopped (assistant messages).
+    pub stop_reason: Option<StopReason>,
+    /// Creation time.
+    pub created_at: SystemTime,
+}
+
+impl NewMessage {
+    /// A message with a fresh id, created now.
+    pub fn new(turn_id: &str, role: Role, content: Vec<ContentBlock>) -> Self {
+        Self {
+            id: new_id(),
+            turn_id: turn_id.to_owned(),
+            role,
+            content,
+            model: None,
+            usage: None,
+            stop_reason: None,
+            created_at: SystemTime::now(),
+        }
+    }
+}
+
+/// A stored message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// Per-session sequence number: strictly increasing, never reused.
+    pub seq: u64,
+    /// The message itself.
+    #[serde(flatten)]
+    pub body: NewMessage,
+    /// True once a summary covers it.
+    #[serde(default)]
+    pub compacted: bool,
+}
+
+/// The state of a turn record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnStatus {
+    /// Still running (or the process died while it ran; see recovery).
+    Running,
+    /// Finished normally.
+    Success,
+    /// Failed.
+    Error,
+    /// Stopped, the caller went away, or the server shut down.
+    Canceled,
+    /// The deadline passed.
+    TimedOut,
+    /// Found running at start-up: the process died during the turn.
+    Interrupted,
+}
+
+/// Why a turn was cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelReason {
+    /// StopSession.
+    Stopped,
+    /// The Chat caller went away.
+    ClientGone,
+    /// The server shut down.
+    Shutdown,
+    /// The session was deleted.
+    SessionDeleted,
+}
+
+impl CancelReason {
+    /// The stop reason stored on a partial assistant message.
+    pub fn stop_reason(self) -> StopReason {
+        match self {
+            Self::Stopped | Self::SessionDeleted => StopReason::Cancelled,
+            Self::ClientGone => StopReason::ClientGone,
+            Self::Shutdown => StopReason::Shutdown,
+        }
+    }
+}
+
+/// The durable record of one turn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnRecord {
+    /// Turn id.
+    pub turn_id: String,
+    /// Session id.
+    pub session_id: String,
+    /// Current state.
+    pub status: TurnStatus,
+    /// Admission time.
+    pub started_at: SystemTime,
+    /// End time, once ended.
+    pub finished_at: Option<SystemTime>,
+    /// Effective `provider/model`.
+    pub model: String,
+    /// Effective thinking level, if any.
+    pub thinking: Option<ThinkingLevel>,
+    /// Whether a per-call system prompt replaced the session's.
+    pub system_overridden: bool,
+    /// Total usage so far.
+    pub usage: Usage,
+    /// The seq of the stored user message.
+    pub user_message_seq: u64,
+    /// Caller-safe error message, for ERROR outcomes.
+    pub error: Option<String>,
+    /// For CANCELED outcomes.
+    pub cancel_reason: Option<CancelReason>,
+    /// Idempotency key of the Chat that started it.
+    #[serde(default)]
+    pub request_id: Option<String>,
+}
+
+/// Summary of a session's latest turn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastTurn {
+    /// Turn id.
+    pub turn_id: String,
+    /// Its state.
+    pub status: TurnStatus,
+    /// Admission time.
+    pub started_at: SystemTime,
+    /// End time, once ended.
+    pub finished_at: Option<SystemTime>,
+}
+
+impl From<&TurnRecord> for LastTurn {
+    fn from(t: &TurnRecord) -> Self {
+        Self {
+            turn_id: t.turn_id.clone(),
+            status: t.status,
+            started_at: t.started_at,
+            finished_at: t.finished_at,
+        }
+    }
+}
+
+/// A stored session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Session {
+    /// Session id.
+    pub id: String,
+    /// Owning user id.
+    pub owner: String,
+    /// Agent id (free-form).
+    pub agent_id: String,
+    /// Project id (free-form).
+    pub project_id: String,
+    /// Title; empty until set.
+    pub title: String,
+    /// `provider/model`; empty means the runtime default.
+    pub model: String,
+    /// System prompt; empty means none.
+    pub system_prompt: String,
+    /// Caller metadata.
+    pub metadata: BTreeMap<String, String>,
+    /// Creation time.
+    pub created_at: SystemTime,
+    /// Last activity (creation, update, message).
+    pub last_active_at: SystemTime,
+    /// Archived sessions reject new turns.
+    pub archived: bool,
+    /// The latest turn, if any.
+    pub last_turn: Option<LastTurn>,
+    /// Number of stored messages.
+    pub message_count: u64,
+    /// The seq the next stored message gets (starts at 1).
+    pub next_seq: u64,
+}
+
+/// Fields of a new session.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NewSession {
+    /// Client-chosen id; the store generates one when `None`.
+    pub id: Option<String>,
+    /// Owning user id.
+    pub owner: String,
+    /// Agent id.
+    pub agent_id: String,
+    /// Project id.
+    pub project_id: String,
+    /// Title.
+    pub title: String,
+    /// `provider/model` or empty.
+    pub model: String,
+    /// System prompt.
+    pub system_prompt: String,
+    /// Metadata.
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// A partial update of a session; `None` leaves a field unchanged.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionUpdate {
+    /// New title.
+    pub title: Option<String>,
+    /// New model.
+    pub model: Option<String>,
+    /// New system prompt.
+    pub system_prompt: Option<String>,
+    /// Replacement metadata map.
+    pub metadata: Option<BTreeMap<String, String>>,
+    /// New archived flag.
+    pub archived: Option<bool>,
+}
+
+/// A new unique id (UUID v7: time-ordered, so ids sort by creation).
+pub fn new_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// Serde helper: `Vec<u8>` as a base64 string.
+pub(crate) mod base64_bytes {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&STANDARD.encode(bytes))
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(d)?;
+        STANDARD.decode(text).map_err(serde::de::Error::custom)
+    }
+}

@@ -1,0 +1,1 @@
+//! agentrt gRPC server.
