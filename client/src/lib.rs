@@ -1,1 +1,253 @@
-//! agentrt client.
+//! Rust client for agentrt.
+//!
+//! [`Client`] wraps the generated gRPC stubs in a small facade: connect
+//! (optionally with a bearer token and timeouts), manage sessions, and run
+//! turns whose events arrive as a typed [`ChatEvent`] stream. The raw
+//! generated code stays available as [`proto`] for anything the facade does
+//! not cover.
+//!
+//! ```no_run
+//! use agentrt_client::{ChatEvent, Client};
+//! use futures::StreamExt as _;
+//!
+//! # async fn demo() -> Result<(), agentrt_client::Error> {
+//! let client = Client::connect("http://127.0.0.1:50051").await?;
+//! let session = client.create_session(Default::default()).await?;
+//! let mut events = client.chat(&session.session_id, "hello").await?;
+//! while let Some(event) = events.next().await {
+//!     match event?.kind {
+//!         ChatEvent::Text(delta) => print!("{delta}"),
+//!         ChatEvent::TurnFinished { outcome, .. } => println!("\n[{outcome:?}]"),
+//!         _ => {}
+//!     }
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Modules: [`events`] (the typed events and the stream), [`proto`] (the
+//! generated stubs).
+
+use std::time::Duration;
+
+use tonic::metadata::MetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+pub mod events;
+
+pub use agentrt_proto::v1 as proto;
+pub use events::{ChatEvent, Event, EventStream, TurnSummary};
+
+use proto::agent_runtime_client::AgentRuntimeClient;
+use proto::session_service_client::SessionServiceClient;
+
+/// Errors of the client.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The server answered with a non-OK status.
+    #[error("{}: {}", .0.code(), .0.message())]
+    Status(#[from] tonic::Status),
+    /// The connection failed.
+    #[error("transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// The server sent something this client does not understand (e.g. an
+    /// event with no kind).
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// A bad URL or token.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+/// Adds `authorization: Bearer <token>` to every call.
+#[derive(Debug, Clone)]
+pub struct Auth {
+    header: Option<MetadataValue<tonic::metadata::Ascii>>,
+}
+
+impl tonic::service::Interceptor for Auth {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(h) = &self.header {
+            req.metadata_mut().insert("authorization", h.clone());
+        }
+        Ok(req)
+    }
+}
+
+type Svc = InterceptedService<Channel, Auth>;
+
+/// Configures a [`Client`].
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    url: String,
+    token: Option<String>,
+    connect_timeout: Duration,
+    request_timeout: Option<Duration>,
+}
+
+impl ClientBuilder {
+    /// Sends `authorization: Bearer <token>` with every call.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Bounds connection set-up. Default 10 s.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Deadline for unary calls (not for event streams). Default none.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = Some(timeout);
+        self
+    }
+
+    /// Connects.
+    pub async fn connect(self) -> Result<Client, Error> {
+        let header = match &self.token {
+            Some(t) => Some(
+                format!("Bearer {t}")
+                    .parse()
+                    .map_err(|_| Error::InvalidArgument("token must be printable ASCII".into()))?,
+            ),
+            None => None,
+        };
+        let channel = Endpoint::from_shared(self.url.clone())
+            .map_err(|e| Error::InvalidArgument(format!("url {:?}: {e}", self.url)))?
+            .connect_timeout(self.connect_timeout)
+            .tcp_nodelay(true)
+            .connect()
+            .await?;
+        let auth = Auth { header };
+        Ok(Client {
+            sessions: SessionServiceClient::with_interceptor(channel.clone(), auth.clone()),
+            runtime: AgentRuntimeClient::with_interceptor(channel, auth),
+            request_timeout: self.request_timeout,
+        })
+    }
+}
+
+/// A connection to an agentrt server. Cheap to clone (one HTTP/2 channel).
+#[derive(Debug, Clone)]
+pub struct Client {
+    sessions: SessionServiceClient<Svc>,
+    runtime: AgentRuntimeClient<Svc>,
+    request_timeout: Option<Duration>,
+}
+
+impl Client {
+    /// A builder for `url` (e.g. `http://127.0.0.1:50051`).
+    pub fn builder(url: impl Into<String>) -> ClientBuilder {
+        ClientBuilder {
+            url: url.into(),
+            token: None,
+            connect_timeout: Duration::from_secs(10),
+            request_timeout: None,
+        }
+    }
+
+    /// Connects without credentials.
+    pub async fn connect(url: impl Into<String>) -> Result<Self, Error> {
+        Self::builder(url).connect().await
+    }
+
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(message);
+        if let Some(t) = self.request_timeout {
+            req.set_timeout(t);
+        }
+        req
+    }
+
+    /// The generated SessionService client.
+    pub fn sessions_raw(&self) -> SessionServiceClient<Svc> {
+        self.sessions.clone()
+    }
+
+    /// The generated AgentRuntime client.
+    pub fn runtime_raw(&self) -> AgentRuntimeClient<Svc> {
+        self.runtime.clone()
+    }
+
+    /// Creates a session (idempotent with a client-chosen `session_id`).
+    pub async fn create_session(&self, req: proto::CreateSessionRequest) -> Result<proto::Session, Error> {
+        Ok(self.sessions.clone().create_session(self.request(req)).await?.into_inner())
+    }
+
+    /// One session.
+    pub async fn get_session(&self, session_id: &str) -> Result<proto::Session, Error> {
+        let req = proto::GetSessionRequest {
+            session_id: session_id.to_owned(),
+        };
+        Ok(self.sessions.clone().get_session(self.request(req)).await?.into_inner())
+    }
+
+    /// A page of the caller's sessions, newest activity first.
+    pub async fn list_sessions(&self, req: proto::ListSessionsRequest) -> Result<proto::ListSessionsResponse, Error> {
+        Ok(self.sessions.clone().list_sessions(self.request(req)).await?.into_inner())
+    }
+
+    /// Updates the fields set in `req`.
+    pub async fn update_session(&self, req: proto::UpdateSessionRequest) -> Result<proto::Session, Error> {
+        Ok(self.sessions.clone().update_session(self.request(req)).await?.into_inner())
+    }
+
+    /// Deletes a session and its history.
+    pub async fn delete_session(&self, session_id: &str) -> Result<bool, Error> {
+        let req = proto::DeleteSessionRequest {
+            session_id: session_id.to_owned(),
+        };
+        Ok(self.sessions.clone().delete_session(self.request(req)).await?.into_inner().deleted)
+    }
+
+    /// One page of history.
+    pub async fn history_page(&self, req: proto::GetHistoryRequest) -> Result<proto::GetHistoryResponse, Error> {
+        Ok(self.sessions.clone().get_history(self.request(req)).await?.into_inner())
+    }
+
+    /// The whole stored history (every page), compacted messages included.
+    pub async fn history(&self, session_id: &str) -> Result<Vec<proto::Message>, Error> {
+        let mut out = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let page = self
+                .history_page(proto::GetHistoryRequest {
+                    session_id: session_id.to_owned(),
+                    page_size: 1_000,
+                    include_compacted: true,
+                    page_token: std::mem::take(&mut page_token),
+                    ..Default::default()
+                })
+                .await?;
+            out.extend(page.messages);
+            if page.next_page_token.is_empty() {
+                return Ok(out);
+            }
+            page_token = page.next_page_token;
+        }
+    }
+
+    /// Runs a turn with one text block.
+    pub async fn chat(&self, session_id: &str, text: &str) -> Result<EventStream, Error> {
+        self.chat_with(proto::ChatRequest {
+            session_id: session_id.to_owned(),
+            content: vec![proto::ContentBlock {
+                block: Some(proto::content_block::Block::Text(proto::TextBlock {
+                    text: text.to_owned(),
+                })),
+            }],
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Runs a turn from a full request. Admission errors (busy, not found,
+    /// invalid) are returned here; later failures arrive in the stream.
+    pub async fn chat_with(&self, req: proto::ChatRequest) -> Result<EventStream, Error> {
+        let stream = self.runtime.clone().chat(tonic::Request::new(req)).await?.into_inner();
+        Ok(EventStream::new(stream))
+    }
+}

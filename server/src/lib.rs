@@ -1,1 +1,260 @@
-//! agentrt gRPC server.
+//! The agentrt gRPC server: the tonic adapter around the runtime core.
+//!
+//! Modules:
+//! - [`config`]: the typed, layered configuration.
+//! - [`auth`]: bearer keys → principals, as a tonic interceptor.
+//! - [`convert`]: protobuf ↔ domain conversions.
+//! - [`status`]: core errors → gRPC statuses (exhaustive).
+//! - [`session_service`], [`runtime_service`]: the thin handlers.
+//!
+//! [`run`] (or [`ServerBuilder::serve`]) is the one entry point: it opens the
+//! store, serves on a listener the caller bound, and drains gracefully when
+//! the caller's shutdown future completes.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentrt_proto::v1::agent_runtime_server::AgentRuntimeServer;
+use agentrt_proto::v1::session_service_server::SessionServiceServer;
+use agentrt_runtime::model::openai::{OpenAiConfig, OpenAiProvider};
+use agentrt_runtime::model::{ModelProvider, Models};
+use agentrt_runtime::store::{SledStore, Store};
+use agentrt_runtime::{Runtime, RuntimeConfig};
+use tokio::net::TcpListener;
+use tonic_health::ServingStatus;
+
+pub mod auth;
+pub mod config;
+pub mod convert;
+pub mod runtime_service;
+pub mod session_service;
+pub mod status;
+
+pub use config::{Cli, Config, ConfigError};
+
+/// The health service name that turns SERVING once the store is open and
+/// NOT_SERVING when draining.
+pub const READINESS: &str = "readiness";
+
+/// After the grace period, how long cancelled turns and open streams get
+/// before the server stops regardless.
+const HARD_STOP: Duration = Duration::from_secs(2);
+
+/// Why the server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The configuration is unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The store could not be opened.
+    #[error("cannot open the store in {path}: {source}")]
+    Store {
+        /// The store directory.
+        path: String,
+        /// The cause.
+        source: agentrt_runtime::store::StoreError,
+    },
+    /// The runtime could not start.
+    #[error("cannot start the runtime: {0}")]
+    Runtime(#[from] agentrt_runtime::RuntimeError),
+    /// The gRPC transport failed.
+    #[error("transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// Reflection could not be built.
+    #[error("reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// Builds a server from a [`Config`], optionally with extra model providers
+/// (tests register scripted ones) and a store of the caller's choosing.
+#[derive(Clone)]
+pub struct ServerBuilder {
+    config: Config,
+    extra_models: Vec<(String, Arc<dyn ModelProvider>)>,
+    store: Option<Arc<dyn Store>>,
+    env: EnvLookup,
+}
+
+impl std::fmt::Debug for ServerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerBuilder")
+            .field("config", &self.config)
+            .field("extra_models", &self.extra_models.iter().map(|(n, _)| n).collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Serves `config` on `listener` until `shutdown` completes, then drains.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServerError> {
+    ServerBuilder::new(config).serve(listener, shutdown).await
+}
+
+impl ServerBuilder {
+    /// A builder over `config`.
+    pub fn new(config: Config) -> Self {
+        Self {
+            config,
+            extra_models: Vec::new(),
+            store: None,
+            env: Arc::new(|name| std::env::var(name).ok()),
+        }
+    }
+
+    /// Registers a model provider under `name` (the part before `/`).
+    pub fn model_provider(mut self, name: impl Into<String>, provider: Arc<dyn ModelProvider>) -> Self {
+        self.extra_models.push((name.into(), provider));
+        self
+    }
+
+    /// Uses `store` instead of opening sled in the data directory.
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Replaces the environment lookup used for `api_key_env`.
+    pub fn env_lookup(mut self, env: impl Fn(&str) -> Option<String> + Send + Sync + 'static) -> Self {
+        self.env = Arc::new(env);
+        self
+    }
+
+    fn models(&self) -> Result<Models, ConfigError> {
+        let mut models = Models::with_builtin();
+        for p in &self.config.providers {
+            let api_key = match &p.api_key_env {
+                Some(var) => Some((self.env)(var).ok_or_else(|| {
+                    ConfigError(format!(
+                        "provider {:?}: environment variable {var} (api_key_env) is not set",
+                        p.name
+                    ))
+                })?),
+                None => None,
+            };
+            let provider = OpenAiProvider::new(OpenAiConfig {
+                api_key,
+                models: p.models.clone(),
+                ..OpenAiConfig::new(p.base_url.clone())
+            })
+            .map_err(|e| ConfigError(format!("provider {:?}: {e}", p.name)))?;
+            models.insert(p.name.clone(), Arc::new(provider));
+        }
+        for (name, provider) in &self.extra_models {
+            models.insert(name.clone(), Arc::clone(provider));
+        }
+        Ok(models)
+    }
+
+    async fn open_store(&self) -> Result<Arc<dyn Store>, ServerError> {
+        if let Some(store) = &self.store {
+            return Ok(Arc::clone(store));
+        }
+        let path = self.config.data_dir.join("store");
+        let shown = path.display().to_string();
+        let opened = tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&path).map_err(|e| {
+                agentrt_runtime::store::StoreError::Backend(format!("cannot create the directory: {e}"))
+            })?;
+            SledStore::open(&path)
+        })
+        .await
+        .map_err(|e| ServerError::Store {
+            path: shown.clone(),
+            source: agentrt_runtime::store::StoreError::Backend(e.to_string()),
+        })?;
+        let store = opened.map_err(|source| ServerError::Store { path: shown, source })?;
+        Ok(Arc::new(store))
+    }
+
+    /// Serves on `listener` until `shutdown` completes; then readiness turns
+    /// NOT_SERVING, new turns are refused, live turns get the grace period,
+    /// the rest are cancelled, the store is flushed and the server stops.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServerError> {
+        self.config.validate()?;
+        let models = self.models()?;
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_service_status("", ServingStatus::NotServing).await;
+        health.set_service_status(READINESS, ServingStatus::NotServing).await;
+
+        let store = self.open_store().await?;
+        let runtime_config = RuntimeConfig {
+            default_model: self.config.default_model.clone(),
+            ..RuntimeConfig::default()
+        };
+        let runtime = Runtime::open(runtime_config, store, models).await?;
+
+        let reflection_v1 = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(agentrt_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()?;
+        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(agentrt_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()?;
+        let auth = auth::Authenticator::new(&self.config.auth);
+        let router = tonic::transport::Server::builder()
+            .trace_fn(|req| tracing::info_span!("rpc", method = %req.uri().path()))
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(SessionServiceServer::with_interceptor(
+                session_service::Sessions::new(runtime.clone()),
+                auth.interceptor(),
+            ))
+            .add_service(AgentRuntimeServer::with_interceptor(
+                runtime_service::Turns::new(runtime.clone()),
+                auth.interceptor(),
+            ));
+
+        let addr = listener.local_addr().ok();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let mut server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+            let _ = stop_rx.await;
+        }));
+        health.set_service_status("", ServingStatus::Serving).await;
+        health.set_service_status(READINESS, ServingStatus::Serving).await;
+        tracing::info!(addr = ?addr, default_model = %self.config.default_model, "agentrt-server serving");
+
+        tokio::select! {
+            finished = &mut server => {
+                // The transport stopped on its own: report why.
+                runtime.shutdown(Duration::ZERO, HARD_STOP).await;
+                return match finished {
+                    Ok(result) => result.map_err(ServerError::from),
+                    Err(join) => Err(ServerError::Runtime(agentrt_runtime::RuntimeError::Unavailable(
+                        if join.is_panic() { "the transport task panicked" } else { "the transport task was cancelled" },
+                    ))),
+                };
+            }
+            () = shutdown => {}
+        }
+        tracing::info!(grace = ?self.config.shutdown_grace, "draining");
+        health.set_service_status("", ServingStatus::NotServing).await;
+        health.set_service_status(READINESS, ServingStatus::NotServing).await;
+        runtime.shutdown(self.config.shutdown_grace, HARD_STOP).await;
+        let _ = stop_tx.send(());
+        match tokio::time::timeout(HARD_STOP, &mut server).await {
+            Ok(Ok(result)) => result?,
+            Ok(Err(join)) => tracing::error!(error = %join, "transport task failed"),
+            Err(_) => {
+                tracing::warn!("open connections did not close in time; stopping anyway");
+                server.abort();
+            }
+        }
+        tracing::info!("agentrt-server stopped");
+        Ok(())
+    }
+}

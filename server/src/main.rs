@@ -1,1 +1,77 @@
-fn main() {}
+//! `agentrt-server`: parses the configuration, sets up logging, binds the
+//! listener and runs the server until SIGTERM or SIGINT.
+
+use std::process::ExitCode;
+
+use agentrt_server::config::LogFormat;
+use agentrt_server::{Cli, Config};
+use clap::Parser as _;
+use tracing_subscriber::EnvFilter;
+
+fn init_tracing(format: LogFormat) {
+    let filter = EnvFilter::try_from_env("AGENTRT_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %err, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("SIGINT received"),
+        () = term => tracing::info!("SIGTERM received"),
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::load(&cli) {
+        Ok(c) => c,
+        Err(err) => {
+            eprintln!("agentrt-server: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    init_tracing(config.log_format);
+    let listener = match tokio::net::TcpListener::bind(config.listen).await {
+        Ok(l) => l,
+        Err(err) => {
+            eprintln!("agentrt-server: cannot listen on {}: {err}", config.listen);
+            return ExitCode::from(2);
+        }
+    };
+    if let Ok(addr) = listener.local_addr() {
+        // One stable line on stdout, so scripts and tests that start the
+        // server on port 0 learn the address it got.
+        println!("agentrt-server listening on {addr}");
+    }
+    match agentrt_server::run(config, listener, shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("agentrt-server: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -7,7 +7,18 @@
 //! - [`store`]: the [`store::Store`] trait, with sled and in-memory stores.
 //! - [`model`]: the [`model::ModelProvider`] trait, the `provider/model`
 //!   registry, the echo model and the OpenAI-compatible HTTP provider.
+//! - [`runtime`]: [`Runtime`], admission, turns, the runner cache.
+//! - [`events`]: the typed events a turn emits.
+//! - [`hub`]: per-turn event fan-out with a bounded replay.
+//! - [`error`]: [`RuntimeError`], the one error type of the core API.
 
+pub mod error;
+pub mod events;
+pub mod hub;
 pub mod model;
+pub mod runtime;
 pub mod store;
 pub mod types;
+
+pub use error::RuntimeError;
+pub use runtime::{ChatInput, Runtime, RuntimeConfig};

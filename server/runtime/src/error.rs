@@ -1,0 +1,74 @@
+//! [`RuntimeError`]: every way a core call can fail before a turn starts.
+//! The gRPC adapter maps each variant to a status code in one exhaustive
+//! match; failures after admission travel inside the turn's event stream.
+
+use crate::model::ModelLookupError;
+use crate::store::StoreError;
+
+/// One invalid field of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldViolation {
+    /// The field path, as named in the API (e.g. `content[0].image.mime_type`).
+    pub field: String,
+    /// What is wrong, phrased so a person can fix it.
+    pub description: String,
+}
+
+impl FieldViolation {
+    /// A violation of `field`.
+    pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            description: description.into(),
+        }
+    }
+}
+
+/// Errors of the runtime core's API.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The session does not exist or belongs to another user (the two are
+    /// indistinguishable on purpose).
+    #[error("session not found")]
+    SessionNotFound,
+    /// The session already has a live turn.
+    #[error("session is busy with turn {turn_id}")]
+    SessionBusy {
+        /// The live turn.
+        turn_id: String,
+    },
+    /// The session is archived and takes no new turns.
+    #[error("session is archived; unarchive it to start new turns")]
+    SessionArchived,
+    /// A client-chosen session id is taken by another user.
+    #[error("a session with this id already exists")]
+    SessionExists,
+    /// The request is malformed.
+    #[error("invalid request: {}", describe(.0))]
+    InvalidArgument(Vec<FieldViolation>),
+    /// The runtime is closed or draining.
+    #[error("the runtime is not accepting new turns: {0}")]
+    Unavailable(&'static str),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn describe(violations: &[FieldViolation]) -> String {
+    violations
+        .iter()
+        .map(|v| format!("{}: {}", v.field, v.description))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl RuntimeError {
+    /// An invalid-argument error about one field.
+    pub fn invalid(field: impl Into<String>, description: impl Into<String>) -> Self {
+        Self::InvalidArgument(vec![FieldViolation::new(field, description)])
+    }
+
+    pub(crate) fn unknown_model(field: &str, err: &ModelLookupError) -> Self {
+        Self::invalid(field, err.to_string())
+    }
+}

@@ -1,0 +1,140 @@
+//! The typed events of a turn, as the runtime emits them. The gRPC adapter
+//! converts them one to one into `agentrt.v1.ChatEvent`.
+
+use std::time::{Duration, SystemTime};
+
+use crate::types::{CancelReason, Role, ThinkingLevel, Usage};
+
+/// Status codes carried by turn errors (named like `google.rpc.Code`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// Cancelled by a caller.
+    Cancelled,
+    /// Bad input.
+    InvalidArgument,
+    /// A deadline passed.
+    DeadlineExceeded,
+    /// Quota or rate limits.
+    ResourceExhausted,
+    /// State does not allow the operation.
+    FailedPrecondition,
+    /// A bug or an unexpected failure.
+    Internal,
+    /// A dependency (the model, the store) is unavailable.
+    Unavailable,
+    /// Credentials were rejected (by the model upstream).
+    PermissionDenied,
+}
+
+/// Outcome of a finished turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TurnOutcome {
+    /// The model finished.
+    Success,
+    /// The turn failed; an [`EventKind::Error`] precedes the end.
+    Error,
+    /// Stopped, disconnected, shut down or deleted.
+    Canceled,
+    /// The turn deadline passed.
+    TimedOut,
+}
+
+/// Model step boundary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StepKind {
+    /// A model step begins.
+    Start,
+    /// A model step ended.
+    Finish,
+}
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EventKind {
+    /// First event of every admitted turn.
+    TurnStarted {
+        /// Effective `provider/model`.
+        model: String,
+        /// Effective thinking level.
+        thinking: Option<ThinkingLevel>,
+        /// Seq of the stored user message.
+        user_message_seq: u64,
+        /// Whether a per-call system prompt replaced the session's.
+        system_overridden: bool,
+    },
+    /// Assistant text delta.
+    Text(String),
+    /// Reasoning delta.
+    Reasoning(String),
+    /// Model step boundary (`index` starts at 1).
+    Step {
+        /// Start or finish.
+        kind: StepKind,
+        /// 1-based step index.
+        index: u32,
+    },
+    /// A message was durably appended.
+    MessageStored {
+        /// Its per-session seq.
+        seq: u64,
+        /// Its id.
+        id: String,
+        /// Its role.
+        role: Role,
+    },
+    /// Usage of one model step.
+    Usage {
+        /// Token counts.
+        usage: Usage,
+        /// The model that used them.
+        model: String,
+    },
+    /// The turn failed.
+    Error {
+        /// Status code of the cause.
+        code: ErrorCode,
+        /// Caller-safe message.
+        message: String,
+    },
+    /// Last event of every turn.
+    TurnFinished {
+        /// How it ended.
+        outcome: TurnOutcome,
+        /// Why, for [`TurnOutcome::Canceled`].
+        cancel_reason: Option<CancelReason>,
+        /// Total usage.
+        usage: Usage,
+        /// Wall time since admission.
+        duration: Duration,
+    },
+}
+
+/// One event of a turn.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnEvent {
+    /// Per turn: 1, 2, 3, ... without gaps.
+    pub seq: u64,
+    /// When it was emitted.
+    pub at: SystemTime,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+impl TurnEvent {
+    /// A rough size in bytes, for replay budgets.
+    pub fn approx_size(&self) -> usize {
+        let payload = match &self.kind {
+            EventKind::Text(t) | EventKind::Reasoning(t) => t.len(),
+            EventKind::Error { message, .. } => message.len(),
+            EventKind::TurnStarted { model, .. } | EventKind::Usage { model, .. } => model.len(),
+            EventKind::MessageStored { id, .. } => id.len(),
+            EventKind::Step { .. } | EventKind::TurnFinished { .. } => 0,
+        };
+        std::mem::size_of::<Self>() + payload
+    }
+
+    /// True for the last event of a turn.
+    pub fn is_final(&self) -> bool {
+        matches!(self.kind, EventKind::TurnFinished { .. })
+    }
+}

@@ -1,0 +1,260 @@
+//! Session registry calls (create, get, list, update, delete, history), all
+//! scoped to the calling principal: another user's session is reported as
+//! not found.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+
+use super::Runtime;
+use crate::error::RuntimeError;
+use crate::store::{CreateOutcome, ListCursor, ListQuery};
+use crate::types::{CancelReason, Message, NewSession, Principal, Session, SessionUpdate};
+
+/// Default and largest page sizes.
+const LIST_DEFAULT: usize = 50;
+const LIST_MAX: usize = 500;
+const HISTORY_DEFAULT: usize = 100;
+const HISTORY_MAX: usize = 1_000;
+/// Upper bounds on caller-supplied session fields.
+const MAX_ID_LEN: usize = 128;
+const MAX_FIELD_BYTES: usize = 64 << 10;
+const MAX_METADATA_ENTRIES: usize = 64;
+/// How long DeleteSession waits for a live turn to end.
+const DELETE_STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// A page of sessions with the token for the next one.
+#[derive(Debug, Clone, Default)]
+pub struct SessionList {
+    /// Newest activity first.
+    pub sessions: Vec<Session>,
+    /// Empty when there are no more pages.
+    pub next_page_token: String,
+}
+
+/// A page of history.
+#[derive(Debug, Clone, Default)]
+pub struct HistoryPage {
+    /// In seq order.
+    pub messages: Vec<Message>,
+    /// Empty when there are no more messages.
+    pub next_page_token: String,
+}
+
+/// Session ids are 1–128 characters of `[A-Za-z0-9._:-]`, so they are safe in
+/// store keys, logs and URLs.
+pub(crate) fn validate_session_id(field: &str, id: &str) -> Result<(), RuntimeError> {
+    if id.is_empty() {
+        return Err(RuntimeError::invalid(field, "is required"));
+    }
+    if id.len() > MAX_ID_LEN
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+    {
+        return Err(RuntimeError::invalid(
+            field,
+            format!("must be 1-{MAX_ID_LEN} characters of A-Z a-z 0-9 . _ : -"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_len(field: &str, value: &str) -> Result<(), RuntimeError> {
+    if value.len() > MAX_FIELD_BYTES {
+        return Err(RuntimeError::invalid(
+            field,
+            format!("is longer than {MAX_FIELD_BYTES} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_metadata(metadata: &std::collections::BTreeMap<String, String>) -> Result<(), RuntimeError> {
+    if metadata.len() > MAX_METADATA_ENTRIES {
+        return Err(RuntimeError::invalid(
+            "metadata",
+            format!("has more than {MAX_METADATA_ENTRIES} entries"),
+        ));
+    }
+    let bytes: usize = metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > MAX_FIELD_BYTES {
+        return Err(RuntimeError::invalid(
+            "metadata",
+            format!("keys and values total more than {MAX_FIELD_BYTES} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+fn clamp_page(requested: usize, default: usize, max: usize) -> usize {
+    if requested == 0 { default } else { requested.min(max) }
+}
+
+fn encode_cursor(cursor: &ListCursor) -> String {
+    let micros = cursor
+        .last_active_at
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros();
+    URL_SAFE_NO_PAD.encode(format!("{micros}\n{}", cursor.id))
+}
+
+fn decode_cursor(token: &str) -> Result<ListCursor, RuntimeError> {
+    let bad = || RuntimeError::invalid("page_token", "is not a token returned by ListSessions");
+    let raw = URL_SAFE_NO_PAD.decode(token).map_err(|_| bad())?;
+    let text = String::from_utf8(raw).map_err(|_| bad())?;
+    let (micros, id) = text.split_once('\n').ok_or_else(bad)?;
+    let micros: u64 = micros.parse().map_err(|_| bad())?;
+    Ok(ListCursor {
+        last_active_at: UNIX_EPOCH + Duration::from_micros(micros),
+        id: id.to_owned(),
+    })
+}
+
+impl Runtime {
+    /// Creates a session owned by `who`. With a client-chosen id the call
+    /// is idempotent for the same owner; another owner gets
+    /// [`RuntimeError::SessionExists`].
+    pub async fn create_session(&self, who: &Principal, mut new: NewSession) -> Result<Session, RuntimeError> {
+        if let Some(id) = &new.id {
+            validate_session_id("session_id", id)?;
+        }
+        for (field, value) in [
+            ("agent_id", &new.agent_id),
+            ("project_id", &new.project_id),
+            ("title", &new.title),
+            ("system_prompt", &new.system_prompt),
+        ] {
+            check_len(field, value)?;
+        }
+        check_metadata(&new.metadata)?;
+        if !new.model.is_empty() {
+            self.inner
+                .models
+                .resolve(&new.model)
+                .map_err(|e| RuntimeError::unknown_model("model", &e))?;
+        }
+        new.owner.clone_from(&who.user_id);
+        match self.inner.store.create_session(new).await? {
+            CreateOutcome::Created(s) => Ok(s),
+            CreateOutcome::Existing(s) if s.owner == who.user_id => Ok(s),
+            CreateOutcome::Existing(_) => Err(RuntimeError::SessionExists),
+        }
+    }
+
+    /// One of `who`'s sessions.
+    pub async fn get_session(&self, who: &Principal, session_id: &str) -> Result<Session, RuntimeError> {
+        validate_session_id("session_id", session_id)?;
+        self.owned_session(who, session_id).await
+    }
+
+    /// A page of `who`'s sessions, newest activity first.
+    pub async fn list_sessions(
+        &self,
+        who: &Principal,
+        page_size: usize,
+        page_token: &str,
+        agent_id: Option<String>,
+        include_archived: bool,
+    ) -> Result<SessionList, RuntimeError> {
+        let after = if page_token.is_empty() {
+            None
+        } else {
+            Some(decode_cursor(page_token)?)
+        };
+        let query = ListQuery {
+            agent_id: agent_id.filter(|a| !a.is_empty()),
+            include_archived,
+            limit: clamp_page(page_size, LIST_DEFAULT, LIST_MAX),
+            after,
+        };
+        let page = self.inner.store.list_sessions(&who.user_id, &query).await?;
+        Ok(SessionList {
+            sessions: page.sessions,
+            next_page_token: page.next.as_ref().map(encode_cursor).unwrap_or_default(),
+        })
+    }
+
+    /// Updates one of `who`'s sessions.
+    pub async fn update_session(
+        &self,
+        who: &Principal,
+        session_id: &str,
+        update: SessionUpdate,
+    ) -> Result<Session, RuntimeError> {
+        validate_session_id("session_id", session_id)?;
+        for (field, value) in [
+            ("title", &update.title),
+            ("model", &update.model),
+            ("system_prompt", &update.system_prompt),
+        ] {
+            if let Some(v) = value {
+                check_len(field, v)?;
+            }
+        }
+        if let Some(model) = update.model.as_deref().filter(|m| !m.is_empty()) {
+            self.inner
+                .models
+                .resolve(model)
+                .map_err(|e| RuntimeError::unknown_model("model", &e))?;
+        }
+        if let Some(m) = &update.metadata {
+            check_metadata(m)?;
+        }
+        self.owned_session(who, session_id).await?;
+        Ok(self.inner.store.update_session(session_id, update).await?)
+    }
+
+    /// Stops any live turn (reason SESSION_DELETED), evicts the runner and
+    /// deletes the session with its history.
+    pub async fn delete_session(&self, who: &Principal, session_id: &str) -> Result<bool, RuntimeError> {
+        validate_session_id("session_id", session_id)?;
+        self.owned_session(who, session_id).await?;
+        self.cancel_live(session_id, CancelReason::SessionDeleted, DELETE_STOP_WAIT)
+            .await;
+        self.evict_runner(session_id);
+        Ok(self.inner.store.delete_session(session_id).await?)
+    }
+
+    /// A page of one of `who`'s sessions' history. `page_token` (from a
+    /// previous page) wins over `after_seq` when set.
+    pub async fn history(
+        &self,
+        who: &Principal,
+        session_id: &str,
+        after_seq: u64,
+        page_size: usize,
+        page_token: &str,
+        include_compacted: bool,
+    ) -> Result<HistoryPage, RuntimeError> {
+        validate_session_id("session_id", session_id)?;
+        let after = if page_token.is_empty() {
+            after_seq
+        } else {
+            page_token
+                .parse()
+                .map_err(|_| RuntimeError::invalid("page_token", "is not a token returned by GetHistory"))?
+        };
+        self.owned_session(who, session_id).await?;
+        let limit = clamp_page(page_size, HISTORY_DEFAULT, HISTORY_MAX);
+        // One extra row tells whether another page follows.
+        let mut messages = self
+            .inner
+            .store
+            .history(session_id, after, limit + 1, include_compacted)
+            .await?;
+        let more = messages.len() > limit;
+        messages.truncate(limit);
+        let next_page_token = match messages.last() {
+            Some(last) if more => last.seq.to_string(),
+            _ => String::new(),
+        };
+        Ok(HistoryPage {
+            messages,
+            next_page_token,
+        })
+    }
+}
+

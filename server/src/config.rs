@@ -1,0 +1,367 @@
+//! The server's configuration: one typed struct with documented defaults,
+//! layered defaults → TOML file (`--config`) → `AGENTRT_*` environment
+//! variables → command-line flags, and validated before any port is bound.
+//!
+//! The environment is read only through [`Cli`] (clap's `env` support) and
+//! through `api_key_env` lookups done by [`Config::resolve_secrets`] with an
+//! injected lookup function, so tests never mutate the process environment.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The model used when nothing is configured: the offline echo model.
+pub const BUILTIN_DEFAULT_MODEL: &str = "builtin/echo";
+
+/// Command-line flags; each also reads `AGENTRT_<NAME>`.
+#[derive(Debug, Clone, Default, clap::Parser)]
+#[command(name = "agentrt-server", version, about = "agentrt: a gRPC runtime for AI-agent conversations")]
+pub struct Cli {
+    /// Address to listen on [default: 127.0.0.1:50051].
+    #[arg(long, env = "AGENTRT_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Directory for the store [default: ./agentrt-data].
+    #[arg(long, env = "AGENTRT_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// TOML configuration file (optional).
+    #[arg(long, env = "AGENTRT_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Default `provider/model` [default: builtin/echo].
+    #[arg(long, env = "AGENTRT_DEFAULT_MODEL")]
+    pub default_model: Option<String>,
+    /// Drain time for live turns on SIGTERM, e.g. "30s" [default: 30s].
+    #[arg(long, env = "AGENTRT_SHUTDOWN_GRACE", value_parser = parse_duration)]
+    pub shutdown_grace: Option<Duration>,
+    /// Log format: "text" or "json" [default: text].
+    #[arg(long, env = "AGENTRT_LOG_FORMAT")]
+    pub log_format: Option<LogFormat>,
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The kind of an HTTP model provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    /// OpenAI-compatible Chat Completions.
+    Openai,
+    /// Anthropic Messages.
+    Anthropic,
+}
+
+/// One `[[providers]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// The part before `/` in model names.
+    pub name: String,
+    /// Wire format.
+    pub kind: ProviderKind,
+    /// e.g. `https://api.openai.com/v1`.
+    pub base_url: String,
+    /// Environment variable holding the API key (optional).
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Allow-list of model names (without the provider prefix); all when
+    /// absent.
+    #[serde(default)]
+    pub models: Option<Vec<String>>,
+}
+
+/// One `[[auth.api_keys]]` entry.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyConfig {
+    /// The bearer token.
+    pub key: String,
+    /// The user it authenticates.
+    pub user: String,
+    /// Whether the user may call RuntimeAdmin.
+    #[serde(default)]
+    pub admin: bool,
+}
+
+impl std::fmt::Debug for ApiKeyConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiKeyConfig")
+            .field("key", &"<redacted>")
+            .field("user", &self.user)
+            .field("admin", &self.admin)
+            .finish()
+    }
+}
+
+/// The `[auth]` table.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Bearer keys; none means loopback-only, single user `local`.
+    #[serde(default)]
+    pub api_keys: Vec<ApiKeyConfig>,
+}
+
+/// The TOML file's shape (every key optional).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<SocketAddr>,
+    data_dir: Option<PathBuf>,
+    default_model: Option<String>,
+    fast_model: Option<String>,
+    #[serde(default, deserialize_with = "de_duration")]
+    shutdown_grace: Option<Duration>,
+    log_format: Option<LogFormat>,
+    #[serde(default)]
+    providers: Vec<ProviderConfig>,
+    #[serde(default)]
+    auth: AuthConfig,
+}
+
+/// The effective configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Listen address. Default `127.0.0.1:50051`.
+    pub listen: SocketAddr,
+    /// Data directory. Default `./agentrt-data`.
+    pub data_dir: PathBuf,
+    /// Default `provider/model`. Default `builtin/echo`.
+    pub default_model: String,
+    /// Model for titles and compaction (later issues). Default: the default
+    /// model.
+    pub fast_model: Option<String>,
+    /// Drain time for live turns on SIGTERM. Default 30 s.
+    pub shutdown_grace: Duration,
+    /// Log format. Default text.
+    pub log_format: LogFormat,
+    /// HTTP model providers.
+    pub providers: Vec<ProviderConfig>,
+    /// Credentials.
+    pub auth: AuthConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            data_dir: PathBuf::from("./agentrt-data"),
+            default_model: BUILTIN_DEFAULT_MODEL.to_owned(),
+            fast_model: None,
+            shutdown_grace: Duration::from_secs(30),
+            log_format: LogFormat::Text,
+            providers: Vec::new(),
+            auth: AuthConfig::default(),
+        }
+    }
+}
+
+/// A configuration that cannot be used, with a message for the operator.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl Config {
+    /// Builds the effective configuration from the flags (which already
+    /// include `AGENTRT_*` variables) and the TOML file they name.
+    pub fn load(cli: &Cli) -> Result<Self, ConfigError> {
+        let file = match &cli.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    ConfigError(format!("cannot read config file {}: {e}", path.display()))
+                })?;
+                Self::parse_toml(&text)
+                    .map_err(|e| ConfigError(format!("config file {}: {}", path.display(), e.0)))?
+            }
+            None => Self::default(),
+        };
+        let config = file.with_overrides(cli);
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses a TOML document over the defaults.
+    pub fn parse_toml(text: &str) -> Result<Self, ConfigError> {
+        let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
+        let defaults = Self::default();
+        Ok(Self {
+            listen: file.listen.unwrap_or(defaults.listen),
+            data_dir: file.data_dir.unwrap_or(defaults.data_dir),
+            default_model: file.default_model.unwrap_or(defaults.default_model),
+            fast_model: file.fast_model,
+            shutdown_grace: file.shutdown_grace.unwrap_or(defaults.shutdown_grace),
+            log_format: file.log_format.unwrap_or_default(),
+            providers: file.providers,
+            auth: file.auth,
+        })
+    }
+
+    fn with_overrides(mut self, cli: &Cli) -> Self {
+        if let Some(v) = cli.listen {
+            self.listen = v;
+        }
+        if let Some(v) = &cli.data_dir {
+            self.data_dir.clone_from(v);
+        }
+        if let Some(v) = &cli.default_model {
+            self.default_model.clone_from(v);
+        }
+        if let Some(v) = cli.shutdown_grace {
+            self.shutdown_grace = v;
+        }
+        if let Some(v) = cli.log_format {
+            self.log_format = v;
+        }
+        self
+    }
+
+    /// Checks everything that can be checked without the network.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.auth.api_keys.is_empty() && !self.listen.ip().is_loopback() {
+            return Err(ConfigError(format!(
+                "refusing to listen on {} without credentials: add [[auth.api_keys]] to the config \
+                 file, or listen on a loopback address such as 127.0.0.1",
+                self.listen
+            )));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for p in &self.providers {
+            if p.name.is_empty() || p.name.contains('/') {
+                return Err(ConfigError(format!(
+                    "provider name {:?} must be non-empty and contain no '/'",
+                    p.name
+                )));
+            }
+            if p.name == "builtin" {
+                return Err(ConfigError("provider name \"builtin\" is reserved".to_owned()));
+            }
+            if !names.insert(p.name.as_str()) {
+                return Err(ConfigError(format!("provider {:?} is configured twice", p.name)));
+            }
+            if !(p.base_url.starts_with("http://") || p.base_url.starts_with("https://")) {
+                return Err(ConfigError(format!(
+                    "provider {:?}: base_url must start with http:// or https://",
+                    p.name
+                )));
+            }
+            if p.kind == ProviderKind::Anthropic {
+                return Err(ConfigError(format!(
+                    "provider {:?}: kind \"anthropic\" is not supported by this build yet; use an \
+                     OpenAI-compatible endpoint (kind = \"openai\")",
+                    p.name
+                )));
+            }
+        }
+        for (i, k) in self.auth.api_keys.iter().enumerate() {
+            if k.key.len() < 8 || k.user.is_empty() {
+                return Err(ConfigError(format!(
+                    "auth.api_keys[{i}]: key must be at least 8 characters and user non-empty"
+                )));
+            }
+        }
+        let mut keys = std::collections::BTreeSet::new();
+        if !self.auth.api_keys.iter().all(|k| keys.insert(k.key.as_str())) {
+            return Err(ConfigError("auth.api_keys holds the same key twice".to_owned()));
+        }
+        Ok(())
+    }
+}
+
+/// Parses durations like `500ms`, `30s`, `2m`, `1h`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("duration {text:?} needs a unit (ms, s, m, h)"))?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("duration {text:?} must start with a whole number"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        "h" => Ok(Duration::from_secs(n * 3600)),
+        _ => Err(format!("duration {text:?} has an unknown unit (use ms, s, m, h)")),
+    }
+}
+
+fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let text = String::deserialize(d)?;
+    parse_duration(&text).map(Some).map_err(serde::de::Error::custom)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONTRACT_EXAMPLE: &str = r#"
+default_model = "mock/some-model"
+fast_model = "mock/some-small-model"
+shutdown_grace = "30s"
+
+[[providers]]
+name = "mock"
+kind = "openai"
+base_url = "http://127.0.0.1:8080/v1"
+api_key_env = "MOCK_API_KEY"
+
+[[auth.api_keys]]
+key = "secret-a"
+user = "alice"
+admin = false
+"#;
+
+    #[test]
+    fn the_contract_example_parses_and_validates() {
+        let c = Config::parse_toml(CONTRACT_EXAMPLE).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.default_model, "mock/some-model");
+        assert_eq!(c.fast_model.as_deref(), Some("mock/some-small-model"));
+        assert_eq!(c.shutdown_grace, Duration::from_secs(30));
+        assert_eq!(c.providers[0].api_key_env.as_deref(), Some("MOCK_API_KEY"));
+        assert_eq!(c.auth.api_keys[0].user, "alice");
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let c = Config::parse_toml("listen = \"127.0.0.1:1\"").unwrap();
+        let cli = Cli {
+            listen: Some("127.0.0.1:2".parse().unwrap()),
+            ..Cli::default()
+        };
+        assert_eq!(c.with_overrides(&cli).listen.port(), 2);
+    }
+
+    #[test]
+    fn no_keys_on_a_public_address_is_refused_with_a_clear_message() {
+        let c = Config {
+            listen: "0.0.0.0:50051".parse().unwrap(),
+            ..Config::default()
+        };
+        let err = c.validate().unwrap_err().0;
+        assert!(err.contains("without credentials"), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_durations_are_rejected() {
+        assert!(Config::parse_toml("defualt_model = \"x/y\"").is_err());
+        assert!(Config::parse_toml("shutdown_grace = \"30 parsecs\"").is_err());
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+    }
+
+    #[test]
+    fn api_keys_are_redacted_in_debug_output() {
+        let c = Config::parse_toml(CONTRACT_EXAMPLE).unwrap();
+        assert!(!format!("{c:?}").contains("secret-a"));
+    }
+}

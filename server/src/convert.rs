@@ -1,0 +1,330 @@
+//! Conversions between the protobuf messages and the runtime's domain types.
+//! Decoding checks what protobuf cannot express (a missing oneof, an unknown
+//! enum value) and reports it as an invalid argument naming the field.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use agentrt_proto::v1 as pb;
+use agentrt_runtime::ChatInput;
+use agentrt_runtime::RuntimeError;
+use agentrt_runtime::events::{ErrorCode, EventKind, StepKind, TurnEvent, TurnOutcome};
+use agentrt_runtime::types::{
+    CancelReason, ContentBlock, LastTurn, Message, NewSession, Role, Session, SessionUpdate,
+    ThinkingLevel, TurnStatus, Usage,
+};
+
+/// A protobuf timestamp.
+pub fn timestamp(t: SystemTime) -> prost_types::Timestamp {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    prost_types::Timestamp {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+fn duration(d: std::time::Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+fn usage(u: &Usage) -> pb::Usage {
+    pb::Usage {
+        input_tokens: u.input_tokens,
+        output_tokens: u.output_tokens,
+        reasoning_tokens: u.reasoning_tokens,
+        cached_input_tokens: u.cached_input_tokens,
+    }
+}
+
+fn role(r: Role) -> pb::Role {
+    match r {
+        Role::User => pb::Role::User,
+        Role::Assistant => pb::Role::Assistant,
+        Role::Tool => pb::Role::Tool,
+        Role::Summary => pb::Role::Summary,
+        Role::Notice => pb::Role::Notice,
+    }
+}
+
+fn turn_outcome(s: TurnStatus) -> pb::TurnOutcome {
+    match s {
+        TurnStatus::Running => pb::TurnOutcome::Running,
+        TurnStatus::Success => pb::TurnOutcome::Success,
+        TurnStatus::Error => pb::TurnOutcome::Error,
+        TurnStatus::Canceled => pb::TurnOutcome::Canceled,
+        TurnStatus::TimedOut => pb::TurnOutcome::TimedOut,
+        TurnStatus::Interrupted => pb::TurnOutcome::Interrupted,
+    }
+}
+
+fn thinking(t: Option<ThinkingLevel>) -> pb::ThinkingLevel {
+    match t {
+        None => pb::ThinkingLevel::Unspecified,
+        Some(ThinkingLevel::None) => pb::ThinkingLevel::None,
+        Some(ThinkingLevel::Minimal) => pb::ThinkingLevel::Minimal,
+        Some(ThinkingLevel::Low) => pb::ThinkingLevel::Low,
+        Some(ThinkingLevel::Medium) => pb::ThinkingLevel::Medium,
+        Some(ThinkingLevel::High) => pb::ThinkingLevel::High,
+        Some(ThinkingLevel::XHigh) => pb::ThinkingLevel::Xhigh,
+    }
+}
+
+/// Decodes a thinking level; `Unspecified` means "inherit".
+pub fn thinking_from_pb(value: i32, field: &str) -> Result<Option<ThinkingLevel>, RuntimeError> {
+    let level = pb::ThinkingLevel::try_from(value)
+        .map_err(|_| RuntimeError::invalid(field, format!("unknown thinking level {value}")))?;
+    Ok(match level {
+        pb::ThinkingLevel::Unspecified => None,
+        pb::ThinkingLevel::None => Some(ThinkingLevel::None),
+        pb::ThinkingLevel::Minimal => Some(ThinkingLevel::Minimal),
+        pb::ThinkingLevel::Low => Some(ThinkingLevel::Low),
+        pb::ThinkingLevel::Medium => Some(ThinkingLevel::Medium),
+        pb::ThinkingLevel::High => Some(ThinkingLevel::High),
+        pb::ThinkingLevel::Xhigh => Some(ThinkingLevel::XHigh),
+    })
+}
+
+fn block_to_pb(b: ContentBlock) -> pb::ContentBlock {
+    use pb::content_block::Block;
+    let block = match b {
+        ContentBlock::Text { text } => Block::Text(pb::TextBlock { text }),
+        ContentBlock::Thinking {
+            thinking,
+            signature,
+        } => Block::Thinking(pb::ThinkingBlock {
+            thinking,
+            signature,
+        }),
+        ContentBlock::Image { data, mime_type } => Block::Image(pb::ImageBlock { data, mime_type }),
+        ContentBlock::ToolCall {
+            id,
+            name,
+            arguments_json,
+        } => Block::ToolCall(pb::ToolCallBlock {
+            id,
+            name,
+            arguments_json,
+        }),
+        ContentBlock::ToolResult {
+            call_id,
+            name,
+            content,
+            is_error,
+        } => Block::ToolResult(pb::ToolResultBlock {
+            call_id,
+            name,
+            content,
+            is_error,
+        }),
+    };
+    pb::ContentBlock { block: Some(block) }
+}
+
+/// Decodes content blocks; an empty oneof is an invalid argument.
+pub fn content_from_pb(blocks: Vec<pb::ContentBlock>, field: &str) -> Result<Vec<ContentBlock>, RuntimeError> {
+    use pb::content_block::Block;
+    blocks
+        .into_iter()
+        .enumerate()
+        .map(|(i, b)| match b.block {
+            Some(Block::Text(t)) => Ok(ContentBlock::Text { text: t.text }),
+            Some(Block::Image(img)) => Ok(ContentBlock::Image {
+                data: img.data,
+                mime_type: img.mime_type,
+            }),
+            Some(Block::Thinking(t)) => Ok(ContentBlock::Thinking {
+                thinking: t.thinking,
+                signature: t.signature,
+            }),
+            Some(Block::ToolCall(c)) => Ok(ContentBlock::ToolCall {
+                id: c.id,
+                name: c.name,
+                arguments_json: c.arguments_json,
+            }),
+            Some(Block::ToolResult(r)) => Ok(ContentBlock::ToolResult {
+                call_id: r.call_id,
+                name: r.name,
+                content: r.content,
+                is_error: r.is_error,
+            }),
+            None => Err(RuntimeError::invalid(
+                format!("{field}[{i}]"),
+                "content block has no kind set (text, image, ...)",
+            )),
+        })
+        .collect()
+}
+
+/// A stored message.
+pub fn message_to_pb(m: Message) -> pb::Message {
+    let body = m.body;
+    pb::Message {
+        seq: m.seq,
+        id: body.id,
+        turn_id: body.turn_id,
+        role: role(body.role).into(),
+        content: body.content.into_iter().map(block_to_pb).collect(),
+        model: body.model.unwrap_or_default(),
+        usage: body.usage.as_ref().map(usage),
+        stop_reason: body.stop_reason.map(|r| r.as_str().to_owned()).unwrap_or_default(),
+        created_at: Some(timestamp(body.created_at)),
+        compacted: m.compacted,
+    }
+}
+
+fn last_turn(t: LastTurn) -> pb::LastTurn {
+    pb::LastTurn {
+        turn_id: t.turn_id,
+        outcome: turn_outcome(t.status).into(),
+        started_at: Some(timestamp(t.started_at)),
+        finished_at: t.finished_at.map(timestamp),
+    }
+}
+
+/// A session.
+pub fn session_to_pb(s: Session) -> pb::Session {
+    pb::Session {
+        session_id: s.id,
+        owner: s.owner,
+        agent_id: s.agent_id,
+        project_id: s.project_id,
+        title: s.title,
+        model: s.model,
+        system_prompt: s.system_prompt,
+        metadata: s.metadata.into_iter().collect(),
+        created_at: Some(timestamp(s.created_at)),
+        last_active_at: Some(timestamp(s.last_active_at)),
+        archived: s.archived,
+        last_turn: s.last_turn.map(last_turn),
+        message_count: s.message_count,
+    }
+}
+
+/// CreateSession fields (the owner is set by the runtime).
+pub fn new_session(r: pb::CreateSessionRequest) -> NewSession {
+    NewSession {
+        id: (!r.session_id.is_empty()).then_some(r.session_id),
+        owner: String::new(),
+        agent_id: r.agent_id,
+        project_id: r.project_id,
+        title: r.title,
+        model: r.model,
+        system_prompt: r.system_prompt,
+        metadata: r.metadata.into_iter().collect(),
+    }
+}
+
+/// UpdateSession fields.
+pub fn session_update(r: pb::UpdateSessionRequest) -> SessionUpdate {
+    SessionUpdate {
+        title: r.title,
+        model: r.model,
+        system_prompt: r.system_prompt,
+        metadata: r.metadata.map(|m| m.entries.into_iter().collect()),
+        archived: r.archived,
+    }
+}
+
+/// A Chat request.
+pub fn chat_input(r: pb::ChatRequest) -> Result<ChatInput, RuntimeError> {
+    Ok(ChatInput {
+        thinking: thinking_from_pb(r.thinking, "thinking")?,
+        content: content_from_pb(r.content, "content")?,
+        session_id: r.session_id,
+        model: (!r.model.is_empty()).then_some(r.model),
+        system_override: r.system_override,
+    })
+}
+
+fn error_code(c: ErrorCode) -> pb::ErrorCode {
+    match c {
+        ErrorCode::Cancelled => pb::ErrorCode::Cancelled,
+        ErrorCode::InvalidArgument => pb::ErrorCode::InvalidArgument,
+        ErrorCode::DeadlineExceeded => pb::ErrorCode::DeadlineExceeded,
+        ErrorCode::ResourceExhausted => pb::ErrorCode::ResourceExhausted,
+        ErrorCode::FailedPrecondition => pb::ErrorCode::FailedPrecondition,
+        ErrorCode::Internal => pb::ErrorCode::Internal,
+        ErrorCode::Unavailable => pb::ErrorCode::Unavailable,
+        ErrorCode::PermissionDenied => pb::ErrorCode::PermissionDenied,
+    }
+}
+
+fn outcome(o: TurnOutcome) -> pb::TurnOutcome {
+    match o {
+        TurnOutcome::Success => pb::TurnOutcome::Success,
+        TurnOutcome::Error => pb::TurnOutcome::Error,
+        TurnOutcome::Canceled => pb::TurnOutcome::Canceled,
+        TurnOutcome::TimedOut => pb::TurnOutcome::TimedOut,
+    }
+}
+
+fn cancel_reason(r: Option<CancelReason>) -> pb::CancelReason {
+    match r {
+        None => pb::CancelReason::Unspecified,
+        Some(CancelReason::Stopped) => pb::CancelReason::Stopped,
+        Some(CancelReason::ClientGone) => pb::CancelReason::ClientGone,
+        Some(CancelReason::Shutdown) => pb::CancelReason::Shutdown,
+        Some(CancelReason::SessionDeleted) => pb::CancelReason::SessionDeleted,
+    }
+}
+
+/// One turn event.
+pub fn event_to_pb(session_id: &str, turn_id: &str, e: &TurnEvent) -> pb::ChatEvent {
+    use pb::chat_event::Kind;
+    let kind = match &e.kind {
+        EventKind::TurnStarted {
+            model,
+            thinking: t,
+            user_message_seq,
+            system_overridden,
+        } => Kind::TurnStarted(pb::TurnStarted {
+            model: model.clone(),
+            thinking: thinking(*t).into(),
+            user_message_seq: *user_message_seq,
+            system_overridden: *system_overridden,
+        }),
+        EventKind::Text(t) => Kind::Text(pb::TextDelta { text: t.clone() }),
+        EventKind::Reasoning(t) => Kind::Reasoning(pb::ReasoningDelta { text: t.clone() }),
+        EventKind::Step { kind, index } => Kind::Step(pb::Step {
+            kind: match kind {
+                StepKind::Start => pb::StepKind::Start,
+                StepKind::Finish => pb::StepKind::Finish,
+            }
+            .into(),
+            index: *index,
+        }),
+        EventKind::MessageStored { seq, id, role: r } => Kind::MessageStored(pb::MessageStored {
+            message_seq: *seq,
+            message_id: id.clone(),
+            role: role(*r).into(),
+        }),
+        EventKind::Usage { usage: u, model } => Kind::Usage(pb::UsageEvent {
+            usage: Some(usage(u)),
+            model: model.clone(),
+        }),
+        EventKind::Error { code, message } => Kind::Error(pb::TurnError {
+            code: error_code(*code).into(),
+            message: message.clone(),
+        }),
+        EventKind::TurnFinished {
+            outcome: o,
+            cancel_reason: r,
+            usage: u,
+            duration: d,
+        } => Kind::TurnFinished(pb::TurnFinished {
+            outcome: outcome(*o).into(),
+            cancel_reason: cancel_reason(*r).into(),
+            usage: Some(usage(u)),
+            duration: Some(duration(*d)),
+        }),
+    };
+    pb::ChatEvent {
+        session_id: session_id.to_owned(),
+        turn_id: turn_id.to_owned(),
+        seq: e.seq,
+        at: Some(timestamp(e.at)),
+        kind: Some(kind),
+    }
+}

@@ -1,0 +1,128 @@
+//! The one place where core errors become gRPC statuses. Every match here is
+//! exhaustive with no catch-all arm: a new error variant must force a
+//! decision about its status code.
+
+use agentrt_runtime::RuntimeError;
+use agentrt_runtime::events::{ErrorCode, TurnOutcome};
+use agentrt_runtime::store::StoreError;
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt as _};
+
+/// The `google.rpc.ErrorInfo` domain of our errors.
+pub const DOMAIN: &str = "agentrt";
+/// ErrorInfo reason of a busy session.
+pub const SESSION_BUSY: &str = "SESSION_BUSY";
+
+/// Maps a core error to the status the contract names.
+pub fn from_runtime(err: RuntimeError) -> Status {
+    match err {
+        RuntimeError::SessionNotFound => Status::not_found("session not found"),
+        RuntimeError::SessionBusy { turn_id } => Status::with_error_details(
+            Code::Aborted,
+            "the session already has a live turn; wait for it to finish, watch it with Subscribe, or stop it",
+            ErrorDetails::with_error_info(
+                SESSION_BUSY,
+                DOMAIN,
+                [("turn_id".to_owned(), turn_id)],
+            ),
+        ),
+        RuntimeError::SessionArchived => Status::failed_precondition(
+            "the session is archived; unarchive it with UpdateSession to start new turns",
+        ),
+        RuntimeError::SessionExists => {
+            Status::already_exists("a session with this id already exists")
+        }
+        RuntimeError::InvalidArgument(violations) => {
+            let message = violations
+                .iter()
+                .map(|v| format!("{}: {}", v.field, v.description))
+                .collect::<Vec<_>>()
+                .join("; ");
+            let mut details = ErrorDetails::new();
+            for v in violations {
+                details.add_bad_request_violation(v.field, v.description);
+            }
+            Status::with_error_details(Code::InvalidArgument, message, details)
+        }
+        RuntimeError::Unavailable(why) => Status::unavailable(why),
+        RuntimeError::Store(err) => from_store(err),
+    }
+}
+
+fn from_store(err: StoreError) -> Status {
+    match err {
+        StoreError::SessionNotFound => Status::not_found("session not found"),
+        StoreError::Corrupt { .. } => {
+            tracing::error!(error = %err, "corrupt record");
+            Status::data_loss("a stored record is corrupt; the operator has been told")
+        }
+        StoreError::Backend(_) => {
+            tracing::error!(error = %err, "store failure");
+            Status::unavailable("the store is unavailable; retry later")
+        }
+    }
+}
+
+/// The gRPC code of an in-stream error code.
+pub fn code_of(code: ErrorCode) -> Code {
+    match code {
+        ErrorCode::Cancelled => Code::Cancelled,
+        ErrorCode::InvalidArgument => Code::InvalidArgument,
+        ErrorCode::DeadlineExceeded => Code::DeadlineExceeded,
+        ErrorCode::ResourceExhausted => Code::ResourceExhausted,
+        ErrorCode::FailedPrecondition => Code::FailedPrecondition,
+        ErrorCode::Internal => Code::Internal,
+        ErrorCode::Unavailable => Code::Unavailable,
+        ErrorCode::PermissionDenied => Code::PermissionDenied,
+    }
+}
+
+/// The trailing status of a finished turn: `None` (OK) on success,
+/// otherwise the outcome's code with the turn error's message.
+pub fn trailing_status(outcome: TurnOutcome, error: Option<(ErrorCode, &str)>) -> Option<Status> {
+    match outcome {
+        TurnOutcome::Success => None,
+        TurnOutcome::Error => {
+            let (code, message) = error.unwrap_or((ErrorCode::Internal, "the turn failed"));
+            Some(Status::new(code_of(code), message))
+        }
+        TurnOutcome::Canceled => Some(Status::cancelled("the turn was cancelled")),
+        TurnOutcome::TimedOut => Some(Status::deadline_exceeded(
+            error.map_or("the turn reached its time limit", |(_, m)| m),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn busy_is_aborted_with_session_busy_error_info() {
+        let status = from_runtime(RuntimeError::SessionBusy {
+            turn_id: "t1".into(),
+        });
+        assert_eq!(status.code(), Code::Aborted);
+        let info = status.get_error_details().error_info().cloned().unwrap();
+        assert_eq!(info.reason, SESSION_BUSY);
+        assert_eq!(info.domain, DOMAIN);
+        assert_eq!(info.metadata.get("turn_id").map(String::as_str), Some("t1"));
+    }
+
+    #[test]
+    fn invalid_argument_carries_field_violations() {
+        let status = from_runtime(RuntimeError::invalid("content", "is empty"));
+        assert_eq!(status.code(), Code::InvalidArgument);
+        let bad = status.get_error_details().bad_request().cloned().unwrap();
+        assert_eq!(bad.field_violations[0].field, "content");
+    }
+
+    #[test]
+    fn store_internals_are_not_leaked() {
+        let status = from_runtime(RuntimeError::Store(StoreError::Backend(
+            "/secret/path: permission denied".into(),
+        )));
+        assert_eq!(status.code(), Code::Unavailable);
+        assert!(!status.message().contains("/secret"));
+    }
+}
