@@ -1,0 +1,10 @@
+//! End-to-end tests: a real server (tonic, runtime core, sled on disk) on
+//! `127.0.0.1:0`, driven through the client crate.
+
+mod e2e {
+    pub(crate) mod harness;
+    mod chat;
+    mod identity;
+    mod openai;
+    mod sessions;
+}

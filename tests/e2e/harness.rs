@@ -1,0 +1,203 @@
+//! Starts servers for tests and provides scripted model providers.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use agentrt_client::{Client, proto};
+use agentrt_runtime::model::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream};
+use agentrt_runtime::types::StopReason;
+use agentrt_server::config::{ApiKeyConfig, AuthConfig};
+use agentrt_server::{Config, ServerBuilder};
+use async_trait::async_trait;
+use tokio::sync::{Semaphore, oneshot};
+use tokio::task::JoinHandle;
+
+/// A server running in this process on an ephemeral loopback port.
+pub(crate) struct TestServer {
+    pub(crate) url: String,
+    stop: Option<oneshot::Sender<()>>,
+    handle: Option<JoinHandle<Result<(), agentrt_server::ServerError>>>,
+}
+
+/// Test-only providers registered with every test server: `gate/*` waits
+/// for a permit per stream, `panic/*` panics mid-stream.
+#[derive(Clone)]
+pub(crate) struct Providers {
+    pub(crate) gate: Arc<GateProvider>,
+}
+
+impl Default for Providers {
+    fn default() -> Self {
+        Self {
+            gate: Arc::new(GateProvider::default()),
+        }
+    }
+}
+
+pub(crate) fn base_config(data_dir: &Path) -> Config {
+    Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: data_dir.to_path_buf(),
+        ..Config::default()
+    }
+}
+
+pub(crate) fn with_keys(mut config: Config, keys: &[(&str, &str)]) -> Config {
+    config.auth = AuthConfig {
+        api_keys: keys
+            .iter()
+            .map(|(key, user)| ApiKeyConfig {
+                key: (*key).to_owned(),
+                user: (*user).to_owned(),
+                admin: false,
+            })
+            .collect(),
+    };
+    config
+}
+
+impl TestServer {
+    /// Starts a server with `config` and the test providers.
+    pub(crate) async fn start_with(config: Config, providers: &Providers) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let builder = ServerBuilder::new(config)
+            .model_provider("gate", providers.gate.clone())
+            .model_provider("panic", Arc::new(PanicProvider::default()));
+        let handle = tokio::spawn(builder.serve(listener, async {
+            let _ = stopped.await;
+        }));
+        Self {
+            url: format!("http://{addr}"),
+            stop: Some(stop),
+            handle: Some(handle),
+        }
+    }
+
+    /// Starts a server on its defaults in `data_dir`.
+    pub(crate) async fn start(data_dir: &Path) -> Self {
+        Self::start_with(base_config(data_dir), &Providers::default()).await
+    }
+
+    pub(crate) async fn client(&self) -> Client {
+        Client::connect(self.url.clone()).await.unwrap()
+    }
+
+    pub(crate) async fn client_with_token(&self, token: &str) -> Client {
+        Client::builder(self.url.clone()).token(token).connect().await.unwrap()
+    }
+
+    /// Drains and stops the server, waiting until the store is closed.
+    pub(crate) async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(handle) = self.handle.take() {
+            handle.await.unwrap().unwrap();
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+pub(crate) fn text_request(session_id: &str, text: &str) -> proto::ChatRequest {
+    proto::ChatRequest {
+        session_id: session_id.to_owned(),
+        content: vec![proto::ContentBlock {
+            block: Some(proto::content_block::Block::Text(proto::TextBlock {
+                text: text.to_owned(),
+            })),
+        }],
+        ..Default::default()
+    }
+}
+
+pub(crate) fn message_text(m: &proto::Message) -> String {
+    m.content
+        .iter()
+        .filter_map(|b| match &b.block {
+            Some(proto::content_block::Block::Text(t)) => Some(t.text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+pub(crate) async fn new_session(client: &Client) -> String {
+    client
+        .create_session(proto::CreateSessionRequest::default())
+        .await
+        .unwrap()
+        .session_id
+}
+
+/// Streams "gated ", then waits for a permit, then "answer" and finishes:
+/// a turn that stays live until the test lets it go.
+#[derive(Debug)]
+pub(crate) struct GateProvider {
+    permits: Arc<Semaphore>,
+}
+
+impl Default for GateProvider {
+    fn default() -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(0)),
+        }
+    }
+}
+
+impl GateProvider {
+    pub(crate) fn release(&self, n: usize) {
+        self.permits.add_permits(n);
+    }
+}
+
+#[async_trait]
+impl ModelProvider for GateProvider {
+    async fn stream(&self, _request: ModelRequest) -> Result<ModelStream, ModelError> {
+        let permits = Arc::clone(&self.permits);
+        let stream = futures::stream::unfold(0u8, move |step| {
+            let permits = Arc::clone(&permits);
+            async move {
+                let item = match step {
+                    0 => ModelEvent::TextDelta("gated ".into()),
+                    1 => {
+                        permits.acquire().await.ok()?.forget();
+                        ModelEvent::TextDelta("answer".into())
+                    }
+                    2 => ModelEvent::Finished(StopReason::Stop),
+                    _ => return None,
+                };
+                Some((Ok(item), step + 1))
+            }
+        });
+        Ok(Box::pin(stream))
+    }
+}
+
+/// Emits one delta, then panics.
+#[derive(Debug, Default)]
+pub(crate) struct PanicProvider {
+    panicked: AtomicBool,
+}
+
+#[async_trait]
+impl ModelProvider for PanicProvider {
+    async fn stream(&self, _request: ModelRequest) -> Result<ModelStream, ModelError> {
+        self.panicked.store(true, Ordering::SeqCst);
+        let items = futures::stream::iter(vec![Ok(ModelEvent::TextDelta("before the panic".into()))]);
+        let boom = futures::stream::once(async {
+            panic!("test provider panics on purpose");
+            #[allow(unreachable_code)]
+            Ok(ModelEvent::Finished(StopReason::Stop))
+        });
+        Ok(Box::pin(futures::StreamExt::chain(items, boom)))
+    }
+}
