@@ -9,6 +9,7 @@ const PROTOS: &[&str] = &[
     "proto/agentrt/v1/common.proto",
     "proto/agentrt/v1/sessions.proto",
     "proto/agentrt/v1/runtime.proto",
+    "proto/agentrt/v1/admin.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -48,6 +48,18 @@ pub enum ChatEvent {
         /// Message.
         message: String,
     },
+    /// Keep-alive on a quiet stream, with what the turn is doing.
+    Heartbeat {
+        /// e.g. "model".
+        phase: String,
+    },
+    /// (Subscribe) events were skipped; the next one has this seq.
+    ReplayGap {
+        /// Seq of the next event delivered.
+        first_available_seq: u64,
+        /// The watcher fell behind.
+        lagged: bool,
+    },
     /// Last event.
     TurnFinished {
         /// How it ended.
@@ -105,6 +117,11 @@ impl TryFrom<proto::ChatEvent> for Event {
             Some(Kind::Error(err)) => ChatEvent::Error {
                 code: enum_or(err.code),
                 message: err.message,
+            },
+            Some(Kind::Heartbeat(h)) => ChatEvent::Heartbeat { phase: h.phase },
+            Some(Kind::ReplayGap(g)) => ChatEvent::ReplayGap {
+                first_available_seq: g.first_available_seq,
+                lagged: g.lagged,
             },
             Some(Kind::TurnFinished(f)) => ChatEvent::TurnFinished {
                 outcome: enum_or(f.outcome),

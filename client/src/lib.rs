@@ -40,6 +40,7 @@ pub use agentrt_proto::v1 as proto;
 pub use events::{ChatEvent, Event, EventStream, TurnSummary};
 
 use proto::agent_runtime_client::AgentRuntimeClient;
+use proto::runtime_admin_client::RuntimeAdminClient;
 use proto::session_service_client::SessionServiceClient;
 
 /// Errors of the client.
@@ -124,7 +125,8 @@ impl ClientBuilder {
         let auth = Auth { header };
         Ok(Client {
             sessions: SessionServiceClient::with_interceptor(channel.clone(), auth.clone()),
-            runtime: AgentRuntimeClient::with_interceptor(channel, auth),
+            runtime: AgentRuntimeClient::with_interceptor(channel.clone(), auth.clone()),
+            admin: RuntimeAdminClient::with_interceptor(channel, auth),
             request_timeout: self.request_timeout,
         })
     }
@@ -135,6 +137,7 @@ impl ClientBuilder {
 pub struct Client {
     sessions: SessionServiceClient<Svc>,
     runtime: AgentRuntimeClient<Svc>,
+    admin: RuntimeAdminClient<Svc>,
     request_timeout: Option<Duration>,
 }
 
@@ -170,6 +173,11 @@ impl Client {
     /// The generated AgentRuntime client.
     pub fn runtime_raw(&self) -> AgentRuntimeClient<Svc> {
         self.runtime.clone()
+    }
+
+    /// The generated RuntimeAdmin client (admin principals only).
+    pub fn admin(&self) -> RuntimeAdminClient<Svc> {
+        self.admin.clone()
     }
 
     /// Creates a session (idempotent with a client-chosen `session_id`).
@@ -249,5 +257,43 @@ impl Client {
     pub async fn chat_with(&self, req: proto::ChatRequest) -> Result<EventStream, Error> {
         let stream = self.runtime.clone().chat(tonic::Request::new(req)).await?.into_inner();
         Ok(EventStream::new(stream))
+    }
+
+    /// Watches the session's live turn from `after_seq` (0 = from its
+    /// start). With no live turn the stream ends at once, unless
+    /// `wait_for_turn`.
+    pub async fn subscribe(&self, session_id: &str, after_seq: u64, wait_for_turn: bool) -> Result<EventStream, Error> {
+        let req = proto::SubscribeRequest {
+            session_id: session_id.to_owned(),
+            after_seq,
+            wait_for_turn,
+        };
+        let stream = self.runtime.clone().subscribe(tonic::Request::new(req)).await?.into_inner();
+        Ok(EventStream::new(stream))
+    }
+
+    /// Stops the live turn; `false` when nothing was live.
+    pub async fn stop_session(&self, session_id: &str) -> Result<bool, Error> {
+        let req = proto::StopSessionRequest {
+            session_id: session_id.to_owned(),
+        };
+        Ok(self.runtime.clone().stop_session(self.request(req)).await?.into_inner().stopped)
+    }
+
+    /// The session's live-turn status.
+    pub async fn session_status(&self, session_id: &str) -> Result<proto::SessionStatus, Error> {
+        let req = proto::GetSessionStatusRequest {
+            session_id: session_id.to_owned(),
+        };
+        Ok(self.runtime.clone().get_session_status(self.request(req)).await?.into_inner())
+    }
+
+    /// Evicts the session's cached runner (`force` stops a live turn first).
+    pub async fn close_session(&self, session_id: &str, force: bool) -> Result<bool, Error> {
+        let req = proto::CloseSessionRequest {
+            session_id: session_id.to_owned(),
+            force,
+        };
+        Ok(self.runtime.clone().close_session(self.request(req)).await?.into_inner().closed)
     }
 }

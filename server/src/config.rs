@@ -121,6 +121,10 @@ struct FileConfig {
     fast_model: Option<String>,
     #[serde(default, deserialize_with = "de_duration")]
     shutdown_grace: Option<Duration>,
+    #[serde(default, deserialize_with = "de_duration")]
+    heartbeat_interval: Option<Duration>,
+    #[serde(default, deserialize_with = "de_duration")]
+    runner_idle_timeout: Option<Duration>,
     log_format: Option<LogFormat>,
     #[serde(default)]
     providers: Vec<ProviderConfig>,
@@ -142,6 +146,10 @@ pub struct Config {
     pub fast_model: Option<String>,
     /// Drain time for live turns on SIGTERM. Default 30 s.
     pub shutdown_grace: Duration,
+    /// Heartbeat events on quiet turn streams. Default 15 s.
+    pub heartbeat_interval: Duration,
+    /// Cached runners idle this long are closed. Default 10 min.
+    pub runner_idle_timeout: Duration,
     /// Log format. Default text.
     pub log_format: LogFormat,
     /// HTTP model providers.
@@ -158,6 +166,8 @@ impl Default for Config {
             default_model: BUILTIN_DEFAULT_MODEL.to_owned(),
             fast_model: None,
             shutdown_grace: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_secs(15),
+            runner_idle_timeout: Duration::from_secs(600),
             log_format: LogFormat::Text,
             providers: Vec::new(),
             auth: AuthConfig::default(),
@@ -199,6 +209,8 @@ impl Config {
             default_model: file.default_model.unwrap_or(defaults.default_model),
             fast_model: file.fast_model,
             shutdown_grace: file.shutdown_grace.unwrap_or(defaults.shutdown_grace),
+            heartbeat_interval: file.heartbeat_interval.unwrap_or(defaults.heartbeat_interval),
+            runner_idle_timeout: file.runner_idle_timeout.unwrap_or(defaults.runner_idle_timeout),
             log_format: file.log_format.unwrap_or_default(),
             providers: file.providers,
             auth: file.auth,
@@ -267,6 +279,11 @@ impl Config {
                     "auth.api_keys[{i}]: key must be at least 8 characters and user non-empty"
                 )));
             }
+        }
+        if self.heartbeat_interval.is_zero() || self.runner_idle_timeout.is_zero() {
+            return Err(ConfigError(
+                "heartbeat_interval and runner_idle_timeout must be positive".to_owned(),
+            ));
         }
         let mut keys = std::collections::BTreeSet::new();
         if !self.auth.api_keys.iter().all(|k| keys.insert(k.key.as_str())) {

@@ -6,6 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use agentrt_proto::v1 as pb;
 use agentrt_runtime::ChatInput;
+use agentrt_runtime::runtime::OnDisconnect;
 use agentrt_runtime::RuntimeError;
 use agentrt_runtime::events::{ErrorCode, EventKind, StepKind, TurnEvent, TurnOutcome};
 use agentrt_runtime::types::{
@@ -22,7 +23,8 @@ pub fn timestamp(t: SystemTime) -> prost_types::Timestamp {
     }
 }
 
-fn duration(d: std::time::Duration) -> prost_types::Duration {
+/// A protobuf duration.
+pub fn duration(d: std::time::Duration) -> prost_types::Duration {
     prost_types::Duration {
         seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
         nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
@@ -227,14 +229,69 @@ pub fn session_update(r: pb::UpdateSessionRequest) -> SessionUpdate {
     }
 }
 
-/// A Chat request.
-pub fn chat_input(r: pb::ChatRequest) -> Result<ChatInput, RuntimeError> {
+/// A positive protobuf duration; `None` when absent.
+pub fn duration_from_pb(
+    d: Option<prost_types::Duration>,
+    field: &str,
+) -> Result<Option<std::time::Duration>, RuntimeError> {
+    d.map(|d| {
+        std::time::Duration::try_from(d)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| RuntimeError::invalid(field, "must be a positive duration"))
+    })
+    .transpose()
+}
+
+/// A Chat request; `transport_deadline` is the time left of the gRPC
+/// deadline, which also bounds the turn.
+pub fn chat_input(
+    r: pb::ChatRequest,
+    transport_deadline: Option<std::time::Duration>,
+) -> Result<ChatInput, RuntimeError> {
+    let requested = duration_from_pb(r.timeout, "timeout")?;
+    let timeout = match (requested, transport_deadline) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let on_disconnect = match pb::OnDisconnect::try_from(r.on_disconnect) {
+        Ok(pb::OnDisconnect::Unspecified | pb::OnDisconnect::Cancel) => OnDisconnect::Cancel,
+        Ok(pb::OnDisconnect::Continue) => OnDisconnect::Continue,
+        Err(_) => {
+            return Err(RuntimeError::invalid(
+                "on_disconnect",
+                format!("unknown value {}", r.on_disconnect),
+            ));
+        }
+    };
     Ok(ChatInput {
         thinking: thinking_from_pb(r.thinking, "thinking")?,
         content: content_from_pb(r.content, "content")?,
         session_id: r.session_id,
         model: (!r.model.is_empty()).then_some(r.model),
         system_override: r.system_override,
+        timeout,
+        on_disconnect,
+        request_id: (!r.request_id.is_empty()).then_some(r.request_id),
+    })
+}
+
+/// The time left of a request's gRPC deadline (`grpc-timeout` header).
+pub fn grpc_deadline(metadata: &tonic::metadata::MetadataMap) -> Option<std::time::Duration> {
+    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    if value.len() < 2 {
+        return None;
+    }
+    let (digits, unit) = value.split_at(value.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => std::time::Duration::from_secs(n.saturating_mul(3600)),
+        "M" => std::time::Duration::from_secs(n.saturating_mul(60)),
+        "S" => std::time::Duration::from_secs(n),
+        "m" => std::time::Duration::from_millis(n),
+        "u" => std::time::Duration::from_micros(n),
+        "n" => std::time::Duration::from_nanos(n),
+        _ => return None,
     })
 }
 
@@ -308,6 +365,16 @@ pub fn event_to_pb(session_id: &str, turn_id: &str, e: &TurnEvent) -> pb::ChatEv
             code: error_code(*code).into(),
             message: message.clone(),
         }),
+        EventKind::Heartbeat { phase } => Kind::Heartbeat(pb::Heartbeat {
+            phase: phase.as_str().to_owned(),
+        }),
+        EventKind::ReplayGap {
+            first_available_seq,
+            lagged,
+        } => Kind::ReplayGap(pb::ReplayGap {
+            first_available_seq: *first_available_seq,
+            lagged: *lagged,
+        }),
         EventKind::TurnFinished {
             outcome: o,
             cancel_reason: r,
@@ -326,5 +393,38 @@ pub fn event_to_pb(session_id: &str, turn_id: &str, e: &TurnEvent) -> pb::ChatEv
         seq: e.seq,
         at: Some(timestamp(e.at)),
         kind: Some(kind),
+    }
+}
+
+/// A session's live-turn status.
+pub fn session_status(s: agentrt_runtime::runtime::SessionStatus) -> pb::SessionStatus {
+    let watcher_count = u32::try_from(s.watchers).unwrap_or(u32::MAX);
+    match s.live {
+        Some((turn_id, phase, started_at)) => pb::SessionStatus {
+            live: true,
+            turn_id,
+            phase: phase.as_str().to_owned(),
+            started_at: Some(timestamp(started_at)),
+            watcher_count,
+        },
+        None => pb::SessionStatus {
+            watcher_count,
+            ..Default::default()
+        },
+    }
+}
+
+/// Runtime-wide numbers.
+pub fn runtime_stats(s: agentrt_runtime::runtime::RuntimeStats) -> pb::RuntimeStats {
+    let small = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    pb::RuntimeStats {
+        live_turns: small(s.live_turns),
+        cached_runners: small(s.cached_runners),
+        watchers: small(s.watchers),
+        sessions_stored: s.sessions_stored,
+        uptime: Some(duration(s.uptime)),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        draining: s.draining,
+        default_model: s.default_model,
     }
 }

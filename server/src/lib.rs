@@ -5,7 +5,8 @@
 //! - [`auth`]: bearer keys → principals, as a tonic interceptor.
 //! - [`convert`]: protobuf ↔ domain conversions.
 //! - [`status`]: core errors → gRPC statuses (exhaustive).
-//! - [`session_service`], [`runtime_service`]: the thin handlers.
+//! - [`session_service`], [`runtime_service`], [`admin_service`]: the thin
+//!   handlers.
 //!
 //! [`run`] (or [`ServerBuilder::serve`]) is the one entry point: it opens the
 //! store, serves on a listener the caller bound, and drains gracefully when
@@ -16,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentrt_proto::v1::agent_runtime_server::AgentRuntimeServer;
+use agentrt_proto::v1::runtime_admin_server::RuntimeAdminServer;
 use agentrt_proto::v1::session_service_server::SessionServiceServer;
 use agentrt_runtime::model::openai::{OpenAiConfig, OpenAiProvider};
 use agentrt_runtime::model::{ModelProvider, Models};
@@ -24,6 +26,7 @@ use agentrt_runtime::{Runtime, RuntimeConfig};
 use tokio::net::TcpListener;
 use tonic_health::ServingStatus;
 
+pub mod admin_service;
 pub mod auth;
 pub mod config;
 pub mod convert;
@@ -189,6 +192,8 @@ impl ServerBuilder {
         let store = self.open_store().await?;
         let runtime_config = RuntimeConfig {
             default_model: self.config.default_model.clone(),
+            heartbeat_interval: self.config.heartbeat_interval,
+            runner_idle_timeout: self.config.runner_idle_timeout,
             ..RuntimeConfig::default()
         };
         let runtime = Runtime::open(runtime_config, store, models).await?;
@@ -216,6 +221,10 @@ impl ServerBuilder {
             .add_service(AgentRuntimeServer::with_interceptor(
                 runtime_service::Turns::new(runtime.clone()),
                 auth.interceptor(),
+            ))
+            .add_service(RuntimeAdminServer::with_interceptor(
+                admin_service::Admin::new(runtime.clone()),
+                auth.interceptor(),
             ));
 
         let addr = listener.local_addr().ok();
@@ -226,6 +235,16 @@ impl ServerBuilder {
         }));
         health.set_service_status("", ServingStatus::Serving).await;
         health.set_service_status(READINESS, ServingStatus::Serving).await;
+        // An admin Drain flips readiness too, so the orchestrator stops
+        // routing here before the process is told to stop.
+        let mut draining = runtime.draining();
+        let readiness = health.clone();
+        tokio::spawn(async move {
+            if draining.wait_for(|d| *d).await.is_ok() {
+                readiness.set_service_status(READINESS, ServingStatus::NotServing).await;
+                readiness.set_service_status("", ServingStatus::NotServing).await;
+            }
+        });
         tracing::info!(addr = ?addr, default_model = %self.config.default_model, "agentrt-server serving");
 
         tokio::select! {

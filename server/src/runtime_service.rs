@@ -34,10 +34,21 @@ impl Turns {
 /// not SUCCESS — the matching error status as the trailer.
 #[derive(Debug)]
 pub struct ChatEvents {
-    turn: TurnStream,
+    turn: Option<TurnStream>,
     error: Option<(ErrorCode, String)>,
     trailer: Option<Status>,
     done: bool,
+}
+
+impl ChatEvents {
+    fn new(turn: Option<TurnStream>) -> Self {
+        Self {
+            done: turn.is_none(),
+            turn,
+            error: None,
+            trailer: None,
+        }
+    }
 }
 
 impl Stream for ChatEvents {
@@ -45,16 +56,18 @@ impl Stream for ChatEvents {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
-        if this.done {
+        let Some(turn) = this.turn.as_mut().filter(|_| !this.done) else {
             return Poll::Ready(this.trailer.take().map(Err));
-        }
-        match Pin::new(&mut this.turn).poll_next(cx) {
+        };
+        match Pin::new(&mut *turn).poll_next(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(None) => {
-                // The turn task ended without a final event: only possible if
-                // the runtime is being torn down under us.
+                // The turn ended without a final event: a joined turn that
+                // failed admission, or the runtime torn down under us.
                 this.done = true;
-                Poll::Ready(Some(Err(Status::unavailable("the turn ended unexpectedly; the server is shutting down"))))
+                Poll::Ready(Some(Err(Status::unavailable(
+                    "the turn ended without an outcome; check GetSession and retry",
+                ))))
             }
             Poll::Ready(Some(event)) => {
                 match &event.kind {
@@ -68,7 +81,7 @@ impl Stream for ChatEvents {
                     }
                     _ => {}
                 }
-                let pb = convert::event_to_pb(this.turn.session_id(), this.turn.turn_id(), &event);
+                let pb = convert::event_to_pb(turn.session_id(), turn.turn_id(), &event);
                 Poll::Ready(Some(Ok(pb)))
             }
         }
@@ -78,16 +91,61 @@ impl Stream for ChatEvents {
 #[tonic::async_trait]
 impl AgentRuntime for Turns {
     type ChatStream = ChatEvents;
+    type SubscribeStream = ChatEvents;
 
     async fn chat(&self, req: Request<pb::ChatRequest>) -> Result<Response<Self::ChatStream>, Status> {
         let who = principal(&req)?;
-        let input = convert::chat_input(req.into_inner()).map_err(from_runtime)?;
+        let deadline = convert::grpc_deadline(req.metadata());
+        let input = convert::chat_input(req.into_inner(), deadline).map_err(from_runtime)?;
         let turn = self.runtime.chat(&who, input).await.map_err(from_runtime)?;
-        Ok(Response::new(ChatEvents {
-            turn,
-            error: None,
-            trailer: None,
-            done: false,
-        }))
+        Ok(Response::new(ChatEvents::new(Some(turn))))
+    }
+
+    async fn subscribe(
+        &self,
+        req: Request<pb::SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let who = principal(&req)?;
+        let r = req.into_inner();
+        let turn = self
+            .runtime
+            .subscribe(&who, &r.session_id, r.after_seq, r.wait_for_turn)
+            .await
+            .map_err(from_runtime)?;
+        Ok(Response::new(ChatEvents::new(turn)))
+    }
+
+    async fn stop_session(
+        &self,
+        req: Request<pb::StopSessionRequest>,
+    ) -> Result<Response<pb::StopSessionResponse>, Status> {
+        let who = principal(&req)?;
+        let id = req.into_inner().session_id;
+        let stopped = self.runtime.stop_session(&who, &id).await.map_err(from_runtime)?;
+        Ok(Response::new(pb::StopSessionResponse { stopped }))
+    }
+
+    async fn get_session_status(
+        &self,
+        req: Request<pb::GetSessionStatusRequest>,
+    ) -> Result<Response<pb::SessionStatus>, Status> {
+        let who = principal(&req)?;
+        let id = req.into_inner().session_id;
+        let status = self.runtime.session_status(&who, &id).await.map_err(from_runtime)?;
+        Ok(Response::new(convert::session_status(status)))
+    }
+
+    async fn close_session(
+        &self,
+        req: Request<pb::CloseSessionRequest>,
+    ) -> Result<Response<pb::CloseSessionResponse>, Status> {
+        let who = principal(&req)?;
+        let r = req.into_inner();
+        let closed = self
+            .runtime
+            .close_session(&who, &r.session_id, r.force)
+            .await
+            .map_err(from_runtime)?;
+        Ok(Response::new(pb::CloseSessionResponse { closed }))
     }
 }

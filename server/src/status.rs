@@ -45,6 +45,8 @@ pub fn from_runtime(err: RuntimeError) -> Status {
             Status::with_error_details(Code::InvalidArgument, message, details)
         }
         RuntimeError::Unavailable(why) => Status::unavailable(why),
+        RuntimeError::PermissionDenied(why) => Status::permission_denied(why),
+        RuntimeError::ResourceExhausted(why) => Status::resource_exhausted(why),
         RuntimeError::Store(err) => from_store(err),
     }
 }

@@ -49,6 +49,12 @@ pub enum RuntimeError {
     /// The runtime is closed or draining.
     #[error("the runtime is not accepting new turns: {0}")]
     Unavailable(&'static str),
+    /// The caller may not do this (e.g. an admin call by a non-admin).
+    #[error("permission denied: {0}")]
+    PermissionDenied(&'static str),
+    /// A bounded resource is full (e.g. too many waiting watchers).
+    #[error("resource exhausted: {0}")]
+    ResourceExhausted(&'static str),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),

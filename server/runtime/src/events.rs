@@ -39,6 +39,40 @@ pub enum TurnOutcome {
     TimedOut,
 }
 
+/// What a live turn is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Admitted, loading context.
+    Starting,
+    /// Waiting for or streaming from the model.
+    Model,
+    /// Writing to the store.
+    Storing,
+    /// Recording the outcome.
+    Finishing,
+}
+
+impl Phase {
+    /// Lowercase name (`"model"`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Model => "model",
+            Self::Storing => "storing",
+            Self::Finishing => "finishing",
+        }
+    }
+
+    pub(crate) fn from_u8(v: u8) -> Self {
+        match v {
+            0 => Self::Starting,
+            1 => Self::Model,
+            2 => Self::Storing,
+            _ => Self::Finishing,
+        }
+    }
+}
+
 /// Model step boundary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StepKind {
@@ -96,6 +130,18 @@ pub enum EventKind {
         /// Caller-safe message.
         message: String,
     },
+    /// Nothing else was sent for the heartbeat interval.
+    Heartbeat {
+        /// What the turn is doing.
+        phase: Phase,
+    },
+    /// Watchers only (seq 0): events were skipped.
+    ReplayGap {
+        /// Seq of the next event delivered.
+        first_available_seq: u64,
+        /// The watcher fell behind (rather than asking for evicted events).
+        lagged: bool,
+    },
     /// Last event of every turn.
     TurnFinished {
         /// How it ended.
@@ -128,7 +174,10 @@ impl TurnEvent {
             EventKind::Error { message, .. } => message.len(),
             EventKind::TurnStarted { model, .. } | EventKind::Usage { model, .. } => model.len(),
             EventKind::MessageStored { id, .. } => id.len(),
-            EventKind::Step { .. } | EventKind::TurnFinished { .. } => 0,
+            EventKind::Step { .. }
+            | EventKind::TurnFinished { .. }
+            | EventKind::Heartbeat { .. }
+            | EventKind::ReplayGap { .. } => 0,
         };
         std::mem::size_of::<Self>() + payload
     }

@@ -139,6 +139,14 @@ impl TurnHub {
         }
     }
 
+    /// Ends the hub without a final event (the turn never started): live
+    /// watchers' streams close and later attaches get nothing.
+    pub fn abort(&self) {
+        let mut state = self.lock();
+        state.finished = true;
+        state.watchers.clear();
+    }
+
     /// Live watchers attached now.
     pub fn watcher_count(&self) -> usize {
         let mut state = self.lock();

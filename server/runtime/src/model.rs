@@ -16,6 +16,8 @@ use futures::Stream;
 use crate::types::{Message, StopReason, ThinkingLevel, Usage};
 
 pub mod echo;
+#[doc(hidden)]
+pub mod fake_openai;
 pub mod openai;
 pub mod sse;
 
@@ -157,7 +159,7 @@ impl Models {
     /// A registry holding only `builtin` (the echo model).
     pub fn with_builtin() -> Self {
         let mut models = Self::default();
-        models.insert("builtin", Arc::new(echo::EchoProvider::default()));
+        models.insert("builtin", Arc::new(echo::EchoProvider));
         models
     }
 

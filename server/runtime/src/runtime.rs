@@ -6,12 +6,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
-use tokio::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::error::RuntimeError;
-use crate::events::TurnEvent;
+use crate::events::{Phase, TurnEvent};
 use crate::hub::{ReplayLimits, TurnHub};
 use crate::model::{ModelProvider, Models};
 use crate::store::Store;
@@ -20,10 +22,15 @@ use crate::types::{
     TurnStatus, Usage,
 };
 
+mod admin;
+mod control;
+mod replay;
 mod sessions;
 mod stream;
 mod turn;
 
+pub use admin::RuntimeStats;
+pub use control::SessionStatus;
 pub use sessions::{HistoryPage, SessionList};
 pub use stream::TurnStream;
 
@@ -43,6 +50,16 @@ pub struct RuntimeConfig {
     pub event_buffer: usize,
     /// Replay bounds of each turn's hub.
     pub replay: ReplayLimits,
+    /// A `Heartbeat` event is sent when a turn sent nothing for this long.
+    /// Default 15 s.
+    pub heartbeat_interval: Duration,
+    /// Cached runners idle this long are closed. Default 10 min.
+    pub runner_idle_timeout: Duration,
+    /// How often the idle reaper runs. Default 1 min.
+    pub reap_interval: Duration,
+    /// Most `Subscribe(wait_for_turn)` callers waiting on one session.
+    /// Default 256.
+    pub max_waiters_per_session: usize,
 }
 
 impl Default for RuntimeConfig {
@@ -53,8 +70,22 @@ impl Default for RuntimeConfig {
             max_input_bytes: 1 << 20,
             event_buffer: 256,
             replay: ReplayLimits::default(),
+            heartbeat_interval: Duration::from_secs(15),
+            runner_idle_timeout: Duration::from_secs(600),
+            reap_interval: Duration::from_secs(60),
+            max_waiters_per_session: 256,
         }
     }
+}
+
+/// What happens to a turn when its Chat caller goes away.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnDisconnect {
+    /// End the turn (CANCELED, CLIENT_GONE, partial output stored).
+    #[default]
+    Cancel,
+    /// Keep running; results are stored and watchable.
+    Continue,
 }
 
 /// A turn request, after transport decoding.
@@ -70,6 +101,13 @@ pub struct ChatInput {
     pub thinking: Option<ThinkingLevel>,
     /// System prompt replacing the session's for this call.
     pub system_override: Option<String>,
+    /// Turn deadline, measured from admission (the adapter folds the
+    /// transport deadline in).
+    pub timeout: Option<Duration>,
+    /// What to do when the caller goes away.
+    pub on_disconnect: OnDisconnect,
+    /// Idempotency key.
+    pub request_id: Option<String>,
 }
 
 /// The model selection a runner was built with; a turn asking for another
@@ -85,6 +123,7 @@ struct RunnerKey {
 #[derive(Debug)]
 pub(crate) struct Runner {
     key: RunnerKey,
+    owner: String,
     provider: Arc<dyn ModelProvider>,
     provider_model: String,
     last_used: Mutex<Instant>,
@@ -94,14 +133,25 @@ pub(crate) struct Runner {
 #[derive(Debug)]
 pub(crate) struct LiveTurn {
     pub(crate) turn_id: String,
+    pub(crate) request_id: Option<String>,
+    pub(crate) started_at: SystemTime,
     pub(crate) hub: Arc<TurnHub>,
     pub(crate) cancel: CancellationToken,
     cancel_reason: Mutex<Option<CancelReason>>,
+    phase: AtomicU8,
     /// Cancelled when the turn task has ended (whatever the outcome).
     pub(crate) done: CancellationToken,
 }
 
 impl LiveTurn {
+    pub(crate) fn phase(&self) -> Phase {
+        Phase::from_u8(self.phase.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn set_phase(&self, phase: Phase) {
+        self.phase.store(phase as u8, Ordering::Relaxed);
+    }
+
     /// Cancels the turn; the first reason wins.
     pub(crate) fn cancel(&self, reason: CancelReason) {
         {
@@ -118,16 +168,38 @@ impl LiveTurn {
     }
 }
 
+/// The model selection used when neither the call nor the session names
+/// one; changed at run time by `SetDefaultModel`.
+#[derive(Debug, Clone)]
+struct Defaults {
+    model: String,
+    thinking: Option<ThinkingLevel>,
+}
+
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub(crate) config: RuntimeConfig,
+    defaults: Mutex<Defaults>,
     pub(crate) store: Arc<dyn Store>,
     models: Models,
     live: Mutex<HashMap<String, Arc<LiveTurn>>>,
+    /// `Subscribe(wait_for_turn)` callers, told when the session's next turn
+    /// is admitted.
+    waiters: Mutex<HashMap<String, Vec<oneshot::Sender<Arc<LiveTurn>>>>>,
     runners: Mutex<HashMap<String, Arc<Runner>>>,
     tasks: TaskTracker,
-    closed: std::sync::atomic::AtomicBool,
+    /// No new turns: draining or shutting down.
+    closed: AtomicBool,
+    draining: watch::Sender<bool>,
+    /// Stops background tasks (the reaper).
+    background: CancellationToken,
     started: Instant,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.background.cancel();
+    }
 }
 
 /// The runtime core. Cheap to clone (an `Arc`).
@@ -180,18 +252,27 @@ impl Runtime {
         for turn in &interrupted {
             tracing::warn!(session_id = %turn.session_id, turn_id = %turn.turn_id, "turn interrupted by a previous shutdown");
         }
-        Ok(Self {
+        let runtime = Self {
             inner: Arc::new(Inner {
+                defaults: Mutex::new(Defaults {
+                    model: config.default_model.clone(),
+                    thinking: config.default_thinking,
+                }),
                 config,
                 store,
                 models,
                 live: Mutex::new(HashMap::new()),
+                waiters: Mutex::new(HashMap::new()),
                 runners: Mutex::new(HashMap::new()),
                 tasks: TaskTracker::new(),
-                closed: std::sync::atomic::AtomicBool::new(false),
+                closed: AtomicBool::new(false),
+                draining: watch::Sender::new(false),
+                background: CancellationToken::new(),
                 started: Instant::now(),
             }),
-        })
+        };
+        admin::spawn_reaper(&runtime);
+        Ok(runtime)
     }
 
     /// The store this runtime uses.
@@ -216,51 +297,75 @@ impl Runtime {
 
     /// Admits and starts a turn. On `Ok` the user message is durable and the
     /// stream's first event is `TurnStarted`; on `Err` nothing was stored.
+    ///
+    /// With a `request_id` this session already admitted, nothing runs: the
+    /// stream attaches to that turn while it is live, or replays its stored
+    /// outcome.
     pub async fn chat(&self, who: &Principal, input: ChatInput) -> Result<TurnStream, RuntimeError> {
         let inner = &self.inner;
-        if inner.closed.load(std::sync::atomic::Ordering::Acquire) {
-            return Err(RuntimeError::Unavailable("the server is shutting down"));
+        if inner.closed.load(Ordering::Acquire) {
+            return Err(RuntimeError::Unavailable("the server is draining or shutting down"));
         }
         sessions::validate_session_id("session_id", &input.session_id)?;
         validate_content(&input.content, inner.config.max_input_bytes)?;
-        if let Some(system) = &input.system_override {
-            if system.len() > inner.config.max_input_bytes {
-                return Err(RuntimeError::invalid(
-                    "system_override",
-                    format!("is longer than {} bytes", inner.config.max_input_bytes),
-                ));
-            }
+        if let Some(system) = &input.system_override
+            && system.len() > inner.config.max_input_bytes
+        {
+            return Err(RuntimeError::invalid(
+                "system_override",
+                format!("is longer than {} bytes", inner.config.max_input_bytes),
+            ));
+        }
+        if let Some(rid) = &input.request_id {
+            validate_request_id(rid)?;
+        }
+        if input.timeout.is_some_and(|t| t.is_zero()) {
+            return Err(RuntimeError::invalid("timeout", "must be positive"));
         }
         let session = self.owned_session(who, &input.session_id).await?;
+        if let Some(rid) = &input.request_id
+            && let Some(existing) = self.existing_turn(&session.id, rid).await?
+        {
+            return Ok(existing);
+        }
         if session.archived {
             return Err(RuntimeError::SessionArchived);
         }
+        let defaults = lock(&inner.defaults).clone();
         let (model, model_field) = match input.model.as_deref().filter(|m| !m.is_empty()) {
             Some(m) => (m.to_owned(), "model"),
             None if !session.model.is_empty() => (session.model.clone(), "session.model"),
-            None => (inner.config.default_model.clone(), "default_model"),
+            None => (defaults.model, "default_model"),
         };
         let key = RunnerKey {
             model,
-            thinking: input.thinking.or(inner.config.default_thinking),
+            thinking: input.thinking.or(defaults.thinking),
         };
-        let runner = self.runner_for(&session.id, key, model_field)?;
+        let runner = self.runner_for(&session.id, &session.owner, key, model_field)?;
         let system_overridden = input.system_override.is_some();
         let system_prompt = input
             .system_override
             .or_else(|| (!session.system_prompt.is_empty()).then(|| session.system_prompt.clone()));
 
         let turn_id = crate::types::new_id();
+        let admitted_at = Instant::now();
         let live = Arc::new(LiveTurn {
             turn_id: turn_id.clone(),
+            request_id: input.request_id.clone(),
+            started_at: SystemTime::now(),
             hub: Arc::new(TurnHub::new(inner.config.replay)),
             cancel: CancellationToken::new(),
             cancel_reason: Mutex::new(None),
+            phase: AtomicU8::new(Phase::Starting as u8),
             done: CancellationToken::new(),
         });
         let guard = {
             let mut map = lock(&inner.live);
             if let Some(busy) = map.get(&session.id) {
+                // A concurrent retry of the same request joins the turn.
+                if busy.request_id.is_some() && busy.request_id == input.request_id {
+                    return Ok(TurnStream::attached(session.id.clone(), busy, 0));
+                }
                 return Err(RuntimeError::SessionBusy {
                     turn_id: busy.turn_id.clone(),
                 });
@@ -277,7 +382,7 @@ impl Runtime {
             turn_id: turn_id.clone(),
             session_id: session.id.clone(),
             status: TurnStatus::Running,
-            started_at: SystemTime::now(),
+            started_at: live.started_at,
             finished_at: None,
             model: runner.key.model.clone(),
             thinking: runner.key.thinking,
@@ -286,12 +391,18 @@ impl Runtime {
             user_message_seq: 0,
             error: None,
             cancel_reason: None,
-            request_id: None,
+            request_id: input.request_id.clone(),
         };
         let user_message = NewMessage::new(&turn_id, Role::User, input.content);
-        // On failure the guard frees the slot: a rejected admission leaves no
-        // trace.
-        let stored_user = inner.store.begin_turn(record.clone(), user_message).await?;
+        // On failure the guard frees the slot and the hub is closed for any
+        // retry that already joined: a rejected admission leaves no trace.
+        let stored_user = match inner.store.begin_turn(record.clone(), user_message).await {
+            Ok(m) => m,
+            Err(e) => {
+                live.hub.abort();
+                return Err(e.into());
+            }
+        };
 
         let (tx, rx) = mpsc::channel(inner.config.event_buffer.max(1));
         let turn = turn::Turn {
@@ -305,14 +416,61 @@ impl Runtime {
             user_message: stored_user,
             system_prompt,
             guard: Some(guard),
-            started: Instant::now(),
+            started: admitted_at,
+            deadline: input.timeout.map(|t| tokio::time::Instant::from_std(admitted_at + t)),
         };
-        let emitter = turn::Emitter::new(Arc::clone(&live.hub), tx);
+        let emitter = turn::Emitter::new(
+            Arc::clone(&live.hub),
+            tx,
+            inner.config.heartbeat_interval,
+        );
         let span = tracing::info_span!("turn", session_id = %session.id, turn_id = %turn_id);
         inner
             .tasks
             .spawn(tracing::Instrument::instrument(turn.run(emitter), span));
-        Ok(TurnStream::new(session.id, turn_id, rx, live))
+        self.wake_waiters(&session.id, &live);
+        Ok(TurnStream::own(
+            session.id,
+            turn_id,
+            rx,
+            live,
+            input.on_disconnect,
+        ))
+    }
+
+    /// The turn a request id already started in this session, as a stream:
+    /// attached while live, replayed from the store once finished.
+    async fn existing_turn(&self, session_id: &str, request_id: &str) -> Result<Option<TurnStream>, RuntimeError> {
+        if let Some(stream) = self.attach_if_live(session_id, Some(request_id)) {
+            return Ok(Some(stream));
+        }
+        let Some(record) = self.inner.store.find_turn_by_request(session_id, request_id).await? else {
+            return Ok(None);
+        };
+        if record.status == TurnStatus::Running
+            && let Some(stream) = self.attach_if_live(session_id, Some(request_id))
+        {
+            return Ok(Some(stream));
+        }
+        Ok(Some(replay::replay_turn(self.inner.store.as_ref(), record).await?))
+    }
+
+    /// A watcher stream on the session's live turn (only the one started
+    /// with `request_id`, when given).
+    fn attach_if_live(&self, session_id: &str, request_id: Option<&str>) -> Option<TurnStream> {
+        let live = lock(&self.inner.live);
+        let turn = live.get(session_id)?;
+        if request_id.is_some() && turn.request_id.as_deref() != request_id {
+            return None;
+        }
+        Some(TurnStream::attached(session_id.to_owned(), turn, 0))
+    }
+
+    fn wake_waiters(&self, session_id: &str, live: &Arc<LiveTurn>) {
+        let waiting = lock(&self.inner.waiters).remove(session_id);
+        for tx in waiting.into_iter().flatten() {
+            let _ = tx.send(Arc::clone(live));
+        }
     }
 
     /// The session if it exists and belongs to `who`.
@@ -330,15 +488,16 @@ impl Runtime {
     fn runner_for(
         &self,
         session_id: &str,
+        owner: &str,
         key: RunnerKey,
         model_field: &str,
     ) -> Result<Arc<Runner>, RuntimeError> {
         let mut runners = lock(&self.inner.runners);
-        if let Some(r) = runners.get(session_id) {
-            if r.key == key {
-                *lock(&r.last_used) = Instant::now();
-                return Ok(Arc::clone(r));
-            }
+        if let Some(r) = runners.get(session_id)
+            && r.key == key
+        {
+            *lock(&r.last_used) = Instant::now();
+            return Ok(Arc::clone(r));
         }
         let (provider, provider_model) = self
             .inner
@@ -347,6 +506,7 @@ impl Runtime {
             .map_err(|e| RuntimeError::unknown_model(model_field, &e))?;
         let runner = Arc::new(Runner {
             key,
+            owner: owner.to_owned(),
             provider,
             provider_model,
             last_used: Mutex::new(Instant::now()),
@@ -375,7 +535,10 @@ impl Runtime {
     /// for them (bounded by `hard_limit` more), and flushes the store.
     pub async fn shutdown(&self, grace: Duration, hard_limit: Duration) {
         let inner = &self.inner;
-        inner.closed.store(true, std::sync::atomic::Ordering::Release);
+        self.stop_admitting();
+        inner.background.cancel();
+        // Watchers waiting for a next turn that will never come end now.
+        lock(&inner.waiters).clear();
         inner.tasks.close();
         if tokio::time::timeout(grace, inner.tasks.wait()).await.is_err() {
             let live: Vec<_> = lock(&inner.live).values().cloned().collect();
@@ -392,10 +555,32 @@ impl Runtime {
         }
     }
 
-    /// True once [`Runtime::shutdown`] started.
+    /// True once draining or shutdown started.
     pub fn is_closed(&self) -> bool {
-        self.inner.closed.load(std::sync::atomic::Ordering::Acquire)
+        self.inner.closed.load(Ordering::Acquire)
     }
+
+    /// Refuses new turns from now on and reports the runtime as draining.
+    pub(crate) fn stop_admitting(&self) {
+        self.inner.closed.store(true, Ordering::Release);
+        self.inner.draining.send_replace(true);
+    }
+
+    /// Watches the draining flag (readiness follows it).
+    pub fn draining(&self) -> watch::Receiver<bool> {
+        self.inner.draining.subscribe()
+    }
+}
+
+/// Request ids are 1–128 printable ASCII characters.
+fn validate_request_id(id: &str) -> Result<(), RuntimeError> {
+    if id.is_empty() || id.len() > 128 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(RuntimeError::invalid(
+            "request_id",
+            "must be 1-128 printable ASCII characters without spaces",
+        ));
+    }
+    Ok(())
 }
 
 /// Checks a user message: at least one non-empty text or image block, only

@@ -1,36 +1,169 @@
-//! [`TurnStream`]: the Chat caller's view of its turn.
+//! [`TurnStream`]: the events of one turn, for the caller that started it,
+//! for a watcher (Subscribe, or a retried request joining a live turn), or
+//! replayed from the store (a retried request whose turn already ended).
 
+use std::collections::VecDeque;
+use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::SystemTime;
 
 use futures::Stream;
+use tokio::sync::{mpsc, oneshot};
 
-use super::{EventRx, LiveTurn};
-use crate::events::TurnEvent;
+use super::{EventRx, LiveTurn, OnDisconnect};
+use crate::events::{EventKind, TurnEvent};
+use crate::hub::TurnHub;
 use crate::types::CancelReason;
 
-/// The events of one turn, for the caller that started it: `TurnStarted`
-/// first, `TurnFinished` last, seqs 1..n without gaps.
+/// Follows a hub: backlog first, then live events; when the live channel
+/// closes early (the watcher lagged and was detached) it re-attaches from
+/// the replay, reporting a gap only if events were really lost.
+#[derive(Debug)]
+struct Watch {
+    hub: Arc<TurnHub>,
+    backlog: VecDeque<Arc<TurnEvent>>,
+    live: Option<mpsc::Receiver<Arc<TurnEvent>>>,
+    last_seq: u64,
+}
+
+impl Watch {
+    fn new(hub: Arc<TurnHub>, after_seq: u64) -> (Self, Option<Arc<TurnEvent>>) {
+        let mut watch = Self {
+            hub,
+            backlog: VecDeque::new(),
+            live: None,
+            last_seq: after_seq,
+        };
+        let gap = watch.attach(false);
+        (watch, gap)
+    }
+
+    fn attach(&mut self, lagged: bool) -> Option<Arc<TurnEvent>> {
+        let att = self.hub.attach(self.last_seq);
+        self.backlog = att.backlog.into();
+        self.live = att.live;
+        att.gap_from.map(|first| {
+            Arc::new(TurnEvent {
+                seq: 0,
+                at: SystemTime::now(),
+                kind: EventKind::ReplayGap {
+                    first_available_seq: first,
+                    lagged,
+                },
+            })
+        })
+    }
+
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Arc<TurnEvent>>> {
+        loop {
+            if let Some(event) = self.backlog.pop_front() {
+                self.last_seq = event.seq;
+                return Poll::Ready(Some(event));
+            }
+            let Some(live) = self.live.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match live.poll_recv(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(event)) => {
+                    if event.seq <= self.last_seq {
+                        continue;
+                    }
+                    self.last_seq = event.seq;
+                    return Poll::Ready(Some(event));
+                }
+                Poll::Ready(None) => {
+                    if let Some(gap) = self.attach(true) {
+                        return Poll::Ready(Some(gap));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Source {
+    /// The caller that started the turn.
+    Own(EventRx),
+    /// A watcher of a live turn.
+    Watch(Watch),
+    /// Waiting for the session's next turn (Subscribe with wait_for_turn).
+    Waiting {
+        rx: oneshot::Receiver<Arc<LiveTurn>>,
+        after_seq: u64,
+    },
+    /// A finished turn rebuilt from the store.
+    Replay(VecDeque<Arc<TurnEvent>>),
+}
+
+/// The events of one turn: `TurnStarted` first, `TurnFinished` last.
 ///
-/// Dropping the stream before the end means the caller went away: the turn
-/// is cancelled with reason `ClientGone` and its partial output stored.
+/// For the caller that started the turn, dropping the stream before the end
+/// means the caller went away: with [`OnDisconnect::Cancel`] the turn is
+/// cancelled (reason `ClientGone`) and its partial output stored. Watcher
+/// and replay streams never affect the turn.
 #[derive(Debug)]
 pub struct TurnStream {
     session_id: String,
     turn_id: String,
-    rx: EventRx,
-    live: Arc<LiveTurn>,
+    source: Source,
+    /// Cancelled with `ClientGone` if dropped before the final event.
+    cancel_on_drop: Option<Arc<LiveTurn>>,
     finished: bool,
 }
 
 impl TurnStream {
-    pub(crate) fn new(session_id: String, turn_id: String, rx: EventRx, live: Arc<LiveTurn>) -> Self {
+    pub(crate) fn own(
+        session_id: String,
+        turn_id: String,
+        rx: EventRx,
+        live: Arc<LiveTurn>,
+        on_disconnect: OnDisconnect,
+    ) -> Self {
         Self {
             session_id,
             turn_id,
-            rx,
-            live,
+            source: Source::Own(rx),
+            cancel_on_drop: (on_disconnect == OnDisconnect::Cancel).then_some(live),
+            finished: false,
+        }
+    }
+
+    /// Watches `live` from `after_seq`.
+    pub(crate) fn attached(session_id: String, live: &LiveTurn, after_seq: u64) -> Self {
+        let (watch, gap) = Watch::new(Arc::clone(&live.hub), after_seq);
+        let mut watch = watch;
+        if let Some(gap) = gap {
+            watch.backlog.push_front(gap);
+        }
+        Self {
+            session_id,
+            turn_id: live.turn_id.clone(),
+            source: Source::Watch(watch),
+            cancel_on_drop: None,
+            finished: false,
+        }
+    }
+
+    pub(crate) fn waiting(session_id: String, rx: oneshot::Receiver<Arc<LiveTurn>>, after_seq: u64) -> Self {
+        Self {
+            session_id,
+            turn_id: String::new(),
+            source: Source::Waiting { rx, after_seq },
+            cancel_on_drop: None,
+            finished: false,
+        }
+    }
+
+    pub(crate) fn replayed(session_id: String, turn_id: String, events: Vec<Arc<TurnEvent>>) -> Self {
+        Self {
+            session_id,
+            turn_id,
+            source: Source::Replay(events.into()),
+            cancel_on_drop: None,
             finished: false,
         }
     }
@@ -40,9 +173,14 @@ impl TurnStream {
         &self.session_id
     }
 
-    /// The turn's id.
+    /// The turn's id (empty while waiting for a turn to start).
     pub fn turn_id(&self) -> &str {
         &self.turn_id
+    }
+
+    /// True once the final event was yielded.
+    pub fn is_finished(&self) -> bool {
+        self.finished
     }
 }
 
@@ -50,20 +188,46 @@ impl Stream for TurnStream {
     type Item = Arc<TurnEvent>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let polled = self.rx.poll_recv(cx);
-        if let Poll::Ready(Some(event)) = &polled {
-            if event.is_final() {
-                self.finished = true;
+        let this = &mut *self;
+        if this.finished {
+            return Poll::Ready(None);
+        }
+        let polled = loop {
+            match &mut this.source {
+                Source::Own(rx) => break rx.poll_recv(cx),
+                Source::Watch(watch) => break watch.poll_next(cx),
+                Source::Replay(events) => break Poll::Ready(events.pop_front()),
+                Source::Waiting { rx, after_seq } => match Pin::new(rx).poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Err(_)) => return Poll::Ready(None),
+                    Poll::Ready(Ok(live)) => {
+                        let after_seq = *after_seq;
+                        let attached = TurnStream::attached(this.session_id.clone(), &live, after_seq);
+                        this.turn_id = attached.turn_id.clone();
+                        this.source = attached_source(attached);
+                    }
+                },
             }
+        };
+        if let Poll::Ready(Some(event)) = &polled
+            && event.is_final()
+        {
+            this.finished = true;
         }
         polled
     }
 }
 
+fn attached_source(mut stream: TurnStream) -> Source {
+    std::mem::replace(&mut stream.source, Source::Replay(VecDeque::new()))
+}
+
 impl Drop for TurnStream {
     fn drop(&mut self) {
-        if !self.finished {
-            self.live.cancel(CancelReason::ClientGone);
+        if !self.finished
+            && let Some(live) = &self.cancel_on_drop
+        {
+            live.cancel(CancelReason::ClientGone);
         }
     }
 }

@@ -6,13 +6,13 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::{FutureExt as _, StreamExt as _};
 use tokio::sync::mpsc;
 
 use super::{BusyGuard, Inner, LiveTurn, Runner};
-use crate::events::{ErrorCode, EventKind, StepKind, TurnEvent, TurnOutcome};
+use crate::events::{ErrorCode, EventKind, Phase, StepKind, TurnEvent, TurnOutcome};
 use crate::hub::TurnHub;
 use crate::model::{ModelError, ModelEvent, ModelRequest};
 use crate::store::StoreError;
@@ -23,6 +23,8 @@ use crate::types::{
 
 /// Messages loaded per store call when assembling the model context.
 const CONTEXT_PAGE: usize = 1_000;
+/// The text of the NOTICE stored when a turn reaches its deadline.
+pub(crate) const TIMEOUT_NOTICE: &str = "the turn reached its time limit";
 
 /// Numbers events, publishes them to the hub and forwards them to the
 /// caller while the caller is there.
@@ -30,18 +32,32 @@ pub(crate) struct Emitter {
     seq: u64,
     hub: Arc<TurnHub>,
     caller: Option<mpsc::Sender<Arc<TurnEvent>>>,
+    heartbeat_interval: Duration,
+    last_emit: tokio::time::Instant,
 }
 
 impl Emitter {
-    pub(crate) fn new(hub: Arc<TurnHub>, caller: mpsc::Sender<Arc<TurnEvent>>) -> Self {
+    pub(crate) fn new(
+        hub: Arc<TurnHub>,
+        caller: mpsc::Sender<Arc<TurnEvent>>,
+        heartbeat_interval: Duration,
+    ) -> Self {
         Self {
             seq: 0,
             hub,
             caller: Some(caller),
+            heartbeat_interval,
+            last_emit: tokio::time::Instant::now(),
         }
     }
 
+    /// When a heartbeat is due if nothing else is emitted.
+    fn heartbeat_due(&self) -> tokio::time::Instant {
+        self.last_emit + self.heartbeat_interval
+    }
+
     async fn emit(&mut self, kind: EventKind) {
+        self.last_emit = tokio::time::Instant::now();
         self.seq += 1;
         let event = Arc::new(TurnEvent {
             seq: self.seq,
@@ -49,12 +65,12 @@ impl Emitter {
             kind,
         });
         self.hub.publish(Arc::clone(&event));
-        if let Some(tx) = &self.caller {
-            if tx.send(event).await.is_err() {
-                // The caller went away; its stream's drop has cancelled the
-                // turn, which ends at the next cancellation point.
-                self.caller = None;
-            }
+        if let Some(tx) = &self.caller
+            && tx.send(event).await.is_err()
+        {
+            // The caller went away; its stream's drop has cancelled the
+            // turn, which ends at the next cancellation point.
+            self.caller = None;
         }
     }
 }
@@ -64,6 +80,7 @@ enum StepEnd {
     Finished(StopReason),
     Failed(ModelError),
     Cancelled(CancelReason),
+    TimedOut,
     Store(StoreError),
 }
 
@@ -101,6 +118,15 @@ pub(crate) struct Turn {
     pub(crate) system_prompt: Option<String>,
     pub(crate) guard: Option<BusyGuard>,
     pub(crate) started: Instant,
+    pub(crate) deadline: Option<tokio::time::Instant>,
+}
+
+/// Resolves at `deadline`, or never.
+async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Turn {
@@ -176,21 +202,34 @@ impl Turn {
             messages,
             thinking: self.runner.key.thinking,
         };
+        self.live.set_phase(Phase::Model);
         let cancel = &self.live.cancel;
-        let started = tokio::select! {
-            biased;
-            () = cancel.cancelled() => return self.cancelled(),
-            started = self.runner.provider.stream(request) => started,
-        };
-        let mut stream = match started {
-            Ok(s) => s,
-            Err(e) => return StepEnd::Failed(e),
+        let start = self.runner.provider.stream(request);
+        tokio::pin!(start);
+        let mut stream = loop {
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => return self.cancelled(),
+                () = until(self.deadline) => return StepEnd::TimedOut,
+                started = &mut start => match started {
+                    Ok(s) => break s,
+                    Err(e) => return StepEnd::Failed(e),
+                },
+                () = tokio::time::sleep_until(emitter.heartbeat_due()) => {
+                    emitter.emit(EventKind::Heartbeat { phase: Phase::Model }).await;
+                }
+            }
         };
         loop {
             let item = tokio::select! {
                 biased;
                 () = cancel.cancelled() => return self.cancelled(),
+                () = until(self.deadline) => return StepEnd::TimedOut,
                 item = stream.next() => item,
+                () = tokio::time::sleep_until(emitter.heartbeat_due()) => {
+                    emitter.emit(EventKind::Heartbeat { phase: Phase::Model }).await;
+                    continue;
+                }
             };
             match item {
                 None => {
@@ -214,7 +253,15 @@ impl Turn {
     }
 
     fn cancelled(&self) -> StepEnd {
-        StepEnd::Cancelled(self.live.cancel_reason().unwrap_or(CancelReason::Stopped))
+        let reason = self.live.cancel_reason().unwrap_or(CancelReason::Stopped);
+        // A caller whose own deadline expired hangs up at the moment the
+        // turn's deadline passes: that is a timeout, not a disconnect.
+        if reason == CancelReason::ClientGone
+            && self.deadline.is_some_and(|d| tokio::time::Instant::now() >= d)
+        {
+            return StepEnd::TimedOut;
+        }
+        StepEnd::Cancelled(reason)
     }
 
     /// The uncompacted history, oldest first (it ends with this turn's user
@@ -276,6 +323,16 @@ impl Turn {
                 self.store_partial(output, reason.stop_reason(), emitter).await;
                 (TurnOutcome::Canceled, None)
             }
+            StepEnd::TimedOut => {
+                self.store_partial(output, StopReason::Timeout, emitter).await;
+                let notice = NewMessage::new(
+                    &self.record.turn_id,
+                    Role::Notice,
+                    vec![ContentBlock::text(TIMEOUT_NOTICE)],
+                );
+                self.store(notice, emitter).await;
+                (TurnOutcome::TimedOut, None)
+            }
             StepEnd::Store(err) => {
                 tracing::error!(error = %err, "loading the conversation failed");
                 (
@@ -297,19 +354,27 @@ impl Turn {
         message.model = Some(self.record.model.clone());
         message.usage = output.usage;
         message.stop_reason = Some(reason);
+        self.store(message, emitter).await
+    }
+
+    /// Appends a message (never raced against cancellation) and announces
+    /// it. `false` when the store failed.
+    async fn store(&self, message: NewMessage, emitter: &mut Emitter) -> bool {
+        self.live.set_phase(Phase::Storing);
+        let role = message.role;
         match self.inner.store.append_message(&self.record.session_id, message).await {
             Ok(stored) => {
                 emitter
                     .emit(EventKind::MessageStored {
                         seq: stored.seq,
                         id: stored.body.id,
-                        role: Role::Assistant,
+                        role,
                     })
                     .await;
                 true
             }
             Err(err) => {
-                tracing::error!(error = %err, "storing the assistant message failed");
+                tracing::error!(error = %err, ?role, "storing a message failed");
                 false
             }
         }
@@ -322,6 +387,7 @@ impl Turn {
         usage: Option<Usage>,
         mut emitter: Emitter,
     ) {
+        self.live.set_phase(Phase::Finishing);
         let usage = usage.unwrap_or_default();
         self.record.status = match outcome {
             TurnOutcome::Success => TurnStatus::Success,

@@ -1,0 +1,108 @@
+//! Watching, stopping and inspecting a session's live turn.
+
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::oneshot;
+
+use super::{Runtime, TurnStream, lock};
+use crate::error::RuntimeError;
+use crate::events::Phase;
+use crate::types::{CancelReason, Principal};
+
+/// How long StopSession waits for the turn to end.
+pub(crate) const STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// A session's live-turn status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionStatus {
+    /// The live turn, if any: (turn id, phase, admission time).
+    pub live: Option<(String, Phase, SystemTime)>,
+    /// Watchers attached to the live turn.
+    pub watchers: usize,
+}
+
+impl Runtime {
+    /// Attaches read-only to the session's live turn from `after_seq`.
+    /// `None` when nothing is live and `wait_for_turn` is false.
+    pub async fn subscribe(
+        &self,
+        who: &Principal,
+        session_id: &str,
+        after_seq: u64,
+        wait_for_turn: bool,
+    ) -> Result<Option<TurnStream>, RuntimeError> {
+        super::sessions::validate_session_id("session_id", session_id)?;
+        self.owned_session(who, session_id).await?;
+        if let Some(stream) = self.attach_if_live_from(session_id, after_seq) {
+            return Ok(Some(stream));
+        }
+        if !wait_for_turn {
+            return Ok(None);
+        }
+        if self.is_closed() {
+            return Err(RuntimeError::Unavailable("the server is draining or shutting down"));
+        }
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut waiters = lock(&self.inner.waiters);
+            // Re-check under the waiters lock: admission publishes the live
+            // turn before waking waiters, so a turn admitted since the check
+            // above is seen here or wakes us.
+            if let Some(stream) = self.attach_if_live_from(session_id, after_seq) {
+                return Ok(Some(stream));
+            }
+            let list = waiters.entry(session_id.to_owned()).or_default();
+            list.retain(|w| !w.is_closed());
+            if list.len() >= self.inner.config.max_waiters_per_session {
+                return Err(RuntimeError::ResourceExhausted(
+                    "too many callers are waiting for this session's next turn",
+                ));
+            }
+            list.push(tx);
+        }
+        Ok(Some(TurnStream::waiting(session_id.to_owned(), rx, after_seq)))
+    }
+
+    fn attach_if_live_from(&self, session_id: &str, after_seq: u64) -> Option<TurnStream> {
+        let live = lock(&self.inner.live);
+        live.get(session_id)
+            .map(|turn| TurnStream::attached(session_id.to_owned(), turn, after_seq))
+    }
+
+    /// Cancels the live turn (reason STOPPED) and waits, at most 5 s, until
+    /// it has ended. `false` when nothing was live.
+    pub async fn stop_session(&self, who: &Principal, session_id: &str) -> Result<bool, RuntimeError> {
+        super::sessions::validate_session_id("session_id", session_id)?;
+        self.owned_session(who, session_id).await?;
+        Ok(self.cancel_live(session_id, CancelReason::Stopped, STOP_WAIT).await)
+    }
+
+    /// The session's live-turn status.
+    pub async fn session_status(&self, who: &Principal, session_id: &str) -> Result<SessionStatus, RuntimeError> {
+        super::sessions::validate_session_id("session_id", session_id)?;
+        self.owned_session(who, session_id).await?;
+        let live = lock(&self.inner.live).get(session_id).cloned();
+        Ok(match live {
+            Some(turn) => SessionStatus {
+                live: Some((turn.turn_id.clone(), turn.phase(), turn.started_at)),
+                watchers: turn.hub.watcher_count(),
+            },
+            None => SessionStatus {
+                live: None,
+                watchers: 0,
+            },
+        })
+    }
+
+    /// Evicts the session's cached runner; with `force` the live turn is
+    /// stopped first. A live turn keeps the selection it was admitted with.
+    /// `true` when a runner was cached.
+    pub async fn close_session(&self, who: &Principal, session_id: &str, force: bool) -> Result<bool, RuntimeError> {
+        super::sessions::validate_session_id("session_id", session_id)?;
+        self.owned_session(who, session_id).await?;
+        if force {
+            self.cancel_live(session_id, CancelReason::Stopped, STOP_WAIT).await;
+        }
+        Ok(lock(&self.inner.runners).remove(session_id).is_some())
+    }
+}
