@@ -2,8 +2,9 @@
 //! `127.0.0.1:0`, driven through the client crate.
 
 mod e2e {
-    pub(crate) mod harness;
     mod chat;
+    mod control;
+    pub(crate) mod harness;
     mod identity;
     mod openai;
     mod sessions;

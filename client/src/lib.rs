@@ -181,8 +181,16 @@ impl Client {
     }
 
     /// Creates a session (idempotent with a client-chosen `session_id`).
-    pub async fn create_session(&self, req: proto::CreateSessionRequest) -> Result<proto::Session, Error> {
-        Ok(self.sessions.clone().create_session(self.request(req)).await?.into_inner())
+    pub async fn create_session(
+        &self,
+        req: proto::CreateSessionRequest,
+    ) -> Result<proto::Session, Error> {
+        Ok(self
+            .sessions
+            .clone()
+            .create_session(self.request(req))
+            .await?
+            .into_inner())
     }
 
     /// One session.
@@ -190,17 +198,38 @@ impl Client {
         let req = proto::GetSessionRequest {
             session_id: session_id.to_owned(),
         };
-        Ok(self.sessions.clone().get_session(self.request(req)).await?.into_inner())
+        Ok(self
+            .sessions
+            .clone()
+            .get_session(self.request(req))
+            .await?
+            .into_inner())
     }
 
     /// A page of the caller's sessions, newest activity first.
-    pub async fn list_sessions(&self, req: proto::ListSessionsRequest) -> Result<proto::ListSessionsResponse, Error> {
-        Ok(self.sessions.clone().list_sessions(self.request(req)).await?.into_inner())
+    pub async fn list_sessions(
+        &self,
+        req: proto::ListSessionsRequest,
+    ) -> Result<proto::ListSessionsResponse, Error> {
+        Ok(self
+            .sessions
+            .clone()
+            .list_sessions(self.request(req))
+            .await?
+            .into_inner())
     }
 
     /// Updates the fields set in `req`.
-    pub async fn update_session(&self, req: proto::UpdateSessionRequest) -> Result<proto::Session, Error> {
-        Ok(self.sessions.clone().update_session(self.request(req)).await?.into_inner())
+    pub async fn update_session(
+        &self,
+        req: proto::UpdateSessionRequest,
+    ) -> Result<proto::Session, Error> {
+        Ok(self
+            .sessions
+            .clone()
+            .update_session(self.request(req))
+            .await?
+            .into_inner())
     }
 
     /// Deletes a session and its history.
@@ -208,12 +237,26 @@ impl Client {
         let req = proto::DeleteSessionRequest {
             session_id: session_id.to_owned(),
         };
-        Ok(self.sessions.clone().delete_session(self.request(req)).await?.into_inner().deleted)
+        Ok(self
+            .sessions
+            .clone()
+            .delete_session(self.request(req))
+            .await?
+            .into_inner()
+            .deleted)
     }
 
     /// One page of history.
-    pub async fn history_page(&self, req: proto::GetHistoryRequest) -> Result<proto::GetHistoryResponse, Error> {
-        Ok(self.sessions.clone().get_history(self.request(req)).await?.into_inner())
+    pub async fn history_page(
+        &self,
+        req: proto::GetHistoryRequest,
+    ) -> Result<proto::GetHistoryResponse, Error> {
+        Ok(self
+            .sessions
+            .clone()
+            .get_history(self.request(req))
+            .await?
+            .into_inner())
     }
 
     /// The whole stored history (every page), compacted messages included.
@@ -255,20 +298,35 @@ impl Client {
     /// Runs a turn from a full request. Admission errors (busy, not found,
     /// invalid) are returned here; later failures arrive in the stream.
     pub async fn chat_with(&self, req: proto::ChatRequest) -> Result<EventStream, Error> {
-        let stream = self.runtime.clone().chat(tonic::Request::new(req)).await?.into_inner();
+        let stream = self
+            .runtime
+            .clone()
+            .chat(tonic::Request::new(req))
+            .await?
+            .into_inner();
         Ok(EventStream::new(stream))
     }
 
     /// Watches the session's live turn from `after_seq` (0 = from its
     /// start). With no live turn the stream ends at once, unless
     /// `wait_for_turn`.
-    pub async fn subscribe(&self, session_id: &str, after_seq: u64, wait_for_turn: bool) -> Result<EventStream, Error> {
+    pub async fn subscribe(
+        &self,
+        session_id: &str,
+        after_seq: u64,
+        wait_for_turn: bool,
+    ) -> Result<EventStream, Error> {
         let req = proto::SubscribeRequest {
             session_id: session_id.to_owned(),
             after_seq,
             wait_for_turn,
         };
-        let stream = self.runtime.clone().subscribe(tonic::Request::new(req)).await?.into_inner();
+        let stream = self
+            .runtime
+            .clone()
+            .subscribe(tonic::Request::new(req))
+            .await?
+            .into_inner();
         Ok(EventStream::new(stream))
     }
 
@@ -277,7 +335,13 @@ impl Client {
         let req = proto::StopSessionRequest {
             session_id: session_id.to_owned(),
         };
-        Ok(self.runtime.clone().stop_session(self.request(req)).await?.into_inner().stopped)
+        Ok(self
+            .runtime
+            .clone()
+            .stop_session(self.request(req))
+            .await?
+            .into_inner()
+            .stopped)
     }
 
     /// The session's live-turn status.
@@ -285,7 +349,12 @@ impl Client {
         let req = proto::GetSessionStatusRequest {
             session_id: session_id.to_owned(),
         };
-        Ok(self.runtime.clone().get_session_status(self.request(req)).await?.into_inner())
+        Ok(self
+            .runtime
+            .clone()
+            .get_session_status(self.request(req))
+            .await?
+            .into_inner())
     }
 
     /// Evicts the session's cached runner (`force` stops a live turn first).
@@ -294,6 +363,12 @@ impl Client {
             session_id: session_id.to_owned(),
             force,
         };
-        Ok(self.runtime.clone().close_session(self.request(req)).await?.into_inner().closed)
+        Ok(self
+            .runtime
+            .clone()
+            .close_session(self.request(req))
+            .await?
+            .into_inner()
+            .closed)
     }
 }

@@ -9,10 +9,19 @@ use clap::{Parser, Subcommand};
 use futures::StreamExt as _;
 
 #[derive(Debug, Parser)]
-#[command(name = "agentrt", version, about = "Command-line client for an agentrt server")]
+#[command(
+    name = "agentrt",
+    version,
+    about = "Command-line client for an agentrt server"
+)]
 struct Cli {
     /// Server URL.
-    #[arg(long, env = "AGENTRT_URL", default_value = "http://127.0.0.1:50051", global = true)]
+    #[arg(
+        long,
+        env = "AGENTRT_URL",
+        default_value = "http://127.0.0.1:50051",
+        global = true
+    )]
     url: String,
     /// Bearer API key (not needed for a loopback server without keys).
     #[arg(long, env = "AGENTRT_TOKEN", global = true, hide_env_values = true)]
@@ -65,19 +74,31 @@ fn text_of(m: &proto::Message) -> String {
         .iter()
         .filter_map(|b| match &b.block {
             Some(proto::content_block::Block::Text(t)) => Some(t.text.clone()),
-            Some(proto::content_block::Block::Thinking(t)) => Some(format!("(thinking: {})", t.thinking)),
-            Some(proto::content_block::Block::Image(i)) => Some(format!("[image {} bytes]", i.data.len())),
+            Some(proto::content_block::Block::Thinking(t)) => {
+                Some(format!("(thinking: {})", t.thinking))
+            }
+            Some(proto::content_block::Block::Image(i)) => {
+                Some(format!("[image {} bytes]", i.data.len()))
+            }
             _ => None,
         })
         .collect::<Vec<_>>()
         .join(" ")
 }
 
-async fn chat(client: &Client, session: Option<String>, model: Option<String>, reasoning: bool, text: String) -> Result<bool, Error> {
+async fn chat(
+    client: &Client,
+    session: Option<String>,
+    model: Option<String>,
+    reasoning: bool,
+    text: String,
+) -> Result<bool, Error> {
     let session_id = match session {
         Some(s) => s,
         None => {
-            let s = client.create_session(proto::CreateSessionRequest::default()).await?;
+            let s = client
+                .create_session(proto::CreateSessionRequest::default())
+                .await?;
             eprintln!("session {}", s.session_id);
             s.session_id
         }
@@ -127,7 +148,12 @@ async fn run(cli: Cli) -> Result<bool, Error> {
     }
     let client = builder.connect().await?;
     match cli.command {
-        Command::Create { id, title, model, system } => {
+        Command::Create {
+            id,
+            title,
+            model,
+            system,
+        } => {
             let s = client
                 .create_session(proto::CreateSessionRequest {
                     session_id: id.unwrap_or_default(),
@@ -150,7 +176,10 @@ async fn run(cli: Cli) -> Result<bool, Error> {
                     })
                     .await?;
                 for s in page.sessions {
-                    println!("{}\t{} messages\t{}", s.session_id, s.message_count, s.title);
+                    println!(
+                        "{}\t{} messages\t{}",
+                        s.session_id, s.message_count, s.title
+                    );
                 }
                 if page.next_page_token.is_empty() {
                     break;
@@ -158,13 +187,25 @@ async fn run(cli: Cli) -> Result<bool, Error> {
                 token = page.next_page_token;
             }
         }
-        Command::Chat { session, reasoning, model, text } => {
+        Command::Chat {
+            session,
+            reasoning,
+            model,
+            text,
+        } => {
             return chat(&client, session, model, reasoning, text.join(" ")).await;
         }
         Command::History { session } => {
             for m in client.history(&session).await? {
                 let role = proto::Role::try_from(m.role).unwrap_or_default();
-                println!("#{} {}: {}", m.seq, role.as_str_name().trim_start_matches("ROLE_").to_lowercase(), text_of(&m));
+                println!(
+                    "#{} {}: {}",
+                    m.seq,
+                    role.as_str_name()
+                        .trim_start_matches("ROLE_")
+                        .to_lowercase(),
+                    text_of(&m)
+                );
             }
         }
     }

@@ -43,7 +43,10 @@ impl RuntimeAdmin for Admin {
         let who = principal(&req)?;
         let user = req.into_inner().user_id;
         let user = (!user.is_empty()).then_some(user);
-        let n = self.runtime.reset_runners(&who, user.as_deref()).map_err(from_runtime)?;
+        let n = self
+            .runtime
+            .reset_runners(&who, user.as_deref())
+            .map_err(from_runtime)?;
         Ok(Response::new(pb::ResetRunnersResponse { count: count(n) }))
     }
 
@@ -58,7 +61,9 @@ impl RuntimeAdmin for Admin {
             .runtime
             .set_default_model(&who, &r.model, thinking)
             .map_err(from_runtime)?;
-        Ok(Response::new(pb::SetDefaultModelResponse { previous_model }))
+        Ok(Response::new(pb::SetDefaultModelResponse {
+            previous_model,
+        }))
     }
 
     async fn invalidate_runners(
@@ -66,17 +71,29 @@ impl RuntimeAdmin for Admin {
         req: Request<pb::InvalidateRunnersRequest>,
     ) -> Result<Response<pb::InvalidateRunnersResponse>, Status> {
         let who = principal(&req)?;
-        let n = self.runtime.invalidate_runners(&who).map_err(from_runtime)?;
-        Ok(Response::new(pb::InvalidateRunnersResponse { count: count(n) }))
+        let n = self
+            .runtime
+            .invalidate_runners(&who)
+            .map_err(from_runtime)?;
+        Ok(Response::new(pb::InvalidateRunnersResponse {
+            count: count(n),
+        }))
     }
 
-    async fn drain(&self, req: Request<pb::DrainRequest>) -> Result<Response<pb::DrainResponse>, Status> {
+    async fn drain(
+        &self,
+        req: Request<pb::DrainRequest>,
+    ) -> Result<Response<pb::DrainResponse>, Status> {
         let who = principal(&req)?;
         let timeout = convert::duration_from_pb(req.into_inner().timeout, "timeout")
             .map_err(from_runtime)?
             .unwrap_or(DEFAULT_DRAIN)
             .min(MAX_DRAIN);
-        let remaining = self.runtime.drain(&who, timeout).await.map_err(from_runtime)?;
+        let remaining = self
+            .runtime
+            .drain(&who, timeout)
+            .await
+            .map_err(from_runtime)?;
         Ok(Response::new(pb::DrainResponse {
             remaining: count(remaining),
         }))

@@ -54,19 +54,31 @@ impl Authenticator {
     }
 
     /// The principal of a request's metadata.
-    pub fn authenticate(&self, metadata: &tonic::metadata::MetadataMap) -> Result<Principal, Status> {
+    pub fn authenticate(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<Principal, Status> {
         if self.keys.is_empty() {
             return Ok(Principal::local());
         }
-        let header = metadata
-            .get("authorization")
-            .ok_or_else(|| Status::unauthenticated("missing credentials: send the metadata header `authorization: Bearer <key>`"))?;
+        let header = metadata.get("authorization").ok_or_else(|| {
+            Status::unauthenticated(
+                "missing credentials: send the metadata header `authorization: Bearer <key>`",
+            )
+        })?;
         let token = header
             .to_str()
             .ok()
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
             .map(str::trim)
-            .ok_or_else(|| Status::unauthenticated("malformed credentials: expected `authorization: Bearer <key>`"))?;
+            .ok_or_else(|| {
+                Status::unauthenticated(
+                    "malformed credentials: expected `authorization: Bearer <key>`",
+                )
+            })?;
         let mut found = None;
         for (key, principal) in self.keys.iter() {
             if same_bytes(key, token.as_bytes()) {
@@ -78,7 +90,9 @@ impl Authenticator {
 
     /// A tonic interceptor that stores the principal in the request
     /// extensions (read back with [`principal`]).
-    pub fn interceptor(&self) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone + use<> {
+    pub fn interceptor(
+        &self,
+    ) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone + use<> {
         let this = self.clone();
         move |mut req: Request<()>| {
             let who = this.authenticate(req.metadata())?;
@@ -128,7 +142,12 @@ mod tests {
 
     #[test]
     fn missing_malformed_and_unknown_keys_are_unauthenticated() {
-        for value in [None, Some("secret-a"), Some("Bearer nope"), Some("Bearer secret-")] {
+        for value in [
+            None,
+            Some("secret-a"),
+            Some("Bearer nope"),
+            Some("Bearer secret-"),
+        ] {
             let err = auth().authenticate(&md(value)).unwrap_err();
             assert_eq!(err.code(), tonic::Code::Unauthenticated, "{value:?}");
         }

@@ -17,7 +17,11 @@ pub const BUILTIN_DEFAULT_MODEL: &str = "builtin/echo";
 
 /// Command-line flags; each also reads `AGENTRT_<NAME>`.
 #[derive(Debug, Clone, Default, clap::Parser)]
-#[command(name = "agentrt-server", version, about = "agentrt: a gRPC runtime for AI-agent conversations")]
+#[command(
+    name = "agentrt-server",
+    version,
+    about = "agentrt: a gRPC runtime for AI-agent conversations"
+)]
 pub struct Cli {
     /// Address to listen on [default: 127.0.0.1:50051].
     #[arg(long, env = "AGENTRT_LISTEN")]
@@ -209,8 +213,12 @@ impl Config {
             default_model: file.default_model.unwrap_or(defaults.default_model),
             fast_model: file.fast_model,
             shutdown_grace: file.shutdown_grace.unwrap_or(defaults.shutdown_grace),
-            heartbeat_interval: file.heartbeat_interval.unwrap_or(defaults.heartbeat_interval),
-            runner_idle_timeout: file.runner_idle_timeout.unwrap_or(defaults.runner_idle_timeout),
+            heartbeat_interval: file
+                .heartbeat_interval
+                .unwrap_or(defaults.heartbeat_interval),
+            runner_idle_timeout: file
+                .runner_idle_timeout
+                .unwrap_or(defaults.runner_idle_timeout),
             log_format: file.log_format.unwrap_or_default(),
             providers: file.providers,
             auth: file.auth,
@@ -254,10 +262,15 @@ impl Config {
                 )));
             }
             if p.name == "builtin" {
-                return Err(ConfigError("provider name \"builtin\" is reserved".to_owned()));
+                return Err(ConfigError(
+                    "provider name \"builtin\" is reserved".to_owned(),
+                ));
             }
             if !names.insert(p.name.as_str()) {
-                return Err(ConfigError(format!("provider {:?} is configured twice", p.name)));
+                return Err(ConfigError(format!(
+                    "provider {:?} is configured twice",
+                    p.name
+                )));
             }
             if !(p.base_url.starts_with("http://") || p.base_url.starts_with("https://")) {
                 return Err(ConfigError(format!(
@@ -286,8 +299,15 @@ impl Config {
             ));
         }
         let mut keys = std::collections::BTreeSet::new();
-        if !self.auth.api_keys.iter().all(|k| keys.insert(k.key.as_str())) {
-            return Err(ConfigError("auth.api_keys holds the same key twice".to_owned()));
+        if !self
+            .auth
+            .api_keys
+            .iter()
+            .all(|k| keys.insert(k.key.as_str()))
+        {
+            return Err(ConfigError(
+                "auth.api_keys holds the same key twice".to_owned(),
+            ));
         }
         Ok(())
     }
@@ -308,13 +328,17 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "s" => Ok(Duration::from_secs(n)),
         "m" => Ok(Duration::from_secs(n * 60)),
         "h" => Ok(Duration::from_secs(n * 3600)),
-        _ => Err(format!("duration {text:?} has an unknown unit (use ms, s, m, h)")),
+        _ => Err(format!(
+            "duration {text:?} has an unknown unit (use ms, s, m, h)"
+        )),
     }
 }
 
 fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
     let text = String::deserialize(d)?;
-    parse_duration(&text).map(Some).map_err(serde::de::Error::custom)
+    parse_duration(&text)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
 }
 
 #[cfg(test)]

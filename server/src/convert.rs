@@ -6,9 +6,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use agentrt_proto::v1 as pb;
 use agentrt_runtime::ChatInput;
-use agentrt_runtime::runtime::OnDisconnect;
 use agentrt_runtime::RuntimeError;
 use agentrt_runtime::events::{ErrorCode, EventKind, StepKind, TurnEvent, TurnOutcome};
+use agentrt_runtime::runtime::OnDisconnect;
 use agentrt_runtime::types::{
     CancelReason, ContentBlock, LastTurn, Message, NewSession, Role, Session, SessionUpdate,
     ThinkingLevel, TurnStatus, Usage,
@@ -125,7 +125,10 @@ fn block_to_pb(b: ContentBlock) -> pb::ContentBlock {
 }
 
 /// Decodes content blocks; an empty oneof is an invalid argument.
-pub fn content_from_pb(blocks: Vec<pb::ContentBlock>, field: &str) -> Result<Vec<ContentBlock>, RuntimeError> {
+pub fn content_from_pb(
+    blocks: Vec<pb::ContentBlock>,
+    field: &str,
+) -> Result<Vec<ContentBlock>, RuntimeError> {
     use pb::content_block::Block;
     blocks
         .into_iter()
@@ -170,7 +173,10 @@ pub fn message_to_pb(m: Message) -> pb::Message {
         content: body.content.into_iter().map(block_to_pb).collect(),
         model: body.model.unwrap_or_default(),
         usage: body.usage.as_ref().map(usage),
-        stop_reason: body.stop_reason.map(|r| r.as_str().to_owned()).unwrap_or_default(),
+        stop_reason: body
+            .stop_reason
+            .map(|r| r.as_str().to_owned())
+            .unwrap_or_default(),
         created_at: Some(timestamp(body.created_at)),
         compacted: m.compacted,
     }
@@ -250,6 +256,10 @@ pub fn chat_input(
     transport_deadline: Option<std::time::Duration>,
 ) -> Result<ChatInput, RuntimeError> {
     let requested = duration_from_pb(r.timeout, "timeout")?;
+    // End the turn a little before the caller's own deadline fires, so it
+    // still receives the TIMED_OUT outcome instead of hanging up first.
+    let transport_deadline = transport_deadline
+        .map(|d| d.saturating_sub((d / 10).min(std::time::Duration::from_millis(50))));
     let timeout = match (requested, transport_deadline) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),

@@ -85,7 +85,10 @@ impl std::fmt::Debug for ServerBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServerBuilder")
             .field("config", &self.config)
-            .field("extra_models", &self.extra_models.iter().map(|(n, _)| n).collect::<Vec<_>>())
+            .field(
+                "extra_models",
+                &self.extra_models.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -111,7 +114,11 @@ impl ServerBuilder {
     }
 
     /// Registers a model provider under `name` (the part before `/`).
-    pub fn model_provider(mut self, name: impl Into<String>, provider: Arc<dyn ModelProvider>) -> Self {
+    pub fn model_provider(
+        mut self,
+        name: impl Into<String>,
+        provider: Arc<dyn ModelProvider>,
+    ) -> Self {
         self.extra_models.push((name.into(), provider));
         self
     }
@@ -123,7 +130,10 @@ impl ServerBuilder {
     }
 
     /// Replaces the environment lookup used for `api_key_env`.
-    pub fn env_lookup(mut self, env: impl Fn(&str) -> Option<String> + Send + Sync + 'static) -> Self {
+    pub fn env_lookup(
+        mut self,
+        env: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
         self.env = Arc::new(env);
         self
     }
@@ -162,7 +172,9 @@ impl ServerBuilder {
         let shown = path.display().to_string();
         let opened = tokio::task::spawn_blocking(move || {
             std::fs::create_dir_all(&path).map_err(|e| {
-                agentrt_runtime::store::StoreError::Backend(format!("cannot create the directory: {e}"))
+                agentrt_runtime::store::StoreError::Backend(format!(
+                    "cannot create the directory: {e}"
+                ))
             })?;
             SledStore::open(&path)
         })
@@ -171,7 +183,10 @@ impl ServerBuilder {
             path: shown.clone(),
             source: agentrt_runtime::store::StoreError::Backend(e.to_string()),
         })?;
-        let store = opened.map_err(|source| ServerError::Store { path: shown, source })?;
+        let store = opened.map_err(|source| ServerError::Store {
+            path: shown,
+            source,
+        })?;
         Ok(Arc::new(store))
     }
 
@@ -186,8 +201,12 @@ impl ServerBuilder {
         self.config.validate()?;
         let models = self.models()?;
         let (health, health_service) = tonic_health::server::health_reporter();
-        health.set_service_status("", ServingStatus::NotServing).await;
-        health.set_service_status(READINESS, ServingStatus::NotServing).await;
+        health
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+        health
+            .set_service_status(READINESS, ServingStatus::NotServing)
+            .await;
 
         let store = self.open_store().await?;
         let runtime_config = RuntimeConfig {
@@ -234,15 +253,21 @@ impl ServerBuilder {
             let _ = stop_rx.await;
         }));
         health.set_service_status("", ServingStatus::Serving).await;
-        health.set_service_status(READINESS, ServingStatus::Serving).await;
+        health
+            .set_service_status(READINESS, ServingStatus::Serving)
+            .await;
         // An admin Drain flips readiness too, so the orchestrator stops
         // routing here before the process is told to stop.
         let mut draining = runtime.draining();
         let readiness = health.clone();
         tokio::spawn(async move {
             if draining.wait_for(|d| *d).await.is_ok() {
-                readiness.set_service_status(READINESS, ServingStatus::NotServing).await;
-                readiness.set_service_status("", ServingStatus::NotServing).await;
+                readiness
+                    .set_service_status(READINESS, ServingStatus::NotServing)
+                    .await;
+                readiness
+                    .set_service_status("", ServingStatus::NotServing)
+                    .await;
             }
         });
         tracing::info!(addr = ?addr, default_model = %self.config.default_model, "agentrt-server serving");
@@ -261,9 +286,15 @@ impl ServerBuilder {
             () = shutdown => {}
         }
         tracing::info!(grace = ?self.config.shutdown_grace, "draining");
-        health.set_service_status("", ServingStatus::NotServing).await;
-        health.set_service_status(READINESS, ServingStatus::NotServing).await;
-        runtime.shutdown(self.config.shutdown_grace, HARD_STOP).await;
+        health
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+        health
+            .set_service_status(READINESS, ServingStatus::NotServing)
+            .await;
+        runtime
+            .shutdown(self.config.shutdown_grace, HARD_STOP)
+            .await;
         let _ = stop_tx.send(());
         match tokio::time::timeout(HARD_STOP, &mut server).await {
             Ok(Ok(result)) => result?,

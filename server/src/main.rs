@@ -10,7 +10,9 @@ use tracing_subscriber::EnvFilter;
 
 fn init_tracing(format: LogFormat) {
     let filter = EnvFilter::try_from_env("AGENTRT_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -7,9 +7,9 @@ use std::task::{Context, Poll};
 
 use agentrt_proto::v1 as pb;
 use agentrt_proto::v1::agent_runtime_server::AgentRuntime;
+use agentrt_runtime::Runtime;
 use agentrt_runtime::events::{ErrorCode, EventKind};
 use agentrt_runtime::runtime::TurnStream;
-use agentrt_runtime::Runtime;
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
@@ -71,7 +71,9 @@ impl Stream for ChatEvents {
             }
             Poll::Ready(Some(event)) => {
                 match &event.kind {
-                    EventKind::Error { code, message } => this.error = Some((*code, message.clone())),
+                    EventKind::Error { code, message } => {
+                        this.error = Some((*code, message.clone()))
+                    }
                     EventKind::TurnFinished { outcome, .. } => {
                         this.done = true;
                         this.trailer = trailing_status(
@@ -93,7 +95,10 @@ impl AgentRuntime for Turns {
     type ChatStream = ChatEvents;
     type SubscribeStream = ChatEvents;
 
-    async fn chat(&self, req: Request<pb::ChatRequest>) -> Result<Response<Self::ChatStream>, Status> {
+    async fn chat(
+        &self,
+        req: Request<pb::ChatRequest>,
+    ) -> Result<Response<Self::ChatStream>, Status> {
         let who = principal(&req)?;
         let deadline = convert::grpc_deadline(req.metadata());
         let input = convert::chat_input(req.into_inner(), deadline).map_err(from_runtime)?;
@@ -121,7 +126,11 @@ impl AgentRuntime for Turns {
     ) -> Result<Response<pb::StopSessionResponse>, Status> {
         let who = principal(&req)?;
         let id = req.into_inner().session_id;
-        let stopped = self.runtime.stop_session(&who, &id).await.map_err(from_runtime)?;
+        let stopped = self
+            .runtime
+            .stop_session(&who, &id)
+            .await
+            .map_err(from_runtime)?;
         Ok(Response::new(pb::StopSessionResponse { stopped }))
     }
 
@@ -131,7 +140,11 @@ impl AgentRuntime for Turns {
     ) -> Result<Response<pb::SessionStatus>, Status> {
         let who = principal(&req)?;
         let id = req.into_inner().session_id;
-        let status = self.runtime.session_status(&who, &id).await.map_err(from_runtime)?;
+        let status = self
+            .runtime
+            .session_status(&who, &id)
+            .await
+            .map_err(from_runtime)?;
         Ok(Response::new(convert::session_status(status)))
     }
 

@@ -25,17 +25,31 @@ impl Sessions {
 
 #[tonic::async_trait]
 impl SessionService for Sessions {
-    async fn create_session(&self, req: Request<pb::CreateSessionRequest>) -> Result<Response<pb::Session>, Status> {
+    async fn create_session(
+        &self,
+        req: Request<pb::CreateSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
         let who = principal(&req)?;
         let new = convert::new_session(req.into_inner());
-        let session = self.runtime.create_session(&who, new).await.map_err(from_runtime)?;
+        let session = self
+            .runtime
+            .create_session(&who, new)
+            .await
+            .map_err(from_runtime)?;
         Ok(Response::new(convert::session_to_pb(session)))
     }
 
-    async fn get_session(&self, req: Request<pb::GetSessionRequest>) -> Result<Response<pb::Session>, Status> {
+    async fn get_session(
+        &self,
+        req: Request<pb::GetSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
         let who = principal(&req)?;
         let id = req.into_inner().session_id;
-        let session = self.runtime.get_session(&who, &id).await.map_err(from_runtime)?;
+        let session = self
+            .runtime
+            .get_session(&who, &id)
+            .await
+            .map_err(from_runtime)?;
         Ok(Response::new(convert::session_to_pb(session)))
     }
 
@@ -47,21 +61,38 @@ impl SessionService for Sessions {
         let r = req.into_inner();
         let page = self
             .runtime
-            .list_sessions(&who, r.page_size as usize, &r.page_token, Some(r.agent_id), r.include_archived)
+            .list_sessions(
+                &who,
+                r.page_size as usize,
+                &r.page_token,
+                Some(r.agent_id),
+                r.include_archived,
+            )
             .await
             .map_err(from_runtime)?;
         Ok(Response::new(pb::ListSessionsResponse {
-            sessions: page.sessions.into_iter().map(convert::session_to_pb).collect(),
+            sessions: page
+                .sessions
+                .into_iter()
+                .map(convert::session_to_pb)
+                .collect(),
             next_page_token: page.next_page_token,
         }))
     }
 
-    async fn update_session(&self, req: Request<pb::UpdateSessionRequest>) -> Result<Response<pb::Session>, Status> {
+    async fn update_session(
+        &self,
+        req: Request<pb::UpdateSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
         let who = principal(&req)?;
         let r = req.into_inner();
         let id = r.session_id.clone();
         let update = convert::session_update(r);
-        let session = self.runtime.update_session(&who, &id, update).await.map_err(from_runtime)?;
+        let session = self
+            .runtime
+            .update_session(&who, &id, update)
+            .await
+            .map_err(from_runtime)?;
         Ok(Response::new(convert::session_to_pb(session)))
     }
 
@@ -71,7 +102,11 @@ impl SessionService for Sessions {
     ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
         let who = principal(&req)?;
         let id = req.into_inner().session_id;
-        let deleted = self.runtime.delete_session(&who, &id).await.map_err(from_runtime)?;
+        let deleted = self
+            .runtime
+            .delete_session(&who, &id)
+            .await
+            .map_err(from_runtime)?;
         Ok(Response::new(pb::DeleteSessionResponse { deleted }))
     }
 
@@ -83,12 +118,23 @@ impl SessionService for Sessions {
         let r = req.into_inner();
         let page = self
             .runtime
-            .history(&who, &r.session_id, r.after_seq, r.page_size as usize, &r.page_token, r.include_compacted)
+            .history(
+                &who,
+                &r.session_id,
+                r.after_seq,
+                r.page_size as usize,
+                &r.page_token,
+                r.include_compacted,
+            )
             .await
             .map_err(from_runtime)?;
         let last_seq = page.messages.last().map_or(r.after_seq, |m| m.seq);
         Ok(Response::new(pb::GetHistoryResponse {
-            messages: page.messages.into_iter().map(convert::message_to_pb).collect(),
+            messages: page
+                .messages
+                .into_iter()
+                .map(convert::message_to_pb)
+                .collect(),
             next_page_token: page.next_page_token,
             last_seq,
         }))

@@ -20,11 +20,7 @@ pub fn from_runtime(err: RuntimeError) -> Status {
         RuntimeError::SessionBusy { turn_id } => Status::with_error_details(
             Code::Aborted,
             "the session already has a live turn; wait for it to finish, watch it with Subscribe, or stop it",
-            ErrorDetails::with_error_info(
-                SESSION_BUSY,
-                DOMAIN,
-                [("turn_id".to_owned(), turn_id)],
-            ),
+            ErrorDetails::with_error_info(SESSION_BUSY, DOMAIN, [("turn_id".to_owned(), turn_id)]),
         ),
         RuntimeError::SessionArchived => Status::failed_precondition(
             "the session is archived; unarchive it with UpdateSession to start new turns",

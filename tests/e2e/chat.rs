@@ -14,7 +14,13 @@ async fn echo_turn_streams_ordered_events_and_stores_both_messages() {
     let client = server.client().await;
     let session = new_session(&client).await;
 
-    let summary = client.chat(&session, "hello there").await.unwrap().finish().await.unwrap();
+    let summary = client
+        .chat(&session, "hello there")
+        .await
+        .unwrap()
+        .finish()
+        .await
+        .unwrap();
     assert!(summary.status.is_none(), "{:?}", summary.status);
     assert_eq!(summary.text, "You said: hello there");
     let seqs: Vec<u64> = summary.events.iter().map(|e| e.seq).collect();
@@ -33,10 +39,22 @@ async fn echo_turn_streams_ordered_events_and_stores_both_messages() {
             ..
         }
     ));
-    let text_deltas = summary.events.iter().filter(|e| matches!(e.kind, ChatEvent::Text(_))).count();
-    assert!(text_deltas >= 3, "echo streams several deltas, got {text_deltas}");
+    let text_deltas = summary
+        .events
+        .iter()
+        .filter(|e| matches!(e.kind, ChatEvent::Text(_)))
+        .count();
+    assert!(
+        text_deltas >= 3,
+        "echo streams several deltas, got {text_deltas}"
+    );
     let turn_id = &summary.events[0].turn_id;
-    assert!(summary.events.iter().all(|e| &e.turn_id == turn_id && e.session_id == session));
+    assert!(
+        summary
+            .events
+            .iter()
+            .all(|e| &e.turn_id == turn_id && e.session_id == session)
+    );
 
     let stored: Vec<(u64, proto::Role)> = summary
         .events
@@ -46,12 +64,18 @@ async fn echo_turn_streams_ordered_events_and_stores_both_messages() {
             _ => None,
         })
         .collect();
-    assert_eq!(stored, vec![(1, proto::Role::User), (2, proto::Role::Assistant)]);
+    assert_eq!(
+        stored,
+        vec![(1, proto::Role::User), (2, proto::Role::Assistant)]
+    );
     let history = client.history(&session).await.unwrap();
     assert_eq!(history.len(), 2);
     assert_eq!((history[0].seq, history[0].role()), (1, proto::Role::User));
     assert_eq!(message_text(&history[0]), "hello there");
-    assert_eq!((history[1].seq, history[1].role()), (2, proto::Role::Assistant));
+    assert_eq!(
+        (history[1].seq, history[1].role()),
+        (2, proto::Role::Assistant)
+    );
     assert_eq!(message_text(&history[1]), "You said: hello there");
     assert_eq!(history[1].stop_reason, "stop");
     assert!(history.iter().all(|m| &m.turn_id == turn_id));
@@ -81,7 +105,10 @@ async fn per_call_model_thinking_and_system_override_are_applied() {
     assert_eq!(started.model, "builtin/echo");
     assert_eq!(started.thinking(), proto::ThinkingLevel::High);
     assert!(started.system_overridden);
-    assert!(!summary.reasoning.is_empty(), "thinking HIGH makes echo reason");
+    assert!(
+        !summary.reasoning.is_empty(),
+        "thinking HIGH makes echo reason"
+    );
     server.stop().await;
 }
 
@@ -99,7 +126,9 @@ async fn bad_chat_requests_are_rejected_without_side_effects() {
     let mut unknown_model = text_request(&session, "hi");
     unknown_model.model = "nowhere/model".into();
     let mut no_block_kind = text_request(&session, "hi");
-    no_block_kind.content.push(proto::ContentBlock { block: None });
+    no_block_kind
+        .content
+        .push(proto::ContentBlock { block: None });
     let huge = text_request(&session, &"x".repeat(2 << 20));
     let mut bad_thinking = text_request(&session, "hi");
     bad_thinking.thinking = 99;
@@ -112,16 +141,28 @@ async fn bad_chat_requests_are_rejected_without_side_effects() {
         ("bad thinking", bad_thinking),
     ] {
         let err = client.chat_with(req).await.unwrap_err();
-        let Error::Status(status) = err else { panic!("{name}: {err}") };
+        let Error::Status(status) = err else {
+            panic!("{name}: {err}")
+        };
         assert_eq!(status.code(), Code::InvalidArgument, "{name}: {status:?}");
         let bad = status.get_error_details().bad_request().cloned();
-        assert!(bad.is_some_and(|b| !b.field_violations.is_empty()), "{name}: no field violations");
+        assert!(
+            bad.is_some_and(|b| !b.field_violations.is_empty()),
+            "{name}: no field violations"
+        );
     }
     let missing = client.chat("no-such-session", "hi").await.unwrap_err();
     assert!(matches!(missing, Error::Status(s) if s.code() == Code::NotFound));
 
     assert!(client.history(&session).await.unwrap().is_empty());
-    assert!(client.get_session(&session).await.unwrap().last_turn.is_none());
+    assert!(
+        client
+            .get_session(&session)
+            .await
+            .unwrap()
+            .last_turn
+            .is_none()
+    );
     server.stop().await;
 }
 
@@ -150,7 +191,13 @@ async fn archived_sessions_reject_turns_until_unarchived() {
         })
         .await
         .unwrap();
-    let summary = client.chat(&session, "hi").await.unwrap().finish().await.unwrap();
+    let summary = client
+        .chat(&session, "hi")
+        .await
+        .unwrap()
+        .finish()
+        .await
+        .unwrap();
     assert_eq!(summary.outcome, Some(proto::TurnOutcome::Success));
     server.stop().await;
 }
@@ -173,7 +220,9 @@ async fn two_concurrent_chats_admit_exactly_one_200_times() {
             (Ok(_), Ok(_)) => panic!("round {round}: both admitted"),
             (Err(a), Err(b)) => panic!("round {round}: both rejected: {a} / {b}"),
         };
-        let Error::Status(status) = rejected else { panic!("round {round}: {rejected}") };
+        let Error::Status(status) = rejected else {
+            panic!("round {round}: {rejected}")
+        };
         assert_eq!(status.code(), Code::Aborted, "round {round}");
         let info = status.get_error_details().error_info().cloned().unwrap();
         assert_eq!(info.reason, "SESSION_BUSY");
@@ -181,12 +230,22 @@ async fn two_concurrent_chats_admit_exactly_one_200_times() {
         assert!(info.metadata.contains_key("turn_id"));
         providers.gate.release(1);
         let summary = admitted.finish().await.unwrap();
-        assert_eq!(summary.outcome, Some(proto::TurnOutcome::Success), "round {round}");
-        let ChatEvent::TurnStarted(_) = &summary.events[0].kind else { panic!() };
+        assert_eq!(
+            summary.outcome,
+            Some(proto::TurnOutcome::Success),
+            "round {round}"
+        );
+        let ChatEvent::TurnStarted(_) = &summary.events[0].kind else {
+            panic!()
+        };
         assert_eq!(info.metadata["turn_id"], summary.events[0].turn_id);
     }
     let history = client.history(&session).await.unwrap();
-    assert_eq!(history.len(), 400, "one user and one assistant message per round");
+    assert_eq!(
+        history.len(),
+        400,
+        "one user and one assistant message per round"
+    );
     let seqs: Vec<u64> = history.iter().map(|m| m.seq).collect();
     assert_eq!(seqs, (1..=400).collect::<Vec<_>>());
     server.stop().await;
@@ -211,14 +270,23 @@ async fn a_panicking_provider_ends_the_turn_internal_and_frees_the_session() {
     let (code, message) = error_event.expect("an error event");
     assert_eq!(code, proto::ErrorCode::Internal);
     assert_eq!(message, status.message());
-    assert!(!message.contains("on purpose"), "panic text must not leak: {message}");
+    assert!(
+        !message.contains("on purpose"),
+        "panic text must not leak: {message}"
+    );
 
     let history = client.history(&session).await.unwrap();
     assert_eq!(history.len(), 2, "user message and the partial answer");
     assert_eq!(message_text(&history[1]), "before the panic");
     assert_eq!(history[1].stop_reason, "error");
 
-    let next = client.chat(&session, "again").await.unwrap().finish().await.unwrap();
+    let next = client
+        .chat(&session, "again")
+        .await
+        .unwrap()
+        .finish()
+        .await
+        .unwrap();
     assert_eq!(next.outcome, Some(proto::TurnOutcome::Success));
     server.stop().await;
 }
@@ -232,7 +300,13 @@ async fn restarting_on_the_same_data_dir_keeps_sessions_and_messages() {
     for i in 0..3 {
         let s = new_session(&client).await;
         for j in 0..2 {
-            client.chat(&s, &format!("message {i}.{j}")).await.unwrap().finish().await.unwrap();
+            client
+                .chat(&s, &format!("message {i}.{j}"))
+                .await
+                .unwrap()
+                .finish()
+                .await
+                .unwrap();
         }
         sessions.push(s);
     }
@@ -257,7 +331,13 @@ async fn restarting_on_the_same_data_dir_keeps_sessions_and_messages() {
     assert_eq!(listed.sessions.len(), 3);
     // Seqs continue after a restart, never reused.
     let s = &sessions[0];
-    let summary = client.chat(s, "after restart").await.unwrap().finish().await.unwrap();
+    let summary = client
+        .chat(s, "after restart")
+        .await
+        .unwrap()
+        .finish()
+        .await
+        .unwrap();
     let seqs: Vec<u64> = summary
         .events
         .iter()

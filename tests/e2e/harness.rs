@@ -25,12 +25,14 @@ pub(crate) struct TestServer {
 #[derive(Clone)]
 pub(crate) struct Providers {
     pub(crate) gate: Arc<GateProvider>,
+    pub(crate) flood: Arc<FloodProvider>,
 }
 
 impl Default for Providers {
     fn default() -> Self {
         Self {
             gate: Arc::new(GateProvider::default()),
+            flood: Arc::new(FloodProvider::default()),
         }
     }
 }
@@ -65,7 +67,8 @@ impl TestServer {
         let (stop, stopped) = oneshot::channel::<()>();
         let builder = ServerBuilder::new(config)
             .model_provider("gate", providers.gate.clone())
-            .model_provider("panic", Arc::new(PanicProvider::default()));
+            .model_provider("panic", Arc::new(PanicProvider::default()))
+            .model_provider("flood", providers.flood.clone());
         let handle = tokio::spawn(builder.serve(listener, async {
             let _ = stopped.await;
         }));
@@ -86,7 +89,11 @@ impl TestServer {
     }
 
     pub(crate) async fn client_with_token(&self, token: &str) -> Client {
-        Client::builder(self.url.clone()).token(token).connect().await.unwrap()
+        Client::builder(self.url.clone())
+            .token(token)
+            .connect()
+            .await
+            .unwrap()
     }
 
     /// Drains and stops the server, waiting until the store is closed.
@@ -192,7 +199,8 @@ pub(crate) struct PanicProvider {
 impl ModelProvider for PanicProvider {
     async fn stream(&self, _request: ModelRequest) -> Result<ModelStream, ModelError> {
         self.panicked.store(true, Ordering::SeqCst);
-        let items = futures::stream::iter(vec![Ok(ModelEvent::TextDelta("before the panic".into()))]);
+        let items =
+            futures::stream::iter(vec![Ok(ModelEvent::TextDelta("before the panic".into()))]);
         let boom = futures::stream::once(async {
             panic!("test provider panics on purpose");
             #[allow(unreachable_code)]
@@ -200,4 +208,69 @@ impl ModelProvider for PanicProvider {
         });
         Ok(Box::pin(futures::StreamExt::chain(items, boom)))
     }
+}
+
+/// `flood/N`: streams N one-word deltas as fast as it is read, then waits
+/// for a permit, then finishes.
+#[derive(Debug)]
+pub(crate) struct FloodProvider {
+    permits: Arc<Semaphore>,
+}
+
+impl Default for FloodProvider {
+    fn default() -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(0)),
+        }
+    }
+}
+
+impl FloodProvider {
+    pub(crate) fn release(&self, n: usize) {
+        self.permits.add_permits(n);
+    }
+}
+
+#[async_trait]
+impl ModelProvider for FloodProvider {
+    async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
+        let n: u64 = request
+            .model
+            .parse()
+            .map_err(|_| ModelError::Rejected("flood/N needs a number".into()))?;
+        let permits = Arc::clone(&self.permits);
+        let stream = futures::stream::unfold(0u64, move |i| {
+            let permits = Arc::clone(&permits);
+            async move {
+                let item = if i < n {
+                    ModelEvent::TextDelta("w ".into())
+                } else if i == n {
+                    permits.acquire().await.ok()?.forget();
+                    ModelEvent::Finished(StopReason::Stop)
+                } else {
+                    return None;
+                };
+                Some((Ok(item), i + 1))
+            }
+        });
+        Ok(Box::pin(stream))
+    }
+}
+
+/// Reads events until one matches, returning everything read.
+pub(crate) async fn read_until(
+    stream: &mut agentrt_client::EventStream,
+    mut stop: impl FnMut(&agentrt_client::Event) -> bool,
+) -> Vec<agentrt_client::Event> {
+    use futures::StreamExt as _;
+    let mut seen = Vec::new();
+    while let Some(item) = stream.next().await {
+        let event = item.expect("event");
+        let done = stop(&event);
+        seen.push(event);
+        if done {
+            break;
+        }
+    }
+    seen
 }

@@ -16,7 +16,10 @@ fn code(err: Error) -> Code {
 #[tokio::test]
 async fn another_users_session_is_not_found_on_every_rpc() {
     let dir = tempfile::tempdir().unwrap();
-    let config = with_keys(base_config(dir.path()), &[("key-alice-1", "alice"), ("key-bob-12", "bob")]);
+    let config = with_keys(
+        base_config(dir.path()),
+        &[("key-alice-1", "alice"), ("key-bob-12", "bob")],
+    );
     let server = TestServer::start_with(config, &Providers::default()).await;
     let alice = server.client_with_token("key-alice-1").await;
     let bob = server.client_with_token("key-bob-12").await;
@@ -25,25 +28,59 @@ async fn another_users_session_is_not_found_on_every_rpc() {
         .await
         .unwrap()
         .session_id;
-    alice.chat(&session, "mine").await.unwrap().finish().await.unwrap();
+    alice
+        .chat(&session, "mine")
+        .await
+        .unwrap()
+        .finish()
+        .await
+        .unwrap();
 
-    assert_eq!(code(bob.get_session(&session).await.unwrap_err()), Code::NotFound);
-    assert_eq!(code(bob.chat_with(text_request(&session, "x")).await.unwrap_err()), Code::NotFound);
-    assert_eq!(code(bob.history(&session).await.unwrap_err()), Code::NotFound);
+    assert_eq!(
+        code(bob.get_session(&session).await.unwrap_err()),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(
+            bob.chat_with(text_request(&session, "x"))
+                .await
+                .unwrap_err()
+        ),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(bob.history(&session).await.unwrap_err()),
+        Code::NotFound
+    );
     let update = proto::UpdateSessionRequest {
         session_id: session.clone(),
         title: Some("stolen".into()),
         ..Default::default()
     };
-    assert_eq!(code(bob.update_session(update).await.unwrap_err()), Code::NotFound);
-    assert_eq!(code(bob.delete_session(&session).await.unwrap_err()), Code::NotFound);
-    assert!(bob.list_sessions(Default::default()).await.unwrap().sessions.is_empty());
+    assert_eq!(
+        code(bob.update_session(update).await.unwrap_err()),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(bob.delete_session(&session).await.unwrap_err()),
+        Code::NotFound
+    );
+    assert!(
+        bob.list_sessions(Default::default())
+            .await
+            .unwrap()
+            .sessions
+            .is_empty()
+    );
     // Same client-chosen id from another owner.
     let taken = proto::CreateSessionRequest {
         session_id: session.clone(),
         ..Default::default()
     };
-    assert_eq!(code(bob.create_session(taken).await.unwrap_err()), Code::AlreadyExists);
+    assert_eq!(
+        code(bob.create_session(taken).await.unwrap_err()),
+        Code::AlreadyExists
+    );
 
     // Alice still has it all.
     let s = alice.get_session(&session).await.unwrap();

@@ -33,13 +33,21 @@ fn full_stream() -> Vec<Vec<u8>> {
     ]
 }
 
-async fn run_turn(fake_reply: FakeReply) -> (agentrt_client::TurnSummary, Vec<proto::Message>, FakeOpenAi) {
+async fn run_turn(
+    fake_reply: FakeReply,
+) -> (agentrt_client::TurnSummary, Vec<proto::Message>, FakeOpenAi) {
     let fake = FakeOpenAi::start(vec![fake_reply]).await;
     let dir = tempfile::tempdir().unwrap();
     let server = server_for(&fake, dir.path()).await;
     let client = server.client().await;
     let session = new_session(&client).await;
-    let summary = client.chat(&session, "hi model").await.unwrap().finish().await.unwrap();
+    let summary = client
+        .chat(&session, "hi model")
+        .await
+        .unwrap()
+        .finish()
+        .await
+        .unwrap();
     let history = client.history(&session).await.unwrap();
     server.stop().await;
     (summary, history, fake)
@@ -48,11 +56,16 @@ async fn run_turn(fake_reply: FakeReply) -> (agentrt_client::TurnSummary, Vec<pr
 #[tokio::test]
 async fn text_reasoning_and_usage_are_relayed_and_stored() {
     let (summary, history, fake) = run_turn(FakeReply::sse(full_stream())).await;
-    assert_eq!(summary.outcome, Some(proto::TurnOutcome::Success), "{:?}", summary.status);
+    assert_eq!(
+        summary.outcome,
+        Some(proto::TurnOutcome::Success),
+        "{:?}",
+        summary.status
+    );
     assert_eq!(summary.text, "Hello, wörld");
     assert_eq!(summary.reasoning, "Let me think. ");
     let usage = summary.events.iter().find_map(|e| match &e.kind {
-        ChatEvent::Usage { usage, model } => Some((usage.clone(), model.clone())),
+        ChatEvent::Usage { usage, model } => Some((*usage, model.clone())),
         _ => None,
     });
     let (usage, model) = usage.expect("a usage event");
@@ -74,7 +87,12 @@ async fn text_reasoning_and_usage_are_relayed_and_stored() {
     let request = &fake.requests()[0];
     assert_eq!(request.body["model"], "test-model");
     assert_eq!(request.body["stream"], true);
-    let last = request.body["messages"].as_array().unwrap().last().unwrap().clone();
+    let last = request.body["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
     assert_eq!(last["role"], "user");
     assert_eq!(last["content"], "hi model");
 }
@@ -87,7 +105,10 @@ async fn one_byte_slices_give_the_same_turn_as_whole_chunks() {
     assert_eq!(sliced.outcome, Some(proto::TurnOutcome::Success));
     assert_eq!(sliced.text, chunked.text);
     assert_eq!(sliced.reasoning, chunked.reasoning);
-    assert_eq!(message_text(&sliced_history[1]), message_text(&chunked_history[1]));
+    assert_eq!(
+        message_text(&sliced_history[1]),
+        message_text(&chunked_history[1])
+    );
 }
 
 #[tokio::test]
@@ -118,7 +139,11 @@ async fn http_500_before_the_first_byte_ends_error_with_unavailable() {
     assert_eq!(summary.outcome, Some(proto::TurnOutcome::Error));
     let status = summary.status.expect("a trailing status");
     assert_eq!(status.code(), Code::Unavailable);
-    assert!(!status.message().contains("secret"), "upstream body leaked: {}", status.message());
+    assert!(
+        !status.message().contains("secret"),
+        "upstream body leaked: {}",
+        status.message()
+    );
     let error = summary.events.iter().find_map(|e| match &e.kind {
         ChatEvent::Error { code, .. } => Some(*code),
         _ => None,

@@ -54,7 +54,11 @@ async fn list_is_newest_activity_first_and_pages_without_gaps() {
     for i in 0..7 {
         let s = client
             .create_session(proto::CreateSessionRequest {
-                agent_id: if i % 2 == 0 { "even".into() } else { "odd".into() },
+                agent_id: if i % 2 == 0 {
+                    "even".into()
+                } else {
+                    "odd".into()
+                },
                 ..Default::default()
             })
             .await
@@ -62,7 +66,13 @@ async fn list_is_newest_activity_first_and_pages_without_gaps() {
         created.push(s.session_id);
     }
     // Activity on the oldest moves it to the front.
-    client.chat(&created[0], "hi").await.unwrap().finish().await.unwrap();
+    client
+        .chat(&created[0], "hi")
+        .await
+        .unwrap()
+        .finish()
+        .await
+        .unwrap();
 
     let mut seen = Vec::new();
     let mut token = String::new();
@@ -156,7 +166,13 @@ async fn delete_removes_the_session_and_its_history() {
     let server = TestServer::start(dir.path()).await;
     let client = server.client().await;
     let id = new_session(&client).await;
-    client.chat(&id, "hi").await.unwrap().finish().await.unwrap();
+    client
+        .chat(&id, "hi")
+        .await
+        .unwrap()
+        .finish()
+        .await
+        .unwrap();
     assert!(client.delete_session(&id).await.unwrap());
     let err = client.get_session(&id).await.unwrap_err();
     assert!(matches!(err, Error::Status(s) if s.code() == Code::NotFound));
@@ -183,7 +199,13 @@ async fn history_pages_by_after_seq_and_token() {
     let client = server.client().await;
     let id = new_session(&client).await;
     for i in 0..5 {
-        client.chat(&id, &format!("m{i}")).await.unwrap().finish().await.unwrap();
+        client
+            .chat(&id, &format!("m{i}"))
+            .await
+            .unwrap()
+            .finish()
+            .await
+            .unwrap();
     }
     let page = client
         .history_page(proto::GetHistoryRequest {

@@ -114,10 +114,7 @@ impl TurnHub {
         let mut state = self.lock();
         // With an empty replay (everything evicted, or nothing published
         // yet) the next live event is the first one available.
-        let first_available = state
-            .replay
-            .front()
-            .map_or(state.last_seq + 1, |e| e.seq);
+        let first_available = state.replay.front().map_or(state.last_seq + 1, |e| e.seq);
         let gap_from = (first_available > after_seq + 1).then_some(first_available);
         let backlog: Vec<_> = state
             .replay
@@ -177,7 +174,10 @@ mod tests {
         hub.publish(text(2, "b"));
         let mut att = hub.attach(0);
         assert_eq!(att.gap_from, None);
-        assert_eq!(att.backlog.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(
+            att.backlog.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            [1, 2]
+        );
         hub.publish(text(3, "c"));
         assert_eq!(att.live.as_mut().unwrap().try_recv().unwrap().seq, 3);
     }
@@ -189,7 +189,10 @@ mod tests {
             hub.publish(text(seq, "x"));
         }
         let att = hub.attach(2);
-        assert_eq!(att.backlog.iter().map(|e| e.seq).collect::<Vec<_>>(), [3, 4, 5]);
+        assert_eq!(
+            att.backlog.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            [3, 4, 5]
+        );
     }
 
     #[test]
@@ -204,7 +207,10 @@ mod tests {
         }
         let att = hub.attach(0);
         assert_eq!(att.gap_from, Some(8));
-        assert_eq!(att.backlog.iter().map(|e| e.seq).collect::<Vec<_>>(), [8, 9, 10]);
+        assert_eq!(
+            att.backlog.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            [8, 9, 10]
+        );
     }
 
     #[test]

@@ -173,13 +173,15 @@ impl Models {
         &self,
         full: &str,
     ) -> Result<(Arc<dyn ModelProvider>, String), ModelLookupError> {
-        let name = ModelName::parse(full).ok_or_else(|| ModelLookupError::Malformed(full.into()))?;
-        let provider = self.providers.get(name.provider).ok_or_else(|| {
-            ModelLookupError::UnknownProvider {
-                name: full.to_owned(),
-                provider: name.provider.to_owned(),
-            }
-        })?;
+        let name =
+            ModelName::parse(full).ok_or_else(|| ModelLookupError::Malformed(full.into()))?;
+        let provider =
+            self.providers
+                .get(name.provider)
+                .ok_or_else(|| ModelLookupError::UnknownProvider {
+                    name: full.to_owned(),
+                    provider: name.provider.to_owned(),
+                })?;
         if !provider.serves(name.model) {
             return Err(ModelLookupError::UnknownModel(full.to_owned()));
         }

@@ -18,8 +18,8 @@ use crate::hub::{ReplayLimits, TurnHub};
 use crate::model::{ModelProvider, Models};
 use crate::store::Store;
 use crate::types::{
-    CancelReason, ContentBlock, NewMessage, Principal, Role, ThinkingLevel, TurnRecord,
-    TurnStatus, Usage,
+    CancelReason, ContentBlock, NewMessage, Principal, Role, ThinkingLevel, TurnRecord, TurnStatus,
+    Usage,
 };
 
 mod admin;
@@ -301,10 +301,16 @@ impl Runtime {
     /// With a `request_id` this session already admitted, nothing runs: the
     /// stream attaches to that turn while it is live, or replays its stored
     /// outcome.
-    pub async fn chat(&self, who: &Principal, input: ChatInput) -> Result<TurnStream, RuntimeError> {
+    pub async fn chat(
+        &self,
+        who: &Principal,
+        input: ChatInput,
+    ) -> Result<TurnStream, RuntimeError> {
         let inner = &self.inner;
         if inner.closed.load(Ordering::Acquire) {
-            return Err(RuntimeError::Unavailable("the server is draining or shutting down"));
+            return Err(RuntimeError::Unavailable(
+                "the server is draining or shutting down",
+            ));
         }
         sessions::validate_session_id("session_id", &input.session_id)?;
         validate_content(&input.content, inner.config.max_input_bytes)?;
@@ -417,13 +423,12 @@ impl Runtime {
             system_prompt,
             guard: Some(guard),
             started: admitted_at,
-            deadline: input.timeout.map(|t| tokio::time::Instant::from_std(admitted_at + t)),
+            deadline: input
+                .timeout
+                .map(|t| tokio::time::Instant::from_std(admitted_at + t)),
         };
-        let emitter = turn::Emitter::new(
-            Arc::clone(&live.hub),
-            tx,
-            inner.config.heartbeat_interval,
-        );
+        let emitter =
+            turn::Emitter::new(Arc::clone(&live.hub), tx, inner.config.heartbeat_interval);
         let span = tracing::info_span!("turn", session_id = %session.id, turn_id = %turn_id);
         inner
             .tasks
@@ -440,11 +445,20 @@ impl Runtime {
 
     /// The turn a request id already started in this session, as a stream:
     /// attached while live, replayed from the store once finished.
-    async fn existing_turn(&self, session_id: &str, request_id: &str) -> Result<Option<TurnStream>, RuntimeError> {
+    async fn existing_turn(
+        &self,
+        session_id: &str,
+        request_id: &str,
+    ) -> Result<Option<TurnStream>, RuntimeError> {
         if let Some(stream) = self.attach_if_live(session_id, Some(request_id)) {
             return Ok(Some(stream));
         }
-        let Some(record) = self.inner.store.find_turn_by_request(session_id, request_id).await? else {
+        let Some(record) = self
+            .inner
+            .store
+            .find_turn_by_request(session_id, request_id)
+            .await?
+        else {
             return Ok(None);
         };
         if record.status == TurnStatus::Running
@@ -452,7 +466,9 @@ impl Runtime {
         {
             return Ok(Some(stream));
         }
-        Ok(Some(replay::replay_turn(self.inner.store.as_ref(), record).await?))
+        Ok(Some(
+            replay::replay_turn(self.inner.store.as_ref(), record).await?,
+        ))
     }
 
     /// A watcher stream on the session's live turn (only the one started
@@ -517,7 +533,12 @@ impl Runtime {
 
     /// Cancels the session's live turn with `reason` and waits (at most
     /// `wait`) until it has ended. `false` when nothing was live.
-    pub(crate) async fn cancel_live(&self, session_id: &str, reason: CancelReason, wait: Duration) -> bool {
+    pub(crate) async fn cancel_live(
+        &self,
+        session_id: &str,
+        reason: CancelReason,
+        wait: Duration,
+    ) -> bool {
         let live = lock(&self.inner.live).get(session_id).cloned();
         let Some(live) = live else { return false };
         live.cancel(reason);
@@ -540,13 +561,22 @@ impl Runtime {
         // Watchers waiting for a next turn that will never come end now.
         lock(&inner.waiters).clear();
         inner.tasks.close();
-        if tokio::time::timeout(grace, inner.tasks.wait()).await.is_err() {
+        if tokio::time::timeout(grace, inner.tasks.wait())
+            .await
+            .is_err()
+        {
             let live: Vec<_> = lock(&inner.live).values().cloned().collect();
-            tracing::warn!(live_turns = live.len(), "grace period over, cancelling live turns");
+            tracing::warn!(
+                live_turns = live.len(),
+                "grace period over, cancelling live turns"
+            );
             for turn in live {
                 turn.cancel(CancelReason::Shutdown);
             }
-            if tokio::time::timeout(hard_limit, inner.tasks.wait()).await.is_err() {
+            if tokio::time::timeout(hard_limit, inner.tasks.wait())
+                .await
+                .is_err()
+            {
                 tracing::error!("live turns did not end within the hard limit");
             }
         }

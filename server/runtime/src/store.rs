@@ -96,12 +96,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// A page of `owner`'s sessions, newest `last_active_at` first (ties by
     /// id descending).
-    async fn list_sessions(&self, owner: &str, query: &ListQuery)
-    -> Result<SessionPage, StoreError>;
+    async fn list_sessions(
+        &self,
+        owner: &str,
+        query: &ListQuery,
+    ) -> Result<SessionPage, StoreError>;
 
     /// Applies `update` (touching `last_active_at`) and returns the result.
-    async fn update_session(&self, id: &str, update: SessionUpdate)
-    -> Result<Session, StoreError>;
+    async fn update_session(&self, id: &str, update: SessionUpdate) -> Result<Session, StoreError>;
 
     /// Deletes a session with its whole history and turn records. `false`
     /// when it did not exist.
@@ -117,15 +119,28 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Message, StoreError>;
 
     /// Appends a message to a session's history, assigning the next seq.
-    async fn append_message(&self, session_id: &str, message: NewMessage)
-    -> Result<Message, StoreError>;
+    async fn append_message(
+        &self,
+        session_id: &str,
+        message: NewMessage,
+    ) -> Result<Message, StoreError>;
 
     /// Stores the final state of a turn record and the session's `last_turn`.
     async fn finish_turn(&self, turn: TurnRecord) -> Result<(), StoreError>;
 
     /// One turn record.
-    async fn get_turn(&self, session_id: &str, turn_id: &str)
-    -> Result<Option<TurnRecord>, StoreError>;
+    async fn get_turn(
+        &self,
+        session_id: &str,
+        turn_id: &str,
+    ) -> Result<Option<TurnRecord>, StoreError>;
+
+    /// The turn a Chat with this idempotency key started in this session.
+    async fn find_turn_by_request(
+        &self,
+        session_id: &str,
+        request_id: &str,
+    ) -> Result<Option<TurnRecord>, StoreError>;
 
     /// Messages with `seq > after_seq`, in seq order, at most `limit`;
     /// compacted ones only when `include_compacted`.

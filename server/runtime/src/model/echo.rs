@@ -67,7 +67,11 @@ impl ModelProvider for EchoProvider {
             }
             _ => String::new(),
         };
-        events.extend(deltas(&reply).into_iter().map(|d| Ok(ModelEvent::TextDelta(d))));
+        events.extend(
+            deltas(&reply)
+                .into_iter()
+                .map(|d| Ok(ModelEvent::TextDelta(d))),
+        );
         events.push(Ok(ModelEvent::Usage(Usage {
             input_tokens: (prompt_len as u64).div_ceil(4),
             output_tokens: estimate_tokens(&reply) + estimate_tokens(&reasoning),

@@ -29,7 +29,9 @@ fn require_admin(who: &Principal) -> Result<(), RuntimeError> {
     if who.admin {
         Ok(())
     } else {
-        Err(RuntimeError::PermissionDenied("this call needs an admin principal"))
+        Err(RuntimeError::PermissionDenied(
+            "this call needs an admin principal",
+        ))
     }
 }
 
@@ -74,7 +76,11 @@ impl Runtime {
 
     /// Closes cached runners (all, or `user_id`'s). A live turn keeps its
     /// own selection; its session gets a new runner on its next turn.
-    pub fn reset_runners(&self, who: &Principal, user_id: Option<&str>) -> Result<usize, RuntimeError> {
+    pub fn reset_runners(
+        &self,
+        who: &Principal,
+        user_id: Option<&str>,
+    ) -> Result<usize, RuntimeError> {
         require_admin(who)?;
         let mut runners = lock(&self.inner.runners);
         let before = runners.len();
@@ -121,7 +127,10 @@ impl Runtime {
         require_admin(who)?;
         let (live_turns, watching) = {
             let live = lock(&self.inner.live);
-            (live.len(), live.values().map(|t| t.hub.watcher_count()).sum::<usize>())
+            (
+                live.len(),
+                live.values().map(|t| t.hub.watcher_count()).sum::<usize>(),
+            )
         };
         let waiting: usize = lock(&self.inner.waiters).values().map(Vec::len).sum();
         Ok(RuntimeStats {

@@ -40,7 +40,9 @@ impl Runtime {
             return Ok(None);
         }
         if self.is_closed() {
-            return Err(RuntimeError::Unavailable("the server is draining or shutting down"));
+            return Err(RuntimeError::Unavailable(
+                "the server is draining or shutting down",
+            ));
         }
         let (tx, rx) = oneshot::channel();
         {
@@ -60,7 +62,11 @@ impl Runtime {
             }
             list.push(tx);
         }
-        Ok(Some(TurnStream::waiting(session_id.to_owned(), rx, after_seq)))
+        Ok(Some(TurnStream::waiting(
+            session_id.to_owned(),
+            rx,
+            after_seq,
+        )))
     }
 
     fn attach_if_live_from(&self, session_id: &str, after_seq: u64) -> Option<TurnStream> {
@@ -71,14 +77,24 @@ impl Runtime {
 
     /// Cancels the live turn (reason STOPPED) and waits, at most 5 s, until
     /// it has ended. `false` when nothing was live.
-    pub async fn stop_session(&self, who: &Principal, session_id: &str) -> Result<bool, RuntimeError> {
+    pub async fn stop_session(
+        &self,
+        who: &Principal,
+        session_id: &str,
+    ) -> Result<bool, RuntimeError> {
         super::sessions::validate_session_id("session_id", session_id)?;
         self.owned_session(who, session_id).await?;
-        Ok(self.cancel_live(session_id, CancelReason::Stopped, STOP_WAIT).await)
+        Ok(self
+            .cancel_live(session_id, CancelReason::Stopped, STOP_WAIT)
+            .await)
     }
 
     /// The session's live-turn status.
-    pub async fn session_status(&self, who: &Principal, session_id: &str) -> Result<SessionStatus, RuntimeError> {
+    pub async fn session_status(
+        &self,
+        who: &Principal,
+        session_id: &str,
+    ) -> Result<SessionStatus, RuntimeError> {
         super::sessions::validate_session_id("session_id", session_id)?;
         self.owned_session(who, session_id).await?;
         let live = lock(&self.inner.live).get(session_id).cloned();
@@ -97,11 +113,17 @@ impl Runtime {
     /// Evicts the session's cached runner; with `force` the live turn is
     /// stopped first. A live turn keeps the selection it was admitted with.
     /// `true` when a runner was cached.
-    pub async fn close_session(&self, who: &Principal, session_id: &str, force: bool) -> Result<bool, RuntimeError> {
+    pub async fn close_session(
+        &self,
+        who: &Principal,
+        session_id: &str,
+        force: bool,
+    ) -> Result<bool, RuntimeError> {
         super::sessions::validate_session_id("session_id", session_id)?;
         self.owned_session(who, session_id).await?;
         if force {
-            self.cancel_live(session_id, CancelReason::Stopped, STOP_WAIT).await;
+            self.cancel_live(session_id, CancelReason::Stopped, STOP_WAIT)
+                .await;
         }
         Ok(lock(&self.inner.runners).remove(session_id).is_some())
     }

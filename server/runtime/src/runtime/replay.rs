@@ -14,7 +14,10 @@ use crate::types::{ContentBlock, Role, TurnRecord, TurnStatus};
 /// Messages of one turn are contiguous in history; this bounds the read.
 const MAX_TURN_MESSAGES: usize = 10_000;
 
-pub(crate) async fn replay_turn(store: &dyn Store, record: TurnRecord) -> Result<TurnStream, RuntimeError> {
+pub(crate) async fn replay_turn(
+    store: &dyn Store,
+    record: TurnRecord,
+) -> Result<TurnStream, RuntimeError> {
     let after = record.user_message_seq.saturating_sub(1);
     let messages = store
         .history(&record.session_id, after, MAX_TURN_MESSAGES, true)
@@ -26,11 +29,16 @@ pub(crate) async fn replay_turn(store: &dyn Store, record: TurnRecord) -> Result
         user_message_seq: record.user_message_seq,
         system_overridden: record.system_overridden,
     }];
-    for m in messages.iter().take_while(|m| m.body.turn_id == record.turn_id) {
+    for m in messages
+        .iter()
+        .take_while(|m| m.body.turn_id == record.turn_id)
+    {
         if m.body.role == Role::Assistant {
             for block in &m.body.content {
                 match block {
-                    ContentBlock::Thinking { thinking, .. } => kinds.push(EventKind::Reasoning(thinking.clone())),
+                    ContentBlock::Thinking { thinking, .. } => {
+                        kinds.push(EventKind::Reasoning(thinking.clone()))
+                    }
                     ContentBlock::Text { text } => kinds.push(EventKind::Text(text.clone())),
                     _ => {}
                 }
@@ -48,13 +56,20 @@ pub(crate) async fn replay_turn(store: &dyn Store, record: TurnRecord) -> Result
         TurnStatus::TimedOut => (TurnOutcome::TimedOut, None),
         TurnStatus::Error => (
             TurnOutcome::Error,
-            Some((ErrorCode::Unavailable, record.error.clone().unwrap_or_else(|| "the turn failed".to_owned()))),
+            Some((
+                ErrorCode::Unavailable,
+                record
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| "the turn failed".to_owned()),
+            )),
         ),
         TurnStatus::Interrupted | TurnStatus::Running => (
             TurnOutcome::Error,
             Some((
                 ErrorCode::Unavailable,
-                "the turn was interrupted by a server restart; send a new request to try again".to_owned(),
+                "the turn was interrupted by a server restart; send a new request to try again"
+                    .to_owned(),
             )),
         ),
     };
@@ -77,10 +92,18 @@ pub(crate) async fn replay_turn(store: &dyn Store, record: TurnRecord) -> Result
         .map(|(i, kind)| {
             Arc::new(TurnEvent {
                 seq: i as u64 + 1,
-                at: if i == 0 { record.started_at } else { at.max(SystemTime::UNIX_EPOCH) },
+                at: if i == 0 {
+                    record.started_at
+                } else {
+                    at.max(SystemTime::UNIX_EPOCH)
+                },
                 kind,
             })
         })
         .collect();
-    Ok(TurnStream::replayed(record.session_id, record.turn_id, events))
+    Ok(TurnStream::replayed(
+        record.session_id,
+        record.turn_id,
+        events,
+    ))
 }

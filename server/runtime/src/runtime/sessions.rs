@@ -71,7 +71,9 @@ fn check_len(field: &str, value: &str) -> Result<(), RuntimeError> {
     Ok(())
 }
 
-fn check_metadata(metadata: &std::collections::BTreeMap<String, String>) -> Result<(), RuntimeError> {
+fn check_metadata(
+    metadata: &std::collections::BTreeMap<String, String>,
+) -> Result<(), RuntimeError> {
     if metadata.len() > MAX_METADATA_ENTRIES {
         return Err(RuntimeError::invalid(
             "metadata",
@@ -89,7 +91,11 @@ fn check_metadata(metadata: &std::collections::BTreeMap<String, String>) -> Resu
 }
 
 fn clamp_page(requested: usize, default: usize, max: usize) -> usize {
-    if requested == 0 { default } else { requested.min(max) }
+    if requested == 0 {
+        default
+    } else {
+        requested.min(max)
+    }
 }
 
 fn encode_cursor(cursor: &ListCursor) -> String {
@@ -117,7 +123,11 @@ impl Runtime {
     /// Creates a session owned by `who`. With a client-chosen id the call
     /// is idempotent for the same owner; another owner gets
     /// [`RuntimeError::SessionExists`].
-    pub async fn create_session(&self, who: &Principal, mut new: NewSession) -> Result<Session, RuntimeError> {
+    pub async fn create_session(
+        &self,
+        who: &Principal,
+        mut new: NewSession,
+    ) -> Result<Session, RuntimeError> {
         if let Some(id) = &new.id {
             validate_session_id("session_id", id)?;
         }
@@ -145,7 +155,11 @@ impl Runtime {
     }
 
     /// One of `who`'s sessions.
-    pub async fn get_session(&self, who: &Principal, session_id: &str) -> Result<Session, RuntimeError> {
+    pub async fn get_session(
+        &self,
+        who: &Principal,
+        session_id: &str,
+    ) -> Result<Session, RuntimeError> {
         validate_session_id("session_id", session_id)?;
         self.owned_session(who, session_id).await
     }
@@ -209,7 +223,11 @@ impl Runtime {
 
     /// Stops any live turn (reason SESSION_DELETED), evicts the runner and
     /// deletes the session with its history.
-    pub async fn delete_session(&self, who: &Principal, session_id: &str) -> Result<bool, RuntimeError> {
+    pub async fn delete_session(
+        &self,
+        who: &Principal,
+        session_id: &str,
+    ) -> Result<bool, RuntimeError> {
         validate_session_id("session_id", session_id)?;
         self.owned_session(who, session_id).await?;
         self.cancel_live(session_id, CancelReason::SessionDeleted, DELETE_STOP_WAIT)
@@ -233,9 +251,9 @@ impl Runtime {
         let after = if page_token.is_empty() {
             after_seq
         } else {
-            page_token
-                .parse()
-                .map_err(|_| RuntimeError::invalid("page_token", "is not a token returned by GetHistory"))?
+            page_token.parse().map_err(|_| {
+                RuntimeError::invalid("page_token", "is not a token returned by GetHistory")
+            })?
         };
         self.owned_session(who, session_id).await?;
         let limit = clamp_page(page_size, HISTORY_DEFAULT, HISTORY_MAX);
@@ -257,4 +275,3 @@ impl Runtime {
         })
     }
 }
-

@@ -148,7 +148,11 @@ impl TurnStream {
         }
     }
 
-    pub(crate) fn waiting(session_id: String, rx: oneshot::Receiver<Arc<LiveTurn>>, after_seq: u64) -> Self {
+    pub(crate) fn waiting(
+        session_id: String,
+        rx: oneshot::Receiver<Arc<LiveTurn>>,
+        after_seq: u64,
+    ) -> Self {
         Self {
             session_id,
             turn_id: String::new(),
@@ -158,7 +162,11 @@ impl TurnStream {
         }
     }
 
-    pub(crate) fn replayed(session_id: String, turn_id: String, events: Vec<Arc<TurnEvent>>) -> Self {
+    pub(crate) fn replayed(
+        session_id: String,
+        turn_id: String,
+        events: Vec<Arc<TurnEvent>>,
+    ) -> Self {
         Self {
             session_id,
             turn_id,
@@ -202,7 +210,8 @@ impl Stream for TurnStream {
                     Poll::Ready(Err(_)) => return Poll::Ready(None),
                     Poll::Ready(Ok(live)) => {
                         let after_seq = *after_seq;
-                        let attached = TurnStream::attached(this.session_id.clone(), &live, after_seq);
+                        let attached =
+                            TurnStream::attached(this.session_id.clone(), &live, after_seq);
                         this.turn_id = attached.turn_id.clone();
                         this.source = attached_source(attached);
                     }

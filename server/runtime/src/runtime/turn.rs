@@ -166,10 +166,14 @@ impl Turn {
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_default();
                 tracing::error!(panic = %what, "model step panicked");
-                self.store_partial(&output, StopReason::Error, &mut emitter).await;
+                self.store_partial(&output, StopReason::Error, &mut emitter)
+                    .await;
                 (
                     TurnOutcome::Error,
-                    Some((ErrorCode::Internal, "internal error while running the turn".to_owned())),
+                    Some((
+                        ErrorCode::Internal,
+                        "internal error while running the turn".to_owned(),
+                    )),
                 )
             }
         };
@@ -257,7 +261,9 @@ impl Turn {
         // A caller whose own deadline expired hangs up at the moment the
         // turn's deadline passes: that is a timeout, not a disconnect.
         if reason == CancelReason::ClientGone
-            && self.deadline.is_some_and(|d| tokio::time::Instant::now() >= d)
+            && self
+                .deadline
+                .is_some_and(|d| tokio::time::Instant::now() >= d)
         {
             return StepEnd::TimedOut;
         }
@@ -309,22 +315,30 @@ impl Turn {
                 } else {
                     (
                         TurnOutcome::Error,
-                        Some((ErrorCode::Unavailable, "the answer could not be stored".to_owned())),
+                        Some((
+                            ErrorCode::Unavailable,
+                            "the answer could not be stored".to_owned(),
+                        )),
                     )
                 }
             }
             StepEnd::Failed(err) => {
                 tracing::warn!(error = %err, "model step failed");
                 self.store_partial(output, StopReason::Error, emitter).await;
-                (TurnOutcome::Error, Some((model_error_code(&err), err.public_message().to_owned())))
+                (
+                    TurnOutcome::Error,
+                    Some((model_error_code(&err), err.public_message().to_owned())),
+                )
             }
             StepEnd::Cancelled(reason) => {
                 self.record.cancel_reason = Some(reason);
-                self.store_partial(output, reason.stop_reason(), emitter).await;
+                self.store_partial(output, reason.stop_reason(), emitter)
+                    .await;
                 (TurnOutcome::Canceled, None)
             }
             StepEnd::TimedOut => {
-                self.store_partial(output, StopReason::Timeout, emitter).await;
+                self.store_partial(output, StopReason::Timeout, emitter)
+                    .await;
                 let notice = NewMessage::new(
                     &self.record.turn_id,
                     Role::Notice,
@@ -337,7 +351,10 @@ impl Turn {
                 tracing::error!(error = %err, "loading the conversation failed");
                 (
                     TurnOutcome::Error,
-                    Some((ErrorCode::Unavailable, "the conversation could not be loaded".to_owned())),
+                    Some((
+                        ErrorCode::Unavailable,
+                        "the conversation could not be loaded".to_owned(),
+                    )),
                 )
             }
         }
@@ -345,7 +362,12 @@ impl Turn {
 
     /// Stores the assistant message of the step (if it produced anything)
     /// and announces it. `false` when the store failed.
-    async fn store_partial(&self, output: &StepOutput, reason: StopReason, emitter: &mut Emitter) -> bool {
+    async fn store_partial(
+        &self,
+        output: &StepOutput,
+        reason: StopReason,
+        emitter: &mut Emitter,
+    ) -> bool {
         let content = output.content();
         if content.is_empty() {
             return true;
@@ -362,7 +384,12 @@ impl Turn {
     async fn store(&self, message: NewMessage, emitter: &mut Emitter) -> bool {
         self.live.set_phase(Phase::Storing);
         let role = message.role;
-        match self.inner.store.append_message(&self.record.session_id, message).await {
+        match self
+            .inner
+            .store
+            .append_message(&self.record.session_id, message)
+            .await
+        {
             Ok(stored) => {
                 emitter
                     .emit(EventKind::MessageStored {

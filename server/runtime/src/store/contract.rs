@@ -1,1 +1,808 @@
-//! The store contract suite (filled in by the store work).
+//! The behaviour every [`Store`] must have, as reusable checks.
+//!
+//! Each check takes a fresh, empty store and panics on a violation.
+//! [`store_contract_tests!`](crate::store_contract_tests) turns all of them
+//! into `#[tokio::test]`s for one implementation:
+//!
+//! ```ignore
+//! agentrt_runtime::store_contract_tests!(MemoryStore::new());
+//! // When something must outlive the store (a temporary directory):
+//! agentrt_runtime::store_contract_tests!(guarded: open_temp_store()); // -> (store, guard)
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::{CreateOutcome, ListCursor, ListQuery, Store, StoreError};
+use crate::types::{
+    CancelReason, ContentBlock, LastTurn, Message, NewMessage, NewSession, Role, Session,
+    SessionUpdate, StopReason, ThinkingLevel, TurnRecord, TurnStatus, Usage, flatten_text,
+};
+
+/// Expands to one `#[tokio::test]` per contract check, each on a fresh store
+/// made by `$make` (or by `guarded: $make`, which yields `(store, guard)` and
+/// keeps the guard alive for the test).
+#[macro_export]
+macro_rules! store_contract_tests {
+    (guarded: $make:expr) => {
+        $crate::__store_contract_test!($make;
+            create_get_round_trip, create_is_idempotent, create_generates_ids,
+            list_newest_first_with_pagination, list_cursor_orders_ties_by_id,
+            list_filters_by_agent, list_excludes_archived_unless_asked,
+            update_touches_activity, missing_session_errors, append_assigns_increasing_seqs,
+            history_pagination, begin_turn_stores_message_and_turn,
+            finish_turn_updates_turn_and_last_turn, find_turn_by_request_id,
+            recover_marks_running_interrupted, delete_removes_everything,
+            delete_then_recreate_starts_fresh, content_round_trips,
+            count_sessions_counts_all_owners,
+        );
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn concurrent_appends_are_contiguous() {
+            let (store, _guard) = $make;
+            let store = ::std::sync::Arc::new(store);
+            $crate::store::contract::concurrent_appends_are_contiguous(store).await;
+        }
+    };
+    ($make:expr) => {
+        $crate::store_contract_tests!(guarded: ($make, ()));
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __store_contract_test {
+    ($make:expr; $($name:ident),+ $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                let (store, _guard) = $make;
+                $crate::store::contract::$name(&store).await;
+            }
+        )+
+    };
+}
+
+/// A text message of `turn_id`.
+pub fn text_message(turn_id: &str, role: Role, body: &str) -> NewMessage {
+    NewMessage::new(turn_id, role, vec![ContentBlock::text(body)])
+}
+
+/// A running turn record with every field set (`user_message_seq` is junk
+/// that `begin_turn` must overwrite).
+pub fn running_turn(session_id: &str, turn_id: &str) -> TurnRecord {
+    TurnRecord {
+        turn_id: turn_id.to_owned(),
+        session_id: session_id.to_owned(),
+        status: TurnStatus::Running,
+        started_at: SystemTime::now(),
+        finished_at: None,
+        model: "echo/echo".to_owned(),
+        thinking: Some(ThinkingLevel::Low),
+        system_overridden: true,
+        usage: Usage::default(),
+        user_message_seq: 999,
+        error: None,
+        cancel_reason: None,
+        request_id: Some(format!("req-{turn_id}")),
+    }
+}
+
+/// Creates a session of owner "seed" with `count` text messages; its id.
+pub async fn seed_history(store: &dyn Store, count: usize) -> String {
+    let id = create(store, "seed", "agent").await.id;
+    for i in 0..count {
+        append(store, &id, &format!("message {i}")).await;
+    }
+    id
+}
+
+/// `history` hides the `compacted` seqs unless asked. There is no trait
+/// method to compact, so implementations mark them before calling this.
+pub async fn check_compacted_filter(store: &dyn Store, session_id: &str, compacted: &[u64]) {
+    let all = history(store, session_id).await;
+    let flagged = all.iter().filter(|m| m.compacted).map(|m| m.seq);
+    assert!(flagged.eq(compacted.iter().copied()));
+    let visible = store
+        .history(session_id, 0, usize::MAX, false)
+        .await
+        .expect("history");
+    let expected: Vec<&Message> = all.iter().filter(|m| !m.compacted).collect();
+    assert_eq!(visible.iter().collect::<Vec<_>>(), expected);
+    let limited = store
+        .history(session_id, 0, 2, false)
+        .await
+        .expect("history");
+    assert_eq!(
+        limited.len(),
+        2.min(expected.len()),
+        "the limit counts visible messages"
+    );
+}
+
+fn new_session(owner: &str, agent: &str) -> NewSession {
+    NewSession {
+        owner: owner.to_owned(),
+        agent_id: agent.to_owned(),
+        ..NewSession::default()
+    }
+}
+
+async fn create_new(store: &dyn Store, new: NewSession) -> Session {
+    match store.create_session(new).await.expect("create_session") {
+        CreateOutcome::Created(session) => session,
+        CreateOutcome::Existing(session) => panic!("expected a new session, got {session:?}"),
+    }
+}
+
+async fn create(store: &dyn Store, owner: &str, agent: &str) -> Session {
+    create_new(store, new_session(owner, agent)).await
+}
+
+async fn append(store: &dyn Store, id: &str, body: &str) -> Message {
+    let message = text_message("t", Role::Assistant, body);
+    store
+        .append_message(id, message)
+        .await
+        .expect("append_message")
+}
+
+async fn begin(store: &dyn Store, id: &str, turn_id: &str) -> Message {
+    let user = text_message(turn_id, Role::User, "question");
+    store
+        .begin_turn(running_turn(id, turn_id), user)
+        .await
+        .expect("begin_turn")
+}
+
+async fn get(store: &dyn Store, id: &str) -> Session {
+    store
+        .get_session(id)
+        .await
+        .expect("get_session")
+        .expect("session exists")
+}
+
+async fn turn(store: &dyn Store, id: &str, turn_id: &str) -> Option<TurnRecord> {
+    store.get_turn(id, turn_id).await.expect("get_turn")
+}
+
+async fn history(store: &dyn Store, id: &str) -> Vec<Message> {
+    store
+        .history(id, 0, usize::MAX, true)
+        .await
+        .expect("history")
+}
+
+async fn count(store: &dyn Store) -> u64 {
+    store.count_sessions().await.expect("count_sessions")
+}
+
+fn query(limit: usize) -> ListQuery {
+    ListQuery {
+        limit,
+        ..ListQuery::default()
+    }
+}
+
+/// Walks every page of `owner`'s listing and returns the ids.
+async fn walk(store: &dyn Store, owner: &str, mut query: ListQuery) -> Vec<String> {
+    let mut ids = Vec::new();
+    for _ in 0..1000 {
+        let page = store
+            .list_sessions(owner, &query)
+            .await
+            .expect("list_sessions");
+        assert!(
+            page.sessions.len() <= query.limit,
+            "page larger than its limit"
+        );
+        ids.extend(page.sessions.into_iter().map(|s| s.id));
+        match page.next {
+            Some(next) => query.after = Some(next),
+            None => return ids,
+        }
+    }
+    panic!("listing did not terminate");
+}
+
+/// Lets the clock move on, so activity times differ even on a coarse clock.
+async fn tick() {
+    tokio::time::sleep(Duration::from_millis(2)).await;
+}
+
+/// A created session reads back identically.
+pub async fn create_get_round_trip(store: &dyn Store) {
+    let new = NewSession {
+        id: Some("s-round-trip".to_owned()),
+        project_id: "project".to_owned(),
+        title: "Title ✓".to_owned(),
+        model: "echo/echo".to_owned(),
+        system_prompt: "be brief".to_owned(),
+        metadata: BTreeMap::from([("k".to_owned(), "v".to_owned())]),
+        ..new_session("alice", "agent-1")
+    };
+    let created = create_new(store, new.clone()).await;
+    assert_eq!(
+        (created.id.as_str(), created.owner.as_str()),
+        ("s-round-trip", "alice")
+    );
+    assert_eq!(
+        (&created.agent_id, &created.project_id),
+        (&new.agent_id, &new.project_id)
+    );
+    assert_eq!((&created.title, &created.model), (&new.title, &new.model));
+    assert_eq!(
+        (&created.system_prompt, &created.metadata),
+        (&new.system_prompt, &new.metadata)
+    );
+    assert_eq!(created.created_at, created.last_active_at);
+    assert_eq!((created.next_seq, created.message_count), (1, 0));
+    assert!(!created.archived && created.last_turn.is_none());
+    assert_eq!(
+        store.get_session("s-round-trip").await.expect("get"),
+        Some(created)
+    );
+    assert_eq!(store.get_session("missing").await.expect("get"), None);
+}
+
+/// Creating an existing id returns it unchanged.
+pub async fn create_is_idempotent(store: &dyn Store) {
+    let first = NewSession {
+        id: Some("s-same".to_owned()),
+        ..new_session("alice", "agent")
+    };
+    let created = create_new(store, first).await;
+    let second = NewSession {
+        id: Some("s-same".to_owned()),
+        title: "second".to_owned(),
+        ..new_session("mallory", "other")
+    };
+    let outcome = store.create_session(second).await.expect("create");
+    assert_eq!(outcome, CreateOutcome::Existing(created.clone()));
+    assert_eq!(get(store, "s-same").await, created);
+    assert_eq!(count(store).await, 1);
+}
+
+/// Without an id the store generates distinct ones.
+pub async fn create_generates_ids(store: &dyn Store) {
+    let a = create(store, "alice", "agent").await;
+    let b = create(store, "alice", "agent").await;
+    assert!(!a.id.is_empty() && a.id != b.id);
+    assert_eq!((get(store, &a.id).await, get(store, &b.id).await), (a, b));
+}
+
+/// The listing is newest activity first, ties by id descending, and every
+/// page size yields the same sequence: no duplicates, no misses.
+pub async fn list_newest_first_with_pagination(store: &dyn Store) {
+    for i in 0..23 {
+        create(store, "alice", "agent").await;
+        if i % 5 == 0 {
+            create(store, "bob", "agent").await;
+        }
+    }
+    let full = store
+        .list_sessions("alice", &query(1000))
+        .await
+        .expect("list");
+    assert_eq!((full.sessions.len(), full.next), (23, None));
+    assert!(full.sessions.iter().all(|s| s.owner == "alice"));
+    let key = |s: &Session| (s.last_active_at, s.id.clone());
+    assert!(
+        full.sessions.windows(2).all(|w| key(&w[0]) > key(&w[1])),
+        "listing order"
+    );
+    let ids: Vec<String> = full.sessions.into_iter().map(|s| s.id).collect();
+    for limit in [1, 2, 3, 7, 22, 23, 24] {
+        assert_eq!(
+            walk(store, "alice", query(limit)).await,
+            ids,
+            "page size {limit}"
+        );
+    }
+    assert_eq!(walk(store, "bob", query(2)).await.len(), 5);
+    assert!(walk(store, "nobody", query(2)).await.is_empty());
+}
+
+/// A cursor means "strictly after (time, id)" with ties broken by id
+/// descending, whether or not a session sits exactly at the cursor.
+pub async fn list_cursor_orders_ties_by_id(store: &dyn Store) {
+    for _ in 0..6 {
+        create(store, "alice", "agent").await;
+    }
+    let full = store
+        .list_sessions("alice", &query(100))
+        .await
+        .expect("list")
+        .sessions;
+    let far = SystemTime::now() + Duration::from_secs(86_400);
+    let mut cursors = vec![(UNIX_EPOCH, String::new()), (far, String::new())];
+    let ns = Duration::from_nanos(1);
+    for s in &full {
+        for id in [String::new(), s.id.clone(), format!("{}\u{10FFFF}", s.id)] {
+            let t = s.last_active_at;
+            cursors.extend([(t - ns, id.clone()), (t, id.clone()), (t + ns, id)]);
+        }
+    }
+    for (at, id) in cursors {
+        let before = |s: &&Session| (s.last_active_at, s.id.as_str()) < (at, id.as_str());
+        let expected: Vec<&String> = full.iter().filter(before).map(|s| &s.id).collect();
+        let after = Some(ListCursor {
+            last_active_at: at,
+            id: id.clone(),
+        });
+        let page = store
+            .list_sessions(
+                "alice",
+                &ListQuery {
+                    after,
+                    ..query(100)
+                },
+            )
+            .await;
+        let page = page.expect("list").sessions;
+        let got: Vec<&String> = page.iter().map(|s| &s.id).collect();
+        assert_eq!(got, expected, "cursor ({at:?}, {id:?})");
+    }
+}
+
+/// `agent_id` restricts the listing, across pages.
+pub async fn list_filters_by_agent(store: &dyn Store) {
+    for agent in ["a", "b", "a", "b", "a", "a"] {
+        create(store, "alice", agent).await;
+    }
+    let only_a = ListQuery {
+        agent_id: Some("a".to_owned()),
+        ..query(100)
+    };
+    let page = store
+        .list_sessions("alice", &only_a)
+        .await
+        .expect("list")
+        .sessions;
+    assert_eq!(page.len(), 4);
+    assert!(page.iter().all(|s| s.agent_id == "a"));
+    let paged = walk(
+        store,
+        "alice",
+        ListQuery {
+            limit: 3,
+            ..only_a.clone()
+        },
+    )
+    .await;
+    assert_eq!(paged, page.into_iter().map(|s| s.id).collect::<Vec<_>>());
+    let only_c = ListQuery {
+        agent_id: Some("c".to_owned()),
+        ..only_a
+    };
+    assert!(walk(store, "alice", only_c).await.is_empty());
+}
+
+/// Archived sessions are listed only with `include_archived`.
+pub async fn list_excludes_archived_unless_asked(store: &dyn Store) {
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(create(store, "alice", "agent").await.id);
+    }
+    let archive = SessionUpdate {
+        archived: Some(true),
+        ..SessionUpdate::default()
+    };
+    assert!(
+        store
+            .update_session(&ids[1], archive)
+            .await
+            .expect("update")
+            .archived
+    );
+    let visible = walk(store, "alice", query(1)).await;
+    assert_eq!(visible.len(), 3);
+    assert!(!visible.contains(&ids[1]));
+    let all = walk(
+        store,
+        "alice",
+        ListQuery {
+            include_archived: true,
+            ..query(1)
+        },
+    )
+    .await;
+    assert_eq!(
+        (all.len(), &all[0]),
+        (4, &ids[1]),
+        "archiving is activity too"
+    );
+}
+
+/// An update applies its fields, touches `last_active_at` and moves the
+/// session to the front of the listing; so does an appended message.
+pub async fn update_touches_activity(store: &dyn Store) {
+    let a = create(store, "alice", "agent").await;
+    tick().await;
+    let b = create(store, "alice", "agent").await;
+    tick().await;
+    create(store, "alice", "agent").await;
+    tick().await;
+    let metadata = BTreeMap::from([("x".to_owned(), "y".to_owned())]);
+    let update = SessionUpdate {
+        title: Some("renamed".to_owned()),
+        metadata: Some(metadata.clone()),
+        ..SessionUpdate::default()
+    };
+    let updated = store.update_session(&a.id, update).await.expect("update");
+    assert_eq!(
+        (updated.title.as_str(), &updated.metadata),
+        ("renamed", &metadata)
+    );
+    assert_eq!(
+        (&updated.model, &updated.system_prompt),
+        (&a.model, &a.system_prompt)
+    );
+    assert_eq!(
+        (updated.created_at, updated.archived),
+        (a.created_at, false)
+    );
+    assert!(updated.last_active_at > a.last_active_at);
+    assert_eq!(get(store, &a.id).await, updated);
+    assert_eq!(walk(store, "alice", query(1)).await[0], a.id);
+    tick().await;
+    append(store, &b.id, "hi").await;
+    let listed = walk(store, "alice", query(2)).await;
+    assert_eq!((listed.len(), &listed[0], &listed[1]), (3, &b.id, &a.id));
+}
+
+/// Writes to a missing session fail with `SessionNotFound`; reads are empty.
+pub async fn missing_session_errors(store: &dyn Store) {
+    let not_found = |r: Result<(), StoreError>| matches!(r, Err(StoreError::SessionNotFound));
+    let update = store.update_session("nope", SessionUpdate::default()).await;
+    assert!(not_found(update.map(drop)));
+    let append = store
+        .append_message("nope", text_message("t", Role::User, "x"))
+        .await;
+    assert!(not_found(append.map(drop)));
+    let user = text_message("t", Role::User, "x");
+    assert!(not_found(
+        store
+            .begin_turn(running_turn("nope", "t"), user)
+            .await
+            .map(drop)
+    ));
+    assert!(not_found(
+        store.finish_turn(running_turn("nope", "t")).await
+    ));
+    assert_eq!(turn(store, "nope", "t").await, None);
+    let by_request = store.find_turn_by_request("nope", "req-t").await;
+    assert_eq!(by_request.expect("find_turn_by_request"), None);
+    assert!(history(store, "nope").await.is_empty());
+    assert!(!store.delete_session("nope").await.expect("delete"));
+    assert_eq!(count(store).await, 0);
+}
+
+/// Seqs are 1, 2, 3… per session with the counters kept, and are not reused
+/// when other sessions are deleted.
+pub async fn append_assigns_increasing_seqs(store: &dyn Store) {
+    let a = create(store, "alice", "agent").await;
+    let b = create(store, "alice", "agent").await;
+    let mut seqs = Vec::new();
+    for i in 0..3 {
+        let message = text_message("t1", Role::User, &format!("a{i}"));
+        let stored = store
+            .append_message(&a.id, message.clone())
+            .await
+            .expect("append");
+        assert_eq!((&stored.body, stored.compacted), (&message, false));
+        seqs.push(stored.seq);
+    }
+    append(store, &b.id, "b1").await;
+    append(store, &b.id, "b2").await;
+    assert!(store.delete_session(&b.id).await.expect("delete"));
+    seqs.push(append(store, &a.id, "a3").await.seq);
+    assert_eq!(seqs, [1, 2, 3, 4]);
+    let session = get(store, &a.id).await;
+    assert_eq!((session.next_seq, session.message_count), (5, 4));
+    assert!(session.last_active_at >= a.last_active_at);
+    assert!(history(store, &a.id).await.iter().map(|m| m.seq).eq(1..=4));
+}
+
+/// `history` pages by `after_seq` and `limit`.
+pub async fn history_pagination(store: &dyn Store) {
+    let id = seed_history(store, 10).await;
+    let page = async |after: u64, limit: usize| {
+        let page = store
+            .history(&id, after, limit, false)
+            .await
+            .expect("history");
+        page.iter().map(|m| m.seq).collect::<Vec<_>>()
+    };
+    assert_eq!(page(0, 100).await, (1..=10).collect::<Vec<_>>());
+    assert_eq!(
+        (page(0, 3).await, page(3, 3).await),
+        (vec![1, 2, 3], vec![4, 5, 6])
+    );
+    assert_eq!(page(9, 5).await, [10]);
+    for (after, limit) in [(10, 5), (u64::MAX, 5), (0, 0)] {
+        assert!(
+            page(after, limit).await.is_empty(),
+            "after {after}, limit {limit}"
+        );
+    }
+    let (mut after, mut walked) = (0, Vec::new());
+    loop {
+        let got = page(after, 4).await;
+        let Some(&last) = got.last() else { break };
+        (after, walked) = (last, [walked, got].concat());
+    }
+    assert_eq!(walked, (1..=10).collect::<Vec<_>>());
+    let last = history(store, &id).await.pop().expect("messages");
+    assert_eq!(flatten_text(&last.body.content), "message 9");
+}
+
+/// `begin_turn` stores the user message, the turn (with its seq) and
+/// `last_turn` together.
+pub async fn begin_turn_stores_message_and_turn(store: &dyn Store) {
+    let s = create(store, "alice", "agent").await;
+    append(store, &s.id, "earlier").await;
+    let (record, user) = (
+        running_turn(&s.id, "t1"),
+        text_message("t1", Role::User, "q"),
+    );
+    let message = store
+        .begin_turn(record.clone(), user.clone())
+        .await
+        .expect("begin_turn");
+    assert_eq!((message.seq, &message.body), (2, &user));
+    let stored = turn(store, &s.id, "t1").await.expect("turn stored");
+    assert_eq!(
+        stored,
+        TurnRecord {
+            user_message_seq: 2,
+            ..record
+        }
+    );
+    let session = get(store, &s.id).await;
+    assert_eq!(session.last_turn, Some(LastTurn::from(&stored)));
+    assert_eq!((session.next_seq, session.message_count), (3, 2));
+    assert_eq!(history(store, &s.id).await.last(), Some(&message));
+    assert_eq!(turn(store, &s.id, "t-other").await, None);
+}
+
+/// `finish_turn` stores the final record and `last_turn`.
+pub async fn finish_turn_updates_turn_and_last_turn(store: &dyn Store) {
+    let s = create(store, "alice", "agent").await;
+    let seq = begin(store, &s.id, "t1").await.seq;
+    let finished = TurnRecord {
+        status: TurnStatus::Canceled,
+        finished_at: Some(SystemTime::now()),
+        usage: Usage {
+            input_tokens: 10,
+            output_tokens: 5,
+            ..Usage::default()
+        },
+        user_message_seq: seq,
+        cancel_reason: Some(CancelReason::Stopped),
+        ..running_turn(&s.id, "t1")
+    };
+    store
+        .finish_turn(finished.clone())
+        .await
+        .expect("finish_turn");
+    assert_eq!(turn(store, &s.id, "t1").await.as_ref(), Some(&finished));
+    let last = get(store, &s.id).await.last_turn.expect("last_turn");
+    assert_eq!(last, LastTurn::from(&finished));
+    assert_eq!(
+        (last.status, last.finished_at),
+        (TurnStatus::Canceled, finished.finished_at)
+    );
+}
+
+/// A turn is found by its Chat idempotency key, within its session only.
+pub async fn find_turn_by_request_id(store: &dyn Store) {
+    let s = create(store, "alice", "agent").await;
+    let other = create(store, "alice", "agent").await;
+    begin(store, &s.id, "t1").await;
+    begin(store, &s.id, "t2").await;
+    begin(store, &other.id, "t3").await;
+    let find = async |id: &str, request: &str| {
+        store
+            .find_turn_by_request(id, request)
+            .await
+            .expect("find_turn_by_request")
+    };
+    assert_eq!(find(&s.id, "req-t2").await, turn(store, &s.id, "t2").await);
+    assert!(find(&s.id, "req-t2").await.is_some());
+    assert_eq!(
+        (find(&s.id, "req-t3").await, find(&s.id, "nope").await),
+        (None, None)
+    );
+}
+
+/// Recovery marks running turns interrupted, leaves ended ones, and updates
+/// `last_turn`; a second pass finds nothing.
+pub async fn recover_marks_running_interrupted(store: &dyn Store) {
+    let x = create(store, "alice", "agent").await;
+    let y = create(store, "bob", "agent").await;
+    let seq = begin(store, &x.id, "t1").await.seq;
+    let done = TurnRecord {
+        status: TurnStatus::Success,
+        finished_at: Some(SystemTime::now()),
+        user_message_seq: seq,
+        ..running_turn(&x.id, "t1")
+    };
+    store.finish_turn(done.clone()).await.expect("finish");
+    begin(store, &x.id, "t2").await;
+    begin(store, &y.id, "t3").await;
+    let mut changed = store.recover_interrupted().await.expect("recover");
+    changed.sort_by(|a, b| a.turn_id.cmp(&b.turn_id));
+    assert_eq!(
+        changed
+            .iter()
+            .map(|t| t.turn_id.as_str())
+            .collect::<Vec<_>>(),
+        ["t2", "t3"]
+    );
+    for record in &changed {
+        assert_eq!(record.status, TurnStatus::Interrupted);
+        assert!(record.finished_at.is_some());
+        assert_eq!(
+            turn(store, &record.session_id, &record.turn_id)
+                .await
+                .as_ref(),
+            Some(record)
+        );
+        let last = get(store, &record.session_id).await.last_turn;
+        assert_eq!(last, Some(LastTurn::from(record)));
+    }
+    assert_eq!(turn(store, &x.id, "t1").await, Some(done));
+    assert!(
+        store
+            .recover_interrupted()
+            .await
+            .expect("recover")
+            .is_empty()
+    );
+}
+
+/// Deletion removes the session, its history and turns, and nothing else.
+pub async fn delete_removes_everything(store: &dyn Store) {
+    let doomed = create(store, "alice", "agent").await;
+    let kept = create(store, "alice", "agent").await;
+    for s in [&doomed, &kept] {
+        begin(store, &s.id, "t1").await;
+        append(store, &s.id, "answer").await;
+    }
+    assert!(store.delete_session(&doomed.id).await.expect("delete"));
+    assert_eq!(store.get_session(&doomed.id).await.expect("get"), None);
+    assert!(history(store, &doomed.id).await.is_empty());
+    assert_eq!(turn(store, &doomed.id, "t1").await, None);
+    let everything = ListQuery {
+        include_archived: true,
+        ..query(10)
+    };
+    assert_eq!(walk(store, "alice", everything).await, [kept.id.as_str()]);
+    assert_eq!(count(store).await, 1);
+    assert!(!store.delete_session(&doomed.id).await.expect("delete"));
+    assert_eq!(history(store, &kept.id).await.len(), 2);
+    assert!(turn(store, &kept.id, "t1").await.is_some());
+}
+
+/// A deleted id can be created again, without any of the old state.
+pub async fn delete_then_recreate_starts_fresh(store: &dyn Store) {
+    let new = NewSession {
+        id: Some("s-reused".to_owned()),
+        ..new_session("alice", "agent")
+    };
+    create_new(store, new.clone()).await;
+    begin(store, "s-reused", "t1").await;
+    append(store, "s-reused", "answer").await;
+    assert!(store.delete_session("s-reused").await.expect("delete"));
+    let again = create_new(store, new).await;
+    assert_eq!(
+        (again.next_seq, again.message_count, again.last_turn),
+        (1, 0, None)
+    );
+    assert!(history(store, "s-reused").await.is_empty());
+    assert_eq!(turn(store, "s-reused", "t1").await, None);
+    assert_eq!(append(store, "s-reused", "new").await.seq, 1);
+    assert!(
+        store
+            .recover_interrupted()
+            .await
+            .expect("recover")
+            .is_empty()
+    );
+}
+
+/// 8 tasks × 50 appends to one session get 400 distinct, contiguous seqs.
+pub async fn concurrent_appends_are_contiguous(store: Arc<dyn Store>) {
+    let id = create(&*store, "alice", "agent").await.id;
+    let tasks: Vec<_> = (0..8)
+        .map(|task| {
+            let (store, id) = (Arc::clone(&store), id.clone());
+            tokio::spawn(async move {
+                let mut seqs = Vec::new();
+                for i in 0..50 {
+                    seqs.push(append(&*store, &id, &format!("{task}/{i}")).await.seq);
+                }
+                seqs
+            })
+        })
+        .collect();
+    let mut seqs = Vec::new();
+    for task in tasks {
+        let mine = task.await.expect("task");
+        assert!(
+            mine.windows(2).all(|w| w[0] < w[1]),
+            "one task's seqs increase"
+        );
+        seqs.extend(mine);
+    }
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1..=400).collect::<Vec<_>>());
+    assert!(
+        history(&*store, &id)
+            .await
+            .iter()
+            .map(|m| m.seq)
+            .eq(1..=400)
+    );
+    let session = get(&*store, &id).await;
+    assert_eq!((session.next_seq, session.message_count), (401, 400));
+}
+
+/// Every kind of content block, including image bytes, reads back equal.
+pub async fn content_round_trips(store: &dyn Store) {
+    let s = create(store, "alice", "agent").await;
+    let owned = String::from;
+    let content = vec![
+        ContentBlock::text("héllo\n\u{0}wörld 🦀"),
+        ContentBlock::Thinking {
+            thinking: owned("hmm"),
+            signature: owned("sig"),
+        },
+        ContentBlock::Image {
+            data: (0..=255).chain([0, 0]).collect(),
+            mime_type: owned("a/b"),
+        },
+        ContentBlock::Image {
+            data: Vec::new(),
+            mime_type: owned("image/jpeg"),
+        },
+        ContentBlock::ToolCall {
+            id: owned("c1"),
+            name: owned("search"),
+            arguments_json: owned(r#"{"q":"x"}"#),
+        },
+        ContentBlock::ToolResult {
+            call_id: owned("c1"),
+            name: owned("search"),
+            content: owned("found"),
+            is_error: true,
+        },
+    ];
+    let mut message = NewMessage::new("t1", Role::Assistant, content);
+    message.model = Some(owned("echo/echo"));
+    message.usage = Some(Usage {
+        input_tokens: 1,
+        output_tokens: 2,
+        ..Usage::default()
+    });
+    message.stop_reason = Some(StopReason::ToolUse);
+    let stored = store
+        .append_message(&s.id, message.clone())
+        .await
+        .expect("append");
+    assert_eq!(stored.body, message);
+    assert_eq!(history(store, &s.id).await, [stored]);
+}
+
+/// `count_sessions` counts every owner's sessions.
+pub async fn count_sessions_counts_all_owners(store: &dyn Store) {
+    assert_eq!(count(store).await, 0);
+    let a = create(store, "alice", "agent").await;
+    create(store, "alice", "agent").await;
+    create(store, "bob", "agent").await;
+    assert_eq!(count(store).await, 3);
+    assert!(store.delete_session(&a.id).await.expect("delete"));
+    assert_eq!(count(store).await, 2);
+}

@@ -1,3 +1,338 @@
-//! In-memory store (placeholder while the store is written).
+//! The in-memory [`Store`], for tests: the semantics of the sled store
+//! without durability.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+
+use super::{CreateOutcome, ListCursor, ListQuery, SessionPage, Store, StoreError};
+use crate::types::{
+    LastTurn, Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord, TurnStatus,
+    new_id,
+};
+
+/// A [`Store`] that keeps everything in memory.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    sessions: Mutex<BTreeMap<String, Entry>>,
+}
+
+/// A session with everything that belongs to it, so deletion is one removal.
 #[derive(Debug)]
-pub struct MemoryStore;
+struct Entry {
+    session: Session,
+    messages: BTreeMap<u64, Message>,
+    turns: BTreeMap<String, TurnRecord>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Entry>> {
+        // Every mutation below is applied to a fully built value at once, so
+        // a panic elsewhere cannot leave an entry half-updated.
+        self.sessions.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    #[cfg(test)]
+    fn mark_compacted(&self, session_id: &str, seq: u64) {
+        let mut sessions = self.lock();
+        let entry = sessions.get_mut(session_id).expect("session exists");
+        entry
+            .messages
+            .get_mut(&seq)
+            .expect("message exists")
+            .compacted = true;
+    }
+}
+
+impl Entry {
+    fn append(&mut self, new: NewMessage, now: SystemTime) -> Message {
+        let seq = self.session.next_seq;
+        self.session.next_seq += 1;
+        self.session.message_count += 1;
+        touch(&mut self.session, now);
+        let message = Message {
+            seq,
+            body: new,
+            compacted: false,
+        };
+        self.messages.insert(seq, message.clone());
+        message
+    }
+}
+
+/// Like the sled store: activity never moves backwards.
+fn touch(session: &mut Session, now: SystemTime) {
+    session.last_active_at = now.max(session.last_active_at);
+}
+
+/// A new session's record; shared with the sled store so both agree.
+pub(crate) fn session_record(id: String, new: NewSession, now: SystemTime) -> Session {
+    Session {
+        id,
+        owner: new.owner,
+        agent_id: new.agent_id,
+        project_id: new.project_id,
+        title: new.title,
+        model: new.model,
+        system_prompt: new.system_prompt,
+        metadata: new.metadata,
+        created_at: now,
+        last_active_at: now,
+        archived: false,
+        last_turn: None,
+        message_count: 0,
+        next_seq: 1,
+    }
+}
+
+/// Applies the fields set in `update`; shared with the sled store.
+pub(crate) fn apply_update(session: &mut Session, update: SessionUpdate) {
+    let SessionUpdate {
+        title,
+        model,
+        system_prompt,
+        metadata,
+        archived,
+    } = update;
+    if let Some(title) = title {
+        session.title = title;
+    }
+    if let Some(model) = model {
+        session.model = model;
+    }
+    if let Some(system_prompt) = system_prompt {
+        session.system_prompt = system_prompt;
+    }
+    if let Some(metadata) = metadata {
+        session.metadata = metadata;
+    }
+    if let Some(archived) = archived {
+        session.archived = archived;
+    }
+}
+
+/// The listing order: newest activity first, ties by id descending.
+fn order_key(session: &Session) -> (SystemTime, &str) {
+    (session.last_active_at, &session.id)
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn create_session(&self, new: NewSession) -> Result<CreateOutcome, StoreError> {
+        let id = new.id.clone().unwrap_or_else(new_id);
+        let mut sessions = self.lock();
+        if let Some(entry) = sessions.get(&id) {
+            return Ok(CreateOutcome::Existing(entry.session.clone()));
+        }
+        let session = session_record(id.clone(), new, SystemTime::now());
+        let entry = Entry {
+            session: session.clone(),
+            messages: BTreeMap::new(),
+            turns: BTreeMap::new(),
+        };
+        sessions.insert(id, entry);
+        Ok(CreateOutcome::Created(session))
+    }
+
+    async fn get_session(&self, id: &str) -> Result<Option<Session>, StoreError> {
+        Ok(self.lock().get(id).map(|e| e.session.clone()))
+    }
+
+    async fn list_sessions(
+        &self,
+        owner: &str,
+        query: &ListQuery,
+    ) -> Result<SessionPage, StoreError> {
+        let sessions = self.lock();
+        let mut matching: Vec<&Session> = sessions
+            .values()
+            .map(|e| &e.session)
+            .filter(|s| s.owner == owner)
+            .filter(|s| query.include_archived || !s.archived)
+            .filter(|s| query.agent_id.as_ref().is_none_or(|a| *a == s.agent_id))
+            .filter(|s| {
+                query
+                    .after
+                    .as_ref()
+                    .is_none_or(|c| order_key(s) < (c.last_active_at, c.id.as_str()))
+            })
+            .collect();
+        matching.sort_by(|a, b| order_key(b).cmp(&order_key(a)));
+        let mut page = SessionPage::default();
+        if query.limit == 0 {
+            return Ok(page);
+        }
+        page.sessions = matching
+            .iter()
+            .take(query.limit)
+            .map(|s| (*s).clone())
+            .collect();
+        if matching.len() > query.limit {
+            page.next = page.sessions.last().map(|last| ListCursor {
+                last_active_at: last.last_active_at,
+                id: last.id.clone(),
+            });
+        }
+        Ok(page)
+    }
+
+    async fn update_session(&self, id: &str, update: SessionUpdate) -> Result<Session, StoreError> {
+        let mut sessions = self.lock();
+        let entry = sessions.get_mut(id).ok_or(StoreError::SessionNotFound)?;
+        let mut session = entry.session.clone();
+        apply_update(&mut session, update);
+        touch(&mut session, SystemTime::now());
+        entry.session = session.clone();
+        Ok(session)
+    }
+
+    async fn delete_session(&self, id: &str) -> Result<bool, StoreError> {
+        Ok(self.lock().remove(id).is_some())
+    }
+
+    async fn begin_turn(
+        &self,
+        mut turn: TurnRecord,
+        user_message: NewMessage,
+    ) -> Result<Message, StoreError> {
+        let mut sessions = self.lock();
+        let entry = sessions
+            .get_mut(&turn.session_id)
+            .ok_or(StoreError::SessionNotFound)?;
+        let message = entry.append(user_message, SystemTime::now());
+        turn.user_message_seq = message.seq;
+        entry.session.last_turn = Some(LastTurn::from(&turn));
+        entry.turns.insert(turn.turn_id.clone(), turn);
+        Ok(message)
+    }
+
+    async fn append_message(
+        &self,
+        session_id: &str,
+        message: NewMessage,
+    ) -> Result<Message, StoreError> {
+        let mut sessions = self.lock();
+        let entry = sessions
+            .get_mut(session_id)
+            .ok_or(StoreError::SessionNotFound)?;
+        Ok(entry.append(message, SystemTime::now()))
+    }
+
+    async fn finish_turn(&self, turn: TurnRecord) -> Result<(), StoreError> {
+        let mut sessions = self.lock();
+        let entry = sessions
+            .get_mut(&turn.session_id)
+            .ok_or(StoreError::SessionNotFound)?;
+        // An older turn finishing late must not hide the newer one.
+        let last = &mut entry.session.last_turn;
+        if last.as_ref().is_none_or(|l| l.turn_id == turn.turn_id) {
+            *last = Some(LastTurn::from(&turn));
+        }
+        entry.turns.insert(turn.turn_id.clone(), turn);
+        Ok(())
+    }
+
+    async fn get_turn(
+        &self,
+        session_id: &str,
+        turn_id: &str,
+    ) -> Result<Option<TurnRecord>, StoreError> {
+        let sessions = self.lock();
+        Ok(sessions
+            .get(session_id)
+            .and_then(|e| e.turns.get(turn_id))
+            .cloned())
+    }
+
+    async fn find_turn_by_request(
+        &self,
+        session_id: &str,
+        request_id: &str,
+    ) -> Result<Option<TurnRecord>, StoreError> {
+        let sessions = self.lock();
+        Ok(sessions.get(session_id).and_then(|e| {
+            e.turns
+                .values()
+                .find(|t| t.request_id.as_deref() == Some(request_id))
+                .cloned()
+        }))
+    }
+
+    async fn history(
+        &self,
+        session_id: &str,
+        after_seq: u64,
+        limit: usize,
+        include_compacted: bool,
+    ) -> Result<Vec<Message>, StoreError> {
+        let sessions = self.lock();
+        let Some(entry) = sessions.get(session_id) else {
+            return Ok(Vec::new());
+        };
+        let Some(first) = after_seq.checked_add(1) else {
+            return Ok(Vec::new());
+        };
+        Ok(entry
+            .messages
+            .range(first..)
+            .map(|(_, m)| m)
+            .filter(|m| include_compacted || !m.compacted)
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+
+    async fn recover_interrupted(&self) -> Result<Vec<TurnRecord>, StoreError> {
+        let now = SystemTime::now();
+        let mut sessions = self.lock();
+        let mut changed = Vec::new();
+        for entry in sessions.values_mut() {
+            for turn in entry.turns.values_mut() {
+                if turn.status != TurnStatus::Running {
+                    continue;
+                }
+                turn.status = TurnStatus::Interrupted;
+                turn.finished_at = Some(now);
+                let last = &mut entry.session.last_turn;
+                if last.as_ref().is_some_and(|l| l.turn_id == turn.turn_id) {
+                    *last = Some(LastTurn::from(&*turn));
+                }
+                changed.push(turn.clone());
+            }
+        }
+        Ok(changed)
+    }
+
+    async fn count_sessions(&self) -> Result<u64, StoreError> {
+        Ok(self.lock().len() as u64)
+    }
+
+    async fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MemoryStore;
+    use crate::store::Store;
+    use crate::store::contract;
+
+    crate::store_contract_tests!(MemoryStore::new());
+
+    #[tokio::test]
+    async fn compacted_messages_hidden_unless_asked() {
+        let store = MemoryStore::new();
+        let session = contract::seed_history(&store, 4).await;
+        store.mark_compacted(&session, 2);
+        contract::check_compacted_filter(&store, &session, &[2]).await;
+        assert_eq!(store.count_sessions().await.expect("count"), 1);
+    }
+}

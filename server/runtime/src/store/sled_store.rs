@@ -1,3 +1,951 @@
-//! sled store (placeholder while the store is written).
-#[derive(Debug)]
-pub struct SledStore;
+//! The on-disk [`Store`], on sled 0.34.
+//!
+//! # Layout
+//!
+//! Four trees. Values are records: one version byte ([`RECORD_VERSION`] = 1)
+//! then serde_json; another version byte, or a record that does not decode,
+//! is [`StoreError::Corrupt`].
+//!
+//! | tree               | key                                                | value          |
+//! |--------------------|----------------------------------------------------|----------------|
+//! | `sessions`         | id                                                 | [`Session`]    |
+//! | `session_activity` | owner `\0` last_active_at (u64 BE ns since epoch) id | empty        |
+//! | `messages`         | session id `\0` seq (u64 BE)                       | [`Message`]    |
+//! | `turns`            | session id `\0` turn id                            | [`TurnRecord`] |
+//!
+//! NUL separates key parts, so ids and owners must not contain it (validated
+//! upstream; `create_session` refuses them too, or a prefix scan of one
+//! session could reach another's keys).
+//!
+//! `session_activity` is the listing index: walked backwards, an owner's
+//! prefix is newest activity first with ties by id descending — exactly the
+//! [`Store::list_sessions`] order, so a [`ListCursor`] is an exclusive upper
+//! bound. Nanoseconds (not coarser) keep the index order equal to the order
+//! of the stored `SystemTime`s. The index key moves in the same transaction
+//! as every change of `last_active_at`; a reader outside transactions may
+//! still glimpse half a commit, so listing skips entries that disagree with
+//! their session record.
+//!
+//! # Consistency
+//!
+//! Multi-key writes are single multi-tree transactions (a message with its
+//! seq, counters and index key; a turn's user message with the turn record
+//! and `last_turn`). Deletion removes the session record and index key in one
+//! transaction — from then on the session is gone for readers and writers —
+//! and then its messages and turns in batches. A crash in between leaves
+//! orphans: reads go through the session record so they stay invisible,
+//! `create_session` purges them before reusing the id, and
+//! `recover_interrupted` drops orphan turns. Creation and deletion share a
+//! lock so a purge never meets the new session of a reused id.
+
+use std::ops::Bound;
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sled::transaction::{
+    ConflictableTransactionError as TxError, TransactionError, Transactional, TransactionalTree,
+};
+use sled::{Batch, Db, IVec, Tree};
+
+use super::memory::{apply_update, session_record};
+use super::{CreateOutcome, ListCursor, ListQuery, SessionPage, Store, StoreError};
+use crate::types::{
+    LastTurn, Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord, TurnStatus,
+    new_id,
+};
+
+/// The version byte in front of every record.
+pub(crate) const RECORD_VERSION: u8 = 1;
+
+const SESSIONS: &str = "sessions";
+const ACTIVITY: &str = "session_activity";
+const MESSAGES: &str = "messages";
+const TURNS: &str = "turns";
+
+/// Bounds the in-memory batch when purging a long history.
+const PURGE_BATCH: usize = 1024;
+
+type TxResult<T> = Result<T, TxError<StoreError>>;
+
+/// The sled-backed [`Store`]. Cloning is cheap and shares the database.
+#[derive(Clone)]
+pub struct SledStore {
+    path: PathBuf,
+    db: Db,
+    sessions: Tree,
+    activity: Tree,
+    messages: Tree,
+    turns: Tree,
+    /// Held by deletions and by the insert path of creations.
+    lifecycle: Arc<tokio::sync::Mutex<()>>,
+}
+
+// sled's own Debug dumps every tree's contents.
+impl std::fmt::Debug for SledStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SledStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SledStore {
+    /// Opens (or creates) the database at `path`. A locked or unreadable
+    /// database is an error.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_owned();
+        let fail = |e: String| StoreError::Backend(format!("opening {}: {e}", path.display()));
+        // sled 0.34 panics on some damaged files instead of returning an
+        // error; a bad data directory must not take the process down.
+        let opened = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let db = sled::Config::new().path(&path).open()?;
+            let [s, a, m, t] = [SESSIONS, ACTIVITY, MESSAGES, TURNS].map(|n| db.open_tree(n));
+            Ok::<_, sled::Error>((db, s?, a?, m?, t?))
+        }));
+        let (db, sessions, activity, messages, turns) = opened
+            .map_err(|_| fail("sled panicked (damaged database?)".to_owned()))?
+            .map_err(|e| fail(e.to_string()))?;
+        let lifecycle = Arc::default();
+        Ok(Self {
+            path,
+            db,
+            sessions,
+            activity,
+            messages,
+            turns,
+            lifecycle,
+        })
+    }
+
+    fn load_session(&self, id: &str) -> Result<Option<Session>, StoreError> {
+        load_session(&self.sessions, id)
+    }
+
+    fn session_exists(&self, id: &str) -> Result<bool, StoreError> {
+        let found = self
+            .sessions
+            .contains_key(id)
+            .map_err(|e| backend("read", e))?;
+        Ok(found && !id.contains('\0'))
+    }
+
+    /// Not `flush_async`: it waits on sled's small internal threadpool for a
+    /// log write queued on that same pool, so a few concurrent flushes
+    /// deadlock it (sled 0.34.7). A blocking flush waits on a tokio blocking
+    /// thread instead, and concurrent ones still share one log write.
+    async fn flush_db(&self) -> Result<(), StoreError> {
+        let db = self.db.clone();
+        blocking(move || db.flush().map(drop).map_err(|e| backend("flush", e))).await
+    }
+
+    /// Removes messages and turns stored under `id` (see the module doc).
+    async fn purge_children(&self, id: &str) -> Result<(), StoreError> {
+        let (messages, turns, prefix) = (self.messages.clone(), self.turns.clone(), child(id));
+        blocking(move || purge_prefix(&messages, &prefix).and(purge_prefix(&turns, &prefix))).await
+    }
+
+    fn has_children(&self, id: &str) -> Result<bool, StoreError> {
+        for tree in [&self.messages, &self.turns] {
+            let first = tree.scan_prefix(child(id)).next().transpose();
+            if first.map_err(|e| backend("scan", e))?.is_some() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
+
+#[async_trait]
+impl Store for SledStore {
+    async fn create_session(&self, new: NewSession) -> Result<CreateOutcome, StoreError> {
+        let id = new.id.clone().unwrap_or_else(new_id);
+        if let Some(existing) = self.load_session(&id)? {
+            return Ok(CreateOutcome::Existing(existing));
+        }
+        if id.contains('\0') || new.owner.contains('\0') {
+            let reason = "session id and owner must not contain NUL";
+            return Err(StoreError::Backend(reason.to_owned()));
+        }
+        let guard = self.lifecycle.lock().await;
+        // Again under the lock: a concurrent create may have won, and its
+        // messages must not be purged as leftovers.
+        if let Some(existing) = self.load_session(&id)? {
+            return Ok(CreateOutcome::Existing(existing));
+        }
+        if self.has_children(&id)? {
+            tracing::warn!(session_id = %id, "purging leftovers of an interrupted delete");
+            self.purge_children(&id).await?;
+        }
+        let session = session_record(id, new, SystemTime::now());
+        let outcome = (&self.sessions, &self.activity)
+            .transaction(|(s, a)| {
+                if let Some(existing) = session_tx(s, &session.id)? {
+                    return Ok(CreateOutcome::Existing(existing));
+                }
+                write_session_tx(s, &session)?;
+                a.insert(activity_key(&session), IVec::default())?;
+                Ok(CreateOutcome::Created(session.clone()))
+            })
+            .map_err(tx_err)?;
+        drop(guard);
+        if matches!(outcome, CreateOutcome::Created(_)) {
+            self.flush_db().await?;
+        }
+        Ok(outcome)
+    }
+
+    async fn get_session(&self, id: &str) -> Result<Option<Session>, StoreError> {
+        self.load_session(id)
+    }
+
+    async fn list_sessions(
+        &self,
+        owner: &str,
+        query: &ListQuery,
+    ) -> Result<SessionPage, StoreError> {
+        let (sessions, activity) = (self.sessions.clone(), self.activity.clone());
+        let (owner, query) = (owner.to_owned(), query.clone());
+        blocking(move || list_blocking(&sessions, &activity, &owner, &query)).await
+    }
+
+    async fn update_session(&self, id: &str, update: SessionUpdate) -> Result<Session, StoreError> {
+        let now = SystemTime::now();
+        let session = (&self.sessions, &self.activity)
+            .transaction(|(s, a)| {
+                let mut session = session_tx(s, id)?.ok_or_else(not_found)?;
+                let old_index = activity_key(&session);
+                apply_update(&mut session, update.clone());
+                touch_tx(a, &mut session, old_index, now)?;
+                write_session_tx(s, &session)?;
+                Ok(session)
+            })
+            .map_err(tx_err)?;
+        self.flush_db().await?;
+        Ok(session)
+    }
+
+    async fn delete_session(&self, id: &str) -> Result<bool, StoreError> {
+        let guard = self.lifecycle.lock().await;
+        let removed = (&self.sessions, &self.activity)
+            .transaction(|(s, a)| {
+                let Some(raw) = s.remove(id.as_bytes())? else {
+                    return Ok(false);
+                };
+                // A corrupt record must stay deletable; its index entry then
+                // dangles, and listing skips it.
+                match decode::<Session>(SESSIONS, id.as_bytes(), &raw) {
+                    Ok(session) => drop(a.remove(activity_key(&session))?),
+                    Err(e) => tracing::warn!(session_id = %id, error = %e, "deleting a corrupt session record"),
+                }
+                Ok(true)
+            })
+            .map_err(tx_err)?;
+        if removed {
+            self.purge_children(id).await?;
+            drop(guard);
+            self.flush_db().await?;
+        }
+        Ok(removed)
+    }
+
+    async fn begin_turn(
+        &self,
+        turn: TurnRecord,
+        user_message: NewMessage,
+    ) -> Result<Message, StoreError> {
+        let now = SystemTime::now();
+        let message = (&self.sessions, &self.activity, &self.messages, &self.turns)
+            .transaction(|(s, a, m, t)| {
+                let (mut session, message) =
+                    append_tx(s, a, m, &turn.session_id, &user_message, now)?;
+                let record = TurnRecord {
+                    user_message_seq: message.seq,
+                    ..turn.clone()
+                };
+                let key = turn_key(&record.session_id, &record.turn_id);
+                t.insert(key, encode(&record).map_err(TxError::Abort)?)?;
+                session.last_turn = Some(LastTurn::from(&record));
+                write_session_tx(s, &session)?;
+                Ok(message)
+            })
+            .map_err(tx_err)?;
+        self.flush_db().await?;
+        Ok(message)
+    }
+
+    async fn append_message(
+        &self,
+        session_id: &str,
+        message: NewMessage,
+    ) -> Result<Message, StoreError> {
+        let now = SystemTime::now();
+        let message = (&self.sessions, &self.activity, &self.messages)
+            .transaction(|(s, a, m)| {
+                let (session, message) = append_tx(s, a, m, session_id, &message, now)?;
+                write_session_tx(s, &session)?;
+                Ok(message)
+            })
+            .map_err(tx_err)?;
+        self.flush_db().await?;
+        Ok(message)
+    }
+
+    async fn finish_turn(&self, turn: TurnRecord) -> Result<(), StoreError> {
+        let record = encode(&turn)?;
+        (&self.sessions, &self.turns)
+            .transaction(|(s, t)| {
+                let mut session = session_tx(s, &turn.session_id)?.ok_or_else(not_found)?;
+                t.insert(turn_key(&turn.session_id, &turn.turn_id), record.clone())?;
+                // An older turn finishing late must not hide the newer one.
+                if session
+                    .last_turn
+                    .as_ref()
+                    .is_none_or(|l| l.turn_id == turn.turn_id)
+                {
+                    session.last_turn = Some(LastTurn::from(&turn));
+                    write_session_tx(s, &session)?;
+                }
+                Ok(())
+            })
+            .map_err(tx_err)?;
+        self.flush_db().await
+    }
+
+    async fn get_turn(
+        &self,
+        session_id: &str,
+        turn_id: &str,
+    ) -> Result<Option<TurnRecord>, StoreError> {
+        if !self.session_exists(session_id)? {
+            return Ok(None);
+        }
+        let key = turn_key(session_id, turn_id);
+        match self.turns.get(&key).map_err(|e| backend("read", e))? {
+            None => Ok(None),
+            Some(raw) => decode(TURNS, &key, &raw).map(Some),
+        }
+    }
+
+    async fn find_turn_by_request(
+        &self,
+        session_id: &str,
+        request_id: &str,
+    ) -> Result<Option<TurnRecord>, StoreError> {
+        if !self.session_exists(session_id)? {
+            return Ok(None);
+        }
+        let (turns, prefix, request_id) =
+            (self.turns.clone(), child(session_id), request_id.to_owned());
+        blocking(move || {
+            for entry in turns.scan_prefix(&prefix) {
+                let (key, raw) = entry.map_err(|e| backend("scan", e))?;
+                let turn: TurnRecord = decode(TURNS, &key, &raw)?;
+                if turn.request_id.as_deref() == Some(request_id.as_str()) {
+                    return Ok(Some(turn));
+                }
+            }
+            Ok(None)
+        })
+        .await
+    }
+
+    async fn history(
+        &self,
+        session_id: &str,
+        after_seq: u64,
+        limit: usize,
+        include_compacted: bool,
+    ) -> Result<Vec<Message>, StoreError> {
+        let Some(first) = after_seq.checked_add(1) else {
+            return Ok(Vec::new());
+        };
+        if limit == 0 || !self.session_exists(session_id)? {
+            return Ok(Vec::new());
+        }
+        let messages = self.messages.clone();
+        let range = message_key(session_id, first)..=message_key(session_id, u64::MAX);
+        blocking(move || {
+            let mut out = Vec::new();
+            for entry in messages.range(range) {
+                let (key, raw) = entry.map_err(|e| backend("scan", e))?;
+                let message: Message = decode(MESSAGES, &key, &raw)?;
+                if include_compacted || !message.compacted {
+                    out.push(message);
+                    if out.len() == limit {
+                        break;
+                    }
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn recover_interrupted(&self) -> Result<Vec<TurnRecord>, StoreError> {
+        let (sessions, turns) = (self.sessions.clone(), self.turns.clone());
+        let changed = blocking(move || recover_blocking(&sessions, &turns)).await?;
+        self.flush_db().await?;
+        Ok(changed)
+    }
+
+    async fn count_sessions(&self) -> Result<u64, StoreError> {
+        let sessions = self.sessions.clone();
+        let len = blocking(move || Ok(sessions.len())).await?;
+        Ok(u64::try_from(len).unwrap_or(u64::MAX))
+    }
+
+    async fn flush(&self) -> Result<(), StoreError> {
+        self.flush_db().await
+    }
+}
+
+fn list_blocking(
+    sessions: &Tree,
+    activity: &Tree,
+    owner: &str,
+    query: &ListQuery,
+) -> Result<SessionPage, StoreError> {
+    let mut page = SessionPage::default();
+    if query.limit == 0 || owner.contains('\0') {
+        return Ok(page);
+    }
+    let prefix = child(owner);
+    let mut owner_end = owner.as_bytes().to_vec();
+    owner_end.push(1);
+    let upper = match &query.after {
+        None => owner_end,
+        Some(cursor) => match cursor.last_active_at.duration_since(UNIX_EPOCH) {
+            // Nothing stored is older than the epoch.
+            Err(_) => return Ok(page),
+            Ok(since) => match u64::try_from(since.as_nanos()) {
+                Ok(nanos) => index_key(owner, nanos, &cursor.id),
+                Err(_) => owner_end,
+            },
+        },
+    };
+    for entry in activity
+        .range((Bound::Included(prefix.clone()), Bound::Excluded(upper)))
+        .rev()
+    {
+        let (key, _) = entry.map_err(|e| backend("scan", e))?;
+        let corrupt = |reason: &str| StoreError::Corrupt {
+            key: printable(ACTIVITY, &key),
+            reason: reason.to_owned(),
+        };
+        let rest = key
+            .get(prefix.len()..)
+            .ok_or_else(|| corrupt("key outside its prefix"))?;
+        let (stamp, id) = rest
+            .split_at_checked(8)
+            .ok_or_else(|| corrupt("key too short"))?;
+        let id = std::str::from_utf8(id).map_err(|_| corrupt("session id is not UTF-8"))?;
+        let Some(session) = load_session(sessions, id)? else {
+            continue;
+        };
+        if session.owner != owner || index_nanos(session.last_active_at).to_be_bytes() != stamp {
+            tracing::debug!(session_id = %id, "skipping a stale activity index entry");
+            continue;
+        }
+        let agent_ok = query
+            .agent_id
+            .as_ref()
+            .is_none_or(|agent| *agent == session.agent_id);
+        if !agent_ok || (session.archived && !query.include_archived) {
+            continue;
+        }
+        if page.sessions.len() == query.limit {
+            // One more match exists, so the next page is not empty.
+            page.next = page.sessions.last().map(|last| ListCursor {
+                last_active_at: last.last_active_at,
+                id: last.id.clone(),
+            });
+            break;
+        }
+        page.sessions.push(session);
+    }
+    Ok(page)
+}
+
+fn recover_blocking(sessions: &Tree, turns: &Tree) -> Result<Vec<TurnRecord>, StoreError> {
+    let now = SystemTime::now();
+    let mut running = Vec::new();
+    for entry in turns.iter() {
+        let (key, raw) = entry.map_err(|e| backend("scan", e))?;
+        if decode::<TurnRecord>(TURNS, &key, &raw)?.status == TurnStatus::Running {
+            running.push(key);
+        }
+    }
+    let mut changed = Vec::new();
+    for key in running {
+        // Re-read in the transaction: the turn may have finished since.
+        let outcome = (sessions, turns).transaction(|(s, t)| {
+            let Some(raw) = t.get(&key)? else {
+                return Ok(None);
+            };
+            let mut turn: TurnRecord = decode(TURNS, &key, &raw).map_err(TxError::Abort)?;
+            if turn.status != TurnStatus::Running {
+                return Ok(None);
+            }
+            let Some(mut session) = session_tx(s, &turn.session_id)? else {
+                tracing::warn!(turn_id = %turn.turn_id, "dropping a turn of a deleted session");
+                t.remove(&key)?;
+                return Ok(None);
+            };
+            turn.status = TurnStatus::Interrupted;
+            turn.finished_at = Some(now);
+            t.insert(&key, encode(&turn).map_err(TxError::Abort)?)?;
+            if session
+                .last_turn
+                .as_ref()
+                .is_some_and(|l| l.turn_id == turn.turn_id)
+            {
+                session.last_turn = Some(LastTurn::from(&turn));
+                write_session_tx(s, &session)?;
+            }
+            Ok(Some(turn))
+        });
+        changed.extend(outcome.map_err(tx_err)?);
+    }
+    Ok(changed)
+}
+
+/// Stores `new` under the next seq; the caller writes the returned session
+/// (possibly changed further) in the same transaction.
+fn append_tx(
+    s: &TransactionalTree,
+    a: &TransactionalTree,
+    m: &TransactionalTree,
+    session_id: &str,
+    new: &NewMessage,
+    now: SystemTime,
+) -> TxResult<(Session, Message)> {
+    let mut session = session_tx(s, session_id)?.ok_or_else(not_found)?;
+    let old_index = activity_key(&session);
+    let seq = session.next_seq;
+    let exhausted = || TxError::Abort(StoreError::Backend("seq space exhausted".to_owned()));
+    session.next_seq = seq.checked_add(1).ok_or_else(exhausted)?;
+    session.message_count = session.message_count.saturating_add(1);
+    let message = Message {
+        seq,
+        body: new.clone(),
+        compacted: false,
+    };
+    m.insert(
+        message_key(session_id, seq),
+        encode(&message).map_err(TxError::Abort)?,
+    )?;
+    touch_tx(a, &mut session, old_index, now)?;
+    Ok((session, message))
+}
+
+/// Activity never moves backwards, so a clock step back cannot reorder a
+/// session behind its own past.
+fn touch_tx(
+    a: &TransactionalTree,
+    session: &mut Session,
+    old_index: Vec<u8>,
+    now: SystemTime,
+) -> TxResult<()> {
+    session.last_active_at = now.max(session.last_active_at);
+    a.remove(old_index)?;
+    a.insert(activity_key(session), IVec::default())?;
+    Ok(())
+}
+
+fn session_tx(s: &TransactionalTree, id: &str) -> TxResult<Option<Session>> {
+    match s.get(id.as_bytes())? {
+        None => Ok(None),
+        Some(raw) => decode(SESSIONS, id.as_bytes(), &raw)
+            .map(Some)
+            .map_err(TxError::Abort),
+    }
+}
+
+fn write_session_tx(s: &TransactionalTree, session: &Session) -> TxResult<()> {
+    s.insert(
+        session.id.as_bytes(),
+        encode(session).map_err(TxError::Abort)?,
+    )?;
+    Ok(())
+}
+
+fn load_session(sessions: &Tree, id: &str) -> Result<Option<Session>, StoreError> {
+    match sessions
+        .get(id.as_bytes())
+        .map_err(|e| backend("read", e))?
+    {
+        None => Ok(None),
+        Some(raw) => decode(SESSIONS, id.as_bytes(), &raw).map(Some),
+    }
+}
+
+fn purge_prefix(tree: &Tree, prefix: &[u8]) -> Result<(), StoreError> {
+    loop {
+        let keys = tree.scan_prefix(prefix).keys().take(PURGE_BATCH);
+        let keys = keys
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| backend("scan", e))?;
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let mut batch = Batch::default();
+        keys.into_iter().for_each(|key| batch.remove(key));
+        tree.apply_batch(batch).map_err(|e| backend("delete", e))?;
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    let joined = tokio::task::spawn_blocking(work).await;
+    joined.map_err(|e| StoreError::Backend(format!("store task failed: {e}")))?
+}
+
+fn encode<T: Serialize>(record: &T) -> Result<Vec<u8>, StoreError> {
+    let mut out = vec![RECORD_VERSION];
+    serde_json::to_writer(&mut out, record)
+        .map_err(|e| StoreError::Backend(format!("encoding a record: {e}")))?;
+    Ok(out)
+}
+
+fn decode<T: DeserializeOwned>(tree: &str, key: &[u8], value: &[u8]) -> Result<T, StoreError> {
+    let corrupt = |reason: String| StoreError::Corrupt {
+        key: printable(tree, key),
+        reason,
+    };
+    match value.split_first() {
+        None => Err(corrupt("empty value".to_owned())),
+        Some((&RECORD_VERSION, json)) => serde_json::from_slice(json)
+            .map_err(|e| corrupt(format!("undecodable version {RECORD_VERSION} record: {e}"))),
+        Some((version, _)) => Err(corrupt(format!("unknown record version {version}"))),
+    }
+}
+
+fn printable(tree: &str, key: &[u8]) -> String {
+    format!("{tree}/{}", key.escape_ascii())
+}
+
+fn backend(what: &str, e: sled::Error) -> StoreError {
+    StoreError::Backend(format!("sled {what}: {e}"))
+}
+
+fn not_found() -> TxError<StoreError> {
+    TxError::Abort(StoreError::SessionNotFound)
+}
+
+fn tx_err(e: TransactionError<StoreError>) -> StoreError {
+    match e {
+        TransactionError::Abort(e) => e,
+        TransactionError::Storage(e) => backend("transaction", e),
+    }
+}
+
+/// `parent \0`: the prefix of every key below `parent`.
+fn child(parent: &str) -> Vec<u8> {
+    [parent.as_bytes(), b"\0"].concat()
+}
+
+fn message_key(session_id: &str, seq: u64) -> Vec<u8> {
+    [child(session_id).as_slice(), &seq.to_be_bytes()].concat()
+}
+
+fn turn_key(session_id: &str, turn_id: &str) -> Vec<u8> {
+    [child(session_id).as_slice(), turn_id.as_bytes()].concat()
+}
+
+fn activity_key(session: &Session) -> Vec<u8> {
+    index_key(
+        &session.owner,
+        index_nanos(session.last_active_at),
+        &session.id,
+    )
+}
+
+fn index_key(owner: &str, nanos: u64, id: &str) -> Vec<u8> {
+    [child(owner).as_slice(), &nanos.to_be_bytes(), id.as_bytes()].concat()
+}
+
+/// Saturating: stored times come from the local clock, which only leaves
+/// u64 nanoseconds in the year 2554.
+fn index_nanos(at: SystemTime) -> u64 {
+    let since = at.duration_since(UNIX_EPOCH);
+    since.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::contract::{self, running_turn, text_message};
+    use crate::types::Role;
+
+    fn open_temp() -> (SledStore, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        (SledStore::open(dir.path().join("db")).expect("open"), dir)
+    }
+
+    crate::store_contract_tests!(guarded: open_temp());
+
+    fn user(turn_id: &str) -> NewMessage {
+        text_message(turn_id, Role::User, "q")
+    }
+
+    fn assert_corrupt<T: std::fmt::Debug>(result: Result<T, StoreError>, reason: &str) {
+        match result {
+            Err(StoreError::Corrupt { reason: got, .. }) => assert!(got.contains(reason), "{got}"),
+            other => panic!("expected Corrupt ({reason}), got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn reopen_keeps_sessions_and_messages() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path().join("db")).expect("open");
+        let id = contract::seed_history(&store, 3).await;
+        store
+            .begin_turn(running_turn(&id, "t1"), user("t1"))
+            .await
+            .expect("begin");
+        let before = store.get_session(&id).await.expect("get");
+        drop(store);
+        let store = SledStore::open(dir.path().join("db")).expect("reopen");
+        assert_eq!(store.get_session(&id).await.expect("get"), before);
+        let history = store.history(&id, 0, 100, true).await.expect("history");
+        assert!(history.iter().map(|m| m.seq).eq(1..=4));
+        let query = ListQuery {
+            limit: 5,
+            ..ListQuery::default()
+        };
+        assert_eq!(
+            store
+                .list_sessions("seed", &query)
+                .await
+                .expect("list")
+                .sessions
+                .len(),
+            1
+        );
+        assert_eq!(store.recover_interrupted().await.expect("recover").len(), 1);
+        assert_eq!(
+            store
+                .append_message(&id, user("t2"))
+                .await
+                .expect("append")
+                .seq,
+            5
+        );
+    }
+
+    #[tokio::test]
+    async fn garbage_values_are_corrupt() {
+        let (store, _dir) = open_temp();
+        let broken = contract::seed_history(&store, 3).await;
+        let intact = contract::seed_history(&store, 3).await;
+        store
+            .begin_turn(running_turn(&intact, "t1"), user("t1"))
+            .await
+            .expect("begin");
+        store
+            .sessions
+            .insert(broken.as_bytes(), &b"\x01{not json"[..])
+            .expect("raw write");
+        assert_corrupt(store.get_session(&broken).await, "undecodable version 1");
+        let query = ListQuery {
+            limit: 10,
+            ..ListQuery::default()
+        };
+        assert_corrupt(store.list_sessions("seed", &query).await, "undecodable");
+        assert_corrupt(
+            store.append_message(&broken, user("t")).await,
+            "undecodable",
+        );
+        store
+            .messages
+            .insert(message_key(&intact, 2), &b"\xff\xfe"[..])
+            .expect("raw write");
+        assert_corrupt(
+            store.history(&intact, 0, 10, true).await,
+            "unknown record version 255",
+        );
+        assert_eq!(
+            store
+                .history(&intact, 2, 10, true)
+                .await
+                .expect("after it")
+                .len(),
+            2
+        );
+        store
+            .turns
+            .insert(turn_key(&intact, "t1"), IVec::default())
+            .expect("raw write");
+        assert_corrupt(store.get_turn(&intact, "t1").await, "empty value");
+        assert_corrupt(store.recover_interrupted().await, "empty value");
+        assert!(
+            store
+                .delete_session(&broken)
+                .await
+                .expect("a corrupt session is deletable")
+        );
+        assert_eq!(
+            store
+                .list_sessions("seed", &query)
+                .await
+                .expect("list")
+                .sessions
+                .len(),
+            1
+        );
+    }
+
+    #[tokio::test]
+    async fn unknown_version_is_corrupt() {
+        let (store, _dir) = open_temp();
+        let id = contract::seed_history(&store, 1).await;
+        let session = store.get_session(&id).await.expect("get").expect("exists");
+        let mut value = encode(&session).expect("encode");
+        value[0] = RECORD_VERSION + 1;
+        store
+            .sessions
+            .insert(id.as_bytes(), value)
+            .expect("raw write");
+        assert_corrupt(store.get_session(&id).await, "unknown record version 2");
+        let update = store.update_session(&id, SessionUpdate::default()).await;
+        assert_corrupt(update, "unknown record version 2");
+    }
+
+    #[tokio::test]
+    async fn compacted_messages_hidden_unless_asked() {
+        let (store, _dir) = open_temp();
+        let id = contract::seed_history(&store, 5).await;
+        for seq in [1, 3] {
+            let mut message = store.history(&id, seq - 1, 1, true).await.expect("history");
+            message[0].compacted = true;
+            let value = encode(&message[0]).expect("encode");
+            store
+                .messages
+                .insert(message_key(&id, seq), value)
+                .expect("raw write");
+        }
+        contract::check_compacted_filter(&store, &id, &[1, 3]).await;
+    }
+
+    #[tokio::test]
+    async fn locked_or_unusable_path_is_an_error() {
+        let (_store, dir) = open_temp();
+        let second = SledStore::open(dir.path().join("db"));
+        assert!(matches!(second, Err(StoreError::Backend(_))), "{second:?}");
+        std::fs::write(dir.path().join("file"), b"not a directory").expect("write");
+        let opened = SledStore::open(dir.path().join("file"));
+        assert!(matches!(opened, Err(StoreError::Backend(_))), "{opened:?}");
+    }
+
+    /// A crash between the two steps of a delete leaves orphans behind.
+    #[tokio::test]
+    async fn orphans_of_an_interrupted_delete_stay_invisible() {
+        let (store, _dir) = open_temp();
+        let id = contract::seed_history(&store, 2).await;
+        store
+            .begin_turn(running_turn(&id, "t1"), user("t1"))
+            .await
+            .expect("begin");
+        let session = store.get_session(&id).await.expect("get").expect("exists");
+        store.sessions.remove(id.as_bytes()).expect("raw remove");
+        store
+            .activity
+            .remove(activity_key(&session))
+            .expect("raw remove");
+        assert!(
+            store
+                .history(&id, 0, 10, true)
+                .await
+                .expect("history")
+                .is_empty()
+        );
+        assert_eq!(store.get_turn(&id, "t1").await.expect("get_turn"), None);
+        assert!(
+            store
+                .recover_interrupted()
+                .await
+                .expect("recover")
+                .is_empty()
+        );
+        assert_eq!(store.turns.len(), 0, "recovery drops orphan turns");
+        let new = NewSession {
+            id: Some(id.clone()),
+            ..NewSession::default()
+        };
+        assert!(matches!(
+            store.create_session(new).await,
+            Ok(CreateOutcome::Created(_))
+        ));
+        assert_eq!(
+            store.messages.len(),
+            0,
+            "re-creating the id purges its leftovers"
+        );
+        assert_eq!(
+            store
+                .append_message(&id, user("t2"))
+                .await
+                .expect("append")
+                .seq,
+            1
+        );
+    }
+
+    #[tokio::test]
+    async fn activity_index_has_one_current_entry_per_session() {
+        let (store, _dir) = open_temp();
+        let a = contract::seed_history(&store, 3).await;
+        let b = contract::seed_history(&store, 1).await;
+        let update = SessionUpdate {
+            title: Some("t".to_owned()),
+            ..SessionUpdate::default()
+        };
+        store.update_session(&a, update).await.expect("update");
+        store
+            .begin_turn(running_turn(&b, "t1"), user("t1"))
+            .await
+            .expect("begin");
+        let doomed = contract::seed_history(&store, 1).await;
+        assert!(store.delete_session(&doomed).await.expect("delete"));
+        let mut expected = Vec::new();
+        for id in [&a, &b] {
+            let session = store.get_session(id).await.expect("get").expect("exists");
+            expected.push(activity_key(&session));
+        }
+        expected.sort();
+        let keys = store
+            .activity
+            .iter()
+            .keys()
+            .map(|k| k.expect("key").to_vec());
+        assert_eq!(keys.collect::<Vec<_>>(), expected);
+    }
+
+    #[tokio::test]
+    async fn nul_in_ids_is_refused() {
+        let (store, _dir) = open_temp();
+        let bad_id = NewSession {
+            id: Some("a\0b".to_owned()),
+            ..NewSession::default()
+        };
+        let bad_owner = NewSession {
+            owner: "o\0".to_owned(),
+            ..NewSession::default()
+        };
+        for new in [bad_id, bad_owner] {
+            assert!(matches!(
+                store.create_session(new).await,
+                Err(StoreError::Backend(_))
+            ));
+        }
+        assert_eq!(store.count_sessions().await.expect("count"), 0);
+        assert_eq!(store.get_turn("a\0b", "t").await.expect("get_turn"), None);
+    }
+}
