@@ -17,10 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(PROTOS, ["proto"])?;
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     // The descriptor set feeds server reflection (v1 and v1alpha).
-    fs::write(
-        out_dir.join("agentrt_descriptor.bin"),
-        fds.encode_to_vec(),
-    )?;
+    fs::write(out_dir.join("agentrt_descriptor.bin"), fds.encode_to_vec())?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

@@ -9,7 +9,12 @@
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for server reflection.
 
 /// The `agentrt.v1` package.
-#[allow(missing_docs, missing_debug_implementations, unreachable_pub, clippy::all)]
+#[allow(
+    missing_docs,
+    missing_debug_implementations,
+    unreachable_pub,
+    clippy::all
+)]
 pub mod v1 {
     tonic::include_proto!("agentrt.v1");
 }
