@@ -144,3 +144,108 @@ impl Runtime {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use async_trait::async_trait;
+    use futures::StreamExt as _;
+
+    use super::*;
+    use crate::model::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream, Models};
+    use crate::runtime::{ChatInput, RuntimeConfig};
+    use crate::store::MemoryStore;
+    use crate::types::{ContentBlock, NewSession};
+
+    /// Streams one delta, then never finishes.
+    #[derive(Debug)]
+    struct Stall;
+
+    #[async_trait]
+    impl ModelProvider for Stall {
+        async fn stream(&self, _request: ModelRequest) -> Result<ModelStream, ModelError> {
+            let first = futures::stream::iter([Ok(ModelEvent::TextDelta("x".into()))]);
+            Ok(Box::pin(first.chain(futures::stream::pending())))
+        }
+    }
+
+    async fn runtime() -> Runtime {
+        let mut models = Models::with_builtin();
+        models.insert("stall", Arc::new(Stall));
+        Runtime::open(
+            RuntimeConfig::default(),
+            Arc::new(MemoryStore::new()),
+            models,
+        )
+        .await
+        .unwrap()
+    }
+
+    async fn session(rt: &Runtime, who: &Principal) -> String {
+        rt.create_session(who, NewSession::default())
+            .await
+            .unwrap()
+            .id
+    }
+
+    fn input(session_id: &str, model: &str) -> ChatInput {
+        ChatInput {
+            session_id: session_id.to_owned(),
+            content: vec![ContentBlock::text("hi")],
+            model: Some(model.to_owned()),
+            ..ChatInput::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_reaper_closes_idle_runners_but_never_a_busy_one() {
+        let rt = runtime().await;
+        let who = Principal::local();
+        let idle = session(&rt, &who).await;
+        let busy = session(&rt, &who).await;
+        let done = rt.chat(&who, input(&idle, "builtin/echo")).await.unwrap();
+        assert!(done.collect::<Vec<_>>().await.last().unwrap().is_final());
+        let mut live = rt.chat(&who, input(&busy, "stall/x")).await.unwrap();
+        // Wait until the stalled turn is streaming.
+        while !matches!(
+            live.next().await.unwrap().kind,
+            crate::events::EventKind::Text(_)
+        ) {}
+        assert_eq!(rt.cached_runners(), 2);
+
+        assert_eq!(
+            rt.reap_idle_runners(Instant::now()),
+            0,
+            "nothing is idle yet"
+        );
+        let later = Instant::now() + Duration::from_secs(601);
+        assert_eq!(rt.reap_idle_runners(later), 1);
+        assert_eq!(rt.cached_runners(), 1, "the busy session keeps its runner");
+        assert_eq!(rt.live_turns(), 1);
+        assert!(rt.stop_session(&who, &busy).await.unwrap());
+        assert_eq!(rt.reap_idle_runners(later), 1, "once idle it is reaped too");
+    }
+
+    #[tokio::test]
+    async fn admin_calls_refuse_non_admins() {
+        let rt = runtime().await;
+        let user = Principal {
+            user_id: "u".into(),
+            admin: false,
+        };
+        assert!(matches!(
+            rt.reset_runners(&user, None),
+            Err(RuntimeError::PermissionDenied(_))
+        ));
+        assert!(matches!(
+            rt.stats(&user).await,
+            Err(RuntimeError::PermissionDenied(_))
+        ));
+        assert!(matches!(
+            rt.drain(&user, Duration::ZERO).await,
+            Err(RuntimeError::PermissionDenied(_))
+        ));
+        assert!(!rt.is_closed());
+    }
+}

@@ -1,0 +1,346 @@
+//! The `agentrt-server` binary as a child process: SIGKILL mid-turn and
+//! restart (crash recovery), SIGTERM with live turns (graceful drain).
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use agentrt_client::{ChatEvent, Client, Error, proto};
+use agentrt_runtime::model::fake_openai::{FakeOpenAi, FakeReply, finish_chunk, text_chunk};
+use futures::StreamExt as _;
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::process::{Child, Command};
+
+struct Server {
+    child: Child,
+    url: String,
+}
+
+fn write_config(dir: &Path, fake: &FakeOpenAi, grace: &str) -> std::path::PathBuf {
+    let path = dir.join("agentrt.toml");
+    let text = format!(
+        "default_model = \"mock/m\"\nshutdown_grace = \"{grace}\"\n\n[[providers]]\nname = \"mock\"\nkind = \"openai\"\nbase_url = \"{}\"\n",
+        fake.base_url()
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+async fn start(data_dir: &Path, config: &Path) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agentrt-server"))
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir)
+        .arg("--config")
+        .arg(config)
+        .env("AGENTRT_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the server announced its address")
+        .unwrap()
+        .expect("a line on stdout");
+    let addr = line
+        .strip_prefix("agentrt-server listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    Server {
+        child,
+        url: format!("http://{addr}"),
+    }
+}
+
+fn sigterm(child: &Child) {
+    let pid = child.id().unwrap().to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// A deterministic pseudo-random sequence, so a failing kill point can be
+/// reproduced.
+fn points(n: usize, max: u64) -> Vec<u64> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % (max + 1)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn sigkill_mid_turn_then_restart_interrupts_the_turn_and_frees_the_session() {
+    const DELTAS: usize = 30;
+    let mut chunks: Vec<Vec<u8>> = (0..DELTAS).map(|i| text_chunk(&format!("d{i} "))).collect();
+    chunks.push(finish_chunk("stop"));
+    let hang = FakeReply::Sse {
+        chunks: chunks[..DELTAS / 2].to_vec(),
+        done: false,
+        then_hang: true,
+    };
+    // Alternate turns that complete with turns that stall mid-stream, so
+    // kills land both inside and after turns.
+    let script = (0..40)
+        .map(|i| {
+            if i % 2 == 0 {
+                FakeReply::sse(chunks.clone())
+            } else {
+                hang.clone()
+            }
+        })
+        .collect();
+    let fake = FakeOpenAi::start(script).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &fake, "1s");
+    let data = dir.path().join("data");
+
+    let mut server = start(&data, &config).await;
+    let client = Client::connect(server.url.clone()).await.unwrap();
+    let session = client
+        .create_session(proto::CreateSessionRequest::default())
+        .await
+        .unwrap()
+        .session_id;
+    drop(client);
+
+    let mut interrupted = 0;
+    // A kill point is the number of events read before SIGKILL: 0 = right
+    // after sending the request, DELTAS + 6 = after the whole turn.
+    for (round, point) in points(20, DELTAS as u64 + 6).into_iter().enumerate() {
+        let client = Client::connect(server.url.clone()).await.unwrap();
+        let mut req = proto::ChatRequest {
+            session_id: session.clone(),
+            content: vec![proto::ContentBlock {
+                block: Some(proto::content_block::Block::Text(proto::TextBlock {
+                    text: format!("round {round}"),
+                })),
+            }],
+            ..Default::default()
+        };
+        req.request_id = format!("round-{round}");
+        match client.chat_with(req).await {
+            Ok(mut events) => {
+                for _ in 0..point {
+                    // A stalled turn stops yielding: kill it there.
+                    match tokio::time::timeout(Duration::from_millis(200), events.next()).await {
+                        Ok(Some(_)) => {}
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+            }
+            Err(e) => panic!("round {round}: admission failed: {e}"),
+        }
+        server.child.kill().await.unwrap();
+        drop(client);
+
+        server = start(&data, &config).await;
+        let client = Client::connect(server.url.clone()).await.unwrap();
+        let history = client.history(&session).await.unwrap();
+        let seqs: Vec<u64> = history.iter().map(|m| m.seq).collect();
+        assert_eq!(
+            seqs,
+            (1..=seqs.len() as u64).collect::<Vec<_>>(),
+            "round {round}"
+        );
+        let mut ids: Vec<&str> = history.iter().map(|m| m.id.as_str()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(
+            ids.len(),
+            history.len(),
+            "round {round}: a message was stored twice"
+        );
+        let s = client.get_session(&session).await.unwrap();
+        assert_eq!(s.message_count, history.len() as u64, "round {round}");
+        if let Some(last) = s.last_turn {
+            assert_ne!(last.outcome(), proto::TurnOutcome::Running, "round {round}");
+            if last.outcome() == proto::TurnOutcome::Interrupted {
+                interrupted += 1;
+            }
+            let users = history
+                .iter()
+                .filter(|m| m.turn_id == last.turn_id && m.role() == proto::Role::User)
+                .count();
+            assert_eq!(
+                users, 1,
+                "round {round}: the turn's user message is stored once"
+            );
+            let answers = history
+                .iter()
+                .filter(|m| m.turn_id == last.turn_id && m.role() == proto::Role::Assistant)
+                .count();
+            assert!(answers <= 1, "round {round}");
+        }
+        // A retry of the same request never runs twice.
+        let retry = client
+            .chat_with(proto::ChatRequest {
+                session_id: session.clone(),
+                content: vec![proto::ContentBlock {
+                    block: Some(proto::content_block::Block::Text(proto::TextBlock {
+                        text: format!("round {round}"),
+                    })),
+                }],
+                request_id: format!("round-{round}"),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .finish()
+            .await
+            .unwrap();
+        assert!(
+            retry.outcome.is_some(),
+            "round {round}: the retry replays an outcome"
+        );
+        assert_eq!(
+            client.history(&session).await.unwrap().len(),
+            history.len(),
+            "round {round}"
+        );
+
+        // The session is free at once.
+        let mut fresh = proto::ChatRequest {
+            session_id: session.clone(),
+            content: vec![proto::ContentBlock {
+                block: Some(proto::content_block::Block::Text(proto::TextBlock {
+                    text: "after restart".into(),
+                })),
+            }],
+            ..Default::default()
+        };
+        fresh.model = "builtin/echo".into();
+        let after = client
+            .chat_with(fresh)
+            .await
+            .unwrap()
+            .finish()
+            .await
+            .unwrap();
+        assert_eq!(
+            after.outcome,
+            Some(proto::TurnOutcome::Success),
+            "round {round}"
+        );
+    }
+    assert!(
+        interrupted >= 5,
+        "only {interrupted} of 20 kills landed inside a turn"
+    );
+    server.child.kill().await.unwrap();
+}
+
+#[tokio::test]
+async fn sigterm_with_live_turns_drains_refuses_new_chats_and_exits_zero() {
+    let hang = FakeReply::Sse {
+        chunks: vec![text_chunk("partial")],
+        done: false,
+        then_hang: true,
+    };
+    let fake = FakeOpenAi::start(vec![hang]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &fake, "1s");
+    let data = dir.path().join("data");
+    let mut server = start(&data, &config).await;
+    let client = Client::connect(server.url.clone()).await.unwrap();
+
+    let mut live = Vec::new();
+    let mut sessions = Vec::new();
+    for _ in 0..8 {
+        let s = client
+            .create_session(proto::CreateSessionRequest::default())
+            .await
+            .unwrap()
+            .session_id;
+        let mut events = client.chat(&s, "go").await.unwrap();
+        loop {
+            let e = events.next().await.unwrap().unwrap();
+            if matches!(e.kind, ChatEvent::Text(_)) {
+                break;
+            }
+        }
+        live.push(events);
+        sessions.push(s);
+    }
+    let spare = client
+        .create_session(proto::CreateSessionRequest::default())
+        .await
+        .unwrap()
+        .session_id;
+
+    let channel = tonic::transport::Endpoint::from_shared(server.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let mut readiness = health
+        .watch(tonic_health::pb::HealthCheckRequest {
+            service: "readiness".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving;
+    assert_eq!(
+        readiness.message().await.unwrap().unwrap().status(),
+        serving
+    );
+
+    let signalled = Instant::now();
+    sigterm(&server.child);
+    let next = readiness.message().await.unwrap().unwrap().status();
+    assert_eq!(
+        next,
+        tonic_health::pb::health_check_response::ServingStatus::NotServing
+    );
+    let refused = client.chat(&spare, "too late").await.unwrap_err();
+    assert!(matches!(refused, Error::Status(s) if s.code() == tonic::Code::Unavailable));
+
+    for events in live {
+        let rest = events.finish().await.unwrap();
+        let end = rest.events.iter().find_map(|e| match e.kind {
+            ChatEvent::TurnFinished {
+                outcome,
+                cancel_reason,
+                ..
+            } => Some((outcome, cancel_reason)),
+            _ => None,
+        });
+        assert_eq!(
+            end,
+            Some((proto::TurnOutcome::Canceled, proto::CancelReason::Shutdown))
+        );
+    }
+    drop(readiness);
+    drop(health);
+    drop(client);
+    let status = tokio::time::timeout(Duration::from_secs(10), server.child.wait())
+        .await
+        .expect("the server exited")
+        .unwrap();
+    let took = signalled.elapsed();
+    assert!(status.success(), "exit status {status:?}");
+    assert!(
+        took < Duration::from_secs(3) + Duration::from_millis(500),
+        "exit took {took:?}"
+    );
+
+    // Everything stayed: the partial answers are stored, marked shutdown.
+    let server = start(&data, &config).await;
+    let client = Client::connect(server.url.clone()).await.unwrap();
+    for s in &sessions {
+        let history = client.history(s).await.unwrap();
+        assert_eq!(history.len(), 2);
+        assert_eq!(history[1].stop_reason, "shutdown");
+    }
+}
