@@ -81,6 +81,10 @@ pub struct ProviderConfig {
     /// absent.
     #[serde(default)]
     pub models: Option<Vec<String>>,
+    /// Longest silence from the upstream within a streaming response before
+    /// the turn fails (e.g. "60s"). Default 60 s.
+    #[serde(default, deserialize_with = "de_duration")]
+    pub idle_timeout: Option<Duration>,
 }
 
 /// One `[[auth.api_keys]]` entry.

@@ -150,10 +150,12 @@ impl ServerBuilder {
                 })?),
                 None => None,
             };
+            let defaults = OpenAiConfig::new(p.base_url.clone());
             let provider = OpenAiProvider::new(OpenAiConfig {
                 api_key,
                 models: p.models.clone(),
-                ..OpenAiConfig::new(p.base_url.clone())
+                idle_timeout: p.idle_timeout.unwrap_or(defaults.idle_timeout),
+                ..defaults
             })
             .map_err(|e| ConfigError(format!("provider {:?}: {e}", p.name)))?;
             models.insert(p.name.clone(), Arc::new(provider));
@@ -227,7 +229,13 @@ impl ServerBuilder {
             .build_v1alpha()?;
         let auth = auth::Authenticator::new(&self.config.auth);
         let router = tonic::transport::Server::builder()
-            .trace_fn(|req| tracing::info_span!("rpc", method = %req.uri().path()))
+            .trace_fn(|req| {
+                tracing::info_span!(
+                    "rpc",
+                    method = %req.uri().path(),
+                    session_id = tracing::field::Empty
+                )
+            })
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(20)))
             .add_service(health_service)

@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::principal;
 use crate::convert;
+use crate::session_service::record_session;
 use crate::status::{from_runtime, trailing_status};
 
 /// The AgentRuntime implementation.
@@ -102,6 +103,7 @@ impl AgentRuntime for Turns {
         let who = principal(&req)?;
         let deadline = convert::grpc_deadline(req.metadata());
         let input = convert::chat_input(req.into_inner(), deadline).map_err(from_runtime)?;
+        record_session(&input.session_id);
         let turn = self.runtime.chat(&who, input).await.map_err(from_runtime)?;
         Ok(Response::new(ChatEvents::new(Some(turn))))
     }
@@ -112,6 +114,7 @@ impl AgentRuntime for Turns {
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         let who = principal(&req)?;
         let r = req.into_inner();
+        record_session(&r.session_id);
         let turn = self
             .runtime
             .subscribe(&who, &r.session_id, r.after_seq, r.wait_for_turn)
@@ -126,6 +129,7 @@ impl AgentRuntime for Turns {
     ) -> Result<Response<pb::StopSessionResponse>, Status> {
         let who = principal(&req)?;
         let id = req.into_inner().session_id;
+        record_session(&id);
         let stopped = self
             .runtime
             .stop_session(&who, &id)
@@ -140,6 +144,7 @@ impl AgentRuntime for Turns {
     ) -> Result<Response<pb::SessionStatus>, Status> {
         let who = principal(&req)?;
         let id = req.into_inner().session_id;
+        record_session(&id);
         let status = self
             .runtime
             .session_status(&who, &id)
@@ -154,6 +159,7 @@ impl AgentRuntime for Turns {
     ) -> Result<Response<pb::CloseSessionResponse>, Status> {
         let who = principal(&req)?;
         let r = req.into_inner();
+        record_session(&r.session_id);
         let closed = self
             .runtime
             .close_session(&who, &r.session_id, r.force)

@@ -7,6 +7,11 @@ use agentrt_runtime::Runtime;
 use tonic::{Request, Response, Status};
 
 use crate::auth::principal;
+
+/// Names the session on the RPC's span (declared empty by the server).
+pub(crate) fn record_session(id: &str) {
+    tracing::Span::current().record("session_id", id);
+}
 use crate::convert;
 use crate::status::from_runtime;
 
@@ -87,6 +92,7 @@ impl SessionService for Sessions {
         let who = principal(&req)?;
         let r = req.into_inner();
         let id = r.session_id.clone();
+        record_session(&id);
         let update = convert::session_update(r);
         let session = self
             .runtime
@@ -102,6 +108,7 @@ impl SessionService for Sessions {
     ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
         let who = principal(&req)?;
         let id = req.into_inner().session_id;
+        record_session(&id);
         let deleted = self
             .runtime
             .delete_session(&who, &id)
@@ -116,6 +123,7 @@ impl SessionService for Sessions {
     ) -> Result<Response<pb::GetHistoryResponse>, Status> {
         let who = principal(&req)?;
         let r = req.into_inner();
+        record_session(&r.session_id);
         let page = self
             .runtime
             .history(

@@ -302,6 +302,7 @@ async fn fake_server(fake: &FakeOpenAi, dir: &std::path::Path) -> TestServer {
         base_url: fake.base_url(),
         api_key_env: None,
         models: None,
+        idle_timeout: None,
     });
     TestServer::start_with(config, &Providers::default()).await
 }
@@ -548,6 +549,7 @@ async fn admin_calls_need_an_admin_and_default_model_changes_apply_to_the_next_t
         base_url: fake.base_url(),
         api_key_env: None,
         models: None,
+        idle_timeout: None,
     });
     let server = TestServer::start_with(config, &Providers::default()).await;
     let user = server.client_with_token("key-user-1").await;

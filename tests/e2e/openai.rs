@@ -11,6 +11,14 @@ use tonic::Code;
 use super::harness::{Providers, TestServer, base_config, message_text, new_session};
 
 async fn server_for(fake: &FakeOpenAi, dir: &std::path::Path) -> TestServer {
+    server_with_idle(fake, dir, None).await
+}
+
+async fn server_with_idle(
+    fake: &FakeOpenAi,
+    dir: &std::path::Path,
+    idle: Option<std::time::Duration>,
+) -> TestServer {
     let mut config = base_config(dir);
     config.default_model = "mock/test-model".into();
     config.providers.push(ProviderConfig {
@@ -19,6 +27,7 @@ async fn server_for(fake: &FakeOpenAi, dir: &std::path::Path) -> TestServer {
         base_url: fake.base_url(),
         api_key_env: None,
         models: None,
+        idle_timeout: idle,
     });
     TestServer::start_with(config, &Providers::default()).await
 }
@@ -150,4 +159,37 @@ async fn http_500_before_the_first_byte_ends_error_with_unavailable() {
     });
     assert_eq!(error, Some(proto::ErrorCode::Unavailable));
     assert_eq!(history.len(), 1, "only the user message");
+}
+
+#[tokio::test]
+async fn an_upstream_silent_past_its_idle_timeout_ends_the_turn_error() {
+    let reply = FakeReply::Sse {
+        chunks: vec![text_chunk("then ")],
+        done: false,
+        then_hang: true,
+    };
+    let fake = FakeOpenAi::start(vec![reply]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with_idle(
+        &fake,
+        dir.path(),
+        Some(std::time::Duration::from_millis(200)),
+    )
+    .await;
+    let client = server.client().await;
+    let session = new_session(&client).await;
+    let summary = client
+        .chat(&session, "hi")
+        .await
+        .unwrap()
+        .finish()
+        .await
+        .unwrap();
+    assert_eq!(summary.outcome, Some(proto::TurnOutcome::Error));
+    assert_eq!(summary.status.map(|s| s.code()), Some(Code::Unavailable));
+    let history = client.history(&session).await.unwrap();
+    assert_eq!(message_text(&history[1]), "then ");
+    assert_eq!(history[1].stop_reason, "error");
+    fake.wait_clients_gone(1).await;
+    server.stop().await;
 }
