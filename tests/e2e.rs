@@ -8,4 +8,5 @@ mod e2e {
     mod identity;
     mod openai;
     mod sessions;
+    mod tools;
 }

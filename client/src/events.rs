@@ -50,8 +50,22 @@ pub enum ChatEvent {
     },
     /// Keep-alive on a quiet stream, with what the turn is doing.
     Heartbeat {
-        /// e.g. "model".
+        /// e.g. "model" or "tool".
         phase: String,
+        /// The tool waited for, in phase "tool".
+        tool_name: String,
+    },
+    /// Tool lifecycle (RUNNING, then DONE or ERROR).
+    ToolUse(proto::ToolUse),
+    /// A caller-executed tool call: answer it with
+    /// [`crate::Client::submit_tool_result`].
+    ToolCall {
+        /// Call id.
+        call_id: String,
+        /// Tool name.
+        name: String,
+        /// Arguments as a JSON document.
+        arguments_json: String,
     },
     /// (Subscribe) events were skipped; the next one has this seq.
     ReplayGap {
@@ -118,7 +132,16 @@ impl TryFrom<proto::ChatEvent> for Event {
                 code: enum_or(err.code),
                 message: err.message,
             },
-            Some(Kind::Heartbeat(h)) => ChatEvent::Heartbeat { phase: h.phase },
+            Some(Kind::Heartbeat(h)) => ChatEvent::Heartbeat {
+                phase: h.phase,
+                tool_name: h.tool_name,
+            },
+            Some(Kind::ToolUse(t)) => ChatEvent::ToolUse(t),
+            Some(Kind::ToolCall(c)) => ChatEvent::ToolCall {
+                call_id: c.call_id,
+                name: c.name,
+                arguments_json: c.arguments_json,
+            },
             Some(Kind::ReplayGap(g)) => ChatEvent::ReplayGap {
                 first_available_seq: g.first_available_seq,
                 lagged: g.lagged,

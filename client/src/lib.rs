@@ -371,4 +371,27 @@ impl Client {
             .into_inner()
             .closed)
     }
+
+    /// Delivers the result of a caller-executed tool call of a live turn.
+    pub async fn submit_tool_result(
+        &self,
+        session_id: &str,
+        turn_id: &str,
+        call_id: &str,
+        content: &str,
+        is_error: bool,
+    ) -> Result<(), Error> {
+        let req = proto::SubmitToolResultRequest {
+            session_id: session_id.to_owned(),
+            turn_id: turn_id.to_owned(),
+            call_id: call_id.to_owned(),
+            content: content.to_owned(),
+            is_error,
+        };
+        self.runtime
+            .clone()
+            .submit_tool_result(self.request(req))
+            .await?;
+        Ok(())
+    }
 }

@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use agentrt_proto::v1 as pb;
 use agentrt_runtime::ChatInput;
 use agentrt_runtime::RuntimeError;
-use agentrt_runtime::events::{ErrorCode, EventKind, StepKind, TurnEvent, TurnOutcome};
+use agentrt_runtime::events::{ErrorCode, EventKind, StepKind, ToolStatus, TurnEvent, TurnOutcome};
 use agentrt_runtime::runtime::OnDisconnect;
 use agentrt_runtime::types::{
     CancelReason, ContentBlock, LastTurn, Message, NewSession, Role, Session, SessionUpdate,
@@ -274,7 +274,32 @@ pub fn chat_input(
             ));
         }
     };
+    let extra_tools = r
+        .extra_tools
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let parameters = if t.parameters_json_schema.trim().is_empty() {
+                serde_json::json!({"type": "object", "properties": {}})
+            } else {
+                serde_json::from_str(&t.parameters_json_schema).map_err(|e| {
+                    RuntimeError::invalid(
+                        format!("extra_tools[{i}].parameters_json_schema"),
+                        format!("is not valid JSON: {e}"),
+                    )
+                })?
+            };
+            Ok(agentrt_runtime::model::ToolSpec {
+                name: t.name,
+                description: t.description,
+                parameters,
+            })
+        })
+        .collect::<Result<Vec<_>, RuntimeError>>()?;
     Ok(ChatInput {
+        extra_tools,
+        excluded_tools: r.excluded_tools,
+        max_steps: r.max_steps,
         thinking: thinking_from_pb(r.thinking, "thinking")?,
         content: content_from_pb(r.content, "content")?,
         session_id: r.session_id,
@@ -375,8 +400,32 @@ pub fn event_to_pb(session_id: &str, turn_id: &str, e: &TurnEvent) -> pb::ChatEv
             code: error_code(*code).into(),
             message: message.clone(),
         }),
-        EventKind::Heartbeat { phase } => Kind::Heartbeat(pb::Heartbeat {
+        EventKind::Heartbeat { phase, tool } => Kind::Heartbeat(pb::Heartbeat {
             phase: phase.as_str().to_owned(),
+            tool_name: tool.clone().unwrap_or_default(),
+        }),
+        EventKind::ToolUse(t) => Kind::ToolUse(pb::ToolUse {
+            call_id: t.call_id.clone(),
+            tool_name: t.tool_name.clone(),
+            status: match t.status {
+                ToolStatus::Running => pb::ToolStatus::Running,
+                ToolStatus::Done => pb::ToolStatus::Done,
+                ToolStatus::Error => pb::ToolStatus::Error,
+            }
+            .into(),
+            input_summary: t.input_summary.clone(),
+            arguments_json: t.arguments_json.clone(),
+            detail: t.detail.clone(),
+            content: t.content.clone(),
+        }),
+        EventKind::ToolCall {
+            call_id,
+            name,
+            arguments_json,
+        } => Kind::ToolCall(pb::ToolCall {
+            call_id: call_id.clone(),
+            name: name.clone(),
+            arguments_json: arguments_json.clone(),
         }),
         EventKind::ReplayGap {
             first_available_seq,

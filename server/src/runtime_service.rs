@@ -167,4 +167,25 @@ impl AgentRuntime for Turns {
             .map_err(from_runtime)?;
         Ok(Response::new(pb::CloseSessionResponse { closed }))
     }
+
+    async fn submit_tool_result(
+        &self,
+        req: Request<pb::SubmitToolResultRequest>,
+    ) -> Result<Response<pb::SubmitToolResultResponse>, Status> {
+        let who = principal(&req)?;
+        let r = req.into_inner();
+        record_session(&r.session_id);
+        self.runtime
+            .submit_tool_result(
+                &who,
+                &r.session_id,
+                &r.turn_id,
+                &r.call_id,
+                r.content,
+                r.is_error,
+            )
+            .await
+            .map_err(from_runtime)?;
+        Ok(Response::new(pb::SubmitToolResultResponse {}))
+    }
 }

@@ -42,6 +42,8 @@ pub fn from_runtime(err: RuntimeError) -> Status {
         }
         RuntimeError::Unavailable(why) => Status::unavailable(why),
         RuntimeError::PermissionDenied(why) => Status::permission_denied(why),
+        RuntimeError::FailedPrecondition(why) => Status::failed_precondition(why),
+        RuntimeError::AlreadyExists(why) => Status::already_exists(why),
         RuntimeError::ResourceExhausted(why) => Status::resource_exhausted(why),
         RuntimeError::Store(err) => from_store(err),
     }

@@ -5,13 +5,12 @@ use std::time::Duration;
 
 use agentrt_client::{ChatEvent, Error, Event, proto};
 use agentrt_runtime::model::fake_openai::{FakeOpenAi, FakeReply, text_chunk};
-use agentrt_server::config::{ProviderConfig, ProviderKind};
 use futures::StreamExt as _;
 use tonic::Code;
 
 use super::harness::{
-    Providers, TestServer, base_config, message_text, new_session, read_until, text_request,
-    with_keys,
+    Providers, TestServer, base_config, message_text, mock_provider, new_session, read_until,
+    text_request, with_keys,
 };
 
 fn gated(session: &str, text: &str) -> proto::ChatRequest {
@@ -296,14 +295,7 @@ async fn a_watcher_asking_for_evicted_events_gets_a_replay_gap() {
 async fn fake_server(fake: &FakeOpenAi, dir: &std::path::Path) -> TestServer {
     let mut config = base_config(dir);
     config.default_model = "mock/model-a".into();
-    config.providers.push(ProviderConfig {
-        name: "mock".into(),
-        kind: ProviderKind::Openai,
-        base_url: fake.base_url(),
-        api_key_env: None,
-        models: None,
-        idle_timeout: None,
-    });
+    config.providers.push(mock_provider(fake, None));
     TestServer::start_with(config, &Providers::default()).await
 }
 
@@ -470,7 +462,7 @@ async fn quiet_turns_send_heartbeats() {
     let session = new_session(&client).await;
     let mut chat = client.chat_with(gated(&session, "hi")).await.unwrap();
     let seen = read_until(&mut chat, |e| matches!(e.kind, ChatEvent::Heartbeat { .. })).await;
-    let ChatEvent::Heartbeat { phase } = &seen.last().unwrap().kind else {
+    let ChatEvent::Heartbeat { phase, .. } = &seen.last().unwrap().kind else {
         panic!()
     };
     assert_eq!(phase, "model");
@@ -543,14 +535,7 @@ async fn admin_calls_need_an_admin_and_default_model_changes_apply_to_the_next_t
             admin: true,
         });
     config.default_model = "mock/model-a".into();
-    config.providers.push(ProviderConfig {
-        name: "mock".into(),
-        kind: ProviderKind::Openai,
-        base_url: fake.base_url(),
-        api_key_env: None,
-        models: None,
-        idle_timeout: None,
-    });
+    config.providers.push(mock_provider(&fake, None));
     let server = TestServer::start_with(config, &Providers::default()).await;
     let user = server.client_with_token("key-user-1").await;
     let ops = server.client_with_token("key-admin-1").await;

@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use agentrt_client::{Client, proto};
+use agentrt_runtime::model::fake_openai::FakeOpenAi;
 use agentrt_runtime::model::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream};
 use agentrt_runtime::types::StopReason;
-use agentrt_server::config::{ApiKeyConfig, AuthConfig};
+use agentrt_server::config::{ApiKeyConfig, AuthConfig, ProviderConfig, ProviderKind};
 use agentrt_server::{Config, ServerBuilder};
 use async_trait::async_trait;
 use tokio::sync::{Semaphore, oneshot};
@@ -42,6 +43,21 @@ pub(crate) fn base_config(data_dir: &Path) -> Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: data_dir.to_path_buf(),
         ..Config::default()
+    }
+}
+
+/// An OpenAI-compatible provider named `mock` served by `fake`.
+pub(crate) fn mock_provider(
+    fake: &FakeOpenAi,
+    idle_timeout: Option<std::time::Duration>,
+) -> ProviderConfig {
+    ProviderConfig {
+        name: "mock".into(),
+        kind: ProviderKind::Openai,
+        base_url: fake.base_url(),
+        api_key_env: None,
+        models: None,
+        idle_timeout,
     }
 }
 

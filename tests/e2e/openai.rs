@@ -5,10 +5,11 @@ use agentrt_client::{ChatEvent, proto};
 use agentrt_runtime::model::fake_openai::{
     FakeOpenAi, FakeReply, finish_chunk, reasoning_chunk, slice_bytes, text_chunk, usage_chunk,
 };
-use agentrt_server::config::{ProviderConfig, ProviderKind};
 use tonic::Code;
 
-use super::harness::{Providers, TestServer, base_config, message_text, new_session};
+use super::harness::{
+    Providers, TestServer, base_config, message_text, mock_provider, new_session,
+};
 
 async fn server_for(fake: &FakeOpenAi, dir: &std::path::Path) -> TestServer {
     server_with_idle(fake, dir, None).await
@@ -21,14 +22,7 @@ async fn server_with_idle(
 ) -> TestServer {
     let mut config = base_config(dir);
     config.default_model = "mock/test-model".into();
-    config.providers.push(ProviderConfig {
-        name: "mock".into(),
-        kind: ProviderKind::Openai,
-        base_url: fake.base_url(),
-        api_key_env: None,
-        models: None,
-        idle_timeout: idle,
-    });
+    config.providers.push(mock_provider(fake, idle));
     TestServer::start_with(config, &Providers::default()).await
 }
 

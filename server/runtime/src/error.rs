@@ -46,6 +46,13 @@ pub enum RuntimeError {
     /// The request is malformed.
     #[error("invalid request: {}", describe(.0))]
     InvalidArgument(Vec<FieldViolation>),
+    /// The request does not fit the current state (e.g. a tool result for
+    /// a call nobody waits for).
+    #[error("failed precondition: {0}")]
+    FailedPrecondition(&'static str),
+    /// The thing was already done (e.g. a second result for one tool call).
+    #[error("already exists: {0}")]
+    AlreadyExists(&'static str),
     /// The runtime is closed or draining.
     #[error("the runtime is not accepting new turns: {0}")]
     Unavailable(&'static str),

@@ -46,6 +46,8 @@ pub enum Phase {
     Starting,
     /// Waiting for or streaming from the model.
     Model,
+    /// Waiting for tool results.
+    Tool,
     /// Writing to the store.
     Storing,
     /// Recording the outcome.
@@ -58,6 +60,7 @@ impl Phase {
         match self {
             Self::Starting => "starting",
             Self::Model => "model",
+            Self::Tool => "tool",
             Self::Storing => "storing",
             Self::Finishing => "finishing",
         }
@@ -67,10 +70,41 @@ impl Phase {
         match v {
             0 => Self::Starting,
             1 => Self::Model,
-            2 => Self::Storing,
+            2 => Self::Tool,
+            3 => Self::Storing,
             _ => Self::Finishing,
         }
     }
+}
+
+/// Where a tool call is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ToolStatus {
+    /// Started.
+    Running,
+    /// Finished; result stored.
+    Done,
+    /// Failed; error result stored.
+    Error,
+}
+
+/// One `tool_use` event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolUse {
+    /// Call id.
+    pub call_id: String,
+    /// Tool name.
+    pub tool_name: String,
+    /// Lifecycle state.
+    pub status: ToolStatus,
+    /// Short summary of the arguments.
+    pub input_summary: String,
+    /// Arguments as a JSON document.
+    pub arguments_json: String,
+    /// Short summary of the result (Done/Error).
+    pub detail: String,
+    /// The result text (Done/Error).
+    pub content: String,
 }
 
 /// Model step boundary.
@@ -134,6 +168,20 @@ pub enum EventKind {
     Heartbeat {
         /// What the turn is doing.
         phase: Phase,
+        /// The tool waited for, in [`Phase::Tool`].
+        tool: Option<String>,
+    },
+    /// Tool lifecycle: `Running`, then `Done` or `Error` once the result is
+    /// stored.
+    ToolUse(Box<ToolUse>),
+    /// A caller-executed tool call; the turn waits for its result.
+    ToolCall {
+        /// Call id.
+        call_id: String,
+        /// Tool name.
+        name: String,
+        /// Arguments as a JSON document.
+        arguments_json: String,
     },
     /// Watchers only (seq 0): events were skipped.
     ReplayGap {
@@ -174,6 +222,10 @@ impl TurnEvent {
             EventKind::Error { message, .. } => message.len(),
             EventKind::TurnStarted { model, .. } | EventKind::Usage { model, .. } => model.len(),
             EventKind::MessageStored { id, .. } => id.len(),
+            EventKind::ToolUse(t) => {
+                std::mem::size_of::<ToolUse>() + t.arguments_json.len() + t.content.len()
+            }
+            EventKind::ToolCall { arguments_json, .. } => arguments_json.len(),
             EventKind::Step { .. }
             | EventKind::TurnFinished { .. }
             | EventKind::Heartbeat { .. }

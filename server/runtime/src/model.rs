@@ -33,6 +33,19 @@ pub struct ModelRequest {
     pub messages: Vec<Message>,
     /// Requested reasoning effort, if any.
     pub thinking: Option<ThinkingLevel>,
+    /// Tools the model may call in this step.
+    pub tools: Vec<ToolSpec>,
+}
+
+/// A tool offered to the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    /// Name the model calls it by.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// JSON Schema of its arguments (an object schema).
+    pub parameters: serde_json::Value,
 }
 
 /// One streamed item of a model step.
@@ -44,6 +57,15 @@ pub enum ModelEvent {
     ReasoningDelta(String),
     /// Token usage of the step (may arrive once, near the end).
     Usage(Usage),
+    /// A complete tool call (providers assemble streamed fragments first).
+    ToolCall {
+        /// Call id, unique within the step.
+        id: String,
+        /// Tool name.
+        name: String,
+        /// Arguments as a JSON document.
+        arguments_json: String,
+    },
     /// The step ended normally. Always the last item of a successful stream.
     Finished(StopReason),
 }

@@ -27,6 +27,7 @@ mod control;
 mod replay;
 mod sessions;
 mod stream;
+mod tools;
 mod turn;
 
 pub use admin::RuntimeStats;
@@ -60,6 +61,8 @@ pub struct RuntimeConfig {
     /// Most `Subscribe(wait_for_turn)` callers waiting on one session.
     /// Default 256.
     pub max_waiters_per_session: usize,
+    /// Most model steps of one turn's agent loop. Default 32.
+    pub max_steps: u32,
 }
 
 impl Default for RuntimeConfig {
@@ -74,6 +77,7 @@ impl Default for RuntimeConfig {
             runner_idle_timeout: Duration::from_secs(600),
             reap_interval: Duration::from_secs(60),
             max_waiters_per_session: 256,
+            max_steps: 32,
         }
     }
 }
@@ -108,6 +112,13 @@ pub struct ChatInput {
     pub on_disconnect: OnDisconnect,
     /// Idempotency key.
     pub request_id: Option<String>,
+    /// Tool names hidden from the model for this call.
+    pub excluded_tools: Vec<String>,
+    /// Tools the caller executes (announced with `ToolCall` events,
+    /// answered with [`Runtime::submit_tool_result`]).
+    pub extra_tools: Vec<crate::model::ToolSpec>,
+    /// Most model steps for this call (default from the config).
+    pub max_steps: Option<u32>,
 }
 
 /// The model selection a runner was built with; a turn asking for another
@@ -139,6 +150,8 @@ pub(crate) struct LiveTurn {
     pub(crate) cancel: CancellationToken,
     cancel_reason: Mutex<Option<CancelReason>>,
     phase: AtomicU8,
+    /// Caller-executed tool calls waiting for `SubmitToolResult`.
+    pub(crate) pending_tools: Mutex<tools::Pending>,
     /// Cancelled when the turn task has ended (whatever the outcome).
     pub(crate) done: CancellationToken,
 }
@@ -328,6 +341,12 @@ impl Runtime {
         if input.timeout.is_some_and(|t| t.is_zero()) {
             return Err(RuntimeError::invalid("timeout", "must be positive"));
         }
+        tools::validate_tools(&input.extra_tools, &input.excluded_tools)?;
+        let max_steps = match input.max_steps {
+            Some(0) => return Err(RuntimeError::invalid("max_steps", "must be at least 1")),
+            Some(n) => n.min(inner.config.max_steps.max(1) * 8),
+            None => inner.config.max_steps.max(1),
+        };
         let session = self.owned_session(who, &input.session_id).await?;
         if let Some(rid) = &input.request_id
             && let Some(existing) = self.existing_turn(&session.id, rid).await?
@@ -363,6 +382,7 @@ impl Runtime {
             cancel: CancellationToken::new(),
             cancel_reason: Mutex::new(None),
             phase: AtomicU8::new(Phase::Starting as u8),
+            pending_tools: Mutex::new(tools::Pending::default()),
             done: CancellationToken::new(),
         });
         let guard = {
@@ -426,6 +446,9 @@ impl Runtime {
             deadline: input
                 .timeout
                 .map(|t| tokio::time::Instant::from_std(admitted_at + t)),
+            tools: tools::offered(input.extra_tools, &input.excluded_tools),
+            max_steps,
+            usage: Usage::default(),
         };
         let emitter =
             turn::Emitter::new(Arc::clone(&live.hub), tx, inner.config.heartbeat_interval);

@@ -105,6 +105,7 @@ mod tests {
             system_prompt: None,
             messages: vec![user("hello there world")],
             thinking: None,
+            tools: Vec::new(),
         };
         let events: Vec<_> = EchoProvider
             .stream(request)
@@ -136,6 +137,7 @@ mod tests {
             system_prompt: None,
             messages: vec![user("hi")],
             thinking: Some(ThinkingLevel::Low),
+            tools: Vec::new(),
         };
         let first = EchoProvider
             .stream(request)

@@ -287,6 +287,23 @@ fn request_body(request: &ModelRequest) -> Value {
     if let Some(effort) = effort {
         body["reasoning_effort"] = json!(effort);
     }
+    if !request.tools.is_empty() {
+        let tools: Vec<Value> = request
+            .tools
+            .iter()
+            .map(|t| {
+                json!({
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.parameters,
+                    },
+                })
+            })
+            .collect();
+        body["tools"] = Value::Array(tools);
+    }
     body
 }
 
@@ -407,7 +424,36 @@ struct WireDelta {
     content: Option<String>,
     reasoning_content: Option<String>,
     reasoning: Option<String>,
+    tool_calls: Option<Vec<WireToolCall>>,
 }
+
+/// One fragment of a streamed tool call: the id and name usually come
+/// first, the arguments in pieces; `index` says which call it extends.
+#[derive(Deserialize)]
+struct WireToolCall {
+    index: Option<usize>,
+    id: Option<String>,
+    function: Option<WireFunction>,
+}
+
+#[derive(Deserialize)]
+struct WireFunction {
+    name: Option<String>,
+    arguments: Option<String>,
+}
+
+/// A tool call being assembled from fragments.
+#[derive(Default)]
+struct PartialCall {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+/// Bounds on what one step's tool calls may hold, so a misbehaving upstream
+/// cannot grow memory without limit.
+const MAX_TOOL_CALLS: usize = 128;
+const MAX_TOOL_ARGUMENT_BYTES: usize = 1 << 20;
 
 #[derive(Deserialize)]
 struct WireUsage {
@@ -463,6 +509,7 @@ struct ChunkStream {
     pending: VecDeque<Result<ModelEvent, ModelError>>,
     finish_reason: Option<StopReason>,
     usage: Option<Usage>,
+    tool_calls: Vec<PartialCall>,
     idle_timeout: Duration,
 }
 
@@ -474,8 +521,61 @@ impl ChunkStream {
             pending: VecDeque::new(),
             finish_reason: None,
             usage: None,
+            tool_calls: Vec::new(),
             idle_timeout,
         }
+    }
+
+    fn on_tool_fragment(&mut self, fragment: WireToolCall) -> Result<(), ModelError> {
+        let index = fragment
+            .index
+            .unwrap_or(self.tool_calls.len().saturating_sub(1));
+        if index >= MAX_TOOL_CALLS {
+            return Err(ModelError::Malformed(format!(
+                "more than {MAX_TOOL_CALLS} tool calls in one step"
+            )));
+        }
+        if index >= self.tool_calls.len() {
+            self.tool_calls.resize_with(index + 1, PartialCall::default);
+        }
+        let call = &mut self.tool_calls[index];
+        if let Some(id) = fragment.id.filter(|id| !id.is_empty()) {
+            call.id = id;
+        }
+        if let Some(function) = fragment.function {
+            if let Some(name) = function.name {
+                call.name.push_str(&name);
+            }
+            if let Some(arguments) = function.arguments {
+                call.arguments.push_str(&arguments);
+            }
+        }
+        if call.arguments.len() > MAX_TOOL_ARGUMENT_BYTES || call.name.len() > 256 {
+            return Err(ModelError::Malformed("a tool call is too large".into()));
+        }
+        Ok(())
+    }
+
+    /// Queues the assembled tool calls; every one needs an id and a name.
+    fn flush_tool_calls(&mut self) -> Result<(), ModelError> {
+        for call in std::mem::take(&mut self.tool_calls) {
+            if call.id.is_empty() || call.name.is_empty() {
+                return Err(ModelError::Malformed(
+                    "a tool call arrived without an id or a name".into(),
+                ));
+            }
+            let arguments_json = if call.arguments.trim().is_empty() {
+                "{}".to_owned()
+            } else {
+                call.arguments
+            };
+            self.pending.push_back(Ok(ModelEvent::ToolCall {
+                id: call.id,
+                name: call.name,
+                arguments_json,
+            }));
+        }
+        Ok(())
     }
 
     fn into_stream(self) -> ModelStream {
@@ -534,6 +634,11 @@ impl ChunkStream {
         }
         if data == "[DONE]" {
             self.response = None;
+            if let Err(e) = self.flush_tool_calls() {
+                self.pending.clear();
+                self.pending.push_back(Err(e));
+                return;
+            }
             // Usage is relayed once, at the end, because some servers repeat
             // a cumulative usage object on every chunk.
             if let Some(usage) = self.usage.take() {
@@ -570,6 +675,11 @@ impl ChunkStream {
                 }
                 if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
                     self.pending.push_back(Ok(ModelEvent::TextDelta(text)));
+                }
+                for fragment in delta.tool_calls.into_iter().flatten() {
+                    if let Err(e) = self.on_tool_fragment(fragment) {
+                        return self.fail(e);
+                    }
                 }
             }
             if let Some(reason) = choice.finish_reason {
@@ -626,6 +736,7 @@ mod tests {
             system_prompt: Some("be brief".into()),
             messages: vec![message(Role::User, vec![ContentBlock::text(text)])],
             thinking: None,
+            tools: Vec::new(),
         }
     }
 
@@ -941,6 +1052,7 @@ mod tests {
                 message(Role::Notice, vec![ContentBlock::text("turn timed out")]),
             ],
             thinking: Some(ThinkingLevel::Minimal),
+            tools: Vec::new(),
         };
         let body = request_body(&req);
         assert_eq!(body["reasoning_effort"], "minimal");

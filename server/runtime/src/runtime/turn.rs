@@ -11,8 +11,11 @@ use std::time::{Duration, Instant, SystemTime};
 use futures::{FutureExt as _, StreamExt as _};
 use tokio::sync::mpsc;
 
+use super::tools::{self, ToolOutput};
 use super::{BusyGuard, Inner, LiveTurn, Runner};
-use crate::events::{ErrorCode, EventKind, Phase, StepKind, TurnEvent, TurnOutcome};
+use crate::events::{
+    ErrorCode, EventKind, Phase, StepKind, ToolStatus, ToolUse, TurnEvent, TurnOutcome,
+};
 use crate::hub::TurnHub;
 use crate::model::{ModelError, ModelEvent, ModelRequest};
 use crate::store::StoreError;
@@ -91,6 +94,24 @@ struct StepOutput {
     text: String,
     reasoning: String,
     usage: Option<Usage>,
+    tool_calls: Vec<ToolCallRequest>,
+}
+
+/// A tool call the model made in a step.
+#[derive(Debug, Clone)]
+struct ToolCallRequest {
+    id: String,
+    name: String,
+    arguments_json: String,
+}
+
+/// How a tool phase ended.
+enum ToolsEnd {
+    /// Every result is stored; the loop goes on.
+    Done,
+    Cancelled(CancelReason),
+    TimedOut,
+    StoreFailed,
 }
 
 impl StepOutput {
@@ -105,6 +126,11 @@ impl StepOutput {
         if !self.text.is_empty() {
             content.push(ContentBlock::text(self.text.clone()));
         }
+        content.extend(self.tool_calls.iter().map(|c| ContentBlock::ToolCall {
+            id: c.id.clone(),
+            name: c.name.clone(),
+            arguments_json: c.arguments_json.clone(),
+        }));
         content
     }
 }
@@ -119,6 +145,11 @@ pub(crate) struct Turn {
     pub(crate) guard: Option<BusyGuard>,
     pub(crate) started: Instant,
     pub(crate) deadline: Option<tokio::time::Instant>,
+    /// Tools offered to the model (caller-executed).
+    pub(crate) tools: Vec<crate::model::ToolSpec>,
+    pub(crate) max_steps: u32,
+    /// Usage summed over the turn's steps.
+    pub(crate) usage: Usage,
 }
 
 /// Resolves at `deadline`, or never.
@@ -147,42 +178,7 @@ impl Turn {
             })
             .await;
 
-        let mut output = StepOutput::default();
-        emitter
-            .emit(EventKind::Step {
-                kind: StepKind::Start,
-                index: 1,
-            })
-            .await;
-        let step = AssertUnwindSafe(self.model_step(&mut output, &mut emitter))
-            .catch_unwind()
-            .await;
-        let (outcome, error) = match step {
-            Ok(end) => self.conclude(end, &mut output, &mut emitter).await,
-            Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                tracing::error!(panic = %what, "model step panicked");
-                self.store_partial(&output, StopReason::Error, &mut emitter)
-                    .await;
-                (
-                    TurnOutcome::Error,
-                    Some((
-                        ErrorCode::Internal,
-                        "internal error while running the turn".to_owned(),
-                    )),
-                )
-            }
-        };
-        emitter
-            .emit(EventKind::Step {
-                kind: StepKind::Finish,
-                index: 1,
-            })
-            .await;
+        let (outcome, error) = self.agent_loop(&mut emitter).await;
         if let Some((code, message)) = &error {
             emitter
                 .emit(EventKind::Error {
@@ -191,8 +187,250 @@ impl Turn {
                 })
                 .await;
         }
-        self.finish(outcome, error.map(|(_, m)| m), output.usage, emitter)
+        self.finish(outcome, error.map(|(_, m)| m), emitter).await;
+    }
+
+    /// Model step → tool calls → results → model step ..., until the model
+    /// answers without calling tools, something ends the turn, or
+    /// `max_steps` is reached.
+    async fn agent_loop(
+        &mut self,
+        emitter: &mut Emitter,
+    ) -> (TurnOutcome, Option<(ErrorCode, String)>) {
+        let mut index = 0;
+        loop {
+            index += 1;
+            emitter
+                .emit(EventKind::Step {
+                    kind: StepKind::Start,
+                    index,
+                })
+                .await;
+            let mut output = StepOutput::default();
+            let step = AssertUnwindSafe(self.model_step(&mut output, emitter))
+                .catch_unwind()
+                .await;
+            if let Some(usage) = &output.usage {
+                self.usage.add(usage);
+            }
+            let result = match step {
+                Ok(StepEnd::Finished(_)) if !output.tool_calls.is_empty() => {
+                    self.tool_step(&mut output, emitter).await
+                }
+                Ok(end) => {
+                    // Calls without results must never reach history.
+                    output.tool_calls.clear();
+                    Some(self.conclude(end, &mut output, emitter).await)
+                }
+                Err(panic) => {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    tracing::error!(panic = %what, "model step panicked");
+                    output.tool_calls.clear();
+                    self.store_partial(&output, StopReason::Error, emitter)
+                        .await;
+                    Some((
+                        TurnOutcome::Error,
+                        Some((
+                            ErrorCode::Internal,
+                            "internal error while running the turn".to_owned(),
+                        )),
+                    ))
+                }
+            };
+            emitter
+                .emit(EventKind::Step {
+                    kind: StepKind::Finish,
+                    index,
+                })
+                .await;
+            match result {
+                Some(end) => return end,
+                None if index >= self.max_steps => {
+                    return (
+                        TurnOutcome::Error,
+                        Some((
+                            ErrorCode::ResourceExhausted,
+                            format!(
+                                "the agent loop reached max_steps ({}) without a final answer",
+                                self.max_steps
+                            ),
+                        )),
+                    );
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// Stores the assistant message with its tool calls, runs the calls and
+    /// stores their results. `None` when the loop should go on.
+    async fn tool_step(
+        &mut self,
+        output: &mut StepOutput,
+        emitter: &mut Emitter,
+    ) -> Option<(TurnOutcome, Option<(ErrorCode, String)>)> {
+        if let Some(usage) = output.usage {
+            emitter
+                .emit(EventKind::Usage {
+                    usage,
+                    model: self.record.model.clone(),
+                })
+                .await;
+        }
+        if !self
+            .store_partial(output, StopReason::ToolUse, emitter)
+            .await
+        {
+            return Some(store_failed());
+        }
+        match self
+            .run_tools(std::mem::take(&mut output.tool_calls), emitter)
+            .await
+        {
+            ToolsEnd::Done => None,
+            ToolsEnd::Cancelled(reason) => {
+                self.record.cancel_reason = Some(reason);
+                Some((TurnOutcome::Canceled, None))
+            }
+            ToolsEnd::TimedOut => {
+                self.store_timeout_notice(emitter).await;
+                Some((TurnOutcome::TimedOut, None))
+            }
+            ToolsEnd::StoreFailed => Some(store_failed()),
+        }
+    }
+
+    /// Announces the calls, waits (concurrently) for their results, bounded
+    /// by cancellation and the deadline, and stores every call's result in
+    /// call order — calls left without one get an error result, so each
+    /// call in history has exactly one result.
+    async fn run_tools(&mut self, calls: Vec<ToolCallRequest>, emitter: &mut Emitter) -> ToolsEnd {
+        use futures::stream::FuturesUnordered;
+
+        self.live.set_phase(Phase::Tool);
+        let mut results: Vec<Option<ToolOutput>> = vec![None; calls.len()];
+        let mut waits = FuturesUnordered::new();
+        for (i, call) in calls.iter().enumerate() {
+            emitter
+                .emit(EventKind::ToolUse(Box::new(ToolUse {
+                    call_id: call.id.clone(),
+                    tool_name: call.name.clone(),
+                    status: ToolStatus::Running,
+                    input_summary: tools::input_summary(&call.arguments_json),
+                    arguments_json: call.arguments_json.clone(),
+                    detail: String::new(),
+                    content: String::new(),
+                })))
+                .await;
+            if self.tools.iter().any(|t| t.name == call.name) {
+                let rx = super::lock(&self.live.pending_tools).wait_for(&call.id);
+                emitter
+                    .emit(EventKind::ToolCall {
+                        call_id: call.id.clone(),
+                        name: call.name.clone(),
+                        arguments_json: call.arguments_json.clone(),
+                    })
+                    .await;
+                waits.push(async move { (i, rx.await) });
+            } else {
+                results[i] = Some(ToolOutput::error(format!("unknown tool {:?}", call.name)));
+            }
+        }
+        let cancel = self.live.cancel.clone();
+        let mut end = ToolsEnd::Done;
+        while !waits.is_empty() {
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => {
+                    end = match self.cancelled() {
+                        StepEnd::TimedOut => ToolsEnd::TimedOut,
+                        StepEnd::Cancelled(reason) => ToolsEnd::Cancelled(reason),
+                        _ => ToolsEnd::Cancelled(CancelReason::Stopped),
+                    };
+                    break;
+                }
+                () = until(self.deadline) => {
+                    end = ToolsEnd::TimedOut;
+                    break;
+                }
+                Some((i, result)) = waits.next() => {
+                    results[i] = Some(result.unwrap_or_else(|_| ToolOutput::error("the tool call was abandoned")));
+                }
+                () = tokio::time::sleep_until(emitter.heartbeat_due()) => {
+                    let waiting = calls
+                        .iter()
+                        .zip(&results)
+                        .find(|(_, r)| r.is_none())
+                        .map(|(c, _)| c.name.clone());
+                    emitter.emit(EventKind::Heartbeat { phase: Phase::Tool, tool: waiting }).await;
+                }
+            }
+        }
+        drop(waits);
+        super::lock(&self.live.pending_tools).clear();
+        let missing = match end {
+            ToolsEnd::TimedOut => "the turn reached its time limit before this tool call finished",
+            _ => "the tool call was cancelled",
+        };
+        for (call, result) in calls.into_iter().zip(results) {
+            let output = result.unwrap_or_else(|| ToolOutput::error(missing));
+            if !self.store_tool_result(call, output, emitter).await {
+                return ToolsEnd::StoreFailed;
+            }
+        }
+        end
+    }
+
+    /// Stores one tool result, then announces it (DONE/ERROR): a result is
+    /// durable before anyone is told it exists.
+    async fn store_tool_result(
+        &self,
+        call: ToolCallRequest,
+        output: ToolOutput,
+        emitter: &mut Emitter,
+    ) -> bool {
+        let message = NewMessage::new(
+            &self.record.turn_id,
+            Role::Tool,
+            vec![ContentBlock::ToolResult {
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                content: output.content.clone(),
+                is_error: output.is_error,
+            }],
+        );
+        if !self.store(message, emitter).await {
+            return false;
+        }
+        emitter
+            .emit(EventKind::ToolUse(Box::new(ToolUse {
+                call_id: call.id,
+                tool_name: call.name,
+                status: if output.is_error {
+                    ToolStatus::Error
+                } else {
+                    ToolStatus::Done
+                },
+                input_summary: tools::input_summary(&call.arguments_json),
+                arguments_json: call.arguments_json,
+                detail: tools::result_detail(&output.content),
+                content: output.content,
+            })))
             .await;
+        true
+    }
+
+    async fn store_timeout_notice(&self, emitter: &mut Emitter) {
+        let notice = NewMessage::new(
+            &self.record.turn_id,
+            Role::Notice,
+            vec![ContentBlock::text(TIMEOUT_NOTICE)],
+        );
+        self.store(notice, emitter).await;
     }
 
     async fn model_step(&self, output: &mut StepOutput, emitter: &mut Emitter) -> StepEnd {
@@ -205,6 +443,7 @@ impl Turn {
             system_prompt: self.system_prompt.clone(),
             messages,
             thinking: self.runner.key.thinking,
+            tools: self.tools.clone(),
         };
         self.live.set_phase(Phase::Model);
         let cancel = &self.live.cancel;
@@ -220,7 +459,7 @@ impl Turn {
                     Err(e) => return StepEnd::Failed(e),
                 },
                 () = tokio::time::sleep_until(emitter.heartbeat_due()) => {
-                    emitter.emit(EventKind::Heartbeat { phase: Phase::Model }).await;
+                    emitter.emit(EventKind::Heartbeat { phase: Phase::Model, tool: None }).await;
                 }
             }
         };
@@ -231,7 +470,7 @@ impl Turn {
                 () = until(self.deadline) => return StepEnd::TimedOut,
                 item = stream.next() => item,
                 () = tokio::time::sleep_until(emitter.heartbeat_due()) => {
-                    emitter.emit(EventKind::Heartbeat { phase: Phase::Model }).await;
+                    emitter.emit(EventKind::Heartbeat { phase: Phase::Model, tool: None }).await;
                     continue;
                 }
             };
@@ -251,6 +490,15 @@ impl Turn {
                     emitter.emit(EventKind::Reasoning(t)).await;
                 }
                 Some(Ok(ModelEvent::Usage(u))) => output.usage = Some(u),
+                Some(Ok(ModelEvent::ToolCall {
+                    id,
+                    name,
+                    arguments_json,
+                })) => output.tool_calls.push(ToolCallRequest {
+                    id,
+                    name,
+                    arguments_json,
+                }),
                 Some(Ok(ModelEvent::Finished(reason))) => return StepEnd::Finished(reason),
             }
         }
@@ -407,15 +655,9 @@ impl Turn {
         }
     }
 
-    async fn finish(
-        mut self,
-        outcome: TurnOutcome,
-        error: Option<String>,
-        usage: Option<Usage>,
-        mut emitter: Emitter,
-    ) {
+    async fn finish(mut self, outcome: TurnOutcome, error: Option<String>, mut emitter: Emitter) {
         self.live.set_phase(Phase::Finishing);
-        let usage = usage.unwrap_or_default();
+        let usage = self.usage;
         self.record.status = match outcome {
             TurnOutcome::Success => TurnStatus::Success,
             TurnOutcome::Error => TurnStatus::Error,
@@ -453,4 +695,14 @@ fn model_error_code(err: &ModelError) -> ErrorCode {
         ModelError::RateLimited(_) => ErrorCode::ResourceExhausted,
         ModelError::Rejected(_) => ErrorCode::FailedPrecondition,
     }
+}
+
+fn store_failed() -> (TurnOutcome, Option<(ErrorCode, String)>) {
+    (
+        TurnOutcome::Error,
+        Some((
+            ErrorCode::Unavailable,
+            "the turn's output could not be stored".to_owned(),
+        )),
+    )
 }

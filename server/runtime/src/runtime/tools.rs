@@ -1,0 +1,249 @@
+//! Caller-executed tools: validation of per-call tool declarations, the
+//! registry of calls waiting for `SubmitToolResult`, and the summaries shown
+//! in `tool_use` events.
+
+use std::collections::{HashMap, HashSet};
+
+use tokio::sync::oneshot;
+
+use super::{Runtime, lock};
+use crate::error::{FieldViolation, RuntimeError};
+use crate::model::ToolSpec;
+use crate::types::Principal;
+
+/// Most tools declared on one call.
+const MAX_TOOLS: usize = 128;
+/// Longest tool description.
+const MAX_DESCRIPTION: usize = 4 << 10;
+/// Longest input summary and result detail in events.
+const SUMMARY_CHARS: usize = 80;
+const DETAIL_CHARS: usize = 120;
+
+/// A tool result, from the caller or made up by the runtime (errors).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ToolOutput {
+    pub(crate) content: String,
+    pub(crate) is_error: bool,
+}
+
+impl ToolOutput {
+    pub(crate) fn error(content: impl Into<String>) -> Self {
+        Self {
+            content: content.into(),
+            is_error: true,
+        }
+    }
+}
+
+/// Calls of one turn waiting for their result, and those already answered
+/// (so a second submit is told ALREADY_EXISTS rather than "unknown").
+#[derive(Debug, Default)]
+pub(crate) struct Pending {
+    waiting: HashMap<String, oneshot::Sender<ToolOutput>>,
+    answered: HashSet<String>,
+}
+
+impl Pending {
+    pub(crate) fn wait_for(&mut self, call_id: &str) -> oneshot::Receiver<ToolOutput> {
+        let (tx, rx) = oneshot::channel();
+        self.waiting.insert(call_id.to_owned(), tx);
+        rx
+    }
+
+    /// Stops waiting for everything (the turn moves on or ends).
+    pub(crate) fn clear(&mut self) {
+        self.waiting.clear();
+    }
+}
+
+fn valid_tool_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Checks `extra_tools` and `excluded_tools` of a Chat.
+pub(crate) fn validate_tools(extra: &[ToolSpec], excluded: &[String]) -> Result<(), RuntimeError> {
+    let mut violations = Vec::new();
+    if extra.len() > MAX_TOOLS {
+        violations.push(FieldViolation::new(
+            "extra_tools",
+            format!("at most {MAX_TOOLS} tools"),
+        ));
+    }
+    if excluded.len() > MAX_TOOLS {
+        violations.push(FieldViolation::new(
+            "excluded_tools",
+            format!("at most {MAX_TOOLS} names"),
+        ));
+    }
+    let mut names = HashSet::new();
+    for (i, tool) in extra.iter().enumerate() {
+        if !valid_tool_name(&tool.name) {
+            violations.push(FieldViolation::new(
+                format!("extra_tools[{i}].name"),
+                "must be 1-64 characters of A-Z a-z 0-9 _ -",
+            ));
+        } else if !names.insert(tool.name.as_str()) {
+            violations.push(FieldViolation::new(
+                format!("extra_tools[{i}].name"),
+                format!("{:?} is declared twice", tool.name),
+            ));
+        }
+        if tool.description.len() > MAX_DESCRIPTION {
+            violations.push(FieldViolation::new(
+                format!("extra_tools[{i}].description"),
+                format!("is longer than {MAX_DESCRIPTION} bytes"),
+            ));
+        }
+        if !tool.parameters.is_object() {
+            violations.push(FieldViolation::new(
+                format!("extra_tools[{i}].parameters_json_schema"),
+                "must be a JSON object (a JSON Schema)",
+            ));
+        }
+    }
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(RuntimeError::InvalidArgument(violations))
+    }
+}
+
+/// The tools offered to the model for one call: the caller's, minus the
+/// excluded names.
+pub(crate) fn offered(extra: Vec<ToolSpec>, excluded: &[String]) -> Vec<ToolSpec> {
+    extra
+        .into_iter()
+        .filter(|t| !excluded.iter().any(|e| e == &t.name))
+        .collect()
+}
+
+fn clip(text: &str, chars: usize) -> String {
+    let mut out: String = text.chars().take(chars).collect();
+    if text.chars().count() > chars {
+        out.push('…');
+    }
+    out
+}
+
+/// A short, single-line rendering of a call's arguments.
+pub(crate) fn input_summary(arguments_json: &str) -> String {
+    let compact = serde_json::from_str::<serde_json::Value>(arguments_json)
+        .map(|v| v.to_string())
+        .unwrap_or_else(|_| arguments_json.replace('\n', " "));
+    clip(&compact, SUMMARY_CHARS)
+}
+
+/// The first line of a result, clipped; "N lines" for multi-line results.
+pub(crate) fn result_detail(content: &str) -> String {
+    let lines = content.lines().count();
+    let first = content.lines().next().unwrap_or_default();
+    if lines > 1 {
+        format!("{} ({lines} lines)", clip(first, DETAIL_CHARS))
+    } else {
+        clip(first, DETAIL_CHARS)
+    }
+}
+
+impl Runtime {
+    /// Delivers the result of a caller-executed tool call to the live turn
+    /// waiting for it.
+    pub async fn submit_tool_result(
+        &self,
+        who: &Principal,
+        session_id: &str,
+        turn_id: &str,
+        call_id: &str,
+        content: String,
+        is_error: bool,
+    ) -> Result<(), RuntimeError> {
+        super::sessions::validate_session_id("session_id", session_id)?;
+        if call_id.is_empty() {
+            return Err(RuntimeError::invalid("call_id", "is required"));
+        }
+        if content.len() > self.inner.config.max_input_bytes {
+            return Err(RuntimeError::invalid(
+                "content",
+                format!("is longer than {} bytes", self.inner.config.max_input_bytes),
+            ));
+        }
+        self.owned_session(who, session_id).await?;
+        let live = lock(&self.inner.live)
+            .get(session_id)
+            .filter(|t| t.turn_id == turn_id)
+            .cloned()
+            .ok_or(RuntimeError::FailedPrecondition(
+                "no live turn with that id in this session",
+            ))?;
+        let mut pending = lock(&live.pending_tools);
+        if pending.answered.contains(call_id) {
+            return Err(RuntimeError::AlreadyExists(
+                "this tool call already has a result",
+            ));
+        }
+        let tx = pending
+            .waiting
+            .remove(call_id)
+            .ok_or(RuntimeError::FailedPrecondition(
+                "the turn is not waiting for a result of that call",
+            ))?;
+        pending.answered.insert(call_id.to_owned());
+        tx.send(ToolOutput { content, is_error })
+            .map_err(|_| RuntimeError::FailedPrecondition("the turn stopped waiting for that call"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(name: &str) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: String::new(),
+            parameters: serde_json::json!({"type": "object"}),
+        }
+    }
+
+    #[test]
+    fn tool_declarations_are_validated() {
+        assert!(validate_tools(&[tool("get_weather"), tool("b-2")], &[]).is_ok());
+        for bad in [
+            vec![tool("")],
+            vec![tool("has space")],
+            vec![tool("a"), tool("a")],
+        ] {
+            assert!(validate_tools(&bad, &[]).is_err());
+        }
+        let mut no_schema = tool("x");
+        no_schema.parameters = serde_json::json!("string");
+        assert!(validate_tools(&[no_schema], &[]).is_err());
+    }
+
+    #[test]
+    fn excluded_tools_are_not_offered() {
+        let offered = offered(vec![tool("a"), tool("b")], &["a".to_owned()]);
+        assert_eq!(
+            offered.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+            ["b"]
+        );
+    }
+
+    #[test]
+    fn summaries_are_short_single_lines() {
+        assert_eq!(
+            input_summary("{ \"city\":\n \"Oslo\" }"),
+            r#"{"city":"Oslo"}"#
+        );
+        assert!(
+            input_summary(&format!("{{\"x\":\"{}\"}}", "y".repeat(500)))
+                .chars()
+                .count()
+                <= 81
+        );
+        assert_eq!(result_detail("sunny\nwindy"), "sunny (2 lines)");
+    }
+}
