@@ -6,7 +6,9 @@ mod e2e {
     mod control;
     pub(crate) mod harness;
     mod identity;
+    mod mcp;
     mod openai;
+    mod server_tools;
     mod sessions;
     mod tools;
 }

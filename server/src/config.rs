@@ -12,6 +12,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod tools;
+
+pub use tools::{McpServerConfig, ToolsConfig};
+
 /// The model used when nothing is configured: the offline echo model.
 pub const BUILTIN_DEFAULT_MODEL: &str = "builtin/echo";
 
@@ -138,6 +142,10 @@ struct FileConfig {
     providers: Vec<ProviderConfig>,
     #[serde(default)]
     auth: AuthConfig,
+    #[serde(default)]
+    mcp_servers: Vec<McpServerConfig>,
+    #[serde(default)]
+    tools: ToolsConfig,
 }
 
 /// The effective configuration.
@@ -164,6 +172,10 @@ pub struct Config {
     pub providers: Vec<ProviderConfig>,
     /// Credentials.
     pub auth: AuthConfig,
+    /// MCP servers whose tools are offered to the model.
+    pub mcp_servers: Vec<McpServerConfig>,
+    /// The tool policy.
+    pub tools: ToolsConfig,
 }
 
 impl Default for Config {
@@ -179,6 +191,8 @@ impl Default for Config {
             log_format: LogFormat::Text,
             providers: Vec::new(),
             auth: AuthConfig::default(),
+            mcp_servers: Vec::new(),
+            tools: ToolsConfig::default(),
         }
     }
 }
@@ -226,6 +240,8 @@ impl Config {
             log_format: file.log_format.unwrap_or_default(),
             providers: file.providers,
             auth: file.auth,
+            mcp_servers: file.mcp_servers,
+            tools: file.tools,
         })
     }
 
@@ -302,6 +318,7 @@ impl Config {
                 "heartbeat_interval and runner_idle_timeout must be positive".to_owned(),
             ));
         }
+        self.validate_tools()?;
         let mut keys = std::collections::BTreeSet::new();
         if !self
             .auth

@@ -22,6 +22,8 @@ use agentrt_proto::v1::session_service_server::SessionServiceServer;
 use agentrt_runtime::model::openai::{OpenAiConfig, OpenAiProvider};
 use agentrt_runtime::model::{ModelProvider, Models};
 use agentrt_runtime::store::{SledStore, Store};
+use agentrt_runtime::toolbox::mcp::{McpSource, McpTarget};
+use agentrt_runtime::toolbox::{ToolPolicy, ToolSource, Toolbox};
 use agentrt_runtime::{Runtime, RuntimeConfig};
 use tokio::net::TcpListener;
 use tonic_health::ServingStatus;
@@ -72,11 +74,13 @@ pub enum ServerError {
 type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 /// Builds a server from a [`Config`], optionally with extra model providers
-/// (tests register scripted ones) and a store of the caller's choosing.
+/// and tool sources (tests register scripted ones) and a store of the
+/// caller's choosing.
 #[derive(Clone)]
 pub struct ServerBuilder {
     config: Config,
     extra_models: Vec<(String, Arc<dyn ModelProvider>)>,
+    extra_tools: Vec<(String, Arc<dyn ToolSource>)>,
     store: Option<Arc<dyn Store>>,
     env: EnvLookup,
 }
@@ -88,6 +92,10 @@ impl std::fmt::Debug for ServerBuilder {
             .field(
                 "extra_models",
                 &self.extra_models.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
+            .field(
+                "extra_tools",
+                &self.extra_tools.iter().map(|(n, _)| n).collect::<Vec<_>>(),
             )
             .finish_non_exhaustive()
     }
@@ -102,12 +110,36 @@ pub async fn run(
     ServerBuilder::new(config).serve(listener, shutdown).await
 }
 
+/// Starts the tool sources (MCP servers) by listing their tools once. One
+/// that fails is logged and its tools are absent; it is tried again when a
+/// session's runner is built.
+async fn start_tool_sources(toolbox: &Toolbox) {
+    if toolbox.is_empty() {
+        return;
+    }
+    let listing = toolbox.list().await;
+    let down = toolbox.unavailable();
+    for name in &down {
+        tracing::error!(
+            source = %name,
+            "MCP server / tool source failed to start; the server runs without its tools and retries when a session's runner is built"
+        );
+    }
+    tracing::info!(
+        sources = toolbox.source_names().len(),
+        unavailable = down.len(),
+        tools = listing.tools.len(),
+        "server tools listed"
+    );
+}
+
 impl ServerBuilder {
     /// A builder over `config`.
     pub fn new(config: Config) -> Self {
         Self {
             config,
             extra_models: Vec::new(),
+            extra_tools: Vec::new(),
             store: None,
             env: Arc::new(|name| std::env::var(name).ok()),
         }
@@ -120,6 +152,13 @@ impl ServerBuilder {
         provider: Arc<dyn ModelProvider>,
     ) -> Self {
         self.extra_models.push((name.into(), provider));
+        self
+    }
+
+    /// Registers a tool source whose tools are offered as `name__tool`,
+    /// beside the configured MCP servers.
+    pub fn tool_source(mut self, name: impl Into<String>, source: Arc<dyn ToolSource>) -> Self {
+        self.extra_tools.push((name.into(), source));
         self
     }
 
@@ -166,6 +205,51 @@ impl ServerBuilder {
         Ok(models)
     }
 
+    /// The configured MCP servers and the registered tool sources, under
+    /// the configured policy. Nothing is started yet.
+    fn toolbox(&self) -> Result<Toolbox, ConfigError> {
+        let t = &self.config.tools;
+        let mut toolbox = Toolbox::new();
+        toolbox.set_policy(ToolPolicy {
+            deny: t.deny.iter().cloned().collect(),
+            timeout: t.timeout,
+            timeouts: t.timeouts.clone(),
+            max_result_bytes: t.max_result_bytes,
+            max_parallel: t.max_parallel,
+        });
+        for m in &self.config.mcp_servers {
+            let target = match (&m.command, &m.url) {
+                (Some(command), _) => McpTarget::Stdio {
+                    command: command.clone(),
+                    args: m.args.clone(),
+                    env: m.env.clone(),
+                },
+                (None, url) => McpTarget::Http {
+                    url: url.clone().unwrap_or_default(),
+                    bearer: match &m.bearer_env {
+                        Some(var) => Some((self.env)(var).ok_or_else(|| {
+                            ConfigError(format!(
+                                "MCP server {:?}: environment variable {var} (bearer_env) is not set",
+                                m.name
+                            ))
+                        })?),
+                        None => None,
+                    },
+                },
+            };
+            let source = Arc::new(McpSource::new(m.name.clone(), target));
+            toolbox
+                .add_source(m.name.clone(), source)
+                .map_err(|e| ConfigError(format!("MCP server {:?}: {e}", m.name)))?;
+        }
+        for (name, source) in &self.extra_tools {
+            toolbox
+                .add_source(name.clone(), Arc::clone(source))
+                .map_err(|e| ConfigError(format!("tool source {name:?}: {e}")))?;
+        }
+        Ok(toolbox)
+    }
+
     async fn open_store(&self) -> Result<Arc<dyn Store>, ServerError> {
         if let Some(store) = &self.store {
             return Ok(Arc::clone(store));
@@ -202,6 +286,7 @@ impl ServerBuilder {
     ) -> Result<(), ServerError> {
         self.config.validate()?;
         let models = self.models()?;
+        let toolbox = Arc::new(self.toolbox()?);
         let (health, health_service) = tonic_health::server::health_reporter();
         health
             .set_service_status("", ServingStatus::NotServing)
@@ -217,7 +302,8 @@ impl ServerBuilder {
             runner_idle_timeout: self.config.runner_idle_timeout,
             ..RuntimeConfig::default()
         };
-        let runtime = Runtime::open(runtime_config, store, models).await?;
+        start_tool_sources(&toolbox).await;
+        let runtime = Runtime::open_with_tools(runtime_config, store, models, toolbox).await?;
 
         let reflection_v1 = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(agentrt_proto::FILE_DESCRIPTOR_SET)

@@ -8,6 +8,8 @@
 //! - [`model`]: the [`model::ModelProvider`] trait, the `provider/model`
 //!   registry, the echo model and the OpenAI-compatible HTTP provider.
 //! - [`runtime`]: [`Runtime`], admission, turns, the runner cache.
+//! - [`toolbox`]: server-side tools ([`toolbox::ToolSource`], MCP servers)
+//!   and the policy hooks around tool calls.
 //! - [`events`]: the typed events a turn emits.
 //! - [`hub`]: per-turn event fan-out with a bounded replay.
 //! - [`error`]: [`RuntimeError`], the one error type of the core API.
@@ -18,6 +20,7 @@ pub mod hub;
 pub mod model;
 pub mod runtime;
 pub mod store;
+pub mod toolbox;
 pub mod types;
 
 pub use error::RuntimeError;

@@ -17,6 +17,7 @@ use crate::events::{Phase, TurnEvent};
 use crate::hub::{ReplayLimits, TurnHub};
 use crate::model::{ModelProvider, Models};
 use crate::store::Store;
+use crate::toolbox::Toolbox;
 use crate::types::{
     CancelReason, ContentBlock, NewMessage, Principal, Role, ThinkingLevel, TurnRecord, TurnStatus,
     Usage,
@@ -27,6 +28,7 @@ mod control;
 mod replay;
 mod sessions;
 mod stream;
+mod toolrun;
 mod tools;
 mod turn;
 
@@ -129,8 +131,9 @@ struct RunnerKey {
     thinking: Option<ThinkingLevel>,
 }
 
-/// A session's cached, resolved model selection. A turn keeps the `Arc` it
-/// was admitted with, so replacing the cache entry never affects it.
+/// A session's cached, resolved model selection and server tools. A turn
+/// keeps the `Arc` it was admitted with, so replacing the cache entry never
+/// affects it.
 #[derive(Debug)]
 pub(crate) struct Runner {
     key: RunnerKey,
@@ -138,6 +141,10 @@ pub(crate) struct Runner {
     provider: Arc<dyn ModelProvider>,
     provider_model: String,
     last_used: Mutex<Instant>,
+    /// The toolbox's tools, listed when the runner was built.
+    tools: Vec<crate::model::ToolSpec>,
+    /// The toolbox generation of `tools`.
+    tools_generation: u64,
 }
 
 /// A turn in flight, as seen by admission, stop and watchers.
@@ -195,6 +202,7 @@ pub(crate) struct Inner {
     defaults: Mutex<Defaults>,
     pub(crate) store: Arc<dyn Store>,
     models: Models,
+    pub(crate) toolbox: Arc<Toolbox>,
     live: Mutex<HashMap<String, Arc<LiveTurn>>>,
     /// `Subscribe(wait_for_turn)` callers, told when the session's next turn
     /// is admitted.
@@ -252,11 +260,22 @@ impl Drop for BusyGuard {
 
 impl Runtime {
     /// Opens the runtime over `store`: marks turns left running by a previous
-    /// process as interrupted, then accepts turns.
+    /// process as interrupted, then accepts turns. No server tools.
     pub async fn open(
         config: RuntimeConfig,
         store: Arc<dyn Store>,
         models: Models,
+    ) -> Result<Self, RuntimeError> {
+        Self::open_with_tools(config, store, models, Arc::new(Toolbox::new())).await
+    }
+
+    /// [`Runtime::open`] with server tools: each session's runner lists the
+    /// toolbox's tools when it is built, and [`Runtime::shutdown`] closes it.
+    pub async fn open_with_tools(
+        config: RuntimeConfig,
+        store: Arc<dyn Store>,
+        models: Models,
+        toolbox: Arc<Toolbox>,
     ) -> Result<Self, RuntimeError> {
         models
             .resolve(&config.default_model)
@@ -274,6 +293,7 @@ impl Runtime {
                 config,
                 store,
                 models,
+                toolbox,
                 live: Mutex::new(HashMap::new()),
                 waiters: Mutex::new(HashMap::new()),
                 runners: Mutex::new(HashMap::new()),
@@ -286,6 +306,11 @@ impl Runtime {
         };
         admin::spawn_reaper(&runtime);
         Ok(runtime)
+    }
+
+    /// The server tools.
+    pub fn toolbox(&self) -> &Arc<Toolbox> {
+        &self.inner.toolbox
     }
 
     /// The store this runtime uses.
@@ -366,7 +391,10 @@ impl Runtime {
             model,
             thinking: input.thinking.or(defaults.thinking),
         };
-        let runner = self.runner_for(&session.id, &session.owner, key, model_field)?;
+        let runner = self
+            .runner_for(&session.id, &session.owner, key, model_field)
+            .await?;
+        let offered = toolrun::offered(&runner, input.extra_tools, &input.excluded_tools)?;
         let system_overridden = input.system_override.is_some();
         let system_prompt = input
             .system_override
@@ -446,7 +474,7 @@ impl Runtime {
             deadline: input
                 .timeout
                 .map(|t| tokio::time::Instant::from_std(admitted_at + t)),
-            tools: tools::offered(input.extra_tools, &input.excluded_tools),
+            tools: offered,
             max_steps,
             usage: Usage::default(),
         };
@@ -524,36 +552,6 @@ impl Runtime {
         }
     }
 
-    fn runner_for(
-        &self,
-        session_id: &str,
-        owner: &str,
-        key: RunnerKey,
-        model_field: &str,
-    ) -> Result<Arc<Runner>, RuntimeError> {
-        let mut runners = lock(&self.inner.runners);
-        if let Some(r) = runners.get(session_id)
-            && r.key == key
-        {
-            *lock(&r.last_used) = Instant::now();
-            return Ok(Arc::clone(r));
-        }
-        let (provider, provider_model) = self
-            .inner
-            .models
-            .resolve(&key.model)
-            .map_err(|e| RuntimeError::unknown_model(model_field, &e))?;
-        let runner = Arc::new(Runner {
-            key,
-            owner: owner.to_owned(),
-            provider,
-            provider_model,
-            last_used: Mutex::new(Instant::now()),
-        });
-        runners.insert(session_id.to_owned(), Arc::clone(&runner));
-        Ok(runner)
-    }
-
     /// Cancels the session's live turn with `reason` and waits (at most
     /// `wait`) until it has ended. `false` when nothing was live.
     pub(crate) async fn cancel_live(
@@ -603,6 +601,7 @@ impl Runtime {
                 tracing::error!("live turns did not end within the hard limit");
             }
         }
+        inner.toolbox.close().await;
         if let Err(err) = inner.store.flush().await {
             tracing::error!(error = %err, "final store flush failed");
         }

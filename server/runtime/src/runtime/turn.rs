@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 use futures::{FutureExt as _, StreamExt as _};
 use tokio::sync::mpsc;
 
+use super::toolrun::{self, Route};
 use super::tools::{self, ToolOutput};
 use super::{BusyGuard, Inner, LiveTurn, Runner};
 use crate::events::{
@@ -99,10 +100,10 @@ struct StepOutput {
 
 /// A tool call the model made in a step.
 #[derive(Debug, Clone)]
-struct ToolCallRequest {
-    id: String,
-    name: String,
-    arguments_json: String,
+pub(super) struct ToolCallRequest {
+    pub(super) id: String,
+    pub(super) name: String,
+    pub(super) arguments_json: String,
 }
 
 /// How a tool phase ended.
@@ -145,7 +146,8 @@ pub(crate) struct Turn {
     pub(crate) guard: Option<BusyGuard>,
     pub(crate) started: Instant,
     pub(crate) deadline: Option<tokio::time::Instant>,
-    /// Tools offered to the model (caller-executed).
+    /// Tools offered to the model (the runner's server tools and the
+    /// caller's).
     pub(crate) tools: Vec<crate::model::ToolSpec>,
     pub(crate) max_steps: u32,
     /// Usage summed over the turn's steps.
@@ -312,8 +314,11 @@ impl Turn {
         use futures::stream::FuturesUnordered;
 
         self.live.set_phase(Phase::Tool);
+        let toolbox = Arc::clone(&self.inner.toolbox);
+        // Server calls of this step share the parallelism limit.
+        let permits = Arc::new(toolbox.permits());
         let mut results: Vec<Option<ToolOutput>> = vec![None; calls.len()];
-        let mut waits = FuturesUnordered::new();
+        let mut waits = FuturesUnordered::<toolrun::ToolWait>::new();
         for (i, call) in calls.iter().enumerate() {
             emitter
                 .emit(EventKind::ToolUse(Box::new(ToolUse {
@@ -326,18 +331,30 @@ impl Turn {
                     content: String::new(),
                 })))
                 .await;
-            if self.tools.iter().any(|t| t.name == call.name) {
-                let rx = super::lock(&self.live.pending_tools).wait_for(&call.id);
-                emitter
-                    .emit(EventKind::ToolCall {
-                        call_id: call.id.clone(),
-                        name: call.name.clone(),
-                        arguments_json: call.arguments_json.clone(),
-                    })
-                    .await;
-                waits.push(async move { (i, rx.await) });
-            } else {
-                results[i] = Some(ToolOutput::error(format!("unknown tool {:?}", call.name)));
+            match toolrun::route(&toolbox, &self.runner, &self.tools, call).await {
+                Route::Server => waits.push(toolrun::server_call(
+                    Arc::clone(&toolbox),
+                    Arc::clone(&permits),
+                    i,
+                    call.clone(),
+                )),
+                Route::Caller(arguments_json) => {
+                    let rx = super::lock(&self.live.pending_tools).wait_for(&call.id);
+                    emitter
+                        .emit(EventKind::ToolCall {
+                            call_id: call.id.clone(),
+                            name: call.name.clone(),
+                            arguments_json,
+                        })
+                        .await;
+                    waits.push(toolrun::caller_result(
+                        Arc::clone(&toolbox),
+                        i,
+                        call.clone(),
+                        rx,
+                    ));
+                }
+                Route::Done(output) => results[i] = Some(output),
             }
         }
         let cancel = self.live.cancel.clone();
@@ -357,9 +374,7 @@ impl Turn {
                     end = ToolsEnd::TimedOut;
                     break;
                 }
-                Some((i, result)) = waits.next() => {
-                    results[i] = Some(result.unwrap_or_else(|_| ToolOutput::error("the tool call was abandoned")));
-                }
+                Some((i, output)) = waits.next() => results[i] = Some(output),
                 () = tokio::time::sleep_until(emitter.heartbeat_due()) => {
                     let waiting = calls
                         .iter()
@@ -370,6 +385,8 @@ impl Turn {
                 }
             }
         }
+        // Dropping unfinished server calls cancels them (MCP sends
+        // `notifications/cancelled`).
         drop(waits);
         super::lock(&self.live.pending_tools).clear();
         let missing = match end {

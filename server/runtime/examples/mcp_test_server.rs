@@ -1,0 +1,140 @@
+//! A tiny stdio MCP server for agentrt's tests, built with rmcp. `cargo
+//! test` builds it as an example of agentrt-runtime; the end-to-end tests
+//! find it in `target/<profile>/examples/`.
+//!
+//! Tools: `echo(text)` returns `text`; `slow(ms)` sleeps `ms` milliseconds
+//! unless the call is cancelled first; `fail()` returns an error result.
+//!
+//! With `MCP_TEST_RECORD` naming a file (or a FIFO), it appends one line per
+//! event there: `ready <pid>` at start, `slow started`, `slow cancelled`
+//! when the sleeping call sees its cancellation, and `cancelled <reason>`
+//! for each `notifications/cancelled` received.
+
+use std::io::Write as _;
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelledNotificationParam,
+    ContentBlock, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt as _};
+use serde_json::{Value, json};
+
+fn record(line: &str) {
+    let Ok(path) = std::env::var("MCP_TEST_RECORD") else {
+        return;
+    };
+    let file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&path);
+    match file {
+        Ok(mut f) => {
+            let _ = f.write_all(format!("{line}\n").as_bytes());
+        }
+        Err(e) => eprintln!("mcp_test_server: cannot record to {path}: {e}"),
+    }
+}
+
+fn schema(value: Value) -> serde_json::Map<String, Value> {
+    match value {
+        Value::Object(map) => map,
+        _ => unreachable!("schemas are objects"),
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct TestTools;
+
+impl ServerHandler for TestTools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(vec![
+            Tool::new(
+                "echo",
+                "Returns its text",
+                schema(json!({
+                    "type": "object",
+                    "properties": {"text": {"type": "string"}},
+                    "required": ["text"]
+                })),
+            ),
+            Tool::new(
+                "slow",
+                "Sleeps for ms milliseconds",
+                schema(json!({
+                    "type": "object",
+                    "properties": {"ms": {"type": "integer"}},
+                    "required": ["ms"]
+                })),
+            ),
+            Tool::new(
+                "fail",
+                "Always fails",
+                schema(json!({"type": "object", "properties": {}})),
+            ),
+        ]))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let args = request.arguments.unwrap_or_default();
+        let result = match request.name.as_ref() {
+            "echo" => {
+                let text = args.get("text").and_then(Value::as_str).unwrap_or_default();
+                CallToolResult::success(vec![ContentBlock::text(text)])
+            }
+            "slow" => {
+                let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(0);
+                record("slow started");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(ms)) => {
+                        CallToolResult::success(vec![ContentBlock::text(format!("slept {ms} ms"))])
+                    }
+                    () = context.ct.cancelled() => {
+                        record("slow cancelled");
+                        return Err(ErrorData::internal_error("cancelled", None));
+                    }
+                }
+            }
+            "fail" => CallToolResult::error(vec![ContentBlock::text("the fail tool failed")]),
+            other => {
+                return Err(ErrorData::invalid_params(
+                    format!("no tool named {other}"),
+                    None,
+                ));
+            }
+        };
+        Ok(result.into())
+    }
+
+    async fn on_cancelled(
+        &self,
+        notification: CancelledNotificationParam,
+        _context: NotificationContext<RoleServer>,
+    ) {
+        record(&format!(
+            "cancelled {}",
+            notification.reason.unwrap_or_default()
+        ));
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    record(&format!("ready {}", std::process::id()));
+    let running = TestTools.serve(rmcp::transport::stdio()).await?;
+    running.waiting().await?;
+    Ok(())
+}

@@ -1,0 +1,170 @@
+//! Server tools inside the runtime: a session's runner lists the toolbox's
+//! tools when it is built, admission merges them with the call's own tools,
+//! and the tool phase routes each call to the toolbox or to the caller,
+//! through the toolbox's hooks either way.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tokio::sync::{Semaphore, oneshot};
+
+use super::tools::ToolOutput;
+use super::turn::ToolCallRequest;
+use super::{Runner, RunnerKey, Runtime, lock};
+use crate::error::{FieldViolation, RuntimeError};
+use crate::model::ToolSpec;
+use crate::toolbox::{ToolCallInfo, ToolKind, ToolOutcome, Toolbox};
+
+impl Runtime {
+    /// The session's cached runner, or a new one when the model selection
+    /// changed or the toolbox's tools did (a new runner lists them again,
+    /// which also reconnects sources that lost their connection).
+    pub(super) async fn runner_for(
+        &self,
+        session_id: &str,
+        owner: &str,
+        key: RunnerKey,
+        model_field: &str,
+    ) -> Result<Arc<Runner>, RuntimeError> {
+        let toolbox = &self.inner.toolbox;
+        if let Some(r) = lock(&self.inner.runners).get(session_id)
+            && r.key == key
+            && !toolbox.is_stale(r.tools_generation)
+        {
+            *lock(&r.last_used) = Instant::now();
+            return Ok(Arc::clone(r));
+        }
+        let (provider, provider_model) = self
+            .inner
+            .models
+            .resolve(&key.model)
+            .map_err(|e| RuntimeError::unknown_model(model_field, &e))?;
+        let listing = if toolbox.is_empty() {
+            crate::toolbox::Listing::default()
+        } else {
+            toolbox.list().await
+        };
+        let runner = Arc::new(Runner {
+            key,
+            owner: owner.to_owned(),
+            provider,
+            provider_model,
+            last_used: Mutex::new(Instant::now()),
+            tools: listing.tools,
+            tools_generation: listing.generation,
+        });
+        lock(&self.inner.runners).insert(session_id.to_owned(), Arc::clone(&runner));
+        Ok(runner)
+    }
+}
+
+/// The tools offered to the model for one call: the runner's server tools
+/// and the caller's, minus the excluded names. A caller tool may not take
+/// a server tool's name.
+pub(super) fn offered(
+    runner: &Runner,
+    extra: Vec<ToolSpec>,
+    excluded: &[String],
+) -> Result<Vec<ToolSpec>, RuntimeError> {
+    let violations: Vec<_> = extra
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| runner.tools.iter().any(|s| s.name == t.name))
+        .map(|(i, t)| {
+            FieldViolation::new(
+                format!("extra_tools[{i}].name"),
+                format!("{:?} is the name of a server tool", t.name),
+            )
+        })
+        .collect();
+    if !violations.is_empty() {
+        return Err(RuntimeError::InvalidArgument(violations));
+    }
+    let all = runner.tools.iter().cloned().chain(extra).collect();
+    Ok(super::tools::offered(all, excluded))
+}
+
+/// Where a tool call goes.
+pub(super) enum Route {
+    /// To the toolbox (hooks and limits applied there).
+    Server,
+    /// To the caller, with these arguments (after the hooks).
+    Caller(String),
+    /// Nowhere: this is its result (denied, or not an offered tool).
+    Done(ToolOutput),
+}
+
+/// A tool call in flight: its index in the step and its result.
+pub(super) type ToolWait = Pin<Box<dyn Future<Output = (usize, ToolOutput)> + Send>>;
+
+fn info<'a>(call: &'a ToolCallRequest, kind: ToolKind) -> ToolCallInfo<'a> {
+    ToolCallInfo {
+        call_id: &call.id,
+        name: &call.name,
+        arguments_json: &call.arguments_json,
+        kind,
+    }
+}
+
+fn output(outcome: ToolOutcome) -> ToolOutput {
+    ToolOutput {
+        content: outcome.content,
+        is_error: outcome.is_error,
+    }
+}
+
+/// Decides where `call` goes; for caller tools the before-call hooks run
+/// here, so a denied call is never announced.
+pub(super) async fn route(
+    toolbox: &Toolbox,
+    runner: &Runner,
+    offered: &[ToolSpec],
+    call: &ToolCallRequest,
+) -> Route {
+    if !offered.iter().any(|t| t.name == call.name) {
+        return Route::Done(ToolOutput::error(format!("unknown tool {:?}", call.name)));
+    }
+    if runner.tools.iter().any(|t| t.name == call.name) {
+        return Route::Server;
+    }
+    let info = info(call, ToolKind::Caller);
+    match toolbox.before(info).await {
+        Ok(arguments) => Route::Caller(arguments),
+        Err(denied) => Route::Done(output(toolbox.after(info, denied).await)),
+    }
+}
+
+/// Runs a server tool call; dropping the future cancels it.
+pub(super) fn server_call(
+    toolbox: Arc<Toolbox>,
+    permits: Arc<Semaphore>,
+    index: usize,
+    call: ToolCallRequest,
+) -> ToolWait {
+    Box::pin(async move {
+        let outcome = toolbox.run(info(&call, ToolKind::Server), &permits).await;
+        (index, output(outcome))
+    })
+}
+
+/// Waits for a caller tool's result and runs the after-call hooks on it.
+pub(super) fn caller_result(
+    toolbox: Arc<Toolbox>,
+    index: usize,
+    call: ToolCallRequest,
+    rx: oneshot::Receiver<ToolOutput>,
+) -> ToolWait {
+    Box::pin(async move {
+        let outcome = match rx.await {
+            Ok(o) => ToolOutcome {
+                content: o.content,
+                is_error: o.is_error,
+            },
+            Err(_) => ToolOutcome::error("the tool call was abandoned"),
+        };
+        let outcome = toolbox.after(info(&call, ToolKind::Caller), outcome).await;
+        (index, output(outcome))
+    })
+}

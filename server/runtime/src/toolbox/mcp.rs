@@ -1,0 +1,296 @@
+//! [`McpSource`]: the tools of one MCP server, through the official SDK
+//! (`rmcp`): a stdio child process or a streamable HTTP endpoint.
+//!
+//! The connection is made when the tools are first listed and remade by a
+//! later listing once it is lost (the child is restarted). A call never
+//! reconnects: with the server gone it is an error result. Dropping a call
+//! sends `notifications/cancelled` for its request (rmcp does so for every
+//! abandoned request). Dropping the source closes the connection and kills
+//! the child.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, ResourceContents};
+use rmcp::service::{RoleClient, RunningService};
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{Peer, ServiceError, ServiceExt as _};
+
+use super::{ToolError, ToolOutcome, ToolSource};
+use crate::model::ToolSpec;
+
+/// How to reach an MCP server.
+#[derive(Clone, PartialEq, Eq)]
+pub enum McpTarget {
+    /// A child process speaking MCP on its stdin/stdout.
+    Stdio {
+        /// The program.
+        command: String,
+        /// Its arguments.
+        args: Vec<String>,
+        /// Variables added to the server's environment.
+        env: BTreeMap<String, String>,
+    },
+    /// A streamable HTTP endpoint.
+    Http {
+        /// The endpoint URL.
+        url: String,
+        /// Sent as `Authorization: Bearer …` when set.
+        bearer: Option<String>,
+    },
+}
+
+impl fmt::Debug for McpTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Stdio { command, args, env } => f
+                .debug_struct("Stdio")
+                .field("command", command)
+                .field("args", args)
+                .field("env", &env.keys().collect::<Vec<_>>())
+                .finish(),
+            Self::Http { url, bearer } => f
+                .debug_struct("Http")
+                .field("url", url)
+                .field("bearer", &bearer.as_ref().map(|_| "<redacted>"))
+                .finish(),
+        }
+    }
+}
+
+type Connection = RunningService<RoleClient, ()>;
+
+/// One MCP server as a [`ToolSource`].
+pub struct McpSource {
+    name: String,
+    target: McpTarget,
+    /// Bounds connecting plus listing.
+    list_timeout: Duration,
+    /// After a failed connection attempt, listings fail at once for this
+    /// long instead of trying again.
+    retry_after: Duration,
+    /// Owns the connection (and the child); serialises (re)connecting.
+    connection: tokio::sync::Mutex<Option<Connection>>,
+    /// The connection's peer, for calls (which never wait for a reconnect).
+    peer: Mutex<Option<Peer<RoleClient>>>,
+    last_failure: Mutex<Option<(tokio::time::Instant, ToolError)>>,
+}
+
+impl fmt::Debug for McpSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("McpSource")
+            .field("name", &self.name)
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl McpSource {
+    /// A source for the server `name` (used in messages) at `target`.
+    /// Nothing is started until the first listing.
+    pub fn new(name: impl Into<String>, target: McpTarget) -> Self {
+        Self {
+            name: name.into(),
+            target,
+            list_timeout: Duration::from_secs(10),
+            retry_after: Duration::from_secs(30),
+            connection: tokio::sync::Mutex::new(None),
+            peer: Mutex::new(None),
+            last_failure: Mutex::new(None),
+        }
+    }
+
+    /// Changes how long connecting and listing may take (default 10 s).
+    pub fn with_list_timeout(mut self, timeout: Duration) -> Self {
+        self.list_timeout = timeout;
+        self
+    }
+
+    /// Changes how long a failed start is remembered (default 30 s).
+    pub fn with_retry_after(mut self, retry_after: Duration) -> Self {
+        self.retry_after = retry_after;
+        self
+    }
+
+    async fn connect(&self) -> Result<Connection, ToolError> {
+        let unavailable = |what: String| ToolError::Unavailable(what);
+        match &self.target {
+            McpTarget::Stdio { command, args, env } => {
+                let mut cmd = tokio::process::Command::new(command);
+                cmd.args(args).envs(env).kill_on_drop(true);
+                let transport = TokioChildProcess::new(cmd)
+                    .map_err(|e| unavailable(format!("cannot start {command:?}: {e}")))?;
+                ().serve(transport)
+                    .await
+                    .map_err(|e| unavailable(format!("MCP initialization failed: {e}")))
+            }
+            McpTarget::Http { url, bearer } => {
+                let mut config = rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+                    url.as_str(),
+                );
+                if let Some(token) = bearer {
+                    config = config.auth_header(token.clone());
+                }
+                let transport = StreamableHttpClientTransport::from_config(config);
+                ().serve(transport)
+                    .await
+                    .map_err(|e| unavailable(format!("MCP initialization with {url} failed: {e}")))
+            }
+        }
+    }
+
+    async fn connect_and_list(
+        &self,
+        slot: &mut Option<Connection>,
+    ) -> Result<Vec<rmcp::model::Tool>, ToolError> {
+        let alive = slot.as_ref().is_some_and(|c| !c.is_transport_closed());
+        if !alive {
+            self.disconnect(slot);
+            if let Some((at, why)) = lock(&self.last_failure).clone()
+                && at.elapsed() < self.retry_after
+            {
+                return Err(why);
+            }
+            let connection = self.connect().await.inspect_err(|e| {
+                *lock(&self.last_failure) = Some((tokio::time::Instant::now(), e.clone()));
+            })?;
+            *lock(&self.last_failure) = None;
+            *lock(&self.peer) = Some(connection.peer().clone());
+            *slot = Some(connection);
+            tracing::info!(server = %self.name, "MCP server connected");
+        }
+        let Some(connection) = slot.as_ref() else {
+            return Err(ToolError::Unavailable("not connected".to_owned()));
+        };
+        connection
+            .list_all_tools()
+            .await
+            .map_err(|e| ToolError::Protocol(format!("tools/list failed: {e}")))
+    }
+
+    fn disconnect(&self, slot: &mut Option<Connection>) {
+        *lock(&self.peer) = None;
+        // Dropping the service closes the transport, which kills the child.
+        slot.take();
+    }
+}
+
+#[async_trait]
+impl ToolSource for McpSource {
+    async fn list(&self) -> Result<Vec<ToolSpec>, ToolError> {
+        let mut slot = self.connection.lock().await;
+        let listed = tokio::time::timeout(self.list_timeout, self.connect_and_list(&mut slot))
+            .await
+            .unwrap_or_else(|_| {
+                let err = ToolError::Unavailable(format!(
+                    "no tool list within {}",
+                    super::hooks::show_duration(self.list_timeout)
+                ));
+                // A hung server is not asked again at once either.
+                *lock(&self.last_failure) = Some((tokio::time::Instant::now(), err.clone()));
+                Err(err)
+            });
+        match listed {
+            Ok(tools) => Ok(tools.into_iter().map(spec).collect()),
+            Err(err) => {
+                self.disconnect(&mut slot);
+                Err(err)
+            }
+        }
+    }
+
+    async fn call(&self, name: &str, arguments_json: &str) -> ToolOutcome {
+        let peer = lock(&self.peer).clone();
+        let Some(peer) = peer.filter(|p| !p.is_transport_closed()) else {
+            return ToolOutcome::error(format!(
+                "the MCP server {:?} is not connected; the call was not made",
+                self.name
+            ));
+        };
+        let arguments = if arguments_json.trim().is_empty() {
+            serde_json::Map::new()
+        } else {
+            match serde_json::from_str::<serde_json::Value>(arguments_json) {
+                Ok(serde_json::Value::Object(map)) => map,
+                _ => {
+                    return ToolOutcome::error("the tool arguments must be a JSON object");
+                }
+            }
+        };
+        let request = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
+        match peer.call_tool(request).await {
+            Ok(result) => render(result),
+            Err(ServiceError::McpError(e)) => ToolOutcome::error(format!(
+                "the MCP server {:?} returned an error: {}",
+                self.name, e.message
+            )),
+            Err(ServiceError::TransportClosed | ServiceError::TransportSend(_)) => {
+                ToolOutcome::error(format!(
+                    "the MCP server {:?} closed the connection (it may have crashed) before answering",
+                    self.name
+                ))
+            }
+            Err(other) => ToolOutcome::error(format!(
+                "the call to the MCP server {:?} failed: {other}",
+                self.name
+            )),
+        }
+    }
+
+    fn needs_refresh(&self) -> bool {
+        lock(&self.peer)
+            .as_ref()
+            .is_none_or(|p| p.is_transport_closed())
+    }
+
+    async fn close(&self) {
+        let connection = self.connection.lock().await.take();
+        *lock(&self.peer) = None;
+        if let Some(mut connection) = connection {
+            let _ = connection.close_with_timeout(Duration::from_secs(2)).await;
+        }
+    }
+}
+
+fn spec(tool: rmcp::model::Tool) -> ToolSpec {
+    ToolSpec {
+        name: tool.name.into_owned(),
+        description: tool.description.map(|d| d.into_owned()).unwrap_or_default(),
+        parameters: serde_json::Value::Object((*tool.input_schema).clone()),
+    }
+}
+
+/// Joins the text parts; other parts are summarised (`[image]`).
+pub(crate) fn render(result: CallToolResult) -> ToolOutcome {
+    let mut parts = Vec::with_capacity(result.content.len());
+    for block in &result.content {
+        parts.push(match block {
+            ContentBlock::Text(t) => t.text.clone(),
+            ContentBlock::Image(_) => "[image]".to_owned(),
+            ContentBlock::Audio(_) => "[audio]".to_owned(),
+            ContentBlock::Resource(r) => match &r.resource {
+                ResourceContents::TextResourceContents { text, .. } => text.clone(),
+                ResourceContents::BlobResourceContents { uri, .. } => format!("[resource {uri}]"),
+                _ => "[resource]".to_owned(),
+            },
+            ContentBlock::ResourceLink(link) => format!("[resource link {}]", link.uri),
+            _ => "[content]".to_owned(),
+        });
+    }
+    if parts.is_empty()
+        && let Some(structured) = &result.structured_content
+    {
+        parts.push(structured.to_string());
+    }
+    ToolOutcome {
+        content: parts.join("\n"),
+        is_error: result.is_error.unwrap_or(false),
+    }
+}

@@ -1,0 +1,242 @@
+//! The `[[mcp_servers]]` entries and the `[tools]` policy table.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{Config, ConfigError, parse_duration};
+
+/// One `[[mcp_servers]]` entry: an MCP server whose tools are offered as
+/// `name__tool`. Exactly one of `command` (a stdio child process) and `url`
+/// (a streamable HTTP endpoint).
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerConfig {
+    /// The namespace of its tools: 1-32 characters of `a-z 0-9 _ -`,
+    /// without `__`, not ending in `_`; unique.
+    pub name: String,
+    /// Program to start (stdio transport).
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Variables added to its environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Streamable HTTP endpoint.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Environment variable holding a bearer token for `url` (optional).
+    #[serde(default)]
+    pub bearer_env: Option<String>,
+}
+
+impl std::fmt::Debug for McpServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpServerConfig")
+            .field("name", &self.name)
+            .field("command", &self.command)
+            .field("args", &self.args)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("url", &self.url)
+            .field("bearer_env", &self.bearer_env)
+            .finish()
+    }
+}
+
+/// The `[tools]` table: the policy applied to tool calls.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ToolsConfig {
+    /// Tool names (as the model sees them, e.g. `files__delete`) never run;
+    /// the model receives a denial as the result.
+    pub deny: Vec<String>,
+    /// Longest a server tool call may take. Default 60 s.
+    #[serde(deserialize_with = "de_duration_value")]
+    pub timeout: Duration,
+    /// Per-tool overrides of `timeout`, e.g. `{ "search__web" = "2m" }`.
+    #[serde(deserialize_with = "de_duration_map")]
+    pub timeouts: BTreeMap<String, Duration>,
+    /// Longest tool result in bytes; longer ones are cut and marked.
+    /// Default 65536.
+    pub max_result_bytes: usize,
+    /// Most server tool calls of one step running at once. Default 4.
+    pub max_parallel: usize,
+}
+
+impl Default for ToolsConfig {
+    fn default() -> Self {
+        Self {
+            deny: Vec::new(),
+            timeout: Duration::from_secs(60),
+            timeouts: BTreeMap::new(),
+            max_result_bytes: 64 << 10,
+            max_parallel: 4,
+        }
+    }
+}
+
+impl McpServerConfig {
+    fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        let fail = |what: &str| Err(ConfigError(format!("{at}: {what}")));
+        if !agentrt_runtime::toolbox::valid_source_name(&self.name) {
+            return fail(
+                "name must be 1-32 characters of a-z 0-9 _ -, without \"__\" and not ending \
+                 in '_' (it prefixes the server's tool names as name__tool)",
+            );
+        }
+        match (&self.command, &self.url) {
+            (Some(_), Some(_)) | (None, None) => fail(
+                "set exactly one of command (a stdio server) and url (a streamable HTTP server)",
+            ),
+            (Some(command), None) if command.trim().is_empty() => fail("command is empty"),
+            (Some(_), None) if self.bearer_env.is_some() => {
+                fail("bearer_env applies to url servers only")
+            }
+            (None, Some(url)) if !(url.starts_with("http://") || url.starts_with("https://")) => {
+                fail("url must start with http:// or https://")
+            }
+            (None, Some(_)) if !self.args.is_empty() || !self.env.is_empty() => {
+                fail("args and env apply to command servers only")
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Config {
+    /// Checks `[[mcp_servers]]` and `[tools]`.
+    pub(super) fn validate_tools(&self) -> Result<(), ConfigError> {
+        let mut names = std::collections::BTreeSet::new();
+        for (i, m) in self.mcp_servers.iter().enumerate() {
+            let at = format!("mcp_servers[{i}] ({:?})", m.name);
+            m.validate(&at)?;
+            if !names.insert(m.name.as_str()) {
+                return Err(ConfigError(format!(
+                    "{at}: an MCP server of that name is configured twice"
+                )));
+            }
+        }
+        let t = &self.tools;
+        if t.timeout.is_zero() || t.timeouts.values().any(Duration::is_zero) {
+            return Err(ConfigError(
+                "tools.timeout and tools.timeouts must be positive".to_owned(),
+            ));
+        }
+        if t.max_parallel == 0 || t.max_result_bytes == 0 {
+            return Err(ConfigError(
+                "tools.max_parallel and tools.max_result_bytes must be at least 1".to_owned(),
+            ));
+        }
+        if t.deny.iter().any(String::is_empty) {
+            return Err(ConfigError(
+                "tools.deny holds an empty tool name".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn de_duration_value<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    parse_duration(&text).map_err(serde::de::Error::custom)
+}
+
+fn de_duration_map<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, Duration>, D::Error> {
+    BTreeMap::<String, String>::deserialize(d)?
+        .into_iter()
+        .map(|(name, text)| {
+            parse_duration(&text)
+                .map(|t| (name, t))
+                .map_err(serde::de::Error::custom)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mcp_servers_and_the_tool_policy_parse() {
+        let c = Config::parse_toml(
+            r#"
+[[mcp_servers]]
+name = "files"
+command = "mcp-files"
+args = ["--root", "/srv"]
+env = { TOKEN = "s3cret" }
+
+[[mcp_servers]]
+name = "search"
+url = "https://mcp.example.invalid/mcp"
+bearer_env = "SEARCH_TOKEN"
+
+[tools]
+deny = ["files__delete"]
+timeout = "30s"
+timeouts = { "search__web" = "2m" }
+max_result_bytes = 1000
+max_parallel = 2
+"#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.mcp_servers[0].args, ["--root", "/srv"]);
+        assert_eq!(c.mcp_servers[1].bearer_env.as_deref(), Some("SEARCH_TOKEN"));
+        assert_eq!(c.tools.deny, ["files__delete"]);
+        assert_eq!(c.tools.timeout, Duration::from_secs(30));
+        assert_eq!(c.tools.timeouts["search__web"], Duration::from_secs(120));
+        assert_eq!((c.tools.max_result_bytes, c.tools.max_parallel), (1000, 2));
+        assert!(!format!("{c:?}").contains("s3cret"));
+        let defaults = Config::parse_toml("").unwrap().tools;
+        assert_eq!(defaults, ToolsConfig::default());
+        assert_eq!(defaults.timeout, Duration::from_secs(60));
+        assert_eq!(
+            (defaults.max_result_bytes, defaults.max_parallel),
+            (65536, 4)
+        );
+    }
+
+    #[test]
+    fn bad_mcp_servers_are_refused_with_clear_messages() {
+        let check = |toml: &str, expected: &str| {
+            let err = Config::parse_toml(toml)
+                .and_then(|c| c.validate())
+                .unwrap_err()
+                .0;
+            assert!(err.contains(expected), "{toml}: {err}");
+        };
+        let server = |body: &str| format!("[[mcp_servers]]\nname = \"x\"\n{body}\n");
+        check(&server(""), "exactly one of command");
+        check(
+            &server("command = \"a\"\nurl = \"http://h\""),
+            "exactly one of command",
+        );
+        check(
+            "[[mcp_servers]]\nname = \"Bad__Name\"\ncommand = \"a\"",
+            "name must be",
+        );
+        check(
+            &(server("command = \"a\"") + &server("command = \"b\"")),
+            "configured twice",
+        );
+        check(&server("url = \"ftp://h\""), "http://");
+        check(
+            &server("command = \"a\"\nbearer_env = \"T\""),
+            "url servers only",
+        );
+        check(
+            &server("url = \"http://h\"\nargs = [\"x\"]"),
+            "command servers only",
+        );
+        check(&server("command = \" \""), "command is empty");
+        check("[tools]\nmax_parallel = 0", "at least 1");
+        check("[tools]\ntimeout = \"0s\"", "positive");
+        check("[tools]\ndenny = []", "unknown field");
+    }
+}

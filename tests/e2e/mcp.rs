@@ -1,0 +1,431 @@
+//! Server tools from an MCP server: the stdio test server of
+//! `server/runtime/examples/mcp_test_server.rs` (rmcp), configured as
+//! `[[mcp_servers]] name = "test"`, against the scripted OpenAI fake.
+//!
+//! The MCP server reports what it sees (start, cancellations) by appending
+//! lines to `MCP_TEST_RECORD`, here a FIFO the test reads: no polling.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use agentrt_client::{ChatEvent, Error, Event, proto};
+use agentrt_runtime::model::fake_openai::{
+    FakeOpenAi, FakeReply, finish_chunk, sse_data, text_chunk,
+};
+use agentrt_server::Config;
+use agentrt_server::config::McpServerConfig;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt as _, BufReader, Lines};
+use tokio::net::unix::pipe;
+use tonic::Code;
+
+use super::harness::{
+    Providers, TestServer, base_config, message_text, mock_provider, new_session, text_request,
+};
+
+/// Failure guard for every wait.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The test MCP server. `cargo test` builds the examples of the workspace
+/// next to the test binaries (`target/<profile>/examples`); a run that did
+/// not (e.g. `cargo test --test e2e`) builds it here.
+fn mcp_test_server() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let profile = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target/<profile>/deps");
+        let name = format!("mcp_test_server{}", std::env::consts::EXE_SUFFIX);
+        let path = profile.join("examples").join(name);
+        if !path.exists() {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+            let mut build = std::process::Command::new(cargo);
+            build.args([
+                "build",
+                "-p",
+                "agentrt-runtime",
+                "--example",
+                "mcp_test_server",
+            ]);
+            if profile.file_name().is_some_and(|p| p == "release") {
+                build.arg("--release");
+            }
+            let status = build.status().expect("running cargo build");
+            assert!(status.success(), "building the MCP test server failed");
+        }
+        path
+    })
+}
+
+/// The lines the MCP server records, read from a FIFO.
+struct Record {
+    path: PathBuf,
+    lines: Lines<BufReader<pipe::Receiver>>,
+}
+
+impl Record {
+    fn new(dir: &Path) -> Self {
+        let path = dir.join("mcp-record");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .expect("running mkfifo");
+        assert!(made.success());
+        // Read-write, so it neither sees EOF between writers nor makes
+        // their opens wait.
+        let rx = pipe::OpenOptions::new()
+            .read_write(true)
+            .open_receiver(&path)
+            .unwrap();
+        Self {
+            path,
+            lines: BufReader::new(rx).lines(),
+        }
+    }
+
+    /// Reads lines until one starts with `prefix`; returns it.
+    async fn until(&mut self, prefix: &str) -> String {
+        self.until_all(&[prefix]).await.remove(0)
+    }
+
+    /// Reads lines until, for each prefix, one started with it (in any
+    /// order); returns them in the order of `prefixes`.
+    async fn until_all(&mut self, prefixes: &[&str]) -> Vec<String> {
+        let mut found: Vec<Option<String>> = vec![None; prefixes.len()];
+        let read = async {
+            while found.iter().any(Option::is_none) {
+                let line = self.lines.next_line().await.unwrap().unwrap();
+                if let Some(i) = prefixes.iter().position(|p| line.starts_with(p)) {
+                    found[i].get_or_insert(line);
+                }
+            }
+        };
+        if tokio::time::timeout(WAIT, read).await.is_err() {
+            panic!("the MCP server never recorded all of {prefixes:?}: {found:?}");
+        }
+        found.into_iter().flatten().collect()
+    }
+}
+
+fn config(dir: &Path, fake: &FakeOpenAi, record: &Record) -> Config {
+    let mut config = base_config(dir);
+    config.default_model = "mock/m".into();
+    config.providers.push(mock_provider(fake, None));
+    config.mcp_servers.push(McpServerConfig {
+        name: "test".into(),
+        command: Some(mcp_test_server().display().to_string()),
+        env: [(
+            "MCP_TEST_RECORD".to_owned(),
+            record.path.display().to_string(),
+        )]
+        .into(),
+        ..McpServerConfig::default()
+    });
+    config
+}
+
+/// One streamed tool-call fragment carrying a whole call.
+fn call_chunk(index: usize, id: &str, name: &str, arguments: &Value) -> Vec<u8> {
+    let call = json!({
+        "index": index, "id": id, "type": "function",
+        "function": {"name": name, "arguments": arguments.to_string()}
+    });
+    sse_data(&json!({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}))
+}
+
+/// A model step that calls the tools `(id, name, arguments)`.
+fn calls(list: &[(&str, &str, Value)]) -> FakeReply {
+    let mut chunks: Vec<_> = list
+        .iter()
+        .enumerate()
+        .map(|(i, (id, name, args))| call_chunk(i, id, name, args))
+        .collect();
+    chunks.push(finish_chunk("tool_calls"));
+    FakeReply::sse(chunks)
+}
+
+fn answer(text: &str) -> FakeReply {
+    FakeReply::sse(vec![text_chunk(text), finish_chunk("stop")])
+}
+
+/// The final `tool_use` event of `call_id`: (status, content).
+fn tool_end(events: &[Event], call_id: &str) -> (proto::ToolStatus, String) {
+    events
+        .iter()
+        .rev()
+        .find_map(|e| match &e.kind {
+            ChatEvent::ToolUse(t) if t.call_id == call_id => Some((t.status(), t.content.clone())),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no tool_use event for {call_id}"))
+}
+
+/// The `tool` messages of a recorded model request: (call id, content).
+fn tool_messages(body: &Value) -> Vec<(String, String)> {
+    body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            (
+                m["tool_call_id"].as_str().unwrap().to_owned(),
+                m["content"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn offered(body: &Value) -> Vec<String> {
+    body["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .map(|t| t["function"]["name"].as_str().unwrap().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn tool_result(m: &proto::Message) -> proto::ToolResultBlock {
+    match &m.content[0].block {
+        Some(proto::content_block::Block::ToolResult(r)) => r.clone(),
+        other => panic!("not a tool result: {other:?}"),
+    }
+}
+
+async fn finish(chat: agentrt_client::EventStream) -> agentrt_client::TurnSummary {
+    tokio::time::timeout(WAIT, chat.finish())
+        .await
+        .expect("the turn ended")
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_mcp_tool_is_discovered_and_called_and_its_result_reaches_the_model() {
+    let fake = FakeOpenAi::start(vec![
+        calls(&[
+            ("call_1", "test__echo", json!({"text": "hello from mcp"})),
+            ("call_2", "test__fail", json!({})),
+        ]),
+        answer("done"),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut record = Record::new(dir.path());
+    let server =
+        TestServer::start_with(config(dir.path(), &fake, &record), &Providers::default()).await;
+    record.until("ready ").await;
+    let client = server.client().await;
+    let session = new_session(&client).await;
+
+    let chat = client.chat(&session, "use the tools").await.unwrap();
+    let summary = finish(chat).await;
+    assert_eq!(summary.outcome, Some(proto::TurnOutcome::Success));
+    let events = &summary.events;
+    assert_eq!(
+        tool_end(events, "call_1"),
+        (proto::ToolStatus::Done, "hello from mcp".to_owned())
+    );
+    assert_eq!(
+        tool_end(events, "call_2"),
+        (proto::ToolStatus::Error, "the fail tool failed".to_owned())
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e.kind, ChatEvent::ToolCall { .. })),
+        "server tools are not handed to the caller"
+    );
+
+    let requests = fake.requests();
+    assert_eq!(
+        offered(&requests[0].body),
+        ["test__echo", "test__slow", "test__fail"]
+    );
+    let echo = &requests[0].body["tools"][0]["function"];
+    assert_eq!(echo["description"], "Returns its text");
+    assert_eq!(echo["parameters"]["required"], json!(["text"]));
+    let results = tool_messages(&requests[1].body);
+    assert_eq!(results[0], ("call_1".into(), "hello from mcp".into()));
+    assert_eq!(results[1].0, "call_2");
+    assert!(results[1].1.contains("the fail tool failed"), "{results:?}");
+
+    let history = client.history(&session).await.unwrap();
+    let roles: Vec<_> = history.iter().map(|m| m.role()).collect();
+    assert_eq!(
+        roles,
+        [
+            proto::Role::User,
+            proto::Role::Assistant,
+            proto::Role::Tool,
+            proto::Role::Tool,
+            proto::Role::Assistant
+        ]
+    );
+    assert!(!tool_result(&history[2]).is_error);
+    assert!(tool_result(&history[3]).is_error);
+    assert_eq!(message_text(&history[4]), "done");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn stop_during_a_slow_mcp_call_cancels_it_on_the_mcp_server() {
+    let fake = FakeOpenAi::start(vec![calls(&[(
+        "call_1",
+        "test__slow",
+        json!({"ms": 600_000}),
+    )])])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut record = Record::new(dir.path());
+    let server =
+        TestServer::start_with(config(dir.path(), &fake, &record), &Providers::default()).await;
+    let client = server.client().await;
+    let session = new_session(&client).await;
+
+    let chat = client.chat(&session, "be slow").await.unwrap();
+    record.until("slow started").await;
+    assert_eq!(client.session_status(&session).await.unwrap().phase, "tool");
+    assert!(client.stop_session(&session).await.unwrap());
+    let summary = finish(chat).await;
+    assert_eq!(summary.outcome, Some(proto::TurnOutcome::Canceled));
+    // The MCP server got `notifications/cancelled` and the call saw it.
+    let seen = record.until_all(&["cancelled ", "slow cancelled"]).await;
+    assert!(seen[0].contains("abandoned"), "{seen:?}");
+
+    let history = client.history(&session).await.unwrap();
+    assert_eq!(
+        history.len(),
+        3,
+        "user, assistant with the call, its result"
+    );
+    let result = tool_result(&history[2]);
+    assert_eq!(result.call_id, "call_1");
+    assert!(
+        result.is_error && result.content.contains("cancelled"),
+        "{result:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_killed_mcp_server_gives_an_error_result_and_is_restarted_later() {
+    let fake = FakeOpenAi::start(vec![
+        calls(&[("call_1", "test__slow", json!({"ms": 600_000}))]),
+        answer("carried on"),
+        calls(&[("call_2", "test__echo", json!({"text": "back again"}))]),
+        answer("ok"),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut record = Record::new(dir.path());
+    let server =
+        TestServer::start_with(config(dir.path(), &fake, &record), &Providers::default()).await;
+    let ready = record.until("ready ").await;
+    let pid = ready.trim_start_matches("ready ").to_owned();
+    let client = server.client().await;
+    let session = new_session(&client).await;
+
+    let chat = client.chat(&session, "be slow").await.unwrap();
+    record.until("slow started").await;
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let summary = finish(chat).await;
+    assert_eq!(summary.outcome, Some(proto::TurnOutcome::Success));
+    let (status, content) = tool_end(&summary.events, "call_1");
+    assert_eq!(status, proto::ToolStatus::Error);
+    assert!(content.contains("closed the connection"), "{content}");
+    let requests = fake.requests();
+    assert!(
+        tool_messages(&requests[1].body)[0]
+            .1
+            .contains("closed the connection")
+    );
+
+    // The next turn builds a new runner, which restarts the server.
+    let chat = client.chat(&session, "again").await.unwrap();
+    let restarted = record.until("ready ").await;
+    assert_ne!(restarted, ready);
+    let summary = finish(chat).await;
+    assert_eq!(summary.outcome, Some(proto::TurnOutcome::Success));
+    assert_eq!(
+        tool_end(&summary.events, "call_2"),
+        (proto::ToolStatus::Done, "back again".to_owned())
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn denied_colliding_and_excluded_server_tools() {
+    let fake = FakeOpenAi::start(vec![
+        calls(&[("call_1", "test__echo", json!({"text": "x"}))]),
+        answer("denied then"),
+        answer("fewer tools"),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut record = Record::new(dir.path());
+    let mut config = config(dir.path(), &fake, &record);
+    config.tools.deny = vec!["test__echo".into()];
+    let server = TestServer::start_with(config, &Providers::default()).await;
+    record.until("ready ").await;
+    let client = server.client().await;
+    let session = new_session(&client).await;
+
+    let summary = finish(client.chat(&session, "echo").await.unwrap()).await;
+    assert_eq!(summary.outcome, Some(proto::TurnOutcome::Success));
+    let (status, content) = tool_end(&summary.events, "call_1");
+    assert_eq!(status, proto::ToolStatus::Error);
+    assert!(content.contains("denied"), "{content}");
+    assert!(
+        tool_messages(&fake.requests()[1].body)[0]
+            .1
+            .contains("denied")
+    );
+
+    let mut colliding = text_request(&session, "mine");
+    colliding.extra_tools = vec![proto::ToolDefinition {
+        name: "test__echo".into(),
+        description: "the caller's echo".into(),
+        parameters_json_schema: r#"{"type":"object"}"#.into(),
+    }];
+    let err = client.chat_with(colliding).await.unwrap_err();
+    assert!(matches!(err, Error::Status(s) if s.code() == Code::InvalidArgument));
+
+    let mut excluding = text_request(&session, "fewer");
+    excluding.excluded_tools = vec!["test__slow".into()];
+    finish(client.chat_with(excluding).await.unwrap()).await;
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 3);
+    assert_eq!(offered(&requests[2].body), ["test__echo", "test__fail"]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_mcp_server_that_cannot_start_leaves_the_server_running_without_its_tools() {
+    let fake = FakeOpenAi::start(vec![answer("no tools")]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = base_config(dir.path());
+    config.default_model = "mock/m".into();
+    config.providers.push(mock_provider(&fake, None));
+    config.mcp_servers.push(McpServerConfig {
+        name: "broken".into(),
+        command: Some(dir.path().join("no-such-server").display().to_string()),
+        ..McpServerConfig::default()
+    });
+    let server = TestServer::start_with(config, &Providers::default()).await;
+    let client = server.client().await;
+    let session = new_session(&client).await;
+    let summary = finish(client.chat(&session, "hello").await.unwrap()).await;
+    assert_eq!(summary.outcome, Some(proto::TurnOutcome::Success));
+    assert!(offered(&fake.requests()[0].body).is_empty());
+    server.stop().await;
+}
