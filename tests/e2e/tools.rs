@@ -398,3 +398,38 @@ async fn a_turn_that_keeps_calling_tools_stops_at_max_steps() {
     assert_eq!(client.history(&session).await.unwrap().len(), 4);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn another_users_tool_result_is_not_found() {
+    let fake = FakeOpenAi::start(vec![two_calls(), answer()]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = super::harness::with_keys(
+        base_config(dir.path()),
+        &[("key-alice-1", "alice"), ("key-bob-12", "bob")],
+    );
+    config.default_model = "mock/m".into();
+    config.providers.push(mock_provider(&fake, None));
+    let server = TestServer::start_with(config, &Providers::default()).await;
+    let alice = server.client_with_token("key-alice-1").await;
+    let bob = server.client_with_token("key-bob-12").await;
+    let session = new_session(&alice).await;
+    let mut chat = unanswered(&alice, request(&session)).await;
+    let turn_id = alice.session_status(&session).await.unwrap().turn_id;
+    let stolen = bob
+        .submit_tool_result(&session, &turn_id, "call_1", "x", false)
+        .await
+        .unwrap_err();
+    assert!(matches!(stolen, Error::Status(s) if s.code() == Code::NotFound));
+    for call in ["call_1", "call_2"] {
+        alice
+            .submit_tool_result(&session, &turn_id, call, "ok", false)
+            .await
+            .unwrap();
+    }
+    let rest = read_until(&mut chat, |e| {
+        matches!(e.kind, ChatEvent::TurnFinished { .. })
+    })
+    .await;
+    assert_eq!(label(rest.last().unwrap()), "finished:SUCCESS");
+    server.stop().await;
+}

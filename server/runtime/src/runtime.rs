@@ -25,6 +25,7 @@ use crate::types::{
 
 mod admin;
 mod control;
+mod recovery;
 mod replay;
 mod sessions;
 mod stream;
@@ -280,10 +281,7 @@ impl Runtime {
         models
             .resolve(&config.default_model)
             .map_err(|e| RuntimeError::unknown_model("default_model", &e))?;
-        let interrupted = store.recover_interrupted().await?;
-        for turn in &interrupted {
-            tracing::warn!(session_id = %turn.session_id, turn_id = %turn.turn_id, "turn interrupted by a previous shutdown");
-        }
+        recovery::recover(store.as_ref()).await?;
         let runtime = Self {
             inner: Arc::new(Inner {
                 defaults: Mutex::new(Defaults {
