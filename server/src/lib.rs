@@ -342,7 +342,12 @@ impl ServerBuilder {
 
         let addr = listener.local_addr().ok();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // tonic's own `tcp_nodelay` applies only to listeners it binds; for
+        // ours it must be set here, or Nagle holds small frames (a text
+        // delta, a trailer) behind the client's delayed ACK for ~40 ms.
+        let incoming = tonic::transport::server::TcpIncoming::from(listener)
+            .with_nodelay(Some(true))
+            .with_keepalive(Some(Duration::from_secs(60)));
         let mut server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
             let _ = stop_rx.await;
         }));

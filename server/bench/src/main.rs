@@ -1,0 +1,500 @@
+//! `agentrt-bench`: drives the real `agentrt-server` binary (a child
+//! process) over loopback through the Rust client, against a timed fake
+//! OpenAI-compatible upstream running in this process, next to two
+//! baselines measured in the same run: a bare tonic echo of the same
+//! `ChatEvent`s (the transport limit) and the fake read directly with
+//! reqwest (the upstream limit). Prints markdown tables; `--json FILE`
+//! writes every number.
+//!
+//! ```text
+//! cargo build --release -p agentrt-server -p agentrt-bench
+//! target/release/agentrt-bench --json target/bench.json     # full, ~6 min
+//! target/release/agentrt-bench --smoke                      # seconds, for CI
+//! ```
+
+mod baseline;
+mod driver;
+mod durable;
+mod fake;
+mod markdown;
+mod proc_stats;
+mod report;
+mod saturation;
+mod scenarios;
+mod server;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+
+use crate::fake::{FakeServer, StreamParams};
+use crate::report::{Load, Report, Target};
+use crate::scenarios::{Env, Plan};
+use crate::server::ServerSpec;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "agentrt-bench",
+    about = "Benchmarks agentrt-server against a timed fake upstream and bare baselines"
+)]
+struct Cli {
+    /// The agentrt-server binary [default: `agentrt-server` next to this
+    /// executable].
+    #[arg(long)]
+    server: Option<PathBuf>,
+    /// Writes every result as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Also writes the markdown tables here.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+    /// Every scenario at tiny sizes (seconds); fails only if something breaks.
+    #[arg(long)]
+    smoke: bool,
+    /// Only these parts, comma-separated: baselines,s1,s2,s3,s4,s6,s7.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Runs the server (and the echo baseline) under `taskset -c CPUS`.
+    #[arg(long)]
+    server_cpus: Option<String>,
+    /// `AGENTRT_LOG` for the server [default: the server's own, info].
+    #[arg(long)]
+    server_log: Option<String>,
+    /// Replaces the S2 concurrency levels (e.g. `--s2-sessions 1000`).
+    #[arg(long, value_delimiter = ',')]
+    s2_sessions: Vec<usize>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// (internal) Serves the bare tonic echo baseline.
+    #[command(hide = true)]
+    EchoServer {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+    },
+}
+
+fn params(ttft_ms: u64, tokens: u32, rate: f64) -> StreamParams {
+    StreamParams {
+        ttft: Duration::from_millis(ttft_ms),
+        tokens,
+        rate,
+    }
+}
+
+fn plan(smoke: bool) -> Plan {
+    let secs = Duration::from_secs_f64;
+    if smoke {
+        return Plan {
+            turn_limit: secs(20.0),
+            echo_ttfe_calls: 20,
+            echo_sat_streams: 20,
+            echo_sat: params(0, 20, 200.0),
+            echo_sat_window: secs(0.3),
+            echo_unpaced_streams: 2,
+            s1_turns: 5,
+            s1: params(1, 5, 1000.0),
+            s2_levels: vec![1, 4],
+            s2: params(1, 5, 500.0),
+            s2_window: secs(0.3),
+            s2_side_window: secs(0.2),
+            s3_levels: vec![2],
+            s3_tokens: 200,
+            s3_window: secs(0.3),
+            s4_watchers: vec![1, 3],
+            s4: params(50, 20, 500.0),
+            s6_levels: vec![1, 4],
+            s6_window: secs(0.3),
+            s7_sessions: 50,
+            s7_concurrency: 8,
+        };
+    }
+    Plan {
+        turn_limit: secs(60.0),
+        echo_ttfe_calls: 2000,
+        echo_sat_streams: 2000,
+        echo_sat: params(0, 400, 200.0),
+        echo_sat_window: secs(6.0),
+        echo_unpaced_streams: 16,
+        s1_turns: 200,
+        s1: params(5, 20, 400.0),
+        s2_levels: vec![1, 10, 100, 1000],
+        s2: params(20, 50, 50.0),
+        s2_window: secs(10.0),
+        s2_side_window: secs(4.0),
+        s3_levels: vec![8, 16, 32],
+        s3_tokens: 2000,
+        s3_window: secs(4.0),
+        s4_watchers: vec![1, 10, 100],
+        s4: params(100, 1000, 500.0),
+        s6_levels: vec![1, 8, 64],
+        s6_window: secs(5.0),
+        s7_sessions: 10_000,
+        s7_concurrency: 64,
+    }
+}
+
+fn run_cmd(program: &str, args: &[&str]) -> String {
+    std::process::Command::new(program)
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn machine() -> report::Machine {
+    let lscpu = run_cmd("lscpu", &[]);
+    let cpu_model = lscpu
+        .lines()
+        .find_map(|l| l.strip_prefix("Model name:"))
+        .map_or("unknown".into(), |m| m.trim().to_owned());
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| proc_stats::parse_status_kb(&m, "MemTotal"))
+        .map_or("unknown".into(), |kb| {
+            format!("{:.1} GiB", kb as f64 / 1024.0 / 1024.0)
+        });
+    report::Machine {
+        nproc: run_cmd("nproc", &[]),
+        cpu_model,
+        memory,
+        kernel: run_cmd("uname", &["-sr"]),
+        rustc: run_cmd("rustc", &["--version"]),
+    }
+}
+
+/// The S2 level nearest to `n` sessions.
+fn s2_near(r: &Report, n: usize) -> Option<&report::S2Level> {
+    r.s2.iter().min_by_key(|l| l.sessions.abs_diff(n))
+}
+
+fn targets(r: &Report) -> Vec<Target> {
+    let mut t = Vec::new();
+    for n in [100, 1000] {
+        let Some(l) = s2_near(r, n).filter(|l| n == 100 || l.sessions >= 1000) else {
+            continue;
+        };
+        let c = l.sessions;
+        if n == 100 {
+            t.push(Target::at_most(
+                &format!("TTFE overhead p50, S2 {c} sessions"),
+                0.5,
+                l.ttfe_overhead_p50_us / 1e3,
+                "ms",
+            ));
+            t.push(Target::at_most(
+                &format!("TTFE overhead p99, S2 {c} sessions"),
+                1.5,
+                l.ttfe_overhead_p99_us / 1e3,
+                "ms",
+            ));
+        } else {
+            t.push(Target::at_most(
+                &format!("TTFE overhead p99, S2 {c} sessions (B5)"),
+                5.0,
+                l.ttfe_overhead_p99_us / 1e3,
+                "ms",
+            ));
+        }
+    }
+    if let Some(s1) = &r.s1 {
+        t.push(Target::at_most(
+            "relay lag p99, S1 1 session",
+            1.0,
+            s1.agentrt.lag.p99_us / 1e3,
+            "ms",
+        ));
+    }
+    let mut seen = Vec::new();
+    for n in [100, 1000] {
+        if let Some(l) = s2_near(r, n).filter(|l| !seen.contains(&l.sessions)) {
+            seen.push(l.sessions);
+            let c = l.sessions;
+            t.push(Target::at_most(
+                &format!("relay lag p99, S2 {c} sessions"),
+                1.0,
+                l.agentrt.lag.p99_us / 1e3,
+                "ms",
+            ));
+            t.push(Target::at_most(
+                &format!("CPU per relayed event ÷ bare echo, S2 {c} sessions"),
+                2.0,
+                l.cpu_ratio,
+                "×",
+            ));
+            t.push(Target::at_most(
+                &format!("memory per active streaming session, S2 {c} sessions"),
+                64.0,
+                l.agentrt.rss_per_session_kb,
+                "KB",
+            ));
+        }
+    }
+    if let Some(s3) = &r.s3 {
+        t.push(Target::at_least(
+            "end-to-end events/s, S3 unpaced",
+            60_000.0,
+            s3.max_tokens_per_s,
+            "ev/s",
+        ));
+        t.push(Target::at_least(
+            "S3 throughput ÷ min(echo, direct) (B5)",
+            0.5,
+            s3.throughput_ratio,
+            "×",
+        ));
+    }
+    if let Some(s7) = &r.s7 {
+        t.push(Target::at_most(
+            "memory per idle session, S7",
+            4.0,
+            s7.kb_per_idle_session,
+            "KB",
+        ));
+        t.push(Target::at_most(
+            &format!(
+                "restart to readiness SERVING, {} sessions (B5 cold start)",
+                s7.sessions
+            ),
+            1000.0,
+            s7.restart_ready_ms,
+            "ms",
+        ));
+    }
+    // Every level with 8+ sessions (2+ in smoke runs) gets its own row.
+    let durable =
+        r.s6.iter()
+            .filter(|l| l.sessions >= 8 || (r.mode == "smoke" && l.sessions > 1));
+    for l in durable {
+        t.push(Target::at_least(
+            &format!("durable short turns/s, S6 {} sessions", l.sessions),
+            1000.0,
+            l.turns_per_s,
+            "turns/s",
+        ));
+    }
+    t
+}
+
+fn note_failures(part: &str, loads: &[&Load], failures: &mut Vec<String>) {
+    for l in loads {
+        if l.failures > 0 {
+            failures.push(format!(
+                "{part} {}: {} of {} turns failed; first: {}",
+                l.label,
+                l.failures,
+                l.turns,
+                l.first_failures.join(" | ")
+            ));
+        }
+    }
+}
+
+async fn bounded<T>(
+    part: &str,
+    limit: Duration,
+    fut: impl Future<Output = Result<T, String>>,
+) -> Result<T, String> {
+    eprintln!("agentrt-bench: {part} ...");
+    let start = Instant::now();
+    let r = match tokio::time::timeout(limit, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("took longer than {limit:?}")),
+    };
+    eprintln!(
+        "agentrt-bench: {part} {} in {:.1} s",
+        if r.is_ok() { "done" } else { "FAILED" },
+        start.elapsed().as_secs_f64()
+    );
+    r.map_err(|e| format!("{part}: {e}"))
+}
+
+async fn run(cli: Cli) -> Result<bool, String> {
+    let started = Instant::now();
+    let binary = match cli.server {
+        Some(p) => p,
+        None => std::env::current_exe()
+            .map_err(|e| format!("current_exe: {e}"))?
+            .with_file_name("agentrt-server"),
+    };
+    if !binary.is_file() {
+        return Err(format!(
+            "no server binary at {} (build it: cargo build --release -p agentrt-server, or pass --server)",
+            binary.display()
+        ));
+    }
+    let mut plan = plan(cli.smoke);
+    if !cli.s2_sessions.is_empty() {
+        plan.s2_levels.clone_from(&cli.s2_sessions);
+    }
+    let want = |part: &str| cli.only.is_empty() || cli.only.iter().any(|o| o == part);
+    let env = Env {
+        spec: ServerSpec {
+            binary,
+            cpus: cli.server_cpus.clone(),
+            log_filter: cli.server_log.clone(),
+        },
+        fake: Arc::new(
+            FakeServer::start()
+                .await
+                .map_err(|e| format!("fake: {e}"))?,
+        ),
+        http: reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .map_err(|e| format!("reqwest: {e}"))?,
+        root: tempfile::Builder::new()
+            .prefix("agentrt-bench-")
+            .tempdir()
+            .map_err(|e| format!("temp dir: {e}"))?,
+        plan,
+    };
+    let limit = Duration::from_secs(if cli.smoke { 60 } else { 300 });
+    let mut r = Report {
+        mode: if cli.smoke { "smoke" } else { "full" }.into(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        machine: machine(),
+        server_cpus: cli.server_cpus.clone(),
+        server_binary: env.spec.binary.display().to_string(),
+        git_commit: run_cmd("git", &["rev-parse", "--short", "HEAD"]),
+        ..Report::default()
+    };
+    let mut failures = Vec::new();
+    if want("baselines") {
+        match bounded("baselines", limit, saturation::baselines(&env)).await {
+            Ok(b) => {
+                note_failures(
+                    "baselines",
+                    &[&b.echo_ttfe, &b.echo_saturation, &b.echo_unpaced],
+                    &mut failures,
+                );
+                r.baselines = b;
+            }
+            Err(e) => failures.push(e),
+        }
+    }
+    if want("s1") {
+        match bounded("S1", limit, scenarios::s1(&env)).await {
+            Ok(s) => {
+                note_failures("S1", &[&s.agentrt, &s.direct], &mut failures);
+                r.s1 = Some(s);
+            }
+            Err(e) => failures.push(e),
+        }
+    }
+    if want("s2") {
+        for &c in &env.plan.s2_levels {
+            match bounded(&format!("S2 c={c}"), limit, scenarios::s2_level(&env, c)).await {
+                Ok(l) => {
+                    note_failures("S2", &[&l.agentrt, &l.direct, &l.echo], &mut failures);
+                    r.s2.push(l);
+                }
+                Err(e) => failures.push(e),
+            }
+        }
+    }
+    if want("s3") {
+        let echo = r.baselines.echo_saturation.tokens_per_s;
+        let unpaced = r.baselines.echo_unpaced.tokens_per_s;
+        match bounded("S3", limit, saturation::s3(&env, echo, unpaced)).await {
+            Ok(s) => {
+                let loads: Vec<&Load> = s.agentrt.iter().chain(&s.direct).collect();
+                note_failures("S3", &loads, &mut failures);
+                r.s3 = Some(s);
+            }
+            Err(e) => failures.push(e),
+        }
+    }
+    if want("s4") {
+        match bounded("S4", limit, saturation::s4(&env)).await {
+            Ok(levels) => {
+                for l in &levels {
+                    note_failures("S4", &[&l.watch, &l.caller], &mut failures);
+                }
+                r.s4 = levels;
+            }
+            Err(e) => failures.push(e),
+        }
+    }
+    if want("s6") {
+        match bounded("S6", limit, durable::s6(&env)).await {
+            Ok(levels) => {
+                note_failures("S6", &levels.iter().collect::<Vec<_>>(), &mut failures);
+                r.s6 = levels;
+            }
+            Err(e) => failures.push(e),
+        }
+    }
+    if want("s7") {
+        match bounded("S7", limit, durable::s7(&env)).await {
+            Ok(s) => r.s7 = Some(s),
+            Err(e) => failures.push(e),
+        }
+    }
+    let unknown = env
+        .fake
+        .counters()
+        .unknown_keys
+        .load(std::sync::atomic::Ordering::Relaxed);
+    if unknown > 0 {
+        failures.push(format!(
+            "the fake got {unknown} requests without a known ticket"
+        ));
+    }
+    r.failures = failures;
+    r.targets = targets(&r);
+    r.duration_s = started.elapsed().as_secs_f64();
+    let md = markdown::markdown(&r);
+    println!("{md}");
+    if let Some(path) = &cli.markdown {
+        std::fs::write(path, &md).map_err(|e| format!("write {}: {e}", path.display()))?;
+    }
+    if let Some(path) = &cli.json {
+        let json = serde_json::to_string_pretty(&r).map_err(|e| format!("json: {e}"))?;
+        std::fs::write(path, json).map_err(|e| format!("write {}: {e}", path.display()))?;
+    }
+    let c = env.fake.counters();
+    eprintln!(
+        "agentrt-bench: {:.1} s; fake: {} connections for {} requests",
+        r.duration_s,
+        c.connections.load(std::sync::atomic::Ordering::Relaxed),
+        c.requests.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    Ok(r.failures.is_empty())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(Command::EchoServer { listen }) = cli.command {
+        return match baseline::run_echo_server(listen).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("agentrt-bench echo-server: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    match run(cli).await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("agentrt-bench: some parts failed (see Failures)");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("agentrt-bench: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! The shared set-up of every scenario (the fake, fresh server processes,
+//! CPU/RSS measurement around a load) and the latency scenarios: S1 single
+//! session and S2 concurrency sweep.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agentrt_client::{Client, proto};
+use futures::StreamExt as _;
+
+use crate::driver::{
+    Recorder, Totals, agentrt_turn, connect_clients, connections_for, direct_stream, echo_call,
+};
+use crate::fake::{FakeServer, StreamParams};
+use crate::proc_stats::{self, ProcSample, RssSampler};
+use crate::report::{Load, S1, S2Level};
+use crate::server::{Child, ServerSpec};
+
+/// Sizes of one run (full or smoke).
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub(crate) turn_limit: Duration,
+    pub(crate) echo_ttfe_calls: usize,
+    pub(crate) echo_sat_streams: usize,
+    pub(crate) echo_sat: StreamParams,
+    pub(crate) echo_sat_window: Duration,
+    pub(crate) echo_unpaced_streams: usize,
+    pub(crate) s1_turns: usize,
+    pub(crate) s1: StreamParams,
+    pub(crate) s2_levels: Vec<usize>,
+    pub(crate) s2: StreamParams,
+    pub(crate) s2_window: Duration,
+    pub(crate) s2_side_window: Duration,
+    pub(crate) s3_levels: Vec<usize>,
+    pub(crate) s3_tokens: u32,
+    pub(crate) s3_window: Duration,
+    pub(crate) s4_watchers: Vec<usize>,
+    pub(crate) s4: StreamParams,
+    pub(crate) s6_levels: Vec<usize>,
+    pub(crate) s6_window: Duration,
+    pub(crate) s7_sessions: usize,
+    pub(crate) s7_concurrency: usize,
+}
+
+/// Everything a scenario needs.
+#[derive(Debug)]
+pub(crate) struct Env {
+    pub(crate) plan: Plan,
+    pub(crate) spec: ServerSpec,
+    pub(crate) fake: Arc<FakeServer>,
+    pub(crate) http: reqwest::Client,
+    pub(crate) root: tempfile::TempDir,
+}
+
+/// A fresh agentrt server with its own data dir, plus warmed client
+/// connections.
+#[derive(Debug)]
+pub(crate) struct Running {
+    pub(crate) server: Child,
+    pub(crate) clients: Vec<Client>,
+    pub(crate) dir: std::path::PathBuf,
+    /// `VmRSS` after start-up and a warm-up turn.
+    pub(crate) rss_startup_kb: u64,
+}
+
+impl Env {
+    /// Starts a server in a new directory under the run's temp root,
+    /// connects `connections` clients and runs one short turn on each.
+    pub(crate) async fn fresh_server(
+        &self,
+        name: &str,
+        connections: usize,
+    ) -> Result<Running, String> {
+        let dir = self.root.path().join(name);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        let server =
+            Child::agentrt(&self.spec, &dir, &dir.join("data"), &self.fake.base_url()).await?;
+        let clients = connect_clients(&server.url(), connections).await?;
+        let warm = StreamParams {
+            ttft: Duration::ZERO,
+            tokens: 5,
+            rate: 0.0,
+        };
+        for (i, c) in clients.iter().enumerate() {
+            let id = format!("warm-{i}");
+            create_session(c, &id).await?;
+            let obs =
+                agentrt_turn(c, &id, Some((&self.fake, warm)), "", self.plan.turn_limit).await;
+            if let Some(e) = obs.error {
+                return Err(format!("warm-up turn: {e}"));
+            }
+        }
+        let rss_startup_kb = server.stats().rss_kb;
+        Ok(Running {
+            server,
+            clients,
+            dir,
+            rss_startup_kb,
+        })
+    }
+}
+
+pub(crate) async fn create_session(c: &Client, id: &str) -> Result<(), String> {
+    c.create_session(proto::CreateSessionRequest {
+        session_id: id.to_owned(),
+        ..Default::default()
+    })
+    .await
+    .map(drop)
+    .map_err(|e| format!("create session {id}: {e}"))
+}
+
+/// Creates `ids` (32 at a time).
+pub(crate) async fn create_sessions(clients: &[Client], ids: &[String]) -> Result<(), String> {
+    let results: Vec<Result<(), String>> = futures::stream::iter(ids.iter().enumerate())
+        .map(|(i, id)| create_session(&clients[i % clients.len()], id))
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+/// CPU and memory of a process around a load.
+#[derive(Debug)]
+pub(crate) struct Measure {
+    pid: u32,
+    start: ProcSample,
+    bench_start: ProcSample,
+    rss: RssSampler,
+}
+
+impl Measure {
+    pub(crate) fn begin(pid: u32) -> Self {
+        Self {
+            pid,
+            start: proc_stats::sample(pid).unwrap_or_default(),
+            bench_start: proc_stats::sample_self(),
+            rss: RssSampler::start(pid, Duration::from_millis(50)),
+        }
+    }
+
+    /// Builds the [`Load`] of the run: `elapsed` wall time, `rss_startup_kb`
+    /// subtracted from the peak before dividing by `sessions`.
+    pub(crate) async fn end(
+        self,
+        label: &str,
+        sessions: usize,
+        totals: &Totals,
+        elapsed: Duration,
+        rss_startup_kb: u64,
+    ) -> Load {
+        let end = proc_stats::sample(self.pid).unwrap_or_default();
+        let bench_end = proc_stats::sample_self();
+        let (peak, threads) = self.rss.stop().await;
+        let peak = peak.max(end.rss_kb);
+        let wall_us = elapsed.as_secs_f64() * 1e6;
+        let cpu_us = end.cpu_us.saturating_sub(self.start.cpu_us);
+        let bench_us = bench_end.cpu_us.saturating_sub(self.bench_start.cpu_us);
+        let load = Load {
+            label: label.to_owned(),
+            sessions,
+            server_cpu_us: cpu_us,
+            cpu_us_per_event: if totals.events > 0 {
+                cpu_us as f64 / totals.events as f64
+            } else {
+                0.0
+            },
+            server_cores: cpu_us as f64 / wall_us,
+            bench_cores: bench_us as f64 / wall_us,
+            rss_startup_kb,
+            rss_peak_kb: peak,
+            rss_hwm_kb: end.hwm_kb,
+            threads_peak: threads.max(end.threads),
+            rss_per_session_kb: peak.saturating_sub(rss_startup_kb) as f64 / sessions.max(1) as f64,
+            ..Load::default()
+        };
+        load.with_totals(totals, elapsed.as_secs_f64())
+    }
+}
+
+/// Bench-process-only load (direct reads of the fake): no server process.
+pub(crate) fn bench_only(
+    label: &str,
+    sessions: usize,
+    totals: &Totals,
+    elapsed: Duration,
+    bench0: ProcSample,
+) -> Load {
+    let bench_us = proc_stats::sample_self()
+        .cpu_us
+        .saturating_sub(bench0.cpu_us);
+    Load {
+        label: label.to_owned(),
+        sessions,
+        bench_cores: bench_us as f64 / (elapsed.as_secs_f64() * 1e6),
+        ..Load::default()
+    }
+    .with_totals(totals, elapsed.as_secs_f64())
+}
+
+/// Turn duration of `p` at the nominal rate (for staggering starts).
+pub(crate) fn nominal(p: StreamParams) -> Duration {
+    let stream = if p.rate > 0.0 {
+        Duration::from_secs_f64(f64::from(p.tokens) / p.rate)
+    } else {
+        Duration::ZERO
+    };
+    p.ttft + stream
+}
+
+/// S1: one session, sequential turns, each preceded by the same stream read
+/// directly from the fake (interleaved, so drift hits both alike).
+pub(crate) async fn s1(env: &Env) -> Result<S1, String> {
+    let p = env.plan.s1;
+    let run = env.fresh_server("s1", 1).await?;
+    let client = &run.clients[0];
+    create_session(client, "s1").await?;
+    let agentrt = Recorder::default();
+    let direct = Recorder::default();
+    let measure = Measure::begin(run.server.pid());
+    let bench0 = proc_stats::sample_self();
+    let start = Instant::now();
+    for _ in 0..env.plan.s1_turns {
+        direct.add(direct_stream(&env.http, &env.fake, p, env.plan.turn_limit).await);
+        agentrt
+            .add(agentrt_turn(client, "s1", Some((&env.fake, p)), "", env.plan.turn_limit).await);
+    }
+    let elapsed = start.elapsed();
+    let (a, d) = (agentrt.take(), direct.take());
+    let agentrt = measure
+        .end("S1 agentrt", 1, &a, elapsed, run.rss_startup_kb)
+        .await;
+    let direct = bench_only("S1 direct (fake via reqwest)", 1, &d, elapsed, bench0);
+    run.server.terminate(Duration::from_secs(10)).await;
+    Ok(S1 {
+        ttfe_overhead_p50_us: agentrt.ttfe.p50_us - direct.ttfe.p50_us,
+        ttfe_overhead_p99_us: agentrt.ttfe.p99_us - direct.ttfe.p99_us,
+        agentrt,
+        direct,
+    })
+}
+
+/// S2 at one concurrency: the same paced load read directly from the fake,
+/// through the bare echo, and through agentrt (fresh processes each).
+pub(crate) async fn s2_level(env: &Env, sessions: usize) -> Result<S2Level, String> {
+    let p = env.plan.s2;
+    let stagger = nominal(p);
+    let grace = env.plan.turn_limit + Duration::from_secs(5);
+    let side = env.plan.s2_side_window;
+
+    // Direct from the fake at the same concurrency.
+    let rec = Arc::new(Recorder::default());
+    let bench0 = proc_stats::sample_self();
+    let elapsed = {
+        let (rec, fake, http, limit) = (
+            Arc::clone(&rec),
+            Arc::clone(&env.fake),
+            env.http.clone(),
+            env.plan.turn_limit,
+        );
+        crate::driver::run_loops(sessions, side, stagger, grace, move |_| {
+            let (rec, fake, http) = (Arc::clone(&rec), Arc::clone(&fake), http.clone());
+            async move { rec.add(direct_stream(&http, &fake, p, limit).await) }
+        })
+        .await
+    };
+    let direct = bench_only(
+        &format!("S2 direct c={sessions}"),
+        sessions,
+        &rec.take(),
+        elapsed,
+        bench0,
+    );
+
+    // The bare echo with the same pacing.
+    let echo = echo_load(env, &format!("S2 echo c={sessions}"), sessions, p, side).await?;
+
+    // agentrt.
+    let run = env
+        .fresh_server(&format!("s2-{sessions}"), connections_for(sessions))
+        .await?;
+    let ids: Vec<String> = (0..sessions).map(|i| format!("s2-{i}")).collect();
+    create_sessions(&run.clients, &ids).await?;
+    let rec = Arc::new(Recorder::default());
+    let measure = Measure::begin(run.server.pid());
+    let elapsed = {
+        let (rec, fake, clients, ids, limit) = (
+            Arc::clone(&rec),
+            Arc::clone(&env.fake),
+            Arc::new(run.clients.clone()),
+            Arc::new(ids),
+            env.plan.turn_limit,
+        );
+        crate::driver::run_loops(sessions, env.plan.s2_window, stagger, grace, move |i| {
+            let (rec, fake, clients, ids) = (
+                Arc::clone(&rec),
+                Arc::clone(&fake),
+                Arc::clone(&clients),
+                Arc::clone(&ids),
+            );
+            async move {
+                let c = &clients[i % clients.len()];
+                rec.add(agentrt_turn(c, &ids[i], Some((&fake, p)), "", limit).await);
+            }
+        })
+        .await
+    };
+    let agentrt = measure
+        .end(
+            &format!("S2 agentrt c={sessions}"),
+            sessions,
+            &rec.take(),
+            elapsed,
+            run.rss_startup_kb,
+        )
+        .await;
+    run.server.terminate(Duration::from_secs(10)).await;
+    let div = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    Ok(S2Level {
+        sessions,
+        ttfe_overhead_p50_us: agentrt.ttfe.p50_us - direct.ttfe.p50_us,
+        ttfe_overhead_p99_us: agentrt.ttfe.p99_us - direct.ttfe.p99_us,
+        cpu_ratio: div(agentrt.cpu_us_per_event, echo.cpu_us_per_event),
+        lag_ratio: div(agentrt.lag.p99_us, echo.lag.p99_us),
+        mem_ratio: div(agentrt.rss_per_session_kb, echo.rss_per_session_kb),
+        agentrt,
+        direct,
+        echo,
+    })
+}
+
+/// `sessions` loops of calls to a fresh bare echo process for `window`.
+pub(crate) async fn echo_load(
+    env: &Env,
+    label: &str,
+    sessions: usize,
+    p: StreamParams,
+    window: Duration,
+) -> Result<Load, String> {
+    let echo = Child::echo(env.spec.cpus.as_deref()).await?;
+    let clients = Arc::new(connect_clients(&echo.url(), connections_for(sessions)).await?);
+    // Warm every connection once.
+    let warm = StreamParams {
+        ttft: Duration::ZERO,
+        tokens: 5,
+        rate: 0.0,
+    };
+    for c in clients.iter() {
+        if let Some(e) = echo_call(c, warm, env.plan.turn_limit).await.error {
+            return Err(format!("echo warm-up: {e}"));
+        }
+    }
+    let rss_startup_kb = echo.stats().rss_kb;
+    let rec = Arc::new(Recorder::default());
+    let measure = Measure::begin(echo.pid());
+    let limit = env.plan.turn_limit;
+    let elapsed = {
+        let rec = Arc::clone(&rec);
+        crate::driver::run_loops(
+            sessions,
+            window,
+            nominal(p),
+            limit + Duration::from_secs(5),
+            move |i| {
+                let (rec, clients) = (Arc::clone(&rec), Arc::clone(&clients));
+                async move { rec.add(echo_call(&clients[i % clients.len()], p, limit).await) }
+            },
+        )
+        .await
+    };
+    let load = measure
+        .end(label, sessions, &rec.take(), elapsed, rss_startup_kb)
+        .await;
+    echo.terminate(Duration::from_secs(5)).await;
+    Ok(load)
+}
