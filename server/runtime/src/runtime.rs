@@ -475,6 +475,8 @@ impl Runtime {
             tools: offered,
             max_steps,
             usage: Usage::default(),
+            final_message: None,
+            open_step: None,
         };
         let emitter =
             turn::Emitter::new(Arc::clone(&live.hub), tx, inner.config.heartbeat_interval);

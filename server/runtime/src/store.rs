@@ -128,6 +128,23 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Stores the final state of a turn record and the session's `last_turn`.
     async fn finish_turn(&self, turn: TurnRecord) -> Result<(), StoreError>;
 
+    /// Appends the turn's last message (when given) and stores the turn's
+    /// final record, durable together. Stores that can do both in one write
+    /// (sled: one transaction, one flush) should override this; the default
+    /// does two.
+    async fn finish_turn_with(
+        &self,
+        turn: TurnRecord,
+        last: Option<NewMessage>,
+    ) -> Result<Option<Message>, StoreError> {
+        let stored = match last {
+            Some(message) => Some(self.append_message(&turn.session_id, message).await?),
+            None => None,
+        };
+        self.finish_turn(turn).await?;
+        Ok(stored)
+    }
+
     /// One turn record.
     async fn get_turn(
         &self,

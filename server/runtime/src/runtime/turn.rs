@@ -152,6 +152,10 @@ pub(crate) struct Turn {
     pub(crate) max_steps: u32,
     /// Usage summed over the turn's steps.
     pub(crate) usage: Usage,
+    /// The final answer, stored together with the turn record.
+    pub(crate) final_message: Option<NewMessage>,
+    /// The step whose FINISH follows the final answer's `message_stored`.
+    pub(crate) open_step: Option<u32>,
 }
 
 /// Resolves at `deadline`, or never.
@@ -243,12 +247,17 @@ impl Turn {
                     ))
                 }
             };
-            emitter
-                .emit(EventKind::Step {
-                    kind: StepKind::Finish,
-                    index,
-                })
-                .await;
+            if self.final_message.is_some() {
+                // Closed in `finish`, after the answer is stored.
+                self.open_step = Some(index);
+            } else {
+                emitter
+                    .emit(EventKind::Step {
+                        kind: StepKind::Finish,
+                        index,
+                    })
+                    .await;
+            }
             match result {
                 Some(end) => return end,
                 None if index >= self.max_steps => {
@@ -575,17 +584,9 @@ impl Turn {
                         })
                         .await;
                 }
-                if self.store_partial(output, reason, emitter).await {
-                    (TurnOutcome::Success, None)
-                } else {
-                    (
-                        TurnOutcome::Error,
-                        Some((
-                            ErrorCode::Unavailable,
-                            "the answer could not be stored".to_owned(),
-                        )),
-                    )
-                }
+                // Stored with the turn record in one durable write.
+                self.final_message = self.assistant_message(output, reason);
+                (TurnOutcome::Success, None)
             }
             StepEnd::Failed(err) => {
                 tracing::warn!(error = %err, "model step failed");
@@ -633,15 +634,23 @@ impl Turn {
         reason: StopReason,
         emitter: &mut Emitter,
     ) -> bool {
+        match self.assistant_message(output, reason) {
+            Some(message) => self.store(message, emitter).await,
+            None => true,
+        }
+    }
+
+    /// The step's assistant message, unless the step produced nothing.
+    fn assistant_message(&self, output: &StepOutput, reason: StopReason) -> Option<NewMessage> {
         let content = output.content();
         if content.is_empty() {
-            return true;
+            return None;
         }
         let mut message = NewMessage::new(&self.record.turn_id, Role::Assistant, content);
         message.model = Some(self.record.model.clone());
         message.usage = output.usage;
         message.stop_reason = Some(reason);
-        self.store(message, emitter).await
+        Some(message)
     }
 
     /// Appends a message (never raced against cancellation) and announces
@@ -672,20 +681,61 @@ impl Turn {
         }
     }
 
-    async fn finish(mut self, outcome: TurnOutcome, error: Option<String>, mut emitter: Emitter) {
+    async fn finish(
+        mut self,
+        mut outcome: TurnOutcome,
+        error: Option<String>,
+        mut emitter: Emitter,
+    ) {
         self.live.set_phase(Phase::Finishing);
         let usage = self.usage;
-        self.record.status = match outcome {
-            TurnOutcome::Success => TurnStatus::Success,
-            TurnOutcome::Error => TurnStatus::Error,
-            TurnOutcome::Canceled => TurnStatus::Canceled,
-            TurnOutcome::TimedOut => TurnStatus::TimedOut,
-        };
+        self.record.status = status_of(outcome);
         self.record.finished_at = Some(SystemTime::now());
         self.record.usage = usage;
         self.record.error = error;
-        if let Err(err) = self.inner.store.finish_turn(self.record.clone()).await {
-            tracing::error!(error = %err, "storing the turn record failed");
+        let last = self.final_message.take();
+        let had_last = last.is_some();
+        match self
+            .inner
+            .store
+            .finish_turn_with(self.record.clone(), last)
+            .await
+        {
+            Ok(Some(stored)) => {
+                emitter
+                    .emit(EventKind::MessageStored {
+                        seq: stored.seq,
+                        id: stored.body.id,
+                        role: Role::Assistant,
+                    })
+                    .await;
+            }
+            Ok(None) => {}
+            Err(err) if had_last => {
+                tracing::error!(error = %err, "storing the answer and the turn record failed");
+                let message = "the answer could not be stored".to_owned();
+                outcome = TurnOutcome::Error;
+                self.record.status = status_of(outcome);
+                self.record.error = Some(message.clone());
+                emitter
+                    .emit(EventKind::Error {
+                        code: ErrorCode::Unavailable,
+                        message,
+                    })
+                    .await;
+                if let Err(err) = self.inner.store.finish_turn(self.record.clone()).await {
+                    tracing::error!(error = %err, "storing the turn record failed");
+                }
+            }
+            Err(err) => tracing::error!(error = %err, "storing the turn record failed"),
+        }
+        if let Some(index) = self.open_step.take() {
+            emitter
+                .emit(EventKind::Step {
+                    kind: StepKind::Finish,
+                    index,
+                })
+                .await;
         }
         *super::lock(&self.runner.last_used) = Instant::now();
         // Free the session before the caller sees the end, so a caller that
@@ -722,4 +772,13 @@ fn store_failed() -> (TurnOutcome, Option<(ErrorCode, String)>) {
             "the turn's output could not be stored".to_owned(),
         )),
     )
+}
+
+fn status_of(outcome: TurnOutcome) -> TurnStatus {
+    match outcome {
+        TurnOutcome::Success => TurnStatus::Success,
+        TurnOutcome::Error => TurnStatus::Error,
+        TurnOutcome::Canceled => TurnStatus::Canceled,
+        TurnOutcome::TimedOut => TurnStatus::TimedOut,
+    }
 }

@@ -32,7 +32,8 @@ macro_rules! store_contract_tests {
             list_filters_by_agent, list_excludes_archived_unless_asked,
             update_touches_activity, missing_session_errors, append_assigns_increasing_seqs,
             history_pagination, begin_turn_stores_message_and_turn,
-            finish_turn_updates_turn_and_last_turn, find_turn_by_request_id,
+            finish_turn_updates_turn_and_last_turn, finish_turn_with_stores_the_answer_too,
+            find_turn_by_request_id,
             recover_marks_running_interrupted, delete_removes_everything,
             delete_then_recreate_starts_fresh, content_round_trips,
             count_sessions_counts_all_owners,
@@ -594,6 +595,41 @@ pub async fn finish_turn_updates_turn_and_last_turn(store: &dyn Store) {
         (last.status, last.finished_at),
         (TurnStatus::Canceled, finished.finished_at)
     );
+}
+
+/// The last message and the final turn record are stored together; the
+/// message gets the next seq.
+pub async fn finish_turn_with_stores_the_answer_too(store: &dyn Store) {
+    let s = create(store, "alice", "agent").await;
+    let seq = begin(store, &s.id, "t1").await.seq;
+    let finished = TurnRecord {
+        status: TurnStatus::Success,
+        finished_at: Some(SystemTime::now()),
+        user_message_seq: seq,
+        ..running_turn(&s.id, "t1")
+    };
+    let stored = store
+        .finish_turn_with(
+            finished.clone(),
+            Some(text_message("t1", Role::Assistant, "answer")),
+        )
+        .await
+        .expect("finish_turn_with")
+        .expect("the answer is stored");
+    assert_eq!(stored.seq, seq + 1);
+    assert_eq!(turn(store, &s.id, "t1").await.as_ref(), Some(&finished));
+    let session = get(store, &s.id).await;
+    assert_eq!(session.last_turn, Some(LastTurn::from(&finished)));
+    assert_eq!(session.message_count, 2);
+    let history = store.history(&s.id, 0, 10, true).await.expect("history");
+    assert_eq!(history.last().map(|m| m.seq), Some(seq + 1));
+    // Without a message it is a plain finish.
+    let none = store
+        .finish_turn_with(finished, None)
+        .await
+        .expect("finish_turn_with");
+    assert!(none.is_none());
+    assert_eq!(get(store, &s.id).await.message_count, 2);
 }
 
 /// A turn is found by its Chat idempotency key, within its session only.

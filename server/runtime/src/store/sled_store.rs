@@ -316,6 +316,42 @@ impl Store for SledStore {
         self.flush_db().await
     }
 
+    async fn finish_turn_with(
+        &self,
+        turn: TurnRecord,
+        last: Option<NewMessage>,
+    ) -> Result<Option<Message>, StoreError> {
+        let record = encode(&turn)?;
+        let now = SystemTime::now();
+        let stored = (&self.sessions, &self.activity, &self.messages, &self.turns)
+            .transaction(|(s, a, m, t)| {
+                let (mut session, stored) = match &last {
+                    Some(message) => {
+                        let (session, stored) = append_tx(s, a, m, &turn.session_id, message, now)?;
+                        (session, Some(stored))
+                    }
+                    None => (
+                        session_tx(s, &turn.session_id)?.ok_or_else(not_found)?,
+                        None,
+                    ),
+                };
+                t.insert(turn_key(&turn.session_id, &turn.turn_id), record.clone())?;
+                // An older turn finishing late must not hide the newer one.
+                if session
+                    .last_turn
+                    .as_ref()
+                    .is_none_or(|l| l.turn_id == turn.turn_id)
+                {
+                    session.last_turn = Some(LastTurn::from(&turn));
+                }
+                write_session_tx(s, &session)?;
+                Ok(stored)
+            })
+            .map_err(tx_err)?;
+        self.flush_db().await?;
+        Ok(stored)
+    }
+
     async fn get_turn(
         &self,
         session_id: &str,
