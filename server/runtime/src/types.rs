@@ -244,16 +244,72 @@ impl NewMessage {
 }
 
 /// A stored message.
+///
+/// Serialised as one flat object (the body's fields next to `seq` and
+/// `compacted`) through [`FlatMessage`]: serde's `flatten` would give the
+/// same JSON but decodes through a buffered intermediate, which dominated
+/// the cost of loading a long history.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "FlatMessage", into = "FlatMessage")]
 pub struct Message {
     /// Per-session sequence number: strictly increasing, never reused.
     pub seq: u64,
     /// The message itself.
-    #[serde(flatten)]
     pub body: NewMessage,
     /// True once a summary covers it.
-    #[serde(default)]
     pub compacted: bool,
+}
+
+/// The stored shape of a [`Message`].
+#[derive(Serialize, Deserialize)]
+struct FlatMessage {
+    seq: u64,
+    id: String,
+    turn_id: String,
+    role: Role,
+    content: Vec<ContentBlock>,
+    model: Option<String>,
+    usage: Option<Usage>,
+    stop_reason: Option<StopReason>,
+    created_at: SystemTime,
+    #[serde(default)]
+    compacted: bool,
+}
+
+impl From<FlatMessage> for Message {
+    fn from(f: FlatMessage) -> Self {
+        Self {
+            seq: f.seq,
+            body: NewMessage {
+                id: f.id,
+                turn_id: f.turn_id,
+                role: f.role,
+                content: f.content,
+                model: f.model,
+                usage: f.usage,
+                stop_reason: f.stop_reason,
+                created_at: f.created_at,
+            },
+            compacted: f.compacted,
+        }
+    }
+}
+
+impl From<Message> for FlatMessage {
+    fn from(m: Message) -> Self {
+        Self {
+            seq: m.seq,
+            id: m.body.id,
+            turn_id: m.body.turn_id,
+            role: m.body.role,
+            content: m.body.content,
+            model: m.body.model,
+            usage: m.body.usage,
+            stop_reason: m.body.stop_reason,
+            created_at: m.body.created_at,
+            compacted: m.compacted,
+        }
+    }
 }
 
 /// The state of a turn record.
