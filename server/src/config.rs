@@ -89,6 +89,10 @@ pub struct ProviderConfig {
     /// the turn fails (e.g. "60s"). Default 60 s.
     #[serde(default, deserialize_with = "de_duration")]
     pub idle_timeout: Option<Duration>,
+    /// How often a model step that failed before any output (unreachable,
+    /// 408/409/429/5xx) is sent again, with backoff. Default 2 (3 attempts).
+    #[serde(default)]
+    pub max_retries: Option<u32>,
 }
 
 /// One `[[auth.api_keys]]` entry.
@@ -298,10 +302,9 @@ impl Config {
                     p.name
                 )));
             }
-            if p.kind == ProviderKind::Anthropic {
+            if p.max_retries.is_some_and(|n| n > 10) {
                 return Err(ConfigError(format!(
-                    "provider {:?}: kind \"anthropic\" is not supported by this build yet; use an \
-                     OpenAI-compatible endpoint (kind = \"openai\")",
+                    "provider {:?}: max_retries must be at most 10",
                     p.name
                 )));
             }
@@ -422,8 +425,37 @@ admin = false
     }
 
     #[test]
+    fn provider_max_retries_is_optional_and_bounded() {
+        let c = Config::parse_toml(CONTRACT_EXAMPLE).unwrap();
+        assert_eq!(c.providers[0].max_retries, None);
+        let with = |n: u32| {
+            CONTRACT_EXAMPLE.replace(
+                "api_key_env = \"MOCK_API_KEY\"",
+                &format!("api_key_env = \"MOCK_API_KEY\"\nmax_retries = {n}"),
+            )
+        };
+        let c = Config::parse_toml(&with(0)).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.providers[0].max_retries, Some(0));
+        let err = Config::parse_toml(&with(11))
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .0;
+        assert!(err.contains("max_retries"), "{err}");
+    }
+
+    #[test]
     fn api_keys_are_redacted_in_debug_output() {
         let c = Config::parse_toml(CONTRACT_EXAMPLE).unwrap();
         assert!(!format!("{c:?}").contains("secret-a"));
+    }
+
+    #[test]
+    fn anthropic_providers_are_accepted() {
+        let toml = CONTRACT_EXAMPLE.replace("kind = \"openai\"", "kind = \"anthropic\"");
+        let c = Config::parse_toml(&toml).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.providers[0].kind, ProviderKind::Anthropic);
     }
 }

@@ -19,7 +19,9 @@ use std::time::Duration;
 use agentrt_proto::v1::agent_runtime_server::AgentRuntimeServer;
 use agentrt_proto::v1::runtime_admin_server::RuntimeAdminServer;
 use agentrt_proto::v1::session_service_server::SessionServiceServer;
+use agentrt_runtime::model::anthropic::{AnthropicConfig, AnthropicProvider};
 use agentrt_runtime::model::openai::{OpenAiConfig, OpenAiProvider};
+use agentrt_runtime::model::retry::{RetryPolicy, RetryingProvider};
 use agentrt_runtime::model::{ModelProvider, Models};
 use agentrt_runtime::store::{SledStore, Store};
 use agentrt_runtime::toolbox::mcp::{McpSource, McpTarget};
@@ -36,6 +38,7 @@ pub mod runtime_service;
 pub mod session_service;
 pub mod status;
 
+use crate::config::ProviderKind;
 pub use config::{Cli, Config, ConfigError};
 
 /// The health service name that turns SERVING once the store is open and
@@ -189,15 +192,40 @@ impl ServerBuilder {
                 })?),
                 None => None,
             };
-            let defaults = OpenAiConfig::new(p.base_url.clone());
-            let provider = OpenAiProvider::new(OpenAiConfig {
-                api_key,
-                models: p.models.clone(),
-                idle_timeout: p.idle_timeout.unwrap_or(defaults.idle_timeout),
-                ..defaults
-            })
-            .map_err(|e| ConfigError(format!("provider {:?}: {e}", p.name)))?;
-            models.insert(p.name.clone(), Arc::new(provider));
+            let invalid =
+                |e: &dyn std::fmt::Display| ConfigError(format!("provider {:?}: {e}", p.name));
+            let provider: Arc<dyn ModelProvider> = match p.kind {
+                ProviderKind::Anthropic => {
+                    let defaults = AnthropicConfig::new(p.base_url.clone());
+                    Arc::new(
+                        AnthropicProvider::new(AnthropicConfig {
+                            api_key,
+                            models: p.models.clone(),
+                            idle_timeout: p.idle_timeout.unwrap_or(defaults.idle_timeout),
+                            ..defaults
+                        })
+                        .map_err(|e| invalid(&e))?,
+                    )
+                }
+                ProviderKind::Openai => {
+                    let defaults = OpenAiConfig::new(p.base_url.clone());
+                    let provider = OpenAiProvider::new(OpenAiConfig {
+                        api_key,
+                        models: p.models.clone(),
+                        idle_timeout: p.idle_timeout.unwrap_or(defaults.idle_timeout),
+                        ..defaults
+                    })
+                    .map_err(|e| invalid(&e))?;
+                    Arc::new(provider)
+                }
+            };
+            // Every HTTP provider retries failures that happen before any
+            // output (unreachable, 408/409/429/5xx) with backoff.
+            let policy = RetryPolicy::with_max_retries(p.max_retries.unwrap_or(2));
+            models.insert(
+                p.name.clone(),
+                Arc::new(RetryingProvider::new(provider, policy)),
+            );
         }
         for (name, provider) in &self.extra_models {
             models.insert(name.clone(), Arc::clone(provider));

@@ -58,6 +58,7 @@ pub(crate) fn mock_provider(
         api_key_env: None,
         models: None,
         idle_timeout,
+        max_retries: None,
     }
 }
 

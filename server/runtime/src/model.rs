@@ -2,23 +2,30 @@
 //! registry that routes `provider/model` names to them.
 //!
 //! - [`echo`]: `builtin/echo`, a deterministic offline demo/test model.
+//! - [`anthropic`]: Anthropic Messages streaming over HTTP.
 //! - [`openai`]: OpenAI-compatible Chat Completions streaming over HTTP.
+//! - [`retry`]: retries with backoff in front of any HTTP provider.
 //! - [`sse`]: the Server-Sent Events parser the HTTP providers share.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::Stream;
 
 use crate::types::{Message, StopReason, ThinkingLevel, Usage};
 
+pub mod anthropic;
 pub mod echo;
+#[doc(hidden)]
+pub mod fake_anthropic;
 #[doc(hidden)]
 pub mod fake_openai;
 pub mod openai;
+pub mod retry;
 pub mod sse;
 
 /// What a provider is asked to do: one model step.
@@ -55,6 +62,9 @@ pub enum ModelEvent {
     TextDelta(String),
     /// Reasoning delta (non-empty).
     ReasoningDelta(String),
+    /// The provider's signature of the reasoning streamed so far, to be
+    /// stored on the thinking block and sent back with it (non-empty).
+    ThinkingSignature(String),
     /// Token usage of the step (may arrive once, near the end).
     Usage(Usage),
     /// A complete tool call (providers assemble streamed fragments first).
@@ -91,6 +101,15 @@ pub enum ModelError {
     /// The upstream sent something we cannot parse.
     #[error("malformed model response: {0}")]
     Malformed(String),
+    /// `error` together with how long the upstream asked us to wait before
+    /// trying again (`Retry-After` / `retry-after-ms`). Never nests.
+    #[error("{error} (retry after {retry_after:?})")]
+    RetryAfter {
+        /// What went wrong (never itself a `RetryAfter`).
+        error: Box<ModelError>,
+        /// The upstream's requested wait.
+        retry_after: Duration,
+    },
 }
 
 impl ModelError {
@@ -103,7 +122,48 @@ impl ModelError {
             Self::Rejected(_) => "the model service rejected the request",
             Self::Truncated(_) => "the model stream ended before the model finished",
             Self::Malformed(_) => "the model service sent a malformed response",
+            Self::RetryAfter { error, .. } => error.public_message(),
         }
+    }
+
+    /// Attaches the upstream's requested wait to `self` (replacing any
+    /// earlier one).
+    pub fn with_retry_after(self, retry_after: Duration) -> Self {
+        Self::RetryAfter {
+            error: Box::new(self.without_retry_after()),
+            retry_after,
+        }
+    }
+
+    /// How long the upstream asked us to wait before retrying, if it said.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::RetryAfter { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    /// The error without the retry hint.
+    pub fn without_retry_after(self) -> Self {
+        match self {
+            Self::RetryAfter { error, .. } => error.without_retry_after(),
+            other => other,
+        }
+    }
+
+    /// The error without the retry hint, by reference.
+    pub fn kind(&self) -> &Self {
+        match self {
+            Self::RetryAfter { error, .. } => error.kind(),
+            other => other,
+        }
+    }
+
+    /// Whether sending the same request again may succeed: the upstream was
+    /// unreachable, overloaded or failing (connect errors, 408, 409, 5xx,
+    /// 529) or rate limiting (429).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.kind(), Self::Unavailable(_) | Self::RateLimited(_))
     }
 }
 

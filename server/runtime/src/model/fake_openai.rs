@@ -37,6 +37,16 @@ pub enum FakeReply {
         /// Response body.
         body: String,
     },
+    /// Like [`FakeReply::Status`], with extra response headers (e.g.
+    /// `Retry-After`).
+    StatusWithHeaders {
+        /// HTTP status code.
+        code: u16,
+        /// Extra headers, written as given.
+        headers: Vec<(String, String)>,
+        /// Response body.
+        body: String,
+    },
 }
 
 impl FakeReply {
@@ -187,20 +197,12 @@ async fn handle(mut socket: TcpStream, shared: Arc<Shared>, index: usize) {
             body: r#"{"error":{"message":"no scripted reply"}}"#.into(),
         });
     match reply {
-        FakeReply::Status { code, body } => {
-            let reason = reqwest::StatusCode::from_u16(code)
-                .ok()
-                .and_then(|s| s.canonical_reason())
-                .unwrap_or("Status");
-            let head = format!(
-                "HTTP/1.1 {code} {reason}\r\ncontent-type: application/json\r\n\
-                 content-length: {}\r\nconnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = socket.write_all(head.as_bytes()).await;
-            let _ = socket.write_all(body.as_bytes()).await;
-            let _ = socket.shutdown().await;
-        }
+        FakeReply::Status { code, body } => write_status(&mut socket, code, &[], &body).await,
+        FakeReply::StatusWithHeaders {
+            code,
+            headers,
+            body,
+        } => write_status(&mut socket, code, &headers, &body).await,
         FakeReply::Sse {
             chunks,
             done,
@@ -235,6 +237,25 @@ async fn handle(mut socket: TcpStream, shared: Arc<Shared>, index: usize) {
             }
         }
     }
+}
+
+async fn write_status(socket: &mut TcpStream, code: u16, headers: &[(String, String)], body: &str) {
+    let reason = reqwest::StatusCode::from_u16(code)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("Status");
+    let mut head = format!(
+        "HTTP/1.1 {code} {reason}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    let _ = socket.write_all(head.as_bytes()).await;
+    let _ = socket.write_all(body.as_bytes()).await;
+    let _ = socket.shutdown().await;
 }
 
 async fn read_request(socket: &mut TcpStream) -> Option<RecordedRequest> {

@@ -19,6 +19,7 @@ use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::retry::retry_after_header;
 use super::sse::SseParser;
 use super::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream};
 use crate::types::{ContentBlock, Role, StopReason, ThinkingLevel, Usage, flatten_text};
@@ -243,6 +244,7 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 /// may echo the prompt or the key) and is only logged, truncated.
 async fn refusal(mut response: reqwest::Response, idle_timeout: Duration) -> ModelError {
     let status = response.status();
+    let retry_headers = response.headers().clone();
     let mut body = Vec::new();
     let _ = tokio::time::timeout(idle_timeout, async {
         while body.len() < LOGGED_BODY_BYTES {
@@ -261,11 +263,16 @@ async fn refusal(mut response: reqwest::Response, idle_timeout: Duration) -> Mod
     );
     let code = status.as_u16();
     let message = format!("HTTP {code}");
-    match code {
+    let error = match code {
         429 => ModelError::RateLimited(message),
         401 | 403 => ModelError::Unauthorized(message),
-        408 | 500..=599 => ModelError::Unavailable(message),
+        // 409: a conflicting concurrent request; 529: overloaded.
+        408 | 409 | 500..=599 => ModelError::Unavailable(message),
         _ => ModelError::Rejected(message),
+    };
+    match retry_after_header(&retry_headers) {
+        Some(wait) if error.is_retryable() => error.with_retry_after(wait),
+        _ => error,
     }
 }
 

@@ -94,6 +94,7 @@ enum StepEnd {
 struct StepOutput {
     text: String,
     reasoning: String,
+    signature: String,
     usage: Option<Usage>,
     tool_calls: Vec<ToolCallRequest>,
 }
@@ -121,7 +122,7 @@ impl StepOutput {
         if !self.reasoning.is_empty() {
             content.push(ContentBlock::Thinking {
                 thinking: self.reasoning.clone(),
-                signature: String::new(),
+                signature: self.signature.clone(),
             });
         }
         if !self.text.is_empty() {
@@ -515,6 +516,7 @@ impl Turn {
                     output.reasoning.push_str(&t);
                     emitter.emit(EventKind::Reasoning(t)).await;
                 }
+                Some(Ok(ModelEvent::ThinkingSignature(s))) => output.signature = s,
                 Some(Ok(ModelEvent::Usage(u))) => output.usage = Some(u),
                 Some(Ok(ModelEvent::ToolCall {
                     id,
@@ -761,6 +763,7 @@ fn model_error_code(err: &ModelError) -> ErrorCode {
         | ModelError::Unauthorized(_) => ErrorCode::Unavailable,
         ModelError::RateLimited(_) => ErrorCode::ResourceExhausted,
         ModelError::Rejected(_) => ErrorCode::FailedPrecondition,
+        ModelError::RetryAfter { error, .. } => model_error_code(error),
     }
 }
 

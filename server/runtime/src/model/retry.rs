@@ -1,0 +1,484 @@
+//! Upstream resilience: [`RetryingProvider`] sends a model step again when
+//! the upstream failed in a way a retry may fix (unreachable, 408, 409, 429,
+//! 5xx, 529), with exponential backoff and full jitter, honouring the
+//! upstream's `Retry-After` / `retry-after-ms`.
+//!
+//! A step is only retried before anything of it was forwarded: a failure of
+//! `stream()` itself, or a stream whose *first* item is an error (e.g. the
+//! connection reset before any byte). Once the stream has yielded an event,
+//! a later error is final, since a retry would duplicate output.
+//!
+//! Waiting is a plain `tokio::time::sleep` inside the `stream()` future, so
+//! dropping that future (cancellation, turn deadline) stops the retries.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use futures::StreamExt as _;
+
+use super::{ModelError, ModelProvider, ModelRequest, ModelStream};
+
+/// When and how often a failed model step is sent again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in total, the first included (0 counts as 1). Default 3.
+    pub max_attempts: u32,
+    /// Backoff before the first retry, doubled per retry. Default 250 ms.
+    pub base_delay: Duration,
+    /// Upper bound of the exponential backoff. Default 8 s.
+    pub max_delay: Duration,
+    /// Longest upstream-requested wait that is honoured; a longer
+    /// `Retry-After` gives up at once. Default 30 s.
+    pub max_retry_after: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 3,
+            base_delay: Duration::from_millis(250),
+            max_delay: Duration::from_secs(8),
+            max_retry_after: Duration::from_secs(30),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The default policy with `retries` retries (`retries + 1` attempts).
+    pub fn with_max_retries(retries: u32) -> Self {
+        Self {
+            max_attempts: retries.saturating_add(1),
+            ..Self::default()
+        }
+    }
+
+    /// The backoff ceiling before retry number `retry` (from 1):
+    /// `base_delay * 2^(retry-1)`, capped at `max_delay`.
+    pub fn backoff_ceiling(&self, retry: u32) -> Duration {
+        let factor = 1u32
+            .checked_shl(retry.saturating_sub(1))
+            .unwrap_or(u32::MAX);
+        self.base_delay
+            .checked_mul(factor)
+            .unwrap_or(Duration::MAX)
+            .min(self.max_delay)
+    }
+
+    /// "Full jitter": a wait drawn uniformly from `[0, ceiling]`, with
+    /// `fraction` in `[0, 1)`.
+    fn jittered(&self, retry: u32, fraction: f64) -> Duration {
+        self.backoff_ceiling(retry)
+            .mul_f64(fraction.clamp(0.0, 1.0))
+    }
+}
+
+/// A provider that retries `inner` under a [`RetryPolicy`].
+pub struct RetryingProvider {
+    inner: Arc<dyn ModelProvider>,
+    policy: RetryPolicy,
+}
+
+impl fmt::Debug for RetryingProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryingProvider")
+            .field("inner", &self.inner)
+            .field("policy", &self.policy)
+            .finish()
+    }
+}
+
+impl RetryingProvider {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn ModelProvider>, policy: RetryPolicy) -> Self {
+        Self { inner, policy }
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.policy
+    }
+
+    /// One attempt: the inner stream with its first item already read, or
+    /// the error that ended the attempt before anything was forwarded.
+    async fn attempt(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
+        let mut stream = self.inner.stream(request).await?;
+        match stream.next().await {
+            // Nothing was forwarded yet, so the error may be retried. An
+            // empty body (e.g. reset before any byte) counts as well.
+            Some(Err(e)) if retry_first_item(&e) => Err(e),
+            Some(first) => Ok(Box::pin(
+                futures::stream::once(async move { first }).chain(stream),
+            )),
+            None => Ok(stream),
+        }
+    }
+}
+
+/// Whether an error that is a stream's first item may be retried.
+fn retry_first_item(error: &ModelError) -> bool {
+    error.is_retryable() || matches!(error.kind(), ModelError::Truncated(_))
+}
+
+#[async_trait]
+impl ModelProvider for RetryingProvider {
+    async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
+        let max_attempts = self.policy.max_attempts.max(1);
+        let mut attempt = 1u32;
+        loop {
+            let error = match self.attempt(request.clone()).await {
+                Ok(stream) => return Ok(stream),
+                Err(error) => error,
+            };
+            if attempt >= max_attempts || !retry_first_item(&error) {
+                return Err(error.without_retry_after());
+            }
+            let wait = match error.retry_after() {
+                Some(asked) if asked > self.policy.max_retry_after => {
+                    tracing::warn!(
+                        error = %error,
+                        max_retry_after = ?self.policy.max_retry_after,
+                        "model upstream asked to wait longer than allowed; giving up"
+                    );
+                    return Err(error.without_retry_after());
+                }
+                Some(asked) => asked,
+                None => self.policy.jittered(attempt, random_fraction()),
+            };
+            tracing::warn!(
+                error = %error,
+                attempt,
+                max_attempts,
+                wait = ?wait,
+                "model step failed before any output; retrying"
+            );
+            tokio::time::sleep(wait).await;
+            attempt += 1;
+        }
+    }
+
+    fn serves(&self, model: &str) -> bool {
+        self.inner.serves(model)
+    }
+}
+
+/// For HTTP providers: the wait an error answer asks for, from
+/// `retry-after-ms` (milliseconds, fractional allowed) or else `Retry-After`
+/// (whole seconds; the HTTP-date form is not understood and ignored).
+/// Attach it with [`ModelError::with_retry_after`].
+pub fn retry_after_header(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    let ms = header("retry-after-ms")
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms >= 0.0)
+        .and_then(|ms| Duration::try_from_secs_f64(ms / 1000.0).ok());
+    ms.or_else(|| {
+        header("retry-after")
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(Duration::from_secs)
+    })
+}
+
+/// A cheap uniform draw from `[0, 1)`: splitmix64 over the clock and a
+/// counter. Only spreads retries out; nothing depends on its quality.
+fn random_fraction() -> f64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut z = nanos ^ COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::model::ModelEvent;
+    use crate::model::fake_openai::{FakeOpenAi, FakeReply, finish_chunk, text_chunk};
+    use crate::model::openai::{OpenAiConfig, OpenAiProvider};
+    use crate::types::{ContentBlock, Message, NewMessage, Role, StopReason};
+
+    /// Guards every wait so a bug fails the test instead of hanging it.
+    const GUARD: Duration = Duration::from_secs(10);
+
+    type Item = Result<ModelEvent, ModelError>;
+
+    fn fast_policy() -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: 3,
+            base_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(5),
+            max_retry_after: Duration::from_secs(1),
+        }
+    }
+
+    fn provider(fake: &FakeOpenAi, policy: RetryPolicy) -> RetryingProvider {
+        let inner = OpenAiProvider::new(OpenAiConfig {
+            idle_timeout: Duration::from_secs(5),
+            ..OpenAiConfig::new(fake.base_url())
+        })
+        .unwrap();
+        RetryingProvider::new(Arc::new(inner), policy)
+    }
+
+    fn request() -> ModelRequest {
+        ModelRequest {
+            model: "gpt-test".into(),
+            system_prompt: None,
+            messages: vec![Message {
+                seq: 1,
+                body: NewMessage::new("t", Role::User, vec![ContentBlock::text("hi")]),
+                compacted: false,
+            }],
+            thinking: None,
+            tools: Vec::new(),
+        }
+    }
+
+    async fn run(provider: &RetryingProvider) -> Result<Vec<Item>, ModelError> {
+        let stream = tokio::time::timeout(GUARD, provider.stream(request()))
+            .await
+            .expect("stream() hung")?;
+        Ok(tokio::time::timeout(GUARD, stream.collect())
+            .await
+            .expect("stream hung"))
+    }
+
+    fn success() -> FakeReply {
+        FakeReply::sse(vec![text_chunk("ok"), finish_chunk("stop")])
+    }
+
+    fn success_events() -> Vec<ModelEvent> {
+        vec![
+            ModelEvent::TextDelta("ok".into()),
+            ModelEvent::Finished(StopReason::Stop),
+        ]
+    }
+
+    fn status(code: u16) -> FakeReply {
+        FakeReply::Status {
+            code,
+            body: r#"{"error":{"message":"upstream-body-secret"}}"#.into(),
+        }
+    }
+
+    fn status_with(code: u16, header: &str, value: &str) -> FakeReply {
+        FakeReply::StatusWithHeaders {
+            code,
+            headers: vec![(header.into(), value.into())],
+            body: "{}".into(),
+        }
+    }
+
+    fn ok_events(items: Vec<Item>) -> Vec<ModelEvent> {
+        items.into_iter().map(Result::unwrap).collect()
+    }
+
+    #[tokio::test]
+    async fn rate_limited_with_retry_after_ms_waits_then_succeeds() {
+        let fake =
+            FakeOpenAi::start(vec![status_with(429, "retry-after-ms", "50"), success()]).await;
+        let started = Instant::now();
+        let items = run(&provider(&fake, fast_policy())).await.unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        assert_eq!(ok_events(items), success_events());
+        assert_eq!(fake.requests().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn rate_limited_with_retry_after_seconds_waits_then_succeeds() {
+        let fake = FakeOpenAi::start(vec![status_with(429, "Retry-After", "1"), success()]).await;
+        let policy = RetryPolicy {
+            max_retry_after: Duration::from_secs(2),
+            ..fast_policy()
+        };
+        let started = Instant::now();
+        let items = run(&provider(&fake, policy)).await.unwrap();
+        assert!(started.elapsed() >= Duration::from_secs(1));
+        assert_eq!(ok_events(items), success_events());
+        assert_eq!(fake.requests().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn server_error_then_success_is_retried() {
+        let fake = FakeOpenAi::start(vec![status(500), success()]).await;
+        let items = run(&provider(&fake, fast_policy())).await.unwrap();
+        assert_eq!(ok_events(items), success_events());
+        assert_eq!(fake.requests().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn conflict_and_overloaded_are_retried() {
+        let fake = FakeOpenAi::start(vec![status(409), status(529), success()]).await;
+        let items = run(&provider(&fake, fast_policy())).await.unwrap();
+        assert_eq!(ok_events(items), success_events());
+        assert_eq!(fake.requests().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn three_unavailable_give_up_after_max_attempts() {
+        let fake = FakeOpenAi::start(vec![status(503)]).await;
+        let err = run(&provider(&fake, fast_policy())).await.unwrap_err();
+        assert!(matches!(err, ModelError::Unavailable(_)), "{err:?}");
+        assert!(!format!("{err:?}").contains("upstream-body-secret"));
+        assert_eq!(fake.requests().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn max_retries_zero_sends_once() {
+        let fake = FakeOpenAi::start(vec![status(503), success()]).await;
+        let policy = RetryPolicy {
+            max_attempts: RetryPolicy::with_max_retries(0).max_attempts,
+            ..fast_policy()
+        };
+        let err = run(&provider(&fake, policy)).await.unwrap_err();
+        assert!(matches!(err, ModelError::Unavailable(_)), "{err:?}");
+        assert_eq!(fake.requests().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn stream_cut_after_text_is_not_retried() {
+        let fake = FakeOpenAi::start(vec![
+            FakeReply::Sse {
+                chunks: vec![text_chunk("par")],
+                done: false,
+                then_hang: false,
+            },
+            success(),
+        ])
+        .await;
+        let items = run(&provider(&fake, fast_policy())).await.unwrap();
+        assert_eq!(items.len(), 2, "{items:?}");
+        assert_eq!(
+            items[0].as_ref().unwrap(),
+            &ModelEvent::TextDelta("par".into())
+        );
+        assert!(
+            matches!(items[1], Err(ModelError::Truncated(_))),
+            "{items:?}"
+        );
+        assert_eq!(fake.requests().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn stream_cut_before_any_event_is_retried() {
+        let fake = FakeOpenAi::start(vec![
+            FakeReply::Sse {
+                chunks: vec![],
+                done: false,
+                then_hang: false,
+            },
+            success(),
+        ])
+        .await;
+        let items = run(&provider(&fake, fast_policy())).await.unwrap();
+        assert_eq!(ok_events(items), success_events());
+        assert_eq!(fake.requests().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn bad_request_is_not_retried() {
+        let fake = FakeOpenAi::start(vec![status(400), success()]).await;
+        let err = run(&provider(&fake, fast_policy())).await.unwrap_err();
+        assert!(matches!(err, ModelError::Rejected(_)), "{err:?}");
+        assert_eq!(fake.requests().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn retry_after_above_the_cap_gives_up_at_once() {
+        let fake = FakeOpenAi::start(vec![status_with(429, "retry-after", "120"), success()]).await;
+        let started = Instant::now();
+        let err = run(&provider(&fake, fast_policy())).await.unwrap_err();
+        assert!(matches!(err, ModelError::RateLimited(_)), "{err:?}");
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!(fake.requests().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn dropping_the_future_stops_the_retries() {
+        let fake = FakeOpenAi::start(vec![status_with(503, "retry-after-ms", "300")]).await;
+        let provider = provider(&fake, fast_policy());
+        let pending = tokio::time::timeout(Duration::from_millis(100), provider.stream(request()));
+        assert!(pending.await.is_err(), "should still be waiting");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(fake.requests().len(), 1);
+    }
+
+    #[test]
+    fn openai_refusals_carry_the_retry_hint() {
+        let error =
+            ModelError::RateLimited("HTTP 429".into()).with_retry_after(Duration::from_secs(2));
+        assert_eq!(error.retry_after(), Some(Duration::from_secs(2)));
+        assert!(error.is_retryable());
+        assert_eq!(
+            error.public_message(),
+            ModelError::RateLimited(String::new()).public_message()
+        );
+        let again = error.with_retry_after(Duration::from_secs(1));
+        assert!(
+            matches!(&again, ModelError::RetryAfter { error, .. } if matches!(**error, ModelError::RateLimited(_)))
+        );
+        assert!(matches!(
+            again.without_retry_after(),
+            ModelError::RateLimited(_)
+        ));
+        assert!(!ModelError::Rejected("x".into()).is_retryable());
+        assert!(!ModelError::Truncated("x".into()).is_retryable());
+        assert!(ModelError::Unavailable("x".into()).is_retryable());
+    }
+
+    #[test]
+    fn retry_after_headers_are_parsed() {
+        use reqwest::header::{HeaderMap, HeaderValue};
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in pairs {
+                map.insert(*name, HeaderValue::from_static(value));
+            }
+            retry_after_header(&map)
+        };
+        assert_eq!(headers(&[]), None);
+        assert_eq!(
+            headers(&[("retry-after", "3")]),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            headers(&[("retry-after-ms", "1500.5"), ("retry-after", "3")]),
+            Some(Duration::from_micros(1_500_500))
+        );
+        assert_eq!(
+            headers(&[("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT")]),
+            None
+        );
+        assert_eq!(headers(&[("retry-after-ms", "-1")]), None);
+    }
+
+    #[test]
+    fn backoff_doubles_is_capped_and_jittered() {
+        let policy = RetryPolicy::default();
+        assert_eq!(policy.backoff_ceiling(1), Duration::from_millis(250));
+        assert_eq!(policy.backoff_ceiling(2), Duration::from_millis(500));
+        assert_eq!(policy.backoff_ceiling(6), Duration::from_secs(8));
+        assert_eq!(policy.backoff_ceiling(100), Duration::from_secs(8));
+        assert_eq!(policy.jittered(2, 0.0), Duration::ZERO);
+        assert_eq!(policy.jittered(2, 0.5), Duration::from_millis(250));
+        for _ in 0..1000 {
+            let f = random_fraction();
+            assert!((0.0..1.0).contains(&f), "{f}");
+        }
+        assert_eq!(RetryPolicy::with_max_retries(2), RetryPolicy::default());
+    }
+}
