@@ -24,6 +24,7 @@ pub mod echo;
 pub mod fake_anthropic;
 #[doc(hidden)]
 pub mod fake_openai;
+mod http;
 pub mod openai;
 pub mod retry;
 pub mod sse;

@@ -9,7 +9,6 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::net::IpAddr;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -19,14 +18,10 @@ use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::retry::retry_after_header;
+use super::http::{self, error_chain, truncated};
 use super::sse::SseParser;
 use super::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream};
 use crate::types::{ContentBlock, Role, StopReason, ThinkingLevel, Usage, flatten_text};
-
-/// How much of a refusal body is logged (at debug level only: bodies can
-/// echo prompts).
-const LOGGED_BODY_BYTES: usize = 512;
 
 /// Settings of one OpenAI-compatible endpoint.
 #[derive(Clone)]
@@ -119,17 +114,7 @@ impl OpenAiProvider {
             url: config.base_url.clone(),
             reason,
         };
-        let root = config.base_url.trim_end_matches('/');
-        let endpoint = reqwest::Url::parse(&format!("{root}/chat/completions"))
-            .map_err(|e| invalid(e.to_string()))?;
-        if !matches!(endpoint.scheme(), "http" | "https") {
-            return Err(invalid("the scheme must be http or https".into()));
-        }
-        if endpoint.query().is_some() || endpoint.fragment().is_some() {
-            return Err(invalid(
-                "a query or fragment cannot be extended with a path".into(),
-            ));
-        }
+        let endpoint = http::endpoint(&config.base_url, "chat/completions").map_err(invalid)?;
         if config.connect_timeout.is_zero() || config.idle_timeout.is_zero() {
             return Err(OpenAiConfigError::ZeroTimeout);
         }
@@ -142,19 +127,8 @@ impl OpenAiProvider {
             }
             None => None,
         };
-        // A redirect would re-send the prompt (and maybe the key) to a place
-        // nobody configured.
-        let mut builder = reqwest::Client::builder()
-            .connect_timeout(config.connect_timeout)
-            .redirect(reqwest::redirect::Policy::none());
-        // Environment proxies have no loopback exemption by default, and a
-        // local model server is never meant to be reached through one.
-        if is_loopback(&endpoint) {
-            builder = builder.no_proxy();
-        }
-        let client = builder
-            .build()
-            .map_err(|e| OpenAiConfigError::Client(error_chain(&e)))?;
+        let client =
+            http::client(&endpoint, config.connect_timeout).map_err(OpenAiConfigError::Client)?;
         Ok(Self {
             client,
             endpoint,
@@ -181,34 +155,7 @@ impl ModelProvider for OpenAiProvider {
             http = http.header(AUTHORIZATION, auth.clone());
         }
         tracing::debug!(model = %request.model, endpoint = %self.endpoint, "starting chat completion");
-        // reqwest only bounds the connect phase; a server that accepts and
-        // then stays silent must not hold the turn forever.
-        let wait = self.connect_timeout.saturating_add(self.idle_timeout);
-        let response = match tokio::time::timeout(wait, http.send()).await {
-            Err(_) => {
-                return Err(ModelError::Unavailable(format!(
-                    "no response headers within {wait:?}"
-                )));
-            }
-            Ok(Err(e)) => return Err(ModelError::Unavailable(error_chain(&e.without_url()))),
-            Ok(Ok(response)) => response,
-        };
-        if !response.status().is_success() {
-            return Err(refusal(response, self.idle_timeout).await);
-        }
-        if let Some(content_type) = response.headers().get(CONTENT_TYPE) {
-            let content_type = content_type.to_str().unwrap_or_default();
-            if !content_type
-                .trim_start()
-                .to_ascii_lowercase()
-                .starts_with("text/event-stream")
-            {
-                tracing::debug!(content_type, "model upstream did not answer with a stream");
-                return Err(ModelError::Malformed(
-                    "the response is not text/event-stream".into(),
-                ));
-            }
-        }
+        let response = http::send_for_stream(http, self.connect_timeout, self.idle_timeout).await?;
         Ok(ChunkStream::new(response, self.idle_timeout).into_stream())
     }
 
@@ -216,63 +163,6 @@ impl ModelProvider for OpenAiProvider {
         self.models
             .as_ref()
             .is_none_or(|models| models.iter().any(|m| m == model))
-    }
-}
-
-fn is_loopback(url: &reqwest::Url) -> bool {
-    let Some(host) = url.host_str() else {
-        return false;
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    host.eq_ignore_ascii_case("localhost")
-        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
-/// reqwest's top-level messages ("error sending request") hide the cause.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut out = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        out.push_str(": ");
-        out.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    out
-}
-
-/// Maps a non-2xx answer to an error. The body stays out of the error (it
-/// may echo the prompt or the key) and is only logged, truncated.
-async fn refusal(mut response: reqwest::Response, idle_timeout: Duration) -> ModelError {
-    let status = response.status();
-    let retry_headers = response.headers().clone();
-    let mut body = Vec::new();
-    let _ = tokio::time::timeout(idle_timeout, async {
-        while body.len() < LOGGED_BODY_BYTES {
-            match response.chunk().await {
-                Ok(Some(chunk)) => body.extend_from_slice(&chunk),
-                _ => break,
-            }
-        }
-    })
-    .await;
-    body.truncate(LOGGED_BODY_BYTES);
-    tracing::debug!(
-        status = status.as_u16(),
-        body = %String::from_utf8_lossy(&body),
-        "model upstream refused the request"
-    );
-    let code = status.as_u16();
-    let message = format!("HTTP {code}");
-    let error = match code {
-        429 => ModelError::RateLimited(message),
-        401 | 403 => ModelError::Unauthorized(message),
-        // 409: a conflicting concurrent request; 529: overloaded.
-        408 | 409 | 500..=599 => ModelError::Unavailable(message),
-        _ => ModelError::Rejected(message),
-    };
-    match retry_after_header(&retry_headers) {
-        Some(wait) if error.is_retryable() => error.with_retry_after(wait),
-        _ => error,
     }
 }
 
@@ -697,14 +587,6 @@ impl ChunkStream {
             self.usage = Some(usage.into());
         }
     }
-}
-
-fn truncated(text: &str) -> &str {
-    let mut end = text.len().min(LOGGED_BODY_BYTES);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 #[cfg(test)]
