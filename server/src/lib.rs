@@ -413,6 +413,9 @@ impl ServerBuilder {
             () = shutdown => {}
         }
         tracing::info!(grace = ?self.config.shutdown_grace, "draining");
+        // Refuse new turns first: a client that saw NOT_SERVING must not
+        // still get a turn admitted.
+        runtime.stop_admitting();
         health
             .set_service_status("", ServingStatus::NotServing)
             .await;

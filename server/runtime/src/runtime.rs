@@ -612,8 +612,10 @@ impl Runtime {
         self.inner.closed.load(Ordering::Acquire)
     }
 
-    /// Refuses new turns from now on and reports the runtime as draining.
-    pub(crate) fn stop_admitting(&self) {
+    /// Refuses new turns from now on (UNAVAILABLE) and reports the runtime
+    /// as draining. Call it before telling anyone the server is draining,
+    /// so that nobody who saw NOT_SERVING can still get a turn admitted.
+    pub fn stop_admitting(&self) {
         self.inner.closed.store(true, Ordering::Release);
         self.inner.draining.send_replace(true);
     }
