@@ -131,40 +131,47 @@ impl AgentRuntime for Echo {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    // The baseline needs Chat only; nothing else is served here.
+    // The baseline's turns are stateless echoes: nothing is registered, so
+    // there is never a live turn to watch, inspect or stop, no runner to
+    // close and no tool call waiting for a result.
     async fn subscribe(
         &self,
         _req: Request<pb::SubscribeRequest>,
     ) -> Result<Response<Events>, Status> {
-        Err(Status::unimplemented("bench echo baseline: Chat only"))
+        let (_tx, rx) = mpsc::channel(1);
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 
     async fn stop_session(
         &self,
         _req: Request<pb::StopSessionRequest>,
     ) -> Result<Response<pb::StopSessionResponse>, Status> {
-        Err(Status::unimplemented("bench echo baseline: Chat only"))
+        Err(Status::failed_precondition(
+            "the bench echo baseline's turns are not registered and cannot be stopped",
+        ))
     }
 
     async fn get_session_status(
         &self,
         _req: Request<pb::GetSessionStatusRequest>,
     ) -> Result<Response<pb::SessionStatus>, Status> {
-        Err(Status::unimplemented("bench echo baseline: Chat only"))
+        Ok(Response::new(pb::SessionStatus::default()))
     }
 
     async fn close_session(
         &self,
         _req: Request<pb::CloseSessionRequest>,
     ) -> Result<Response<pb::CloseSessionResponse>, Status> {
-        Err(Status::unimplemented("bench echo baseline: Chat only"))
+        Ok(Response::new(pb::CloseSessionResponse { closed: false }))
     }
 
     async fn submit_tool_result(
         &self,
         _req: Request<pb::SubmitToolResultRequest>,
     ) -> Result<Response<pb::SubmitToolResultResponse>, Status> {
-        Err(Status::unimplemented("bench echo baseline: Chat only"))
+        Err(Status::failed_precondition(
+            "the bench echo baseline never calls tools",
+        ))
     }
 }
 
