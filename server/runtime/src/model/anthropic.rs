@@ -16,8 +16,8 @@ use base64::engine::general_purpose::STANDARD;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 
-use super::http::{self, error_chain, truncated};
-use super::sse::SseParser;
+use super::http::{self, SseDecoder, truncated};
+use super::sse::SseEvent;
 use super::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream};
 use crate::types::{ContentBlock, Role, StopReason, ThinkingLevel, Usage, flatten_text};
 
@@ -181,7 +181,11 @@ impl ModelProvider for AnthropicProvider {
         }
         tracing::debug!(model = %request.model, endpoint = %self.endpoint, "starting anthropic message");
         let response = http::send_for_stream(http, self.connect_timeout, self.idle_timeout).await?;
-        Ok(EventStream::new(response, self.idle_timeout).into_stream())
+        Ok(http::sse_stream(
+            response,
+            self.idle_timeout,
+            EventDecoder::default(),
+        ))
     }
 
     fn serves(&self, model: &str) -> bool {
@@ -378,105 +382,46 @@ fn stop_reason(wire: &str) -> StopReason {
     }
 }
 
-/// The state behind a step's [`ModelStream`]. It owns the response, so
-/// dropping the stream drops the connection; it also drops the response as
-/// soon as the outcome is known.
-struct EventStream {
-    response: Option<reqwest::Response>,
-    parser: SseParser,
-    pending: VecDeque<Result<ModelEvent, ModelError>>,
+/// The decoding state of one Messages stream.
+#[derive(Default)]
+struct EventDecoder {
+    decoded: VecDeque<ModelEvent>,
     blocks: BTreeMap<u64, Block>,
     stop_reason: Option<StopReason>,
     usage: Option<WireUsage>,
-    idle_timeout: Duration,
+    /// Set at `message_stop`.
+    done: bool,
 }
 
-impl EventStream {
-    fn new(response: reqwest::Response, idle_timeout: Duration) -> Self {
-        Self {
-            response: Some(response),
-            parser: SseParser::new(),
-            pending: VecDeque::new(),
-            blocks: BTreeMap::new(),
-            stop_reason: None,
-            usage: None,
-            idle_timeout,
+impl SseDecoder for EventDecoder {
+    const END: &'static str = "message_stop";
+
+    fn decode(&mut self, event: SseEvent) -> Result<bool, ModelError> {
+        let data = event.data.trim();
+        if data.is_empty() {
+            return Ok(false);
         }
+        let value: Value = serde_json::from_str(data).map_err(|e| {
+            tracing::debug!(event = %truncated(data), "unparseable model stream event");
+            ModelError::Malformed(format!("a stream event is not valid JSON: {e}"))
+        })?;
+        // The data repeats the event name as `type`; prefer it.
+        let kind = value
+            .get("type")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .or(event.event)
+            .unwrap_or_default();
+        self.on_event(&kind, &value)?;
+        Ok(self.done)
     }
 
-    fn into_stream(self) -> ModelStream {
-        Box::pin(futures::stream::unfold(self, |mut state| async move {
-            let item = state.next_item().await?;
-            Some((item, state))
-        }))
+    fn next_decoded(&mut self) -> Option<ModelEvent> {
+        self.decoded.pop_front()
     }
+}
 
-    async fn next_item(&mut self) -> Option<Result<ModelEvent, ModelError>> {
-        loop {
-            if let Some(item) = self.pending.pop_front() {
-                return Some(item);
-            }
-            let response = self.response.as_mut()?;
-            match tokio::time::timeout(self.idle_timeout, response.chunk()).await {
-                Err(_) => self.fail(ModelError::Unavailable(format!(
-                    "no data for {:?}",
-                    self.idle_timeout
-                ))),
-                Ok(Err(e)) => self.fail(ModelError::Truncated(format!(
-                    "reading the stream failed: {}",
-                    error_chain(&e.without_url())
-                ))),
-                Ok(Ok(None)) => self.fail(ModelError::Truncated(
-                    "the stream ended without message_stop".into(),
-                )),
-                Ok(Ok(Some(bytes))) => self.on_bytes(&bytes),
-            }
-        }
-    }
-
-    /// Queues `error` as the last item and closes the connection now.
-    fn fail(&mut self, error: ModelError) {
-        self.response = None;
-        self.pending.push_back(Err(error));
-    }
-
-    fn on_bytes(&mut self, bytes: &[u8]) {
-        let events = match self.parser.push(bytes) {
-            Ok(events) => events,
-            Err(e) => return self.fail(ModelError::Malformed(e.to_string())),
-        };
-        for event in events {
-            if self.response.is_none() {
-                break;
-            }
-            let data = event.data.trim();
-            if data.is_empty() {
-                continue;
-            }
-            let value: Value = match serde_json::from_str(data) {
-                Ok(value) => value,
-                Err(e) => {
-                    tracing::debug!(event = %truncated(data), "unparseable model stream event");
-                    self.fail(ModelError::Malformed(format!(
-                        "a stream event is not valid JSON: {e}"
-                    )));
-                    break;
-                }
-            };
-            // The data repeats the event name as `type`; prefer it.
-            let kind = value
-                .get("type")
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-                .or(event.event)
-                .unwrap_or_default();
-            if let Err(e) = self.on_event(&kind, &value) {
-                self.fail(e);
-                break;
-            }
-        }
-    }
-
+impl EventDecoder {
     fn on_event(&mut self, kind: &str, data: &Value) -> Result<(), ModelError> {
         match kind {
             "message_start" => {
@@ -507,8 +452,7 @@ impl EventStream {
                     Some("thinking") => {
                         let thinking = str_field("thinking");
                         if !thinking.is_empty() {
-                            self.pending
-                                .push_back(Ok(ModelEvent::ReasoningDelta(thinking)));
+                            self.decoded.push_back(ModelEvent::ReasoningDelta(thinking));
                         }
                         Block::Thinking {
                             signature: str_field("signature"),
@@ -538,8 +482,8 @@ impl EventStream {
                     (Some("thinking_delta"), _) => {
                         let thinking = str_field("thinking").unwrap_or_default();
                         if !thinking.is_empty() {
-                            self.pending
-                                .push_back(Ok(ModelEvent::ReasoningDelta(thinking.to_owned())));
+                            self.decoded
+                                .push_back(ModelEvent::ReasoningDelta(thinking.to_owned()));
                         }
                     }
                     (Some("signature_delta"), Block::Thinking { signature }) => {
@@ -564,8 +508,8 @@ impl EventStream {
                 let index = block_index(data)?;
                 match self.blocks.remove(&index) {
                     Some(Block::Thinking { signature }) if !signature.is_empty() => {
-                        self.pending
-                            .push_back(Ok(ModelEvent::ThinkingSignature(signature)));
+                        self.decoded
+                            .push_back(ModelEvent::ThinkingSignature(signature));
                     }
                     Some(Block::ToolUse { id, name, json }) => {
                         if id.is_empty() || name.is_empty() {
@@ -583,11 +527,11 @@ impl EventStream {
                                 "a tool call's input is not valid JSON".into(),
                             ));
                         }
-                        self.pending.push_back(Ok(ModelEvent::ToolCall {
+                        self.decoded.push_back(ModelEvent::ToolCall {
                             id,
                             name,
                             arguments_json,
-                        }));
+                        });
                     }
                     _ => {}
                 }
@@ -601,12 +545,12 @@ impl EventStream {
                 }
             }
             "message_stop" => {
-                self.response = None;
+                self.done = true;
                 if let Some(usage) = self.usage.take() {
-                    self.pending.push_back(Ok(ModelEvent::Usage(usage.into())));
+                    self.decoded.push_back(ModelEvent::Usage(usage.into()));
                 }
                 let reason = self.stop_reason.unwrap_or(StopReason::Stop);
-                self.pending.push_back(Ok(ModelEvent::Finished(reason)));
+                self.decoded.push_back(ModelEvent::Finished(reason));
             }
             "error" => {
                 let kind = data
@@ -629,7 +573,7 @@ impl EventStream {
 
     fn push_text(&mut self, text: String) {
         if !text.is_empty() {
-            self.pending.push_back(Ok(ModelEvent::TextDelta(text)));
+            self.decoded.push_back(ModelEvent::TextDelta(text));
         }
     }
 

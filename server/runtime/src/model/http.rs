@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use reqwest::header::CONTENT_TYPE;
 
-use super::ModelError;
 use super::retry::retry_after_header;
+use super::sse::{SseEvent, SseParser};
+use super::{ModelError, ModelEvent, ModelStream};
 
 /// Most of a refusal's body that is logged (at debug level, never returned).
 pub(crate) const LOGGED_BODY_BYTES: usize = 512;
@@ -152,4 +153,103 @@ pub(crate) fn truncated(text: &str) -> &str {
         end -= 1;
     }
     &text[..end]
+}
+
+/// A provider's decoding of its SSE events into model events.
+pub(crate) trait SseDecoder: Send + 'static {
+    /// What ends a complete stream, named in the error when it is missing.
+    const END: &'static str;
+
+    /// Handles one event; `Ok(true)` once the stream is complete. Decoded
+    /// items are queued for [`SseDecoder::next_decoded`].
+    fn decode(&mut self, event: SseEvent) -> Result<bool, ModelError>;
+
+    /// The next queued item.
+    fn next_decoded(&mut self) -> Option<ModelEvent>;
+}
+
+/// The stream of a step: reads the body with an idle timeout, feeds the SSE
+/// parser and the decoder, and ends with the decoder's items then at most
+/// one error. It owns the response, so dropping the stream drops the
+/// connection; the response is also dropped as soon as the outcome is known.
+pub(crate) fn sse_stream<D: SseDecoder>(
+    response: reqwest::Response,
+    idle_timeout: Duration,
+    decoder: D,
+) -> ModelStream {
+    let body = SseBody {
+        response: Some(response),
+        parser: SseParser::new(),
+        decoder,
+        error: None,
+        idle_timeout,
+    };
+    Box::pin(futures::stream::unfold(body, |mut body| async move {
+        let item = body.next_item().await?;
+        Some((item, body))
+    }))
+}
+
+struct SseBody<D> {
+    response: Option<reqwest::Response>,
+    parser: SseParser,
+    decoder: D,
+    /// The final error, delivered after the items decoded before it.
+    error: Option<ModelError>,
+    idle_timeout: Duration,
+}
+
+impl<D: SseDecoder> SseBody<D> {
+    async fn next_item(&mut self) -> Option<Result<ModelEvent, ModelError>> {
+        loop {
+            if let Some(event) = self.decoder.next_decoded() {
+                return Some(Ok(event));
+            }
+            if let Some(error) = self.error.take() {
+                return Some(Err(error));
+            }
+            let response = self.response.as_mut()?;
+            match tokio::time::timeout(self.idle_timeout, response.chunk()).await {
+                Err(_) => self.fail(ModelError::Unavailable(format!(
+                    "no data for {:?}",
+                    self.idle_timeout
+                ))),
+                Ok(Err(e)) => self.fail(ModelError::Truncated(format!(
+                    "reading the stream failed: {}",
+                    error_chain(&e.without_url())
+                ))),
+                Ok(Ok(None)) => self.fail(ModelError::Truncated(format!(
+                    "the stream ended without {}",
+                    D::END
+                ))),
+                Ok(Ok(Some(bytes))) => self.on_bytes(&bytes),
+            }
+        }
+    }
+
+    /// Ends the stream with `error` and closes the connection now.
+    fn fail(&mut self, error: ModelError) {
+        self.response = None;
+        self.error = Some(error);
+    }
+
+    fn on_bytes(&mut self, bytes: &[u8]) {
+        let events = match self.parser.push(bytes) {
+            Ok(events) => events,
+            Err(e) => return self.fail(ModelError::Malformed(e.to_string())),
+        };
+        for event in events {
+            match self.decoder.decode(event) {
+                Ok(false) => {}
+                Ok(true) => {
+                    self.response = None;
+                    break;
+                }
+                Err(e) => {
+                    self.fail(e);
+                    break;
+                }
+            }
+        }
+    }
 }

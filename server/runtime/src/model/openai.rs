@@ -18,8 +18,9 @@ use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::http::{self, error_chain, truncated};
-use super::sse::SseParser;
+use super::http::SseDecoder;
+use super::http::{self, truncated};
+use super::sse::SseEvent;
 use super::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream};
 use crate::types::{ContentBlock, Role, StopReason, ThinkingLevel, Usage, flatten_text};
 
@@ -156,7 +157,11 @@ impl ModelProvider for OpenAiProvider {
         }
         tracing::debug!(model = %request.model, endpoint = %self.endpoint, "starting chat completion");
         let response = http::send_for_stream(http, self.connect_timeout, self.idle_timeout).await?;
-        Ok(ChunkStream::new(response, self.idle_timeout).into_stream())
+        Ok(http::sse_stream(
+            response,
+            self.idle_timeout,
+            ChunkDecoder::default(),
+        ))
     }
 
     fn serves(&self, model: &str) -> bool {
@@ -397,32 +402,28 @@ fn stop_reason(finish_reason: &str) -> StopReason {
     }
 }
 
-/// The state behind a step's [`ModelStream`]. It owns the response, so
-/// dropping the stream drops the connection; it also drops the response as
-/// soon as the outcome is known.
-struct ChunkStream {
-    response: Option<reqwest::Response>,
-    parser: SseParser,
-    pending: VecDeque<Result<ModelEvent, ModelError>>,
+/// The decoding state of one Chat Completions stream.
+#[derive(Default)]
+struct ChunkDecoder {
+    decoded: VecDeque<ModelEvent>,
     finish_reason: Option<StopReason>,
     usage: Option<Usage>,
     tool_calls: Vec<PartialCall>,
-    idle_timeout: Duration,
 }
 
-impl ChunkStream {
-    fn new(response: reqwest::Response, idle_timeout: Duration) -> Self {
-        Self {
-            response: Some(response),
-            parser: SseParser::new(),
-            pending: VecDeque::new(),
-            finish_reason: None,
-            usage: None,
-            tool_calls: Vec::new(),
-            idle_timeout,
-        }
+impl SseDecoder for ChunkDecoder {
+    const END: &'static str = "[DONE]";
+
+    fn decode(&mut self, event: SseEvent) -> Result<bool, ModelError> {
+        self.on_data(event.data.trim())
     }
 
+    fn next_decoded(&mut self) -> Option<ModelEvent> {
+        self.decoded.pop_front()
+    }
+}
+
+impl ChunkDecoder {
     fn on_tool_fragment(&mut self, fragment: WireToolCall) -> Result<(), ModelError> {
         let index = fragment
             .index
@@ -455,108 +456,54 @@ impl ChunkStream {
 
     /// Queues the assembled tool calls; every one needs an id and a name.
     fn flush_tool_calls(&mut self) -> Result<(), ModelError> {
+        if self
+            .tool_calls
+            .iter()
+            .any(|call| call.id.is_empty() || call.name.is_empty())
+        {
+            return Err(ModelError::Malformed(
+                "a tool call arrived without an id or a name".into(),
+            ));
+        }
         for call in std::mem::take(&mut self.tool_calls) {
-            if call.id.is_empty() || call.name.is_empty() {
-                return Err(ModelError::Malformed(
-                    "a tool call arrived without an id or a name".into(),
-                ));
-            }
             let arguments_json = if call.arguments.trim().is_empty() {
                 "{}".to_owned()
             } else {
                 call.arguments
             };
-            self.pending.push_back(Ok(ModelEvent::ToolCall {
+            self.decoded.push_back(ModelEvent::ToolCall {
                 id: call.id,
                 name: call.name,
                 arguments_json,
-            }));
+            });
         }
         Ok(())
     }
 
-    fn into_stream(self) -> ModelStream {
-        Box::pin(futures::stream::unfold(self, |mut state| async move {
-            let item = state.next_item().await?;
-            Some((item, state))
-        }))
-    }
-
-    async fn next_item(&mut self) -> Option<Result<ModelEvent, ModelError>> {
-        loop {
-            if let Some(item) = self.pending.pop_front() {
-                return Some(item);
-            }
-            let response = self.response.as_mut()?;
-            match tokio::time::timeout(self.idle_timeout, response.chunk()).await {
-                Err(_) => self.fail(ModelError::Unavailable(format!(
-                    "no data for {:?}",
-                    self.idle_timeout
-                ))),
-                Ok(Err(e)) => self.fail(ModelError::Truncated(format!(
-                    "reading the stream failed: {}",
-                    error_chain(&e.without_url())
-                ))),
-                Ok(Ok(None)) => self.fail(ModelError::Truncated(
-                    "the stream ended without [DONE]".into(),
-                )),
-                Ok(Ok(Some(bytes))) => self.on_bytes(&bytes),
-            }
-        }
-    }
-
-    /// Queues `error` as the last item and closes the connection now.
-    fn fail(&mut self, error: ModelError) {
-        self.response = None;
-        self.pending.push_back(Err(error));
-    }
-
-    fn on_bytes(&mut self, bytes: &[u8]) {
-        let events = match self.parser.push(bytes) {
-            Ok(events) => events,
-            Err(e) => return self.fail(ModelError::Malformed(e.to_string())),
-        };
-        for event in events {
-            if self.response.is_none() {
-                break;
-            }
-            self.on_data(event.data.trim());
-        }
-    }
-
-    fn on_data(&mut self, data: &str) {
+    /// Handles one event's data; `Ok(true)` at `[DONE]`.
+    fn on_data(&mut self, data: &str) -> Result<bool, ModelError> {
         // Some servers send empty events as keep-alives.
         if data.is_empty() {
-            return;
+            return Ok(false);
         }
         if data == "[DONE]" {
-            self.response = None;
-            if let Err(e) = self.flush_tool_calls() {
-                self.pending.clear();
-                self.pending.push_back(Err(e));
-                return;
-            }
+            self.flush_tool_calls()?;
             // Usage is relayed once, at the end, because some servers repeat
             // a cumulative usage object on every chunk.
             if let Some(usage) = self.usage.take() {
-                self.pending.push_back(Ok(ModelEvent::Usage(usage)));
+                self.decoded.push_back(ModelEvent::Usage(usage));
             }
             let reason = self.finish_reason.unwrap_or(StopReason::Stop);
-            self.pending.push_back(Ok(ModelEvent::Finished(reason)));
-            return;
+            self.decoded.push_back(ModelEvent::Finished(reason));
+            return Ok(true);
         }
-        let chunk: WireChunk = match serde_json::from_str(data) {
-            Ok(chunk) => chunk,
-            Err(e) => {
-                tracing::debug!(chunk = %truncated(data), "unparseable model stream chunk");
-                return self.fail(ModelError::Malformed(format!(
-                    "a stream chunk is not valid JSON: {e}"
-                )));
-            }
-        };
+        let chunk: WireChunk = serde_json::from_str(data).map_err(|e| {
+            tracing::debug!(chunk = %truncated(data), "unparseable model stream chunk");
+            ModelError::Malformed(format!("a stream chunk is not valid JSON: {e}"))
+        })?;
         if let Some(error) = chunk.error {
             tracing::debug!(error = %truncated(&error.to_string()), "model upstream error mid-stream");
-            return self.fail(ModelError::Unavailable(
+            return Err(ModelError::Unavailable(
                 "the upstream reported an error mid-stream".into(),
             ));
         }
@@ -567,16 +514,14 @@ impl ChunkStream {
                     .filter(|r| !r.is_empty())
                     .or(delta.reasoning);
                 if let Some(reasoning) = reasoning.filter(|r| !r.is_empty()) {
-                    self.pending
-                        .push_back(Ok(ModelEvent::ReasoningDelta(reasoning)));
+                    self.decoded
+                        .push_back(ModelEvent::ReasoningDelta(reasoning));
                 }
                 if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
-                    self.pending.push_back(Ok(ModelEvent::TextDelta(text)));
+                    self.decoded.push_back(ModelEvent::TextDelta(text));
                 }
                 for fragment in delta.tool_calls.into_iter().flatten() {
-                    if let Err(e) = self.on_tool_fragment(fragment) {
-                        return self.fail(e);
-                    }
+                    self.on_tool_fragment(fragment)?;
                 }
             }
             if let Some(reason) = choice.finish_reason {
@@ -586,6 +531,7 @@ impl ChunkStream {
         if let Some(usage) = chunk.usage {
             self.usage = Some(usage.into());
         }
+        Ok(false)
     }
 }
 
