@@ -67,6 +67,9 @@ pub enum ChatEvent {
         /// Arguments as a JSON document.
         arguments_json: String,
     },
+    /// Compaction of the context before the first model step (STARTED,
+    /// then COMPLETED or FAILED).
+    Compaction(proto::Compaction),
     /// (Subscribe) events were skipped; the next one has this seq.
     ReplayGap {
         /// Seq of the next event delivered.
@@ -142,6 +145,7 @@ impl TryFrom<proto::ChatEvent> for Event {
                 name: c.name,
                 arguments_json: c.arguments_json,
             },
+            Some(Kind::Compaction(c)) => ChatEvent::Compaction(c),
             Some(Kind::ReplayGap(g)) => ChatEvent::ReplayGap {
                 first_available_seq: g.first_available_seq,
                 lagged: g.lagged,

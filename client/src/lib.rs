@@ -372,6 +372,22 @@ impl Client {
             .closed)
     }
 
+    /// Compacts the session now (summary + the last user turns verbatim).
+    pub async fn compact_session(
+        &self,
+        session_id: &str,
+    ) -> Result<proto::CompactSessionResponse, Error> {
+        let req = proto::CompactSessionRequest {
+            session_id: session_id.to_owned(),
+        };
+        Ok(self
+            .runtime
+            .clone()
+            .compact_session(self.request(req))
+            .await?
+            .into_inner())
+    }
+
     /// Delivers the result of a caller-executed tool call of a live turn.
     pub async fn submit_tool_result(
         &self,

@@ -12,8 +12,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod compaction;
 mod tools;
 
+pub use compaction::CompactionSettings;
 pub use tools::{McpServerConfig, ToolsConfig};
 
 /// The model used when nothing is configured: the offline echo model.
@@ -150,6 +152,8 @@ struct FileConfig {
     mcp_servers: Vec<McpServerConfig>,
     #[serde(default)]
     tools: ToolsConfig,
+    #[serde(default)]
+    compaction: CompactionSettings,
 }
 
 /// The effective configuration.
@@ -161,8 +165,9 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Default `provider/model`. Default `builtin/echo`.
     pub default_model: String,
-    /// Model for titles and compaction (later issues). Default: the default
-    /// model.
+    /// Model for titles and compaction summaries. Default: none — the
+    /// session's model summarises and titles are extracted from the first
+    /// message.
     pub fast_model: Option<String>,
     /// Drain time for live turns on SIGTERM. Default 30 s.
     pub shutdown_grace: Duration,
@@ -180,6 +185,8 @@ pub struct Config {
     pub mcp_servers: Vec<McpServerConfig>,
     /// The tool policy.
     pub tools: ToolsConfig,
+    /// When long conversations are compacted.
+    pub compaction: CompactionSettings,
 }
 
 impl Default for Config {
@@ -197,6 +204,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             mcp_servers: Vec::new(),
             tools: ToolsConfig::default(),
+            compaction: CompactionSettings::default(),
         }
     }
 }
@@ -246,6 +254,7 @@ impl Config {
             auth: file.auth,
             mcp_servers: file.mcp_servers,
             tools: file.tools,
+            compaction: file.compaction,
         })
     }
 
@@ -322,6 +331,7 @@ impl Config {
             ));
         }
         self.validate_tools()?;
+        self.compaction.validate()?;
         let mut keys = std::collections::BTreeSet::new();
         if !self
             .auth

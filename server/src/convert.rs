@@ -7,7 +7,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use agentrt_proto::v1 as pb;
 use agentrt_runtime::ChatInput;
 use agentrt_runtime::RuntimeError;
-use agentrt_runtime::events::{ErrorCode, EventKind, StepKind, ToolStatus, TurnEvent, TurnOutcome};
+use agentrt_runtime::events::{
+    CompactionStatus, ErrorCode, EventKind, StepKind, ToolStatus, TurnEvent, TurnOutcome,
+};
 use agentrt_runtime::runtime::OnDisconnect;
 use agentrt_runtime::types::{
     CancelReason, ContentBlock, LastTurn, Message, NewSession, Role, Session, SessionUpdate,
@@ -426,6 +428,19 @@ pub fn event_to_pb(session_id: &str, turn_id: &str, e: &TurnEvent) -> pb::ChatEv
             call_id: call_id.clone(),
             name: name.clone(),
             arguments_json: arguments_json.clone(),
+        }),
+        EventKind::Compaction(c) => Kind::Compaction(pb::Compaction {
+            status: match c.status {
+                CompactionStatus::Started => pb::CompactionStatus::Started,
+                CompactionStatus::Completed => pb::CompactionStatus::Completed,
+                CompactionStatus::Failed => pb::CompactionStatus::Failed,
+            }
+            .into(),
+            tokens_before: c.tokens_before,
+            tokens_after: c.tokens_after,
+            summary_seq: c.summary_seq,
+            messages_compacted: c.messages_compacted,
+            message: c.message.clone(),
         }),
         EventKind::ReplayGap {
             first_available_seq,

@@ -188,4 +188,25 @@ impl AgentRuntime for Turns {
             .map_err(from_runtime)?;
         Ok(Response::new(pb::SubmitToolResultResponse {}))
     }
+
+    async fn compact_session(
+        &self,
+        req: Request<pb::CompactSessionRequest>,
+    ) -> Result<Response<pb::CompactSessionResponse>, Status> {
+        let who = principal(&req)?;
+        let r = req.into_inner();
+        record_session(&r.session_id);
+        let report = self
+            .runtime
+            .compact_session(&who, &r.session_id)
+            .await
+            .map_err(from_runtime)?;
+        Ok(Response::new(pb::CompactSessionResponse {
+            compacted: report.compacted,
+            tokens_before: report.tokens_before,
+            tokens_after: report.tokens_after,
+            summary_seq: report.summary_seq,
+            messages_compacted: report.messages_compacted,
+        }))
+    }
 }

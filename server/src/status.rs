@@ -22,6 +22,18 @@ pub fn from_runtime(err: RuntimeError) -> Status {
             "the session already has a live turn; wait for it to finish, watch it with Subscribe, or stop it",
             ErrorDetails::with_error_info(SESSION_BUSY, DOMAIN, [("turn_id".to_owned(), turn_id)]),
         ),
+        RuntimeError::SessionCompacting => Status::with_error_details(
+            Code::Aborted,
+            "the session is being compacted (CompactSession); retry when that call has returned",
+            ErrorDetails::with_error_info(
+                SESSION_BUSY,
+                DOMAIN,
+                [("compacting".to_owned(), "true".to_owned())],
+            ),
+        ),
+        RuntimeError::CompactionFailed(why) => {
+            Status::unavailable(format!("{why}; the session was left unchanged"))
+        }
         RuntimeError::SessionArchived => Status::failed_precondition(
             "the session is archived; unarchive it with UpdateSession to start new turns",
         ),

@@ -65,6 +65,10 @@ async fn another_users_session_is_not_found_on_every_rpc() {
         code(bob.delete_session(&session).await.unwrap_err()),
         Code::NotFound
     );
+    assert_eq!(
+        code(bob.compact_session(&session).await.unwrap_err()),
+        Code::NotFound
+    );
     assert!(
         bob.list_sessions(Default::default())
             .await
@@ -84,7 +88,7 @@ async fn another_users_session_is_not_found_on_every_rpc() {
 
     // Alice still has it all.
     let s = alice.get_session(&session).await.unwrap();
-    assert_eq!(s.title, "");
+    assert_ne!(s.title, "stolen");
     assert_eq!(s.owner, "alice");
     assert_eq!(alice.history(&session).await.unwrap().len(), 2);
     server.stop().await;

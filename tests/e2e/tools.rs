@@ -101,6 +101,12 @@ fn label(e: &Event) -> String {
         ChatEvent::ToolCall { call_id, .. } => format!("tool_call:{call_id}"),
         ChatEvent::Heartbeat { .. } => "heartbeat".into(),
         ChatEvent::ReplayGap { .. } => "gap".into(),
+        ChatEvent::Compaction(c) => format!(
+            "compaction:{}",
+            c.status()
+                .as_str_name()
+                .trim_start_matches("COMPACTION_STATUS_")
+        ),
         ChatEvent::Error { .. } => "error".into(),
         ChatEvent::TurnFinished { outcome, .. } => format!(
             "finished:{}",

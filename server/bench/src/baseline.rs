@@ -173,6 +173,14 @@ impl AgentRuntime for Echo {
             "the bench echo baseline never calls tools",
         ))
     }
+
+    async fn compact_session(
+        &self,
+        _req: Request<pb::CompactSessionRequest>,
+    ) -> Result<Response<pb::CompactSessionResponse>, Status> {
+        // Stateless: there is never any history to compact.
+        Ok(Response::new(pb::CompactSessionResponse::default()))
+    }
 }
 
 /// `agentrt-bench echo-server`: serves the echo until killed.

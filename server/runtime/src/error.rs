@@ -37,6 +37,12 @@ pub enum RuntimeError {
         /// The live turn.
         turn_id: String,
     },
+    /// A `CompactSession` call is compacting the session.
+    #[error("session is being compacted")]
+    SessionCompacting,
+    /// `CompactSession` could not produce a summary; nothing changed.
+    #[error("compaction failed: {0}")]
+    CompactionFailed(String),
     /// The session is archived and takes no new turns.
     #[error("session is archived; unarchive it to start new turns")]
     SessionArchived,

@@ -107,6 +107,34 @@ pub struct ToolUse {
     pub content: String,
 }
 
+/// Where a compaction is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CompactionStatus {
+    /// The context is over the budget; summarising.
+    Started,
+    /// The summary is stored; the turn runs on summary + tail.
+    Completed,
+    /// No summary; the turn runs on a truncated context.
+    Failed,
+}
+
+/// One `compaction` event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compaction {
+    /// Started, completed or failed.
+    pub status: CompactionStatus,
+    /// Estimated context tokens before.
+    pub tokens_before: u64,
+    /// Estimated context tokens sent from now on (Completed, Failed).
+    pub tokens_after: u64,
+    /// The stored summary's seq (Completed).
+    pub summary_seq: u64,
+    /// Messages the summary newly covers (Completed).
+    pub messages_compacted: u64,
+    /// Why it failed (Failed).
+    pub message: String,
+}
+
 /// Model step boundary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StepKind {
@@ -183,6 +211,8 @@ pub enum EventKind {
         /// Arguments as a JSON document.
         arguments_json: String,
     },
+    /// Compaction of the context before the turn's first model step.
+    Compaction(Box<Compaction>),
     /// Watchers only (seq 0): events were skipped.
     ReplayGap {
         /// Seq of the next event delivered.
@@ -226,6 +256,7 @@ impl TurnEvent {
                 std::mem::size_of::<ToolUse>() + t.arguments_json.len() + t.content.len()
             }
             EventKind::ToolCall { arguments_json, .. } => arguments_json.len(),
+            EventKind::Compaction(c) => std::mem::size_of::<Compaction>() + c.message.len(),
             EventKind::Step { .. }
             | EventKind::TurnFinished { .. }
             | EventKind::Heartbeat { .. }

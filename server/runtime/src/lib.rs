@@ -10,10 +10,13 @@
 //! - [`runtime`]: [`Runtime`], admission, turns, the runner cache.
 //! - [`toolbox`]: server-side tools ([`toolbox::ToolSource`], MCP servers)
 //!   and the policy hooks around tool calls.
+//! - [`compaction`]: token estimates, cut points and the summariser of
+//!   long conversations.
 //! - [`events`]: the typed events a turn emits.
 //! - [`hub`]: per-turn event fan-out with a bounded replay.
 //! - [`error`]: [`RuntimeError`], the one error type of the core API.
 
+pub mod compaction;
 pub mod error;
 pub mod events;
 pub mod hub;

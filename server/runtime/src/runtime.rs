@@ -2,7 +2,7 @@
 //! session), the per-session runner cache, and shutdown. The turn body is in
 //! [`crate::runtime::turn`]; session registry calls are in `sessions`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -24,19 +24,23 @@ use crate::types::{
 };
 
 mod admin;
+mod compact;
 mod control;
 mod recovery;
 mod replay;
 mod sessions;
 mod stream;
+mod title;
 mod toolrun;
 mod tools;
 mod turn;
 
 pub use admin::RuntimeStats;
+pub use compact::CompactionReport;
 pub use control::SessionStatus;
 pub use sessions::{HistoryPage, SessionList};
 pub use stream::TurnStream;
+pub use title::{TITLE_MAX_CHARS, extract_title};
 
 /// Settings of the runtime core. Every field has a documented default.
 #[derive(Debug, Clone)]
@@ -66,6 +70,12 @@ pub struct RuntimeConfig {
     pub max_waiters_per_session: usize,
     /// Most model steps of one turn's agent loop. Default 32.
     pub max_steps: u32,
+    /// `provider/model` for summaries and titles. Default: none — the
+    /// session's own model summarises and titles are extracted from the
+    /// first message.
+    pub fast_model: Option<String>,
+    /// When and how long conversations are compacted.
+    pub compaction: crate::compaction::CompactionConfig,
 }
 
 impl Default for RuntimeConfig {
@@ -81,6 +91,8 @@ impl Default for RuntimeConfig {
             reap_interval: Duration::from_secs(60),
             max_waiters_per_session: 256,
             max_steps: 32,
+            fast_model: None,
+            compaction: crate::compaction::CompactionConfig::default(),
         }
     }
 }
@@ -209,6 +221,11 @@ pub(crate) struct Inner {
     /// is admitted.
     waiters: Mutex<HashMap<String, Vec<oneshot::Sender<Arc<LiveTurn>>>>>,
     runners: Mutex<HashMap<String, Arc<Runner>>>,
+    /// Sessions a `CompactSession` call is compacting (busy for `Chat`).
+    /// Locked only while holding `live`.
+    compacting: Mutex<HashSet<String>>,
+    /// The resolved `fast_model`.
+    fast: Option<compact::FastModel>,
     tasks: TaskTracker,
     /// No new turns: draining or shutting down.
     closed: AtomicBool,
@@ -281,6 +298,19 @@ impl Runtime {
         models
             .resolve(&config.default_model)
             .map_err(|e| RuntimeError::unknown_model("default_model", &e))?;
+        let fast = match &config.fast_model {
+            Some(name) => {
+                let (provider, provider_model) = models
+                    .resolve(name)
+                    .map_err(|e| RuntimeError::unknown_model("fast_model", &e))?;
+                Some(compact::FastModel {
+                    provider,
+                    provider_model,
+                    name: name.clone(),
+                })
+            }
+            None => None,
+        };
         recovery::recover(store.as_ref()).await?;
         let runtime = Self {
             inner: Arc::new(Inner {
@@ -295,6 +325,8 @@ impl Runtime {
                 live: Mutex::new(HashMap::new()),
                 waiters: Mutex::new(HashMap::new()),
                 runners: Mutex::new(HashMap::new()),
+                compacting: Mutex::new(HashSet::new()),
+                fast,
                 tasks: TaskTracker::new(),
                 closed: AtomicBool::new(false),
                 draining: watch::Sender::new(false),
@@ -422,6 +454,9 @@ impl Runtime {
                     turn_id: busy.turn_id.clone(),
                 });
             }
+            if lock(&inner.compacting).contains(&session.id) {
+                return Err(RuntimeError::SessionCompacting);
+            }
             map.insert(session.id.clone(), Arc::clone(&live));
             BusyGuard {
                 inner: Arc::clone(inner),
@@ -477,6 +512,10 @@ impl Runtime {
             usage: Usage::default(),
             final_message: None,
             open_step: None,
+            compacted_through: session.compacted_through,
+            summary_seq: session.summary_seq,
+            context: Vec::new(),
+            untitled: session.title.is_empty(),
         };
         let emitter =
             turn::Emitter::new(Arc::clone(&live.hub), tx, inner.config.heartbeat_interval);

@@ -81,6 +81,31 @@ pub struct SessionPage {
     pub next: Option<ListCursor>,
 }
 
+/// Checks the arguments of [`Store::store_compaction`] against the session.
+pub(crate) fn check_compaction(
+    session: &crate::types::Session,
+    summary: &NewMessage,
+    through_seq: u64,
+) -> Result<(), StoreError> {
+    let invalid = |why: String| StoreError::Backend(format!("invalid compaction: {why}"));
+    if summary.role != crate::types::Role::Summary {
+        return Err(invalid(format!("the summary has role {:?}", summary.role)));
+    }
+    if through_seq < session.compacted_through {
+        return Err(invalid(format!(
+            "through_seq {through_seq} is below compacted_through {}",
+            session.compacted_through
+        )));
+    }
+    if through_seq >= session.next_seq {
+        return Err(invalid(format!(
+            "through_seq {through_seq} is not below the summary's seq {}",
+            session.next_seq
+        )));
+    }
+    Ok(())
+}
+
 /// Durable storage of sessions, history and turn records.
 ///
 /// Implementations must be safe to call concurrently. Appends to one session
@@ -160,7 +185,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Option<TurnRecord>, StoreError>;
 
     /// Messages with `seq > after_seq`, in seq order, at most `limit`;
-    /// compacted ones only when `include_compacted`.
+    /// compacted ones only when `include_compacted`. Each message's
+    /// `compacted` flag is as [`Session::covers`](crate::types::Session::covers)
+    /// says.
     async fn history(
         &self,
         session_id: &str,
@@ -168,6 +195,25 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         limit: usize,
         include_compacted: bool,
     ) -> Result<Vec<Message>, StoreError>;
+
+    /// Records a compaction, durable as one write: appends `summary` (role
+    /// [`Role::Summary`](crate::types::Role::Summary)) and moves the
+    /// session's `compacted_through` to `through_seq` and `summary_seq` to
+    /// the summary's seq, so every message up to `through_seq` and every
+    /// earlier summary count as compacted. Originals are never rewritten
+    /// or deleted. `through_seq` must not be below the current
+    /// `compacted_through` nor reach the summary's own seq.
+    async fn store_compaction(
+        &self,
+        session_id: &str,
+        summary: NewMessage,
+        through_seq: u64,
+    ) -> Result<Message, StoreError>;
+
+    /// Sets the session's title when it has none (empty); `false` when a
+    /// title was already set, which is then left as it is. Does not count as
+    /// activity.
+    async fn set_title_if_empty(&self, session_id: &str, title: &str) -> Result<bool, StoreError>;
 
     /// Marks every turn record still `Running` as `Interrupted` (with
     /// `finished_at` = now) and updates their sessions' `last_turn`.

@@ -442,6 +442,28 @@ pub struct Session {
     pub message_count: u64,
     /// The seq the next stored message gets (starts at 1).
     pub next_seq: u64,
+    /// Every non-summary message with a seq up to this one is covered by
+    /// the summary [`Session::summary_seq`] (0: never compacted).
+    #[serde(default)]
+    pub compacted_through: u64,
+    /// The seq of the latest compaction summary (0: none). Earlier
+    /// summaries are covered by it.
+    #[serde(default)]
+    pub summary_seq: u64,
+}
+
+impl Session {
+    /// Whether a summary covers `message` (its `compacted` flag as callers
+    /// see it): an older summary, or a message at or below
+    /// `compacted_through`.
+    pub fn covers(&self, message: &Message) -> bool {
+        message.compacted
+            || if message.body.role == Role::Summary {
+                message.seq != self.summary_seq
+            } else {
+                message.seq <= self.compacted_through
+            }
+    }
 }
 
 /// Fields of a new session.

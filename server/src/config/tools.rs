@@ -139,7 +139,9 @@ impl Config {
     }
 }
 
-fn de_duration_value<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+pub(super) fn de_duration_value<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
     parse_duration(&text).map_err(serde::de::Error::custom)
 }

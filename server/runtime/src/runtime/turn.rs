@@ -19,14 +19,11 @@ use crate::events::{
 };
 use crate::hub::TurnHub;
 use crate::model::{ModelError, ModelEvent, ModelRequest};
-use crate::store::StoreError;
 use crate::types::{
     CancelReason, ContentBlock, Message, NewMessage, Role, StopReason, TurnRecord, TurnStatus,
     Usage,
 };
 
-/// Messages loaded per store call when assembling the model context.
-const CONTEXT_PAGE: usize = 1_000;
 /// The text of the NOTICE stored when a turn reaches its deadline.
 pub(crate) const TIMEOUT_NOTICE: &str = "the turn reached its time limit";
 
@@ -60,7 +57,7 @@ impl Emitter {
         self.last_emit + self.heartbeat_interval
     }
 
-    async fn emit(&mut self, kind: EventKind) {
+    pub(super) async fn emit(&mut self, kind: EventKind) {
         self.last_emit = tokio::time::Instant::now();
         self.seq += 1;
         let event = Arc::new(TurnEvent {
@@ -85,7 +82,6 @@ enum StepEnd {
     Failed(ModelError),
     Cancelled(CancelReason),
     TimedOut,
-    Store(StoreError),
 }
 
 /// What the step produced so far; kept outside the step future so a panic
@@ -157,10 +153,18 @@ pub(crate) struct Turn {
     pub(crate) final_message: Option<NewMessage>,
     /// The step whose FINISH follows the final answer's `message_stored`.
     pub(crate) open_step: Option<u32>,
+    /// The session's compaction state at admission.
+    pub(crate) compacted_through: u64,
+    pub(crate) summary_seq: u64,
+    /// What the model is sent: loaded once (see `prepare_context`), then
+    /// every message the turn stores is appended.
+    pub(crate) context: Vec<Message>,
+    /// The session had no title at admission.
+    pub(crate) untitled: bool,
 }
 
 /// Resolves at `deadline`, or never.
-async fn until(deadline: Option<tokio::time::Instant>) {
+pub(super) async fn until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
@@ -185,7 +189,22 @@ impl Turn {
             })
             .await;
 
-        let (outcome, error) = self.agent_loop(&mut emitter).await;
+        let (outcome, error) = match self.prepare_context(&mut emitter).await {
+            Ok(messages) => {
+                self.context = messages;
+                self.agent_loop(&mut emitter).await
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "loading the conversation failed");
+                (
+                    TurnOutcome::Error,
+                    Some((
+                        ErrorCode::Unavailable,
+                        "the conversation could not be loaded".to_owned(),
+                    )),
+                )
+            }
+        };
         if let Some((code, message)) = &error {
             emitter
                 .emit(EventKind::Error {
@@ -415,7 +434,7 @@ impl Turn {
     /// Stores one tool result, then announces it (DONE/ERROR): a result is
     /// durable before anyone is told it exists.
     async fn store_tool_result(
-        &self,
+        &mut self,
         call: ToolCallRequest,
         output: ToolOutput,
         emitter: &mut Emitter,
@@ -451,7 +470,7 @@ impl Turn {
         true
     }
 
-    async fn store_timeout_notice(&self, emitter: &mut Emitter) {
+    async fn store_timeout_notice(&mut self, emitter: &mut Emitter) {
         let notice = NewMessage::new(
             &self.record.turn_id,
             Role::Notice,
@@ -461,14 +480,10 @@ impl Turn {
     }
 
     async fn model_step(&self, output: &mut StepOutput, emitter: &mut Emitter) -> StepEnd {
-        let messages = match self.load_context().await {
-            Ok(m) => m,
-            Err(e) => return StepEnd::Store(e),
-        };
         let request = ModelRequest {
             model: self.runner.provider_model.clone(),
             system_prompt: self.system_prompt.clone(),
-            messages,
+            messages: self.context.clone(),
             thinking: self.runner.key.thinking,
             tools: self.tools.clone(),
         };
@@ -546,28 +561,6 @@ impl Turn {
         StepEnd::Cancelled(reason)
     }
 
-    /// The uncompacted history, oldest first (it ends with this turn's user
-    /// message).
-    async fn load_context(&self) -> Result<Vec<Message>, StoreError> {
-        let mut messages = Vec::new();
-        let mut after = 0;
-        loop {
-            let page = self
-                .inner
-                .store
-                .history(&self.record.session_id, after, CONTEXT_PAGE, false)
-                .await?;
-            let full = page.len() == CONTEXT_PAGE;
-            if let Some(last) = page.last() {
-                after = last.seq;
-            }
-            messages.extend(page);
-            if !full {
-                return Ok(messages);
-            }
-        }
-    }
-
     /// Stores the step's assistant message as the outcome requires and
     /// decides the turn's outcome.
     async fn conclude(
@@ -615,23 +608,13 @@ impl Turn {
                 self.store(notice, emitter).await;
                 (TurnOutcome::TimedOut, None)
             }
-            StepEnd::Store(err) => {
-                tracing::error!(error = %err, "loading the conversation failed");
-                (
-                    TurnOutcome::Error,
-                    Some((
-                        ErrorCode::Unavailable,
-                        "the conversation could not be loaded".to_owned(),
-                    )),
-                )
-            }
         }
     }
 
     /// Stores the assistant message of the step (if it produced anything)
     /// and announces it. `false` when the store failed.
     async fn store_partial(
-        &self,
+        &mut self,
         output: &StepOutput,
         reason: StopReason,
         emitter: &mut Emitter,
@@ -657,7 +640,7 @@ impl Turn {
 
     /// Appends a message (never raced against cancellation) and announces
     /// it. `false` when the store failed.
-    async fn store(&self, message: NewMessage, emitter: &mut Emitter) -> bool {
+    async fn store(&mut self, message: NewMessage, emitter: &mut Emitter) -> bool {
         self.live.set_phase(Phase::Storing);
         let role = message.role;
         match self
@@ -667,12 +650,10 @@ impl Turn {
             .await
         {
             Ok(stored) => {
+                let (seq, id) = (stored.seq, stored.body.id.clone());
+                self.context.push(stored);
                 emitter
-                    .emit(EventKind::MessageStored {
-                        seq: stored.seq,
-                        id: stored.body.id,
-                        role,
-                    })
+                    .emit(EventKind::MessageStored { seq, id, role })
                     .await;
                 true
             }
@@ -697,6 +678,10 @@ impl Turn {
         self.record.error = error;
         let last = self.final_message.take();
         let had_last = last.is_some();
+        let answer = match &last {
+            Some(m) if self.untitled => crate::types::flatten_text(&m.content),
+            _ => String::new(),
+        };
         match self
             .inner
             .store
@@ -752,6 +737,13 @@ impl Turn {
             })
             .await;
         tracing::info!(outcome = ?outcome, "turn finished");
+        if self.untitled && outcome == TurnOutcome::Success {
+            super::title::spawn(
+                Arc::clone(&self.inner),
+                self.record.session_id.clone(),
+                answer,
+            );
+        }
     }
 }
 

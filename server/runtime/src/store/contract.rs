@@ -36,7 +36,8 @@ macro_rules! store_contract_tests {
             find_turn_by_request_id,
             recover_marks_running_interrupted, delete_removes_everything,
             delete_then_recreate_starts_fresh, content_round_trips,
-            count_sessions_counts_all_owners,
+            count_sessions_counts_all_owners, compaction_marks_covered_messages,
+            compaction_rejects_bad_ranges, title_is_set_only_once,
         );
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn concurrent_appends_are_contiguous() {
@@ -63,6 +64,11 @@ macro_rules! __store_contract_test {
         )+
     };
 }
+
+mod compaction;
+pub use compaction::{
+    compaction_marks_covered_messages, compaction_rejects_bad_ranges, title_is_set_only_once,
+};
 
 /// A text message of `turn_id`.
 pub fn text_message(turn_id: &str, role: Role, body: &str) -> NewMessage {

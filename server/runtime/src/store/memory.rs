@@ -89,6 +89,8 @@ pub(crate) fn session_record(id: String, new: NewSession, now: SystemTime) -> Se
         last_turn: None,
         message_count: 0,
         next_seq: 1,
+        compacted_through: 0,
+        summary_seq: 0,
     }
 }
 
@@ -279,14 +281,47 @@ impl Store for MemoryStore {
         let Some(first) = after_seq.checked_add(1) else {
             return Ok(Vec::new());
         };
+        let session = &entry.session;
         Ok(entry
             .messages
             .range(first..)
             .map(|(_, m)| m)
-            .filter(|m| include_compacted || !m.compacted)
+            .filter(|m| include_compacted || !session.covers(m))
             .take(limit)
-            .cloned()
+            .map(|m| Message {
+                compacted: session.covers(m),
+                ..m.clone()
+            })
             .collect())
+    }
+
+    async fn store_compaction(
+        &self,
+        session_id: &str,
+        summary: NewMessage,
+        through_seq: u64,
+    ) -> Result<Message, StoreError> {
+        let mut sessions = self.lock();
+        let entry = sessions
+            .get_mut(session_id)
+            .ok_or(StoreError::SessionNotFound)?;
+        super::check_compaction(&entry.session, &summary, through_seq)?;
+        let stored = entry.append(summary, SystemTime::now());
+        entry.session.compacted_through = through_seq;
+        entry.session.summary_seq = stored.seq;
+        Ok(stored)
+    }
+
+    async fn set_title_if_empty(&self, session_id: &str, title: &str) -> Result<bool, StoreError> {
+        let mut sessions = self.lock();
+        let entry = sessions
+            .get_mut(session_id)
+            .ok_or(StoreError::SessionNotFound)?;
+        if !entry.session.title.is_empty() {
+            return Ok(false);
+        }
+        entry.session.title = title.to_owned();
+        Ok(true)
     }
 
     async fn recover_interrupted(&self) -> Result<Vec<TurnRecord>, StoreError> {

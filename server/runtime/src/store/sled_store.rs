@@ -400,16 +400,20 @@ impl Store for SledStore {
         let Some(first) = after_seq.checked_add(1) else {
             return Ok(Vec::new());
         };
-        if limit == 0 || !self.session_exists(session_id)? {
+        if limit == 0 || session_id.contains('\0') {
             return Ok(Vec::new());
         }
+        let Some(session) = self.load_session(session_id)? else {
+            return Ok(Vec::new());
+        };
         let messages = self.messages.clone();
         let range = message_key(session_id, first)..=message_key(session_id, u64::MAX);
         blocking(move || {
             let mut out = Vec::new();
             for entry in messages.range(range) {
                 let (key, raw) = entry.map_err(|e| backend("scan", e))?;
-                let message: Message = decode(MESSAGES, &key, &raw)?;
+                let mut message: Message = decode(MESSAGES, &key, &raw)?;
+                message.compacted = session.covers(&message);
                 if include_compacted || !message.compacted {
                     out.push(message);
                     if out.len() == limit {
@@ -420,6 +424,47 @@ impl Store for SledStore {
             Ok(out)
         })
         .await
+    }
+
+    async fn store_compaction(
+        &self,
+        session_id: &str,
+        summary: NewMessage,
+        through_seq: u64,
+    ) -> Result<Message, StoreError> {
+        let now = SystemTime::now();
+        let stored = (&self.sessions, &self.activity, &self.messages)
+            .transaction(|(s, a, m)| {
+                let session = session_tx(s, session_id)?.ok_or_else(not_found)?;
+                super::check_compaction(&session, &summary, through_seq).map_err(TxError::Abort)?;
+                let (mut session, stored) = append_tx(s, a, m, session_id, &summary, now)?;
+                session.compacted_through = through_seq;
+                session.summary_seq = stored.seq;
+                write_session_tx(s, &session)?;
+                Ok(stored)
+            })
+            .map_err(tx_err)?;
+        self.flush_db().await?;
+        Ok(stored)
+    }
+
+    async fn set_title_if_empty(&self, session_id: &str, title: &str) -> Result<bool, StoreError> {
+        let set = self
+            .sessions
+            .transaction(|s| {
+                let mut session = session_tx(s, session_id)?.ok_or_else(not_found)?;
+                if !session.title.is_empty() {
+                    return Ok(false);
+                }
+                session.title = title.to_owned();
+                write_session_tx(s, &session)?;
+                Ok(true)
+            })
+            .map_err(tx_err)?;
+        if set {
+            self.flush_db().await?;
+        }
+        Ok(set)
     }
 
     async fn recover_interrupted(&self) -> Result<Vec<TurnRecord>, StoreError> {

@@ -1,0 +1,363 @@
+//! Compaction inside the runtime: loading a turn's context (the latest
+//! summary and the uncompacted tail, never the whole history), compacting
+//! it before the first model step when it is over the budget (with
+//! `compaction` events and the truncation fallback), and the
+//! `CompactSession` call.
+
+use std::sync::Arc;
+
+use super::turn::{Emitter, Turn};
+use super::{Inner, Runtime, lock};
+use crate::compaction::{self, SummaryError};
+use crate::error::RuntimeError;
+use crate::events::{Compaction, CompactionStatus, EventKind};
+use crate::model::ModelProvider;
+use crate::store::{Store, StoreError};
+use crate::types::{ContentBlock, Message, NewMessage, Principal, Role};
+
+/// Messages loaded per store call when assembling a context.
+const CONTEXT_PAGE: usize = 1_000;
+/// Largest summariser transcript, in characters per budget token.
+const TRANSCRIPT_CHARS_PER_TOKEN: u64 = 4;
+
+/// A model resolved for summaries (the configured fast model).
+#[derive(Debug, Clone)]
+pub(crate) struct FastModel {
+    pub(crate) provider: Arc<dyn ModelProvider>,
+    pub(crate) provider_model: String,
+    pub(crate) name: String,
+}
+
+/// What [`Runtime::compact_session`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CompactionReport {
+    /// False when there was nothing to summarise (a single user turn).
+    pub compacted: bool,
+    /// Estimated context tokens before.
+    pub tokens_before: u64,
+    /// Estimated context tokens after (equal to before when nothing was
+    /// compacted).
+    pub tokens_after: u64,
+    /// The new summary's seq (0 when nothing was compacted).
+    pub summary_seq: u64,
+    /// Messages the new summary covers that no summary covered before.
+    pub messages_compacted: u64,
+}
+
+/// A conversation's context: the latest summary and the uncompacted tail
+/// (summaries excluded), oldest first.
+#[derive(Debug, Default)]
+pub(crate) struct Context {
+    pub(crate) summary: Option<Message>,
+    pub(crate) tail: Vec<Message>,
+}
+
+impl Context {
+    /// Reads the messages after `floor` (at least the session's
+    /// `compacted_through`) and the summary `summary_seq`.
+    pub(crate) async fn load(
+        store: &dyn Store,
+        session_id: &str,
+        floor: u64,
+        summary_seq: u64,
+    ) -> Result<Self, StoreError> {
+        let mut context = Self::default();
+        let mut after = floor;
+        loop {
+            let page = store
+                .history(session_id, after, CONTEXT_PAGE, false)
+                .await?;
+            let full = page.len() == CONTEXT_PAGE;
+            if let Some(last) = page.last() {
+                after = last.seq;
+            }
+            for message in page {
+                if message.body.role == Role::Summary {
+                    context.summary = Some(message);
+                } else {
+                    context.tail.push(message);
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        if context.summary.is_none() && summary_seq > 0 && summary_seq <= floor {
+            let found = store.history(session_id, summary_seq - 1, 1, false).await?;
+            context.summary = found.into_iter().find(|m| m.seq == summary_seq);
+        }
+        Ok(context)
+    }
+
+    /// The messages sent to the model: the summary first, then the tail.
+    pub(crate) fn into_messages(self) -> Vec<Message> {
+        let mut out = Vec::with_capacity(self.tail.len() + 1);
+        out.extend(self.summary);
+        out.extend(self.tail);
+        out
+    }
+
+    fn estimate(&self, system_prompt: Option<&str>) -> u64 {
+        compaction::estimate_context(system_prompt, self.summary.as_ref(), &self.tail)
+    }
+}
+
+/// Why a compaction produced no summary.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CompactError {
+    #[error(transparent)]
+    Summary(#[from] SummaryError),
+    #[error("the summary could not be stored")]
+    Store(#[from] StoreError),
+}
+
+/// A stored compaction.
+struct Compacted {
+    summary: Message,
+    /// Index in the tail of the first message kept.
+    cut: usize,
+}
+
+/// Summarises `context.tail[..cut]` (with the previous summary) and stores
+/// the summary. `None` when nothing can be summarised.
+async fn compact(
+    inner: &Inner,
+    session_id: &str,
+    context: &Context,
+    summariser: &FastModel,
+) -> Result<Option<Compacted>, CompactError> {
+    let config = &inner.config.compaction;
+    let Some(cut) = compaction::split_point(&context.tail, config.keep_tail) else {
+        return Ok(None);
+    };
+    let max_chars = config
+        .max_tokens
+        .saturating_mul(TRANSCRIPT_CHARS_PER_TOKEN)
+        .try_into()
+        .unwrap_or(usize::MAX);
+    let transcript =
+        compaction::transcript(context.summary.as_ref(), &context.tail[..cut], max_chars);
+    let (text, usage) = compaction::summarise(
+        summariser.provider.as_ref(),
+        &summariser.provider_model,
+        transcript,
+        config.timeout,
+    )
+    .await?;
+    let mut message = NewMessage::new("compaction", Role::Summary, vec![ContentBlock::text(text)]);
+    message.model = Some(summariser.name.clone());
+    message.usage = usage;
+    let through = context.tail[cut].seq - 1;
+    let summary = inner
+        .store
+        .store_compaction(session_id, message, through)
+        .await?;
+    Ok(Some(Compacted { summary, cut }))
+}
+
+impl Turn {
+    /// Loads the turn's context and, when it is over the budget, compacts
+    /// it first (events: `compaction` STARTED, the summary's
+    /// `message_stored`, COMPLETED — or FAILED and a truncated context).
+    pub(super) async fn prepare_context(
+        &mut self,
+        emitter: &mut Emitter,
+    ) -> Result<Vec<Message>, StoreError> {
+        let store = self.inner.store.as_ref();
+        let session_id = self.record.session_id.clone();
+        let mut context =
+            Context::load(store, &session_id, self.compacted_through, self.summary_seq).await?;
+        let system = self.system_prompt.as_deref();
+        let tokens_before = context.estimate(system);
+        let max_tokens = self.inner.config.compaction.max_tokens;
+        if tokens_before <= max_tokens
+            || compaction::split_point(&context.tail, self.inner.config.compaction.keep_tail)
+                .is_none()
+        {
+            return Ok(context.into_messages());
+        }
+        emitter
+            .emit(compaction_event(CompactionStatus::Started, tokens_before))
+            .await;
+        let summariser = self.inner.fast.clone().unwrap_or_else(|| FastModel {
+            provider: Arc::clone(&self.runner.provider),
+            provider_model: self.runner.provider_model.clone(),
+            name: self.runner.key.model.clone(),
+        });
+        let cancel = self.live.cancel.clone();
+        let outcome = tokio::select! {
+            biased;
+            () = cancel.cancelled() => Err("the turn was cancelled".to_owned()),
+            () = super::turn::until(self.deadline) => Err("the turn reached its time limit".to_owned()),
+            r = compact(&self.inner, &session_id, &context, &summariser) => r.map_err(|e| e.to_string()),
+        };
+        match outcome {
+            Ok(Some(done)) => {
+                let newly = covered(&context, done.cut);
+                context.tail.drain(..done.cut);
+                context.summary = Some(done.summary.clone());
+                let tokens_after = context.estimate(system);
+                emitter
+                    .emit(EventKind::MessageStored {
+                        seq: done.summary.seq,
+                        id: done.summary.body.id.clone(),
+                        role: Role::Summary,
+                    })
+                    .await;
+                emitter
+                    .emit(EventKind::Compaction(Box::new(Compaction {
+                        status: CompactionStatus::Completed,
+                        tokens_before,
+                        tokens_after,
+                        summary_seq: done.summary.seq,
+                        messages_compacted: newly,
+                        message: String::new(),
+                    })))
+                    .await;
+            }
+            Ok(None) => {}
+            Err(why) => {
+                tracing::warn!(reason = %why, "compaction failed; truncating the context");
+                let fixed = compaction::estimate_context(system, context.summary.as_ref(), &[]);
+                let cut = compaction::truncation_point(&context.tail, fixed, max_tokens);
+                context.tail.drain(..cut);
+                let tokens_after = context.estimate(system);
+                emitter
+                    .emit(EventKind::Compaction(Box::new(Compaction {
+                        status: CompactionStatus::Failed,
+                        tokens_before,
+                        tokens_after,
+                        summary_seq: 0,
+                        messages_compacted: 0,
+                        message: format!("{why}; this turn runs on a truncated context"),
+                    })))
+                    .await;
+            }
+        }
+        Ok(context.into_messages())
+    }
+}
+
+fn compaction_event(status: CompactionStatus, tokens_before: u64) -> EventKind {
+    EventKind::Compaction(Box::new(Compaction {
+        status,
+        tokens_before,
+        tokens_after: 0,
+        summary_seq: 0,
+        messages_compacted: 0,
+        message: String::new(),
+    }))
+}
+
+/// Messages a summary cutting the tail at `cut` newly covers (the previous
+/// summary included).
+fn covered(context: &Context, cut: usize) -> u64 {
+    u64::try_from(cut).unwrap_or(u64::MAX) + u64::from(context.summary.is_some())
+}
+
+/// Clears the session's compaction slot when dropped.
+struct CompactingGuard<'a> {
+    inner: &'a Inner,
+    session_id: String,
+}
+
+impl Drop for CompactingGuard<'_> {
+    fn drop(&mut self) {
+        lock(&self.inner.compacting).remove(&self.session_id);
+    }
+}
+
+impl Runtime {
+    /// Compacts the session now, whatever its size, keeping the last
+    /// `keep_tail` user turns (fewer when that leaves nothing to
+    /// summarise). While it runs the session is busy: `Chat` is rejected.
+    /// `SessionBusy` when a turn is live.
+    pub async fn compact_session(
+        &self,
+        who: &Principal,
+        session_id: &str,
+    ) -> Result<CompactionReport, RuntimeError> {
+        super::sessions::validate_session_id("session_id", session_id)?;
+        let inner = &self.inner;
+        if inner.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(RuntimeError::Unavailable(
+                "the server is draining or shutting down",
+            ));
+        }
+        let session = self.owned_session(who, session_id).await?;
+        let _guard = {
+            let live = lock(&inner.live);
+            if let Some(turn) = live.get(session_id) {
+                return Err(RuntimeError::SessionBusy {
+                    turn_id: turn.turn_id.clone(),
+                });
+            }
+            if !lock(&inner.compacting).insert(session_id.to_owned()) {
+                return Err(RuntimeError::SessionCompacting);
+            }
+            CompactingGuard {
+                inner,
+                session_id: session_id.to_owned(),
+            }
+        };
+        // Re-read under the slot: a turn may have ended (and compacted)
+        // between the first read and taking the slot.
+        let session = inner
+            .store
+            .get_session(session_id)
+            .await?
+            .filter(|s| s.owner == session.owner)
+            .ok_or(RuntimeError::SessionNotFound)?;
+        let system = (!session.system_prompt.is_empty()).then_some(session.system_prompt.as_str());
+        let mut context = Context::load(
+            inner.store.as_ref(),
+            session_id,
+            session.compacted_through,
+            session.summary_seq,
+        )
+        .await?;
+        let tokens_before = context.estimate(system);
+        let summariser = match inner.fast.clone() {
+            Some(fast) => fast,
+            None => {
+                let model = if session.model.is_empty() {
+                    lock(&inner.defaults).model.clone()
+                } else {
+                    session.model.clone()
+                };
+                let (provider, provider_model) = inner
+                    .models
+                    .resolve(&model)
+                    .map_err(|e| RuntimeError::unknown_model("session.model", &e))?;
+                FastModel {
+                    provider,
+                    provider_model,
+                    name: model,
+                }
+            }
+        };
+        match compact(inner, session_id, &context, &summariser).await {
+            Ok(Some(done)) => {
+                let messages_compacted = covered(&context, done.cut);
+                context.tail.drain(..done.cut);
+                let summary_seq = done.summary.seq;
+                context.summary = Some(done.summary);
+                Ok(CompactionReport {
+                    compacted: true,
+                    tokens_before,
+                    tokens_after: context.estimate(system),
+                    summary_seq,
+                    messages_compacted,
+                })
+            }
+            Ok(None) => Ok(CompactionReport {
+                compacted: false,
+                tokens_before,
+                tokens_after: tokens_before,
+                ..CompactionReport::default()
+            }),
+            Err(CompactError::Store(e)) => Err(e.into()),
+            Err(CompactError::Summary(e)) => Err(RuntimeError::CompactionFailed(e.to_string())),
+        }
+    }
+}
