@@ -3,6 +3,7 @@
 
 mod e2e {
     mod chat;
+    mod compaction;
     mod control;
     pub(crate) mod harness;
     mod identity;

@@ -13,6 +13,7 @@
 //! ```
 
 mod baseline;
+mod context;
 mod driver;
 mod durable;
 mod fake;
@@ -55,7 +56,7 @@ struct Cli {
     /// Every scenario at tiny sizes (seconds); fails only if something breaks.
     #[arg(long)]
     smoke: bool,
-    /// Only these parts, comma-separated: baselines,s1,s2,s3,s4,s6,s7.
+    /// Only these parts, comma-separated: baselines,s1,s2,s3,s4,s6,s7,s9.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Runs the server (and the echo baseline) under `taskset -c CPUS`.
@@ -439,6 +440,13 @@ async fn run(cli: Cli) -> Result<bool, String> {
     if want("s7") {
         match bounded("S7", limit, durable::s7(&env)).await {
             Ok(s) => r.s7 = Some(s),
+            Err(e) => failures.push(e),
+        }
+    }
+    if want("s9") {
+        let sizes: &[u64] = if cli.smoke { &[50, 500] } else { &[50, 50_000] };
+        match bounded("S9", limit, context::s9(env.root.path(), sizes)).await {
+            Ok(rows) => r.s9 = rows,
             Err(e) => failures.push(e),
         }
     }

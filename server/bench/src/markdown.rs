@@ -343,6 +343,10 @@ pub(crate) fn markdown(r: &Report) -> String {
         ];
         out.push_str(&table(&["measure", "value"], &rows));
     }
+    if !r.s9.is_empty() {
+        let _ = writeln!(out, "\n## S9 context load (sled, in process)\n");
+        out.push_str(&crate::context::table(&r.s9));
+    }
     if !r.failures.is_empty() {
         let _ = writeln!(out, "\n## Failures\n");
         for f in &r.failures {

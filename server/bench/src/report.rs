@@ -261,6 +261,8 @@ pub(crate) struct Report {
     pub(crate) s4: Vec<S4Level>,
     pub(crate) s6: Vec<Load>,
     pub(crate) s7: Option<S7>,
+    /// S9 context load (sizes in messages).
+    pub(crate) s9: Vec<crate::context::ContextLoad>,
     pub(crate) targets: Vec<Target>,
     pub(crate) failures: Vec<String>,
 }

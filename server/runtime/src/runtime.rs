@@ -36,7 +36,7 @@ mod tools;
 mod turn;
 
 pub use admin::RuntimeStats;
-pub use compact::CompactionReport;
+pub use compact::{CompactionReport, load_context};
 pub use control::SessionStatus;
 pub use sessions::{HistoryPage, SessionList};
 pub use stream::TurnStream;

@@ -102,6 +102,23 @@ impl Context {
     }
 }
 
+/// The messages a turn of `session` starts from: its latest summary, then
+/// the uncompacted tail. Reads only from the session's `compacted_through`
+/// on, so its cost follows the tail, not the whole history.
+pub async fn load_context(
+    store: &dyn Store,
+    session: &crate::types::Session,
+) -> Result<Vec<Message>, StoreError> {
+    let context = Context::load(
+        store,
+        &session.id,
+        session.compacted_through,
+        session.summary_seq,
+    )
+    .await?;
+    Ok(context.into_messages())
+}
+
 /// Why a compaction produced no summary.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CompactError {
@@ -359,5 +376,57 @@ impl Runtime {
             Err(CompactError::Store(e)) => Err(e.into()),
             Err(CompactError::Summary(e)) => Err(RuntimeError::CompactionFailed(e.to_string())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SledStore;
+    use crate::types::NewSession;
+
+    #[tokio::test]
+    async fn a_compacted_long_session_loads_only_summary_and_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path().join("db")).unwrap();
+        let created = store
+            .create_session(NewSession {
+                owner: "alice".into(),
+                ..NewSession::default()
+            })
+            .await
+            .unwrap();
+        let crate::store::CreateOutcome::Created(session) = created else {
+            panic!("not created")
+        };
+        let messages = (0..2_000)
+            .map(|i| {
+                let role = if i % 2 == 0 {
+                    Role::User
+                } else {
+                    Role::Assistant
+                };
+                NewMessage::new("t", role, vec![ContentBlock::text(format!("m{i}"))])
+            })
+            .collect();
+        assert_eq!(
+            store.import_messages(&session.id, messages).await.unwrap(),
+            2_000
+        );
+        let session = store.get_session(&session.id).await.unwrap().unwrap();
+        assert_eq!(load_context(&store, &session).await.unwrap().len(), 2_000);
+
+        let summary = NewMessage::new("c", Role::Summary, vec![ContentBlock::text("sum")]);
+        let stored = store
+            .store_compaction(&session.id, summary, 1_950)
+            .await
+            .unwrap();
+        let session = store.get_session(&session.id).await.unwrap().unwrap();
+        let context = load_context(&store, &session).await.unwrap();
+        assert_eq!(context.len(), 51);
+        assert_eq!(context[0].seq, stored.seq);
+        assert_eq!(context[1].seq, 1_951);
+        assert_eq!(context[50].seq, 2_000);
+        assert!(context.iter().all(|m| !m.compacted));
     }
 }

@@ -67,6 +67,9 @@ const ACTIVITY: &str = "session_activity";
 const MESSAGES: &str = "messages";
 const TURNS: &str = "turns";
 
+/// Messages per transaction of [`SledStore::import_messages`].
+pub(crate) const IMPORT_BATCH: usize = 1_000;
+
 /// Bounds the in-memory batch when purging a long history.
 const PURGE_BATCH: usize = 1024;
 
@@ -124,6 +127,34 @@ impl SledStore {
 
     fn load_session(&self, id: &str) -> Result<Option<Session>, StoreError> {
         load_session(&self.sessions, id)
+    }
+
+    /// Appends `messages` to a session in transactions of up to
+    /// [`IMPORT_BATCH`] messages and one flush at the end: a bulk import
+    /// (migrations, benchmarks). Returns the last stored seq. Not for
+    /// turns: nothing is acknowledged per message.
+    pub async fn import_messages(
+        &self,
+        session_id: &str,
+        messages: Vec<NewMessage>,
+    ) -> Result<u64, StoreError> {
+        let now = SystemTime::now();
+        let mut last = 0;
+        for chunk in messages.chunks(IMPORT_BATCH) {
+            last = (&self.sessions, &self.activity, &self.messages)
+                .transaction(|(s, a, m)| {
+                    let mut seq = 0;
+                    for message in chunk {
+                        let (session, stored) = append_tx(s, a, m, session_id, message, now)?;
+                        write_session_tx(s, &session)?;
+                        seq = stored.seq;
+                    }
+                    Ok(seq)
+                })
+                .map_err(tx_err)?;
+        }
+        self.flush_db().await?;
+        Ok(last)
     }
 
     fn session_exists(&self, id: &str) -> Result<bool, StoreError> {
