@@ -166,9 +166,13 @@ impl ModelProvider for RetryingProvider {
 
 /// For HTTP providers: the wait an error answer asks for, from
 /// `retry-after-ms` (milliseconds, fractional allowed) or else `Retry-After`
-/// (whole seconds; the HTTP-date form is not understood and ignored).
+/// (whole seconds, or an HTTP-date: the time until then, zero when past).
 /// Attach it with [`ModelError::with_retry_after`].
 pub fn retry_after_header(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    retry_after_at(headers, SystemTime::now())
+}
+
+fn retry_after_at(headers: &reqwest::header::HeaderMap, now: SystemTime) -> Option<Duration> {
     let header = |name: &str| {
         headers
             .get(name)
@@ -180,9 +184,13 @@ pub fn retry_after_header(headers: &reqwest::header::HeaderMap) -> Option<Durati
         .filter(|ms| ms.is_finite() && *ms >= 0.0)
         .and_then(|ms| Duration::try_from_secs_f64(ms / 1000.0).ok());
     ms.or_else(|| {
-        header("retry-after")
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(Duration::from_secs)
+        let value = header("retry-after")?;
+        match value.parse::<u64>() {
+            Ok(secs) => Some(Duration::from_secs(secs)),
+            Err(_) => httpdate::parse_http_date(value)
+                .ok()
+                .map(|at| at.duration_since(now).unwrap_or(Duration::ZERO)),
+        }
     })
 }
 
@@ -447,7 +455,8 @@ mod tests {
             for (name, value) in pairs {
                 map.insert(*name, HeaderValue::from_static(value));
             }
-            retry_after_header(&map)
+            // 07:27:30 GMT on the day of the HTTP-date below.
+            retry_after_at(&map, UNIX_EPOCH + Duration::from_secs(1_445_412_450))
         };
         assert_eq!(headers(&[]), None);
         assert_eq!(
@@ -460,8 +469,14 @@ mod tests {
         );
         assert_eq!(
             headers(&[("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT")]),
-            None
+            Some(Duration::from_secs(30))
         );
+        assert_eq!(
+            headers(&[("retry-after", "Wed, 21 Oct 2015 07:00:00 GMT")]),
+            Some(Duration::ZERO),
+            "a date in the past means now"
+        );
+        assert_eq!(headers(&[("retry-after", "soon")]), None);
         assert_eq!(headers(&[("retry-after-ms", "-1")]), None);
     }
 
