@@ -26,6 +26,7 @@ use crate::types::{
 mod admin;
 mod compact;
 mod control;
+mod prestart;
 mod recovery;
 mod replay;
 mod sessions;
@@ -483,13 +484,31 @@ impl Runtime {
         let user_message = NewMessage::new(&turn_id, Role::User, input.content);
         // On failure the guard frees the slot and the hub is closed for any
         // retry that already joined: a rejected admission leaves no trace.
-        let stored_user = match inner.store.begin_turn(record.clone(), user_message).await {
+        let stored_user = match inner
+            .store
+            .begin_turn_unflushed(record.clone(), user_message)
+            .await
+        {
             Ok(m) => m,
             Err(e) => {
                 live.hub.abort();
                 return Err(e.into());
             }
         };
+        // The first model request overlaps the flush; nothing is
+        // acknowledged before the flush returned.
+        let prestart = prestart::spawn(
+            inner,
+            &runner,
+            &session,
+            system_prompt.clone(),
+            offered.clone(),
+        );
+        if let Err(e) = inner.store.flush().await {
+            drop(prestart);
+            live.hub.abort();
+            return Err(e.into());
+        }
 
         let (tx, rx) = mpsc::channel(inner.config.event_buffer.max(1));
         let turn = turn::Turn {
@@ -512,8 +531,7 @@ impl Runtime {
             usage: Usage::default(),
             final_message: None,
             open_step: None,
-            compacted_through: session.compacted_through,
-            summary_seq: session.summary_seq,
+            prestart: Some(prestart),
             context: Vec::new(),
             untitled: session.title.is_empty(),
         };

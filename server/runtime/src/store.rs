@@ -143,6 +143,19 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         user_message: NewMessage,
     ) -> Result<Message, StoreError>;
 
+    /// [`Store::begin_turn`] without waiting for durability: the records are
+    /// visible to readers at once, and durable after the next
+    /// [`Store::flush`], which the caller must await before acknowledging
+    /// anything (so that work such as the model request can overlap the
+    /// flush). Stores without a separate flush step just call `begin_turn`.
+    async fn begin_turn_unflushed(
+        &self,
+        turn: TurnRecord,
+        user_message: NewMessage,
+    ) -> Result<Message, StoreError> {
+        self.begin_turn(turn, user_message).await
+    }
+
     /// Appends a message to a session's history, assigning the next seq.
     async fn append_message(
         &self,

@@ -97,7 +97,7 @@ impl Context {
         out
     }
 
-    fn estimate(&self, system_prompt: Option<&str>) -> u64 {
+    pub(crate) fn estimate(&self, system_prompt: Option<&str>) -> u64 {
         compaction::estimate_context(system_prompt, self.summary.as_ref(), &self.tail)
     }
 }
@@ -173,17 +173,16 @@ async fn compact(
 }
 
 impl Turn {
-    /// Loads the turn's context and, when it is over the budget, compacts
-    /// it first (events: `compaction` STARTED, the summary's
-    /// `message_stored`, COMPLETED — or FAILED and a truncated context).
+    /// Compacts the turn's loaded `context` first when it is over the
+    /// budget (events: `compaction` STARTED, the summary's `message_stored`,
+    /// COMPLETED — or FAILED and a truncated context) and returns what the
+    /// model is sent.
     pub(super) async fn prepare_context(
         &mut self,
+        mut context: Context,
         emitter: &mut Emitter,
-    ) -> Result<Vec<Message>, StoreError> {
-        let store = self.inner.store.as_ref();
+    ) -> Vec<Message> {
         let session_id = self.record.session_id.clone();
-        let mut context =
-            Context::load(store, &session_id, self.compacted_through, self.summary_seq).await?;
         let system = self.system_prompt.as_deref();
         let tokens_before = context.estimate(system);
         let max_tokens = self.inner.config.compaction.max_tokens;
@@ -191,7 +190,7 @@ impl Turn {
             || compaction::split_point(&context.tail, self.inner.config.compaction.keep_tail)
                 .is_none()
         {
-            return Ok(context.into_messages());
+            return context.into_messages();
         }
         emitter
             .emit(compaction_event(CompactionStatus::Started, tokens_before))
@@ -251,7 +250,7 @@ impl Turn {
                     .await;
             }
         }
-        Ok(context.into_messages())
+        context.into_messages()
     }
 }
 

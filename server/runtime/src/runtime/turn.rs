@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 use futures::{FutureExt as _, StreamExt as _};
 use tokio::sync::mpsc;
 
+use super::prestart::{FirstStep, Loaded};
 use super::toolrun::{self, Route};
 use super::tools::{self, ToolOutput};
 use super::{BusyGuard, Inner, LiveTurn, Runner};
@@ -19,6 +20,7 @@ use crate::events::{
 };
 use crate::hub::TurnHub;
 use crate::model::{ModelError, ModelEvent, ModelRequest};
+use crate::store::StoreError;
 use crate::types::{
     CancelReason, ContentBlock, Message, NewMessage, Role, StopReason, TurnRecord, TurnStatus,
     Usage,
@@ -153,15 +155,21 @@ pub(crate) struct Turn {
     pub(crate) final_message: Option<NewMessage>,
     /// The step whose FINISH follows the final answer's `message_stored`.
     pub(crate) open_step: Option<u32>,
-    /// The session's compaction state at admission.
-    pub(crate) compacted_through: u64,
-    pub(crate) summary_seq: u64,
+    /// The context load and first model request started during admission.
+    pub(crate) prestart: Option<super::prestart::Prestart>,
     /// What the model is sent: loaded once (see `prepare_context`), then
     /// every message the turn stores is appended.
     pub(crate) context: Vec<Message>,
     /// The session had no title at admission.
     pub(crate) untitled: bool,
 }
+
+/// How a model step's request starts.
+type StartFuture<'a> = std::pin::Pin<
+    Box<
+        dyn std::future::Future<Output = Result<crate::model::ModelStream, ModelError>> + Send + 'a,
+    >,
+>;
 
 /// Resolves at `deadline`, or never.
 pub(super) async fn until(deadline: Option<tokio::time::Instant>) {
@@ -189,10 +197,18 @@ impl Turn {
             })
             .await;
 
-        let (outcome, error) = match self.prepare_context(&mut emitter).await {
-            Ok(messages) => {
+        let loaded = match self.prestart.take() {
+            Some(prestart) => prestart.loaded().await,
+            None => Err(StoreError::Backend("the turn has no context".to_owned())),
+        };
+        let (outcome, error) = match loaded {
+            Ok((Loaded::Sent(messages), first)) => {
                 self.context = messages;
-                self.agent_loop(&mut emitter).await
+                self.agent_loop(first, &mut emitter).await
+            }
+            Ok((Loaded::NeedsCompaction(context), _)) => {
+                self.context = self.prepare_context(context, &mut emitter).await;
+                self.agent_loop(None, &mut emitter).await
             }
             Err(err) => {
                 tracing::error!(error = %err, "loading the conversation failed");
@@ -221,6 +237,7 @@ impl Turn {
     /// `max_steps` is reached.
     async fn agent_loop(
         &mut self,
+        mut first: Option<FirstStep>,
         emitter: &mut Emitter,
     ) -> (TurnOutcome, Option<(ErrorCode, String)>) {
         let mut index = 0;
@@ -233,7 +250,7 @@ impl Turn {
                 })
                 .await;
             let mut output = StepOutput::default();
-            let step = AssertUnwindSafe(self.model_step(&mut output, emitter))
+            let step = AssertUnwindSafe(self.model_step(first.take(), &mut output, emitter))
                 .catch_unwind()
                 .await;
             if let Some(usage) = &output.usage {
@@ -479,17 +496,25 @@ impl Turn {
         self.store(notice, emitter).await;
     }
 
-    async fn model_step(&self, output: &mut StepOutput, emitter: &mut Emitter) -> StepEnd {
-        let request = ModelRequest {
-            model: self.runner.provider_model.clone(),
-            system_prompt: self.system_prompt.clone(),
-            messages: self.context.clone(),
-            thinking: self.runner.key.thinking,
-            tools: self.tools.clone(),
-        };
+    /// One model step; `first` is the request admission already started.
+    async fn model_step(
+        &self,
+        first: Option<FirstStep>,
+        output: &mut StepOutput,
+        emitter: &mut Emitter,
+    ) -> StepEnd {
         self.live.set_phase(Phase::Model);
         let cancel = &self.live.cancel;
-        let start = self.runner.provider.stream(request);
+        let start = match first {
+            Some(first) => Box::pin(first) as StartFuture<'_>,
+            None => self.runner.provider.stream(ModelRequest {
+                model: self.runner.provider_model.clone(),
+                system_prompt: self.system_prompt.clone(),
+                messages: self.context.clone(),
+                thinking: self.runner.key.thinking,
+                tools: self.tools.clone(),
+            }),
+        };
         tokio::pin!(start);
         let mut stream = loop {
             tokio::select! {

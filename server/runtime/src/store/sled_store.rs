@@ -289,8 +289,18 @@ impl Store for SledStore {
         turn: TurnRecord,
         user_message: NewMessage,
     ) -> Result<Message, StoreError> {
+        let message = self.begin_turn_unflushed(turn, user_message).await?;
+        self.flush_db().await?;
+        Ok(message)
+    }
+
+    async fn begin_turn_unflushed(
+        &self,
+        turn: TurnRecord,
+        user_message: NewMessage,
+    ) -> Result<Message, StoreError> {
         let now = SystemTime::now();
-        let message = (&self.sessions, &self.activity, &self.messages, &self.turns)
+        (&self.sessions, &self.activity, &self.messages, &self.turns)
             .transaction(|(s, a, m, t)| {
                 let (mut session, message) =
                     append_tx(s, a, m, &turn.session_id, &user_message, now)?;
@@ -304,9 +314,7 @@ impl Store for SledStore {
                 write_session_tx(s, &session)?;
                 Ok(message)
             })
-            .map_err(tx_err)?;
-        self.flush_db().await?;
-        Ok(message)
+            .map_err(tx_err)
     }
 
     async fn append_message(
