@@ -25,6 +25,8 @@ pub mod fetch;
 pub mod load;
 pub mod prompt;
 pub mod provider;
+#[doc(hidden)]
+pub mod testing;
 pub mod threads;
 
 pub use provider::LocalProvider;

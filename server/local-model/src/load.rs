@@ -245,7 +245,9 @@ pub fn write_q8_cache<R: std::io::Read + Seek>(
         .map(|(k, v)| (k.as_str(), v))
         .collect();
     metadata.sort_by_key(|(k, _)| *k);
-    let tmp = cache.with_extension(format!("tmp{}", std::process::id()));
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = cache.with_extension(format!("tmp{}-{n}", std::process::id()));
     let result = (|| {
         let mut w = BufWriter::new(File::create(&tmp).map_err(|e| e.to_string())?);
         let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (*n, t)).collect();
