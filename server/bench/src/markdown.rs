@@ -343,6 +343,11 @@ pub(crate) fn markdown(r: &Report) -> String {
         ];
         out.push_str(&table(&["measure", "value"], &rows));
     }
+    if let Some(l) = &r.local {
+        let _ = writeln!(out, "\n{}", crate::local::markdown(l));
+    } else if let Some(why) = &r.local_skipped {
+        let _ = writeln!(out, "\n## Local model (local/smollm2)\n\n{why}");
+    }
     if !r.failures.is_empty() {
         let _ = writeln!(out, "\n## Failures\n");
         for f in &r.failures {

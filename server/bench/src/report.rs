@@ -261,6 +261,10 @@ pub(crate) struct Report {
     pub(crate) s4: Vec<S4Level>,
     pub(crate) s6: Vec<Load>,
     pub(crate) s7: Option<S7>,
+    /// The local model (`local` part).
+    pub(crate) local: Option<crate::local::LocalModel>,
+    /// Why the local part did not run.
+    pub(crate) local_skipped: Option<String>,
     pub(crate) targets: Vec<Target>,
     pub(crate) failures: Vec<String>,
 }

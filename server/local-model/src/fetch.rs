@@ -76,8 +76,11 @@ pub fn fetch(dest: &Path) -> Result<Fetched, FetchError> {
         result?;
         true
     };
-    // Loading writes the Q8_0 cache when it is missing.
-    crate::load::load(dest).map_err(|e| fail("the downloaded model does not load", &e))?;
+    // Loading writes the Q8_0 cache when it is missing (and proves the
+    // file loads); with the cache there, the server's own load checks it.
+    if downloaded || !crate::cache_path(dest).exists() {
+        crate::load::load(dest).map_err(|e| fail("the downloaded model does not load", &e))?;
+    }
     Ok(Fetched {
         path: dest.to_owned(),
         downloaded,

@@ -39,8 +39,9 @@ pub const MODEL: &str = "smollm2";
 pub const DEFAULT_MODEL_NAME: &str = "local/smollm2";
 /// File name of the default model inside `<data-dir>/models`.
 pub const DEFAULT_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-/// The command that provisions the default model.
-pub const FETCH_COMMAND: &str = "cargo run --release -p agentrt-server -- fetch-model";
+/// The command (from a checkout) that provisions the default model, then
+/// serves it.
+pub const FETCH_COMMAND: &str = "cargo run --release -p agentrt-server -- --fetch-model";
 
 /// Settings of the local model (the `[local_model]` TOML table).
 #[derive(Debug, Clone, PartialEq)]
