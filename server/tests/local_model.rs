@@ -85,6 +85,59 @@ async fn with_the_model_present_chat_streams_real_text_from_local_smollm2() {
 }
 
 #[tokio::test]
+async fn stop_session_ends_local_generation_within_a_second() {
+    let Some(model) = agentrt_local_model::testing::model_path() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = local_config(dir.path(), &model);
+    config.local_model.max_tokens = Some(2000);
+    let (url, _stop) = serve(config).await;
+    let client = connect(&url).await;
+    let session = client
+        .create_session(proto::CreateSessionRequest::default())
+        .await
+        .unwrap()
+        .session_id;
+    let mut events = client
+        .chat(&session, "Write a very long story about a robot.")
+        .await
+        .unwrap();
+    // Wait for generated text, so the stop hits a running generation.
+    loop {
+        match events.next().await.unwrap().unwrap().kind {
+            ChatEvent::Text(_) => break,
+            ChatEvent::TurnFinished { .. } => panic!("finished before any text"),
+            _ => {}
+        }
+    }
+    let asked = std::time::Instant::now();
+    assert!(client.stop_session(&session).await.unwrap());
+    assert!(
+        asked.elapsed() < Duration::from_secs(1),
+        "StopSession took {:?}",
+        asked.elapsed()
+    );
+    let mut outcome = None;
+    while let Some(e) = events.next().await {
+        if let Ok(ChatEvent::TurnFinished { outcome: o, .. }) = e.map(|e| e.kind) {
+            outcome = Some(o);
+        }
+    }
+    assert_eq!(outcome, Some(proto::TurnOutcome::Canceled));
+    // The inference thread is free again: the next turn streams text.
+    let mut next = client.chat(&session, "hi").await.unwrap();
+    let got_text = loop {
+        match next.next().await {
+            Some(Ok(e)) if matches!(e.kind, ChatEvent::Text(_)) => break true,
+            Some(Ok(_)) => {}
+            _ => break false,
+        }
+    };
+    assert!(got_text);
+}
+
+#[tokio::test]
 async fn a_turn_offering_tools_to_the_local_model_is_invalid_argument_naming_it() {
     let Some(model) = agentrt_local_model::testing::model_path() else {
         return;

@@ -187,7 +187,7 @@ pub(crate) fn markdown(r: &LocalModel) -> String {
     let rows = vec![
         vec![
             "model load (server log, open → ready)".into(),
-            r.load_ms.map_or("–".into(), |ms| format!("{:.0} ms", ms)),
+            r.load_ms.map_or("–".into(), |ms| format!("{ms:.0} ms")),
             "0.49–0.67 s".into(),
         ],
         vec![
