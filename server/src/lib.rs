@@ -2,6 +2,8 @@
 //!
 //! Modules:
 //! - [`config`]: the typed, layered configuration.
+//! - [`local`]: the built-in local model (`local/smollm2`): loading,
+//!   provisioning, the defaults it implies.
 //! - [`auth`]: bearer keys → principals, as a tonic interceptor.
 //! - [`convert`]: protobuf ↔ domain conversions.
 //! - [`status`]: core errors → gRPC statuses (exhaustive).
@@ -34,6 +36,7 @@ pub mod admin_service;
 pub mod auth;
 pub mod config;
 pub mod convert;
+pub mod local;
 pub mod runtime_service;
 pub mod session_service;
 pub mod status;
@@ -180,8 +183,11 @@ impl ServerBuilder {
         self
     }
 
-    fn models(&self) -> Result<Models, ConfigError> {
+    fn models(&self, local: Option<Arc<dyn ModelProvider>>) -> Result<Models, ConfigError> {
         let mut models = Models::with_builtin();
+        if let Some(local) = local {
+            models.insert(agentrt_local_model::PROVIDER, local);
+        }
         for p in &self.config.providers {
             let api_key = match &p.api_key_env {
                 Some(var) => Some((self.env)(var).ok_or_else(|| {
@@ -308,12 +314,14 @@ impl ServerBuilder {
     /// NOT_SERVING, new turns are refused, live turns get the grace period,
     /// the rest are cancelled, the store is flushed and the server stops.
     pub async fn serve(
-        self,
+        mut self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), ServerError> {
         self.config.validate()?;
-        let models = self.models()?;
+        let local_model = local::load(&self.config).await?;
+        self.config = local::effective(self.config, local_model.is_some())?;
+        let models = self.models(local_model.map(|m| m as Arc<dyn ModelProvider>))?;
         let toolbox = Arc::new(self.toolbox()?);
         let (health, health_service) = tonic_health::server::health_reporter();
         health
@@ -399,7 +407,7 @@ impl ServerBuilder {
                     .await;
             }
         });
-        tracing::info!(addr = ?addr, default_model = %self.config.default_model, "agentrt-server serving");
+        tracing::info!(addr = ?addr, default_model = %self.config.default_model, fast_model = ?self.config.fast_model, "agentrt-server serving");
 
         tokio::select! {
             finished = &mut server => {

@@ -1,9 +1,10 @@
-//! `agentrt-server`: parses the configuration, sets up logging, binds the
+//! `agentrt-server`: parses the configuration, sets up logging, fetches
+//! the local model when asked (`fetch-model`, `--fetch-model`), binds the
 //! listener and runs the server until SIGTERM or SIGINT.
 
 use std::process::ExitCode;
 
-use agentrt_server::config::LogFormat;
+use agentrt_server::config::{Command, LogFormat};
 use agentrt_server::{Cli, Config};
 use clap::Parser as _;
 use tracing_subscriber::EnvFilter;
@@ -46,8 +47,7 @@ async fn shutdown_signal() {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     let config = match Config::load(&cli) {
         Ok(c) => c,
@@ -56,7 +56,39 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Before any thread exists: candle sizes its compute pools from the
+    // environment only (see agentrt_local_model::threads). On success this
+    // does not return.
+    let reexec = agentrt_local_model::threads::reexec_with_threads(
+        config.local_model.resolve(&config.data_dir).threads,
+    );
     init_tracing(config.log_format);
+    if let Err(why) = reexec {
+        tracing::warn!(%why, "candle keeps its default thread count");
+    }
+    if cli.fetch_model || cli.command == Some(Command::FetchModel) {
+        if let Err(err) = agentrt_server::local::fetch(&config) {
+            eprintln!("agentrt-server: {err}");
+            return ExitCode::FAILURE;
+        }
+        if cli.command == Some(Command::FetchModel) {
+            return ExitCode::SUCCESS;
+        }
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(err) => {
+            eprintln!("agentrt-server: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(serve(config))
+}
+
+async fn serve(config: Config) -> ExitCode {
     let listener = match tokio::net::TcpListener::bind(config.listen).await {
         Ok(l) => l,
         Err(err) => {

@@ -17,6 +17,7 @@ mod context;
 mod driver;
 mod durable;
 mod fake;
+mod local;
 mod markdown;
 mod proc_stats;
 mod report;
@@ -56,7 +57,7 @@ struct Cli {
     /// Every scenario at tiny sizes (seconds); fails only if something breaks.
     #[arg(long)]
     smoke: bool,
-    /// Only these parts, comma-separated: baselines,s1,s2,s3,s4,s6,s7,s9.
+    /// Only these parts, comma-separated: baselines,s1,s2,s3,s4,s6,s7,s9,local.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Runs the server (and the echo baseline) under `taskset -c CPUS`.
@@ -68,6 +69,11 @@ struct Cli {
     /// Replaces the S2 concurrency levels (e.g. `--s2-sessions 1000`).
     #[arg(long, value_delimiter = ',')]
     s2_sessions: Vec<usize>,
+    /// The local model's GGUF for the `local` part [default:
+    /// .ci/models/ or agentrt-data/models/SmolLM2-135M-Instruct.Q4_1.gguf;
+    /// the part is skipped when there is none].
+    #[arg(long)]
+    local_model: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -448,6 +454,27 @@ async fn run(cli: Cli) -> Result<bool, String> {
         match bounded("S9", limit, context::s9(env.root.path(), sizes)).await {
             Ok(rows) => r.s9 = rows,
             Err(e) => failures.push(e),
+        }
+    }
+    if want("local") {
+        let model = cli.local_model.clone().or_else(|| {
+            local::default_candidates()
+                .into_iter()
+                .find(|p| p.is_file())
+        });
+        match model {
+            Some(model) => {
+                let (runs, tokens) = if cli.smoke { (1, 8) } else { (5, 100) };
+                match bounded("local", limit, local::local(&env, &model, runs, tokens)).await {
+                    Ok(l) => r.local = Some(l),
+                    Err(e) => failures.push(e),
+                }
+            }
+            None => {
+                let why = "skipped: no local model file (pass --local-model PATH, or provision it with `agentrt-server fetch-model`)";
+                eprintln!("agentrt-bench: local {why}");
+                r.local_skipped = Some(why.to_owned());
+            }
         }
     }
     let unknown = env

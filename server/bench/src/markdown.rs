@@ -347,6 +347,11 @@ pub(crate) fn markdown(r: &Report) -> String {
         let _ = writeln!(out, "\n## S9 context load (sled, in process)\n");
         out.push_str(&crate::context::table(&r.s9));
     }
+    if let Some(l) = &r.local {
+        let _ = writeln!(out, "\n{}", crate::local::markdown(l));
+    } else if let Some(why) = &r.local_skipped {
+        let _ = writeln!(out, "\n## Local model (local/smollm2)\n\n{why}");
+    }
     if !r.failures.is_empty() {
         let _ = writeln!(out, "\n## Failures\n");
         for f in &r.failures {

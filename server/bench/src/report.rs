@@ -263,6 +263,10 @@ pub(crate) struct Report {
     pub(crate) s7: Option<S7>,
     /// S9 context load (sizes in messages).
     pub(crate) s9: Vec<crate::context::ContextLoad>,
+    /// The local model (`local` part).
+    pub(crate) local: Option<crate::local::LocalModel>,
+    /// Why the local part did not run.
+    pub(crate) local_skipped: Option<String>,
     pub(crate) targets: Vec<Target>,
     pub(crate) failures: Vec<String>,
 }

@@ -60,8 +60,20 @@ impl Child {
         data_dir: &Path,
         fake_base_url: &str,
     ) -> Result<Self, String> {
+        Self::agentrt_with_config(spec, dir, data_dir, &server_config(fake_base_url)).await
+    }
+
+    /// Starts `agentrt-server` on `127.0.0.1:0` with `data_dir` and the
+    /// TOML `config_text`, and waits until it is ready. Its log goes to
+    /// `dir/server.log`.
+    pub(crate) async fn agentrt_with_config(
+        spec: &ServerSpec,
+        dir: &Path,
+        data_dir: &Path,
+        config_text: &str,
+    ) -> Result<Self, String> {
         let config = dir.join("agentrt.toml");
-        std::fs::write(&config, server_config(fake_base_url))
+        std::fs::write(&config, config_text)
             .map_err(|e| format!("write {}: {e}", config.display()))?;
         let log = dir.join("server.log");
         let mut args: Vec<String> = vec![

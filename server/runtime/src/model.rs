@@ -186,6 +186,24 @@ pub trait ModelProvider: Send + Sync + fmt::Debug + 'static {
         let _ = model;
         true
     }
+
+    /// Whether a turn may offer tools to `model`. When this is false, the
+    /// runtime rejects a turn that would offer it any tool at admission
+    /// (`INVALID_ARGUMENT`, naming the model) instead of letting the model
+    /// silently ignore them. Default: true.
+    fn supports_tools(&self, model: &str) -> bool {
+        let _ = model;
+        true
+    }
+
+    /// Whether `model` can take another step now. A provider with a bounded
+    /// queue (the local model) returns false when it is full, and the
+    /// runtime refuses the turn at admission (`RESOURCE_EXHAUSTED`) rather
+    /// than admitting it into an unbounded wait. Default: true.
+    fn has_capacity(&self, model: &str) -> bool {
+        let _ = model;
+        true
+    }
 }
 
 /// A `provider/model` name, split.

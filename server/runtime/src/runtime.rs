@@ -426,6 +426,7 @@ impl Runtime {
             .runner_for(&session.id, &session.owner, key, model_field)
             .await?;
         let offered = toolrun::offered(&runner, input.extra_tools, &input.excluded_tools)?;
+        toolrun::admit_model(&runner, &offered)?;
         let system_overridden = input.system_override.is_some();
         let system_prompt = input
             .system_override

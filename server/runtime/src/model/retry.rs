@@ -162,6 +162,14 @@ impl ModelProvider for RetryingProvider {
     fn serves(&self, model: &str) -> bool {
         self.inner.serves(model)
     }
+
+    fn supports_tools(&self, model: &str) -> bool {
+        self.inner.supports_tools(model)
+    }
+
+    fn has_capacity(&self, model: &str) -> bool {
+        self.inner.has_capacity(model)
+    }
 }
 
 /// For HTTP providers: the wait an error answer asks for, from

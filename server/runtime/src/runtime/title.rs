@@ -21,6 +21,8 @@ pub const TITLE_MAX_CHARS: usize = 60;
 const TITLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Characters of the first message and answer shown to the fast model.
 const TITLE_INPUT_CHARS: usize = 2_000;
+/// Output of the fast model read before a title is cut from it.
+const TITLE_READ_BYTES: usize = 240;
 /// Messages read to find the session's first user message.
 const FIRST_PAGE: usize = 16;
 
@@ -109,7 +111,15 @@ async fn from_model(fast: &FastModel, first: &str, answer: &str) -> Option<Strin
         let mut text = String::new();
         while let Some(item) = stream.next().await {
             match item.ok()? {
-                ModelEvent::TextDelta(t) => text.push_str(&t),
+                ModelEvent::TextDelta(t) => {
+                    text.push_str(&t);
+                    // A title is one short line: stop a rambling model early
+                    // (dropping the stream cancels the generation).
+                    let line_done = text.trim_start().contains('\n');
+                    if line_done || text.len() > TITLE_READ_BYTES {
+                        return Some(text);
+                    }
+                }
                 ModelEvent::Finished(_) => return Some(text),
                 _ => {}
             }

@@ -86,6 +86,36 @@ pub(super) fn offered(
     Ok(super::tools::offered(all, excluded))
 }
 
+/// Whether the runner's model can take this turn: a model that cannot call
+/// tools is not offered any (the caller learns why instead of the model
+/// silently ignoring them), and a provider whose queue is full refuses the
+/// turn now rather than admitting it into a long wait.
+pub(super) fn admit_model(runner: &Runner, offered: &[ToolSpec]) -> Result<(), RuntimeError> {
+    if !offered.is_empty() && !runner.provider.supports_tools(&runner.provider_model) {
+        let field = if runner.tools.is_empty() {
+            "extra_tools"
+        } else {
+            "model"
+        };
+        return Err(RuntimeError::invalid(
+            field,
+            format!(
+                "model {} cannot call tools, and this turn offers {} tool(s); remove extra_tools \
+                 (or exclude the server tools with excluded_tools), choose a model that can call \
+                 tools, or let the operator allow running it without tools",
+                runner.key.model,
+                offered.len()
+            ),
+        ));
+    }
+    if !runner.provider.has_capacity(&runner.provider_model) {
+        return Err(RuntimeError::ResourceExhausted(
+            "the model is busy: too many turns are queued for it; retry later",
+        ));
+    }
+    Ok(())
+}
+
 /// Where a tool call goes.
 pub(super) enum Route {
     /// To the toolbox (hooks and limits applied there).
