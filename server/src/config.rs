@@ -49,6 +49,9 @@ pub struct Cli {
     /// Log format: "text" or "json" [default: text].
     #[arg(long, env = "AGENTRT_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
+    /// Memory sled may use to cache the store, in MiB [default: 64].
+    #[arg(long, env = "AGENTRT_STORE_CACHE_MB")]
+    pub store_cache_mb: Option<u64>,
     /// GGUF file of the local model [default:
     /// <data-dir>/models/SmolLM2-135M-Instruct.Q4_1.gguf].
     #[arg(long, env = "AGENTRT_MODEL_PATH")]
@@ -167,6 +170,7 @@ struct FileConfig {
     #[serde(default, deserialize_with = "de_duration")]
     runner_idle_timeout: Option<Duration>,
     log_format: Option<LogFormat>,
+    store_cache_mb: Option<u64>,
     #[serde(default)]
     providers: Vec<ProviderConfig>,
     #[serde(default)]
@@ -207,6 +211,8 @@ pub struct Config {
     pub runner_idle_timeout: Duration,
     /// Log format. Default text.
     pub log_format: LogFormat,
+    /// sled's cache, in MiB. Default 64.
+    pub store_cache_mb: u64,
     /// HTTP model providers.
     pub providers: Vec<ProviderConfig>,
     /// Credentials.
@@ -233,6 +239,7 @@ impl Default for Config {
             heartbeat_interval: Duration::from_secs(15),
             runner_idle_timeout: Duration::from_secs(600),
             log_format: LogFormat::Text,
+            store_cache_mb: 64,
             providers: Vec::new(),
             auth: AuthConfig::default(),
             mcp_servers: Vec::new(),
@@ -285,6 +292,7 @@ impl Config {
                 .runner_idle_timeout
                 .unwrap_or(defaults.runner_idle_timeout),
             log_format: file.log_format.unwrap_or_default(),
+            store_cache_mb: file.store_cache_mb.unwrap_or(defaults.store_cache_mb),
             providers: file.providers,
             auth: file.auth,
             mcp_servers: file.mcp_servers,
@@ -313,6 +321,9 @@ impl Config {
         }
         if let Some(v) = cli.log_format {
             self.log_format = v;
+        }
+        if let Some(v) = cli.store_cache_mb {
+            self.store_cache_mb = v;
         }
         self
     }
@@ -372,6 +383,12 @@ impl Config {
         }
         self.validate_tools()?;
         self.compaction.validate()?;
+        if !(4..=65_536).contains(&self.store_cache_mb) {
+            return Err(ConfigError(format!(
+                "store_cache_mb is {}; it must be between 4 and 65536",
+                self.store_cache_mb
+            )));
+        }
         self.validate_local_model()?;
         let mut keys = std::collections::BTreeSet::new();
         if !self
@@ -466,6 +483,17 @@ admin = false
         };
         let err = c.validate().unwrap_err().0;
         assert!(err.contains("without credentials"), "{err}");
+    }
+
+    #[test]
+    fn store_cache_is_bounded() {
+        assert_eq!(Config::default().store_cache_mb, 64);
+        let c = Config::parse_toml("store_cache_mb = 16").unwrap();
+        assert_eq!(c.store_cache_mb, 16);
+        c.validate().unwrap();
+        let tiny = Config::parse_toml("store_cache_mb = 1").unwrap();
+        let err = tiny.validate().unwrap_err().to_string();
+        assert!(err.contains("store_cache_mb"), "{err}");
     }
 
     #[test]

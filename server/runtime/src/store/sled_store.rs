@@ -67,6 +67,9 @@ const ACTIVITY: &str = "session_activity";
 const MESSAGES: &str = "messages";
 const TURNS: &str = "turns";
 
+/// The page cache of [`SledStore::open`]: 64 MiB.
+pub(crate) const DEFAULT_CACHE_BYTES: u64 = 64 << 20;
+
 /// Messages per transaction of [`SledStore::import_messages`].
 pub(crate) const IMPORT_BATCH: usize = 1_000;
 
@@ -98,15 +101,25 @@ impl std::fmt::Debug for SledStore {
 }
 
 impl SledStore {
-    /// Opens (or creates) the database at `path`. A locked or unreadable
-    /// database is an error.
+    /// Opens (or creates) the database at `path` with a 64 MiB page cache.
+    /// A locked or unreadable database is an error.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with_cache(path, DEFAULT_CACHE_BYTES)
+    }
+
+    /// [`SledStore::open`] with sled's page cache bounded to `cache_bytes`
+    /// (sled's own default is 1 GiB, which lets freshly written data stay
+    /// resident).
+    pub fn open_with_cache(path: impl AsRef<Path>, cache_bytes: u64) -> Result<Self, StoreError> {
         let path = path.as_ref().to_owned();
         let fail = |e: String| StoreError::Backend(format!("opening {}: {e}", path.display()));
         // sled 0.34 panics on some damaged files instead of returning an
         // error; a bad data directory must not take the process down.
         let opened = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            let db = sled::Config::new().path(&path).open()?;
+            let db = sled::Config::new()
+                .path(&path)
+                .cache_capacity(cache_bytes)
+                .open()?;
             let [s, a, m, t] = [SESSIONS, ACTIVITY, MESSAGES, TURNS].map(|n| db.open_tree(n));
             Ok::<_, sled::Error>((db, s?, a?, m?, t?))
         }));
