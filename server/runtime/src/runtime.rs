@@ -25,6 +25,7 @@ use crate::types::{
 
 mod admin;
 mod compact;
+mod context_cache;
 mod control;
 mod prestart;
 mod recovery;
@@ -159,6 +160,8 @@ pub(crate) struct Runner {
     tools: Vec<crate::model::ToolSpec>,
     /// The toolbox generation of `tools`.
     tools_generation: u64,
+    /// The session's context after its last turn, when long.
+    context: Mutex<Option<context_cache::CachedContext>>,
 }
 
 /// A turn in flight, as seen by admission, stop and watchers.
@@ -502,6 +505,7 @@ impl Runtime {
             inner,
             &runner,
             &session,
+            &stored_user,
             system_prompt.clone(),
             offered.clone(),
         );
@@ -533,8 +537,11 @@ impl Runtime {
             final_message: None,
             open_step: None,
             prestart: Some(prestart),
+            session: session.clone(),
             context: Vec::new(),
             untitled: session.title.is_empty(),
+            compacted: false,
+            store_failed: false,
         };
         let emitter =
             turn::Emitter::new(Arc::clone(&live.hub), tx, inner.config.heartbeat_interval);

@@ -89,6 +89,19 @@ impl Context {
         Ok(context)
     }
 
+    /// A context from messages as [`Context::into_messages`] gave them.
+    pub(crate) fn from_messages(messages: Vec<Message>) -> Self {
+        let mut context = Self::default();
+        for message in messages {
+            if message.body.role == Role::Summary {
+                context.summary = Some(message);
+            } else {
+                context.tail.push(message);
+            }
+        }
+        context
+    }
+
     /// The messages sent to the model: the summary first, then the tail.
     pub(crate) fn into_messages(self) -> Vec<Message> {
         let mut out = Vec::with_capacity(self.tail.len() + 1);

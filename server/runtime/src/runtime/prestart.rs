@@ -85,18 +85,27 @@ pub(crate) fn spawn(
     inner: &Arc<Inner>,
     runner: &Arc<Runner>,
     session: &Session,
+    user: &Message,
     system_prompt: Option<String>,
     tools: Vec<ToolSpec>,
 ) -> Prestart {
     let (tx, loaded) = oneshot::channel();
     let (inner, runner) = (Arc::clone(inner), Arc::clone(runner));
+    // The runner's cached context, when it is exactly the store's.
+    let cached = super::lock(&runner.context)
+        .take()
+        .and_then(|c| c.take_for(session, user));
     let (id, through, summary_seq) = (
         session.id.clone(),
         session.compacted_through,
         session.summary_seq,
     );
     let handle = tokio::spawn(async move {
-        let context = match Context::load(inner.store.as_ref(), &id, through, summary_seq).await {
+        let context = match cached {
+            Some(messages) => Ok(Context::from_messages(messages)),
+            None => Context::load(inner.store.as_ref(), &id, through, summary_seq).await,
+        };
+        let context = match context {
             Ok(c) => c,
             Err(e) => {
                 let _ = tx.send(Err(e));

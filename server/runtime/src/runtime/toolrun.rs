@@ -54,6 +54,7 @@ impl Runtime {
             last_used: Mutex::new(Instant::now()),
             tools: listing.tools,
             tools_generation: listing.generation,
+            context: Mutex::new(None),
         });
         lock(&self.inner.runners).insert(session_id.to_owned(), Arc::clone(&runner));
         Ok(runner)

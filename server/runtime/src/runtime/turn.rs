@@ -157,11 +157,17 @@ pub(crate) struct Turn {
     pub(crate) open_step: Option<u32>,
     /// The context load and first model request started during admission.
     pub(crate) prestart: Option<super::prestart::Prestart>,
+    /// The session as read at admission.
+    pub(crate) session: crate::types::Session,
     /// What the model is sent: loaded once (see `prepare_context`), then
     /// every message the turn stores is appended.
     pub(crate) context: Vec<Message>,
     /// The session had no title at admission.
     pub(crate) untitled: bool,
+    /// The context was compacted (or truncated) during this turn.
+    pub(crate) compacted: bool,
+    /// A store write of this turn failed.
+    pub(crate) store_failed: bool,
 }
 
 /// How a model step's request starts.
@@ -207,6 +213,7 @@ impl Turn {
                 self.agent_loop(first, &mut emitter).await
             }
             Ok((Loaded::NeedsCompaction(context), _)) => {
+                self.compacted = true;
                 self.context = self.prepare_context(context, &mut emitter).await;
                 self.agent_loop(None, &mut emitter).await
             }
@@ -684,6 +691,7 @@ impl Turn {
             }
             Err(err) => {
                 tracing::error!(error = %err, ?role, "storing a message failed");
+                self.store_failed = true;
                 false
             }
         }
@@ -714,15 +722,21 @@ impl Turn {
             .await
         {
             Ok(Some(stored)) => {
+                let (seq, id) = (stored.seq, stored.body.id.clone());
+                self.context.push(stored);
+                self.keep_context(seq + 1);
                 emitter
                     .emit(EventKind::MessageStored {
-                        seq: stored.seq,
-                        id: stored.body.id,
+                        seq,
+                        id,
                         role: Role::Assistant,
                     })
                     .await;
             }
-            Ok(None) => {}
+            Ok(None) => {
+                let next = self.context.last().map_or(0, |m| m.seq + 1);
+                self.keep_context(next);
+            }
             Err(err) if had_last => {
                 tracing::error!(error = %err, "storing the answer and the turn record failed");
                 let message = "the answer could not be stored".to_owned();
@@ -769,6 +783,20 @@ impl Turn {
                 answer,
             );
         }
+    }
+}
+
+impl Turn {
+    /// Leaves the context on the runner for the next turn, unless this
+    /// turn compacted (the session's compaction state moved) or any of its
+    /// writes failed (then the context may not match the store).
+    fn keep_context(&mut self, next_seq: u64) {
+        if self.compacted || self.store_failed || next_seq == 0 {
+            return;
+        }
+        let messages = std::mem::take(&mut self.context);
+        *super::lock(&self.runner.context) =
+            super::context_cache::CachedContext::keep(&self.session, next_seq, messages);
     }
 }
 
