@@ -182,7 +182,7 @@ mod tests {
         assert!(kept.take_for(&compacted, &user).is_none());
 
         let kept = CachedContext::keep(&s, 101, messages(100)).unwrap();
-        let mut recreated = s.clone();
+        let mut recreated = s;
         recreated.created_at += std::time::Duration::from_secs(1);
         assert!(kept.take_for(&recreated, &user).is_none());
     }
