@@ -80,6 +80,9 @@ pub(crate) struct FakeCounters {
     pub(crate) connections: AtomicU64,
     pub(crate) requests: AtomicU64,
     pub(crate) unknown_keys: AtomicU64,
+    /// Compaction summaries the server asked for (a long bench session
+    /// passed the compaction budget); answered with a short default stream.
+    pub(crate) summaries: AtomicU64,
     pub(crate) tokens: AtomicU64,
 }
 
@@ -259,6 +262,19 @@ fn last_message_text(body: &[u8]) -> Option<String> {
     Some(last.get("content")?.as_str()?.to_owned())
 }
 
+/// Whether the request is the runtime's compaction summariser (its system
+/// message is the summariser's prompt).
+fn is_summary_request(body: &[u8]) -> bool {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return false;
+    };
+    let first = v["messages"].get(0);
+    first.is_some_and(|m| {
+        m["role"] == "system"
+            && m["content"].as_str() == Some(agentrt_runtime::compaction::SUMMARY_SYSTEM_PROMPT)
+    })
+}
+
 async fn serve_connection(mut socket: TcpStream, shared: Arc<Shared>) {
     let mut buf = Vec::new();
     while let Some(req) = read_request(&mut socket, &mut buf).await {
@@ -274,7 +290,11 @@ async fn serve_connection(mut socket: TcpStream, shared: Arc<Shared>) {
         let key = last_message_text(&req.body).unwrap_or_default();
         let found = lock(&shared.tickets).remove(key.trim());
         let (params, record) = found.unwrap_or_else(|| {
-            shared.counters.unknown_keys.fetch_add(1, Ordering::Relaxed);
+            if is_summary_request(&req.body) {
+                shared.counters.summaries.fetch_add(1, Ordering::Relaxed);
+            } else {
+                shared.counters.unknown_keys.fetch_add(1, Ordering::Relaxed);
+            }
             let default = StreamParams {
                 ttft: Duration::ZERO,
                 tokens: 3,

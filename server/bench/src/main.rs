@@ -501,10 +501,11 @@ async fn run(cli: Cli) -> Result<bool, String> {
     }
     let c = env.fake.counters();
     eprintln!(
-        "agentrt-bench: {:.1} s; fake: {} connections for {} requests",
+        "agentrt-bench: {:.1} s; fake: {} connections for {} requests ({} compaction summaries)",
         r.duration_s,
         c.connections.load(std::sync::atomic::Ordering::Relaxed),
         c.requests.load(std::sync::atomic::Ordering::Relaxed),
+        c.summaries.load(std::sync::atomic::Ordering::Relaxed),
     );
     Ok(r.failures.is_empty())
 }
