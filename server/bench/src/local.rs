@@ -117,8 +117,13 @@ pub(crate) async fn local(
         .map_err(|e| format!("connect: {e}"))?;
     let sampler = RssSampler::start(server.pid(), Duration::from_millis(20));
     for _ in 0..runs {
+        // Titled, so no background title generation (which shares the one
+        // inference thread) runs between the measured turns.
         let session = client
-            .create_session(proto::CreateSessionRequest::default())
+            .create_session(proto::CreateSessionRequest {
+                title: "local model bench".into(),
+                ..Default::default()
+            })
             .await
             .map_err(|e| format!("create session: {e}"))?
             .session_id;

@@ -19,10 +19,13 @@ use crate::types::{ContentBlock, Message, NewMessage, Role, flatten_text};
 pub const TITLE_MAX_CHARS: usize = 60;
 /// How long the fast model may take to name a session.
 const TITLE_TIMEOUT: Duration = Duration::from_secs(30);
-/// Characters of the first message and answer shown to the fast model.
-const TITLE_INPUT_CHARS: usize = 2_000;
+/// Characters of the first message and answer shown to the fast model:
+/// enough to name a conversation, and short, because a local fast model
+/// shares one inference thread with the turns (a long title prompt delays
+/// the user's next turn by its prefill).
+const TITLE_INPUT_CHARS: usize = 400;
 /// Output of the fast model read before a title is cut from it.
-const TITLE_READ_BYTES: usize = 240;
+const TITLE_READ_BYTES: usize = 120;
 /// Messages read to find the session's first user message.
 const FIRST_PAGE: usize = 16;
 
