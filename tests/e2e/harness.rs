@@ -291,3 +291,28 @@ pub(crate) async fn read_until(
     }
     seen
 }
+
+/// A Subscribe stream on its own connection with the protocol's default
+/// 64 KiB flow-control windows (hyper's client defaults are several MiB), so
+/// a watcher that does not read really stops the server from sending.
+pub(crate) async fn small_window_watch(
+    url: &str,
+    session: &str,
+) -> tonic::Streaming<proto::ChatEvent> {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .connect()
+        .await
+        .unwrap();
+    proto::agent_runtime_client::AgentRuntimeClient::new(channel)
+        .subscribe(proto::SubscribeRequest {
+            session_id: session.to_owned(),
+            after_seq: 0,
+            wait_for_turn: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
