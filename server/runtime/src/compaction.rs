@@ -16,7 +16,7 @@ use std::time::Duration;
 use futures::StreamExt as _;
 
 use crate::model::{ModelError, ModelEvent, ModelProvider, ModelRequest};
-use crate::types::{ContentBlock, Message, NewMessage, Role, Usage, flatten_text};
+use crate::types::{ContentBlock, Message, Role, Usage, flatten_text};
 
 /// Compaction settings. Every field has a documented default.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -256,21 +256,7 @@ pub async fn summarise(
     transcript: String,
     timeout: Duration,
 ) -> Result<(String, Option<Usage>), SummaryError> {
-    let request = ModelRequest {
-        model: model.to_owned(),
-        system_prompt: Some(SUMMARY_SYSTEM_PROMPT.to_owned()),
-        messages: vec![Message {
-            seq: 0,
-            body: NewMessage::new(
-                "compaction",
-                Role::User,
-                vec![ContentBlock::text(transcript)],
-            ),
-            compacted: false,
-        }],
-        thinking: None,
-        tools: Vec::new(),
-    };
+    let request = ModelRequest::prompt(model, SUMMARY_SYSTEM_PROMPT, transcript);
     let collect = async {
         let mut stream = provider.stream(request).await?;
         let mut text = String::new();

@@ -45,6 +45,26 @@ pub struct ModelRequest {
     pub tools: Vec<ToolSpec>,
 }
 
+impl ModelRequest {
+    /// A one-shot request outside any conversation (a compaction summary,
+    /// a title): `system_prompt`, then `text` as the only user message, no
+    /// tools, no thinking.
+    pub fn prompt(model: &str, system_prompt: &str, text: String) -> Self {
+        use crate::types::{ContentBlock, NewMessage, Role};
+        Self {
+            model: model.to_owned(),
+            system_prompt: Some(system_prompt.to_owned()),
+            messages: vec![Message {
+                seq: 0,
+                body: NewMessage::new("prompt", Role::User, vec![ContentBlock::text(text)]),
+                compacted: false,
+            }],
+            thinking: None,
+            tools: Vec::new(),
+        }
+    }
+}
+
 /// A tool offered to the model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolSpec {

@@ -539,7 +539,6 @@ impl Runtime {
             prestart: Some(prestart),
             session: session.clone(),
             context: Vec::new(),
-            untitled: session.title.is_empty(),
             compacted: false,
             store_failed: false,
         };

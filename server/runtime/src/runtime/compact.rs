@@ -71,13 +71,7 @@ impl Context {
             if let Some(last) = page.last() {
                 after = last.seq;
             }
-            for message in page {
-                if message.body.role == Role::Summary {
-                    context.summary = Some(message);
-                } else {
-                    context.tail.push(message);
-                }
-            }
+            page.into_iter().for_each(|m| context.push(m));
             if !full {
                 break;
             }
@@ -92,14 +86,32 @@ impl Context {
     /// A context from messages as [`Context::into_messages`] gave them.
     pub(crate) fn from_messages(messages: Vec<Message>) -> Self {
         let mut context = Self::default();
-        for message in messages {
-            if message.body.role == Role::Summary {
-                context.summary = Some(message);
-            } else {
-                context.tail.push(message);
-            }
-        }
+        messages.into_iter().for_each(|m| context.push(m));
         context
+    }
+
+    /// Adds the next message (in seq order): a summary replaces the
+    /// summary, anything else joins the tail.
+    fn push(&mut self, message: Message) {
+        if message.body.role == Role::Summary {
+            self.summary = Some(message);
+        } else {
+            self.tail.push(message);
+        }
+    }
+
+    /// The estimated size when the context must be compacted before the
+    /// turn's first model request: over `max_tokens`, with something
+    /// before the kept tail to summarise.
+    pub(crate) fn over_budget(
+        &self,
+        system_prompt: Option<&str>,
+        config: &compaction::CompactionConfig,
+    ) -> Option<u64> {
+        let tokens = self.estimate(system_prompt);
+        (tokens > config.max_tokens
+            && compaction::split_point(&self.tail, config.keep_tail).is_some())
+        .then_some(tokens)
     }
 
     /// The messages sent to the model: the summary first, then the tail.
@@ -110,7 +122,7 @@ impl Context {
         out
     }
 
-    pub(crate) fn estimate(&self, system_prompt: Option<&str>) -> u64 {
+    fn estimate(&self, system_prompt: Option<&str>) -> u64 {
         compaction::estimate_context(system_prompt, self.summary.as_ref(), &self.tail)
     }
 }
@@ -186,25 +198,19 @@ async fn compact(
 }
 
 impl Turn {
-    /// Compacts the turn's loaded `context` first when it is over the
-    /// budget (events: `compaction` STARTED, the summary's `message_stored`,
-    /// COMPLETED — or FAILED and a truncated context) and returns what the
-    /// model is sent.
-    pub(super) async fn prepare_context(
+    /// Compacts the turn's loaded `context`, found
+    /// [over the budget](Context::over_budget) at `tokens_before` (events:
+    /// `compaction` STARTED, the summary's `message_stored`, COMPLETED — or
+    /// FAILED and a truncated context), and returns what the model is sent.
+    pub(super) async fn compact_context(
         &mut self,
         mut context: Context,
+        tokens_before: u64,
         emitter: &mut Emitter,
     ) -> Vec<Message> {
         let session_id = self.record.session_id.clone();
         let system = self.system_prompt.as_deref();
-        let tokens_before = context.estimate(system);
         let max_tokens = self.inner.config.compaction.max_tokens;
-        if tokens_before <= max_tokens
-            || compaction::split_point(&context.tail, self.inner.config.compaction.keep_tail)
-                .is_none()
-        {
-            return context.into_messages();
-        }
         emitter
             .emit(compaction_event(CompactionStatus::Started, tokens_before))
             .await;

@@ -20,7 +20,6 @@ use tokio::task::JoinHandle;
 
 use super::compact::Context;
 use super::{Inner, Runner};
-use crate::compaction;
 use crate::model::{ModelError, ModelRequest, ModelStream, ToolSpec};
 use crate::store::StoreError;
 use crate::types::{Message, Session};
@@ -30,8 +29,14 @@ pub(crate) enum Loaded {
     /// Within the budget: these messages were sent with the first model
     /// request (whose start is the [`FirstStep`]).
     Sent(Vec<Message>),
-    /// Over the budget: the turn compacts before its first model request.
-    NeedsCompaction(Context),
+    /// Over the budget (estimated at `tokens`): the turn compacts before
+    /// its first model request.
+    NeedsCompaction {
+        /// The loaded context.
+        context: Context,
+        /// Its estimated size.
+        tokens: u64,
+    },
 }
 
 /// The first model request, started during admission.
@@ -112,11 +117,10 @@ pub(crate) fn spawn(
                 return None;
             }
         };
-        let config = &inner.config.compaction;
-        if context.estimate(system_prompt.as_deref()) > config.max_tokens
-            && compaction::split_point(&context.tail, config.keep_tail).is_some()
+        if let Some(tokens) =
+            context.over_budget(system_prompt.as_deref(), &inner.config.compaction)
         {
-            let _ = tx.send(Ok(Loaded::NeedsCompaction(context)));
+            let _ = tx.send(Ok(Loaded::NeedsCompaction { context, tokens }));
             return None;
         }
         let messages = context.into_messages();

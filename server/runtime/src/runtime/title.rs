@@ -13,7 +13,7 @@ use super::Inner;
 use super::compact::FastModel;
 use crate::compaction::clip;
 use crate::model::{ModelEvent, ModelRequest};
-use crate::types::{ContentBlock, Message, NewMessage, Role, flatten_text};
+use crate::types::{Message, Role, flatten_text};
 
 /// Longest title, in characters.
 pub const TITLE_MAX_CHARS: usize = 60;
@@ -98,17 +98,7 @@ async fn from_model(fast: &FastModel, first: &str, answer: &str) -> Option<Strin
         clip(first, TITLE_INPUT_CHARS),
         clip(answer, TITLE_INPUT_CHARS)
     );
-    let request = ModelRequest {
-        model: fast.provider_model.clone(),
-        system_prompt: Some(TITLE_PROMPT.to_owned()),
-        messages: vec![Message {
-            seq: 0,
-            body: NewMessage::new("title", Role::User, vec![ContentBlock::text(prompt)]),
-            compacted: false,
-        }],
-        thinking: None,
-        tools: Vec::new(),
-    };
+    let request = ModelRequest::prompt(&fast.provider_model, TITLE_PROMPT, prompt);
     let collect = async {
         let mut stream = fast.provider.stream(request).await.ok()?;
         let mut text = String::new();

@@ -162,8 +162,6 @@ pub(crate) struct Turn {
     /// What the model is sent: loaded once (see `prepare_context`), then
     /// every message the turn stores is appended.
     pub(crate) context: Vec<Message>,
-    /// The session had no title at admission.
-    pub(crate) untitled: bool,
     /// The context was compacted (or truncated) during this turn.
     pub(crate) compacted: bool,
     /// A store write of this turn failed.
@@ -212,9 +210,9 @@ impl Turn {
                 self.context = messages;
                 self.agent_loop(first, &mut emitter).await
             }
-            Ok((Loaded::NeedsCompaction(context), _)) => {
+            Ok((Loaded::NeedsCompaction { context, tokens }, _)) => {
                 self.compacted = true;
-                self.context = self.prepare_context(context, &mut emitter).await;
+                self.context = self.compact_context(context, tokens, &mut emitter).await;
                 self.agent_loop(None, &mut emitter).await
             }
             Err(err) => {
@@ -712,7 +710,7 @@ impl Turn {
         let last = self.final_message.take();
         let had_last = last.is_some();
         let answer = match &last {
-            Some(m) if self.untitled => crate::types::flatten_text(&m.content),
+            Some(m) if self.session.title.is_empty() => crate::types::flatten_text(&m.content),
             _ => String::new(),
         };
         match self
@@ -776,7 +774,7 @@ impl Turn {
             })
             .await;
         tracing::info!(outcome = ?outcome, "turn finished");
-        if self.untitled && outcome == TurnOutcome::Success {
+        if self.session.title.is_empty() && outcome == TurnOutcome::Success {
             super::title::spawn(
                 Arc::clone(&self.inner),
                 self.record.session_id.clone(),
