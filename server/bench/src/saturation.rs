@@ -6,13 +6,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::driver::{
-    Recorder, agentrt_turn, agentrt_turn_with, connect_clients, connections_for, direct_stream,
-    echo_call, run_loops, watch_turn,
+    Recorder, agentrt_turn_with, connect_clients, connections_for, direct_stream, echo_call,
+    run_loops, watch_turn,
 };
 use crate::fake::StreamParams;
 use crate::proc_stats;
 use crate::report::{Baselines, Load, S3, S4Level};
-use crate::scenarios::{Env, Measure, bench_only, create_session, create_sessions, echo_load};
+use crate::scenarios::{
+    Env, Measure, agentrt_loops, bench_only, create_session, create_sessions, echo_load,
+};
 use crate::server::Child;
 
 /// Baseline (a): the bare tonic echo.
@@ -119,28 +121,8 @@ pub(crate) async fn s3(env: &Env, echo_saturation: f64, echo_unpaced: f64) -> Re
         create_sessions(&run.clients, &ids).await?;
         let rec = Arc::new(Recorder::default());
         let measure = Measure::begin(run.server.pid());
-        let elapsed = {
-            let (rec, fake, clients, ids, limit) = (
-                Arc::clone(&rec),
-                Arc::clone(&env.fake),
-                Arc::new(run.clients.clone()),
-                Arc::new(ids),
-                plan.turn_limit,
-            );
-            run_loops(n, plan.s3_window, Duration::ZERO, grace, move |i| {
-                let (rec, fake, clients, ids) = (
-                    Arc::clone(&rec),
-                    Arc::clone(&fake),
-                    Arc::clone(&clients),
-                    Arc::clone(&ids),
-                );
-                async move {
-                    let c = &clients[i % clients.len()];
-                    rec.add(agentrt_turn(c, &ids[i], Some((&fake, p)), "", limit).await);
-                }
-            })
-            .await
-        };
+        let windows = (plan.s3_window, Duration::ZERO, grace);
+        let elapsed = agentrt_loops(env, &run.clients, ids, &rec, p, windows).await;
         out.agentrt.push(
             measure
                 .end(

@@ -283,28 +283,8 @@ pub(crate) async fn s2_level(env: &Env, sessions: usize) -> Result<S2Level, Stri
     create_sessions(&run.clients, &ids).await?;
     let rec = Arc::new(Recorder::default());
     let measure = Measure::begin(run.server.pid());
-    let elapsed = {
-        let (rec, fake, clients, ids, limit) = (
-            Arc::clone(&rec),
-            Arc::clone(&env.fake),
-            Arc::new(run.clients.clone()),
-            Arc::new(ids),
-            env.plan.turn_limit,
-        );
-        crate::driver::run_loops(sessions, env.plan.s2_window, stagger, grace, move |i| {
-            let (rec, fake, clients, ids) = (
-                Arc::clone(&rec),
-                Arc::clone(&fake),
-                Arc::clone(&clients),
-                Arc::clone(&ids),
-            );
-            async move {
-                let c = &clients[i % clients.len()];
-                rec.add(agentrt_turn(c, &ids[i], Some((&fake, p)), "", limit).await);
-            }
-        })
-        .await
-    };
+    let windows = (env.plan.s2_window, stagger, grace);
+    let elapsed = agentrt_loops(env, &run.clients, ids, &rec, p, windows).await;
     let agentrt = measure
         .end(
             &format!("S2 agentrt c={sessions}"),
@@ -373,4 +353,37 @@ pub(crate) async fn echo_load(
         .await;
     echo.terminate(Duration::from_secs(5)).await;
     Ok(load)
+}
+
+/// Loops of paced agentrt turns through the timed fake: loop `i` runs turns
+/// in session `ids[i]` on client `i % clients.len()` for `window`, each
+/// recorded in `rec`. Returns the elapsed time.
+pub(crate) async fn agentrt_loops(
+    env: &Env,
+    clients: &[Client],
+    ids: Vec<String>,
+    rec: &Arc<Recorder>,
+    p: StreamParams,
+    (window, stagger, grace): (Duration, Duration, Duration),
+) -> Duration {
+    let (rec, fake, clients, limit) = (
+        Arc::clone(rec),
+        Arc::clone(&env.fake),
+        Arc::new(clients.to_vec()),
+        env.plan.turn_limit,
+    );
+    let (n, ids) = (ids.len(), Arc::new(ids));
+    crate::driver::run_loops(n, window, stagger, grace, move |i| {
+        let (rec, fake, clients, ids) = (
+            Arc::clone(&rec),
+            Arc::clone(&fake),
+            Arc::clone(&clients),
+            Arc::clone(&ids),
+        );
+        async move {
+            let c = &clients[i % clients.len()];
+            rec.add(agentrt_turn(c, &ids[i], Some((&fake, p)), "", limit).await);
+        }
+    })
+    .await
 }
