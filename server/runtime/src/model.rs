@@ -28,6 +28,8 @@ mod http;
 pub mod openai;
 pub mod retry;
 pub mod sse;
+#[cfg(test)]
+mod test_support;
 
 /// What a provider is asked to do: one model step.
 #[derive(Debug, Clone)]

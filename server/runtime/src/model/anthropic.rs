@@ -637,10 +637,7 @@ mod tests {
         message_start, message_stop, ping, signature_delta, slice_bytes, stream, text_delta,
         text_start, thinking_delta, thinking_start, tool_use_start,
     };
-    use crate::types::{Message, NewMessage};
-
-    /// Guards every wait so a bug fails the test instead of hanging it.
-    const GUARD: Duration = Duration::from_secs(10);
+    use crate::model::test_support::{self, GUARD, Item, message, run};
 
     fn config(fake: &FakeAnthropic) -> AnthropicConfig {
         AnthropicConfig {
@@ -650,36 +647,8 @@ mod tests {
         }
     }
 
-    fn message(role: Role, content: Vec<ContentBlock>) -> Message {
-        Message {
-            seq: 1,
-            body: NewMessage::new("t", role, content),
-            compacted: false,
-        }
-    }
-
     fn request(text: &str) -> ModelRequest {
-        ModelRequest {
-            model: "claude-test".into(),
-            system_prompt: Some("be brief".into()),
-            messages: vec![message(Role::User, vec![ContentBlock::text(text)])],
-            thinking: None,
-            tools: Vec::new(),
-        }
-    }
-
-    type Item = Result<ModelEvent, ModelError>;
-
-    async fn run(
-        provider: &AnthropicProvider,
-        request: ModelRequest,
-    ) -> Result<Vec<Item>, ModelError> {
-        let stream = tokio::time::timeout(GUARD, provider.stream(request))
-            .await
-            .expect("stream() hung")?;
-        Ok(tokio::time::timeout(GUARD, stream.collect())
-            .await
-            .expect("stream hung"))
+        test_support::request("claude-test", text)
     }
 
     async fn run_script(reply: FakeReply) -> (FakeAnthropic, Result<Vec<Item>, ModelError>) {

@@ -544,10 +544,7 @@ mod tests {
     use crate::model::fake_openai::{
         FakeOpenAi, FakeReply, finish_chunk, reasoning_chunk, slice_bytes, sse_data, text_chunk,
     };
-    use crate::types::{Message, NewMessage};
-
-    /// Guards every wait so a bug fails the test instead of hanging it.
-    const GUARD: Duration = Duration::from_secs(10);
+    use crate::model::test_support::{self, GUARD, Item, message, run};
 
     fn config(fake: &FakeOpenAi) -> OpenAiConfig {
         OpenAiConfig {
@@ -557,36 +554,8 @@ mod tests {
         }
     }
 
-    fn message(role: Role, content: Vec<ContentBlock>) -> Message {
-        Message {
-            seq: 1,
-            body: NewMessage::new("t", role, content),
-            compacted: false,
-        }
-    }
-
     fn request(text: &str) -> ModelRequest {
-        ModelRequest {
-            model: "gpt-test".into(),
-            system_prompt: Some("be brief".into()),
-            messages: vec![message(Role::User, vec![ContentBlock::text(text)])],
-            thinking: None,
-            tools: Vec::new(),
-        }
-    }
-
-    type Item = Result<ModelEvent, ModelError>;
-
-    async fn run(
-        provider: &OpenAiProvider,
-        request: ModelRequest,
-    ) -> Result<Vec<Item>, ModelError> {
-        let stream = tokio::time::timeout(GUARD, provider.stream(request))
-            .await
-            .expect("stream() hung")?;
-        Ok(tokio::time::timeout(GUARD, stream.collect())
-            .await
-            .expect("stream hung"))
+        test_support::request("gpt-test", text)
     }
 
     async fn run_script(reply: FakeReply) -> (FakeOpenAi, Result<Vec<Item>, ModelError>) {

@@ -225,12 +225,8 @@ mod tests {
     use crate::model::ModelEvent;
     use crate::model::fake_openai::{FakeOpenAi, FakeReply, finish_chunk, text_chunk};
     use crate::model::openai::{OpenAiConfig, OpenAiProvider};
-    use crate::types::{ContentBlock, Message, NewMessage, Role, StopReason};
-
-    /// Guards every wait so a bug fails the test instead of hanging it.
-    const GUARD: Duration = Duration::from_secs(10);
-
-    type Item = Result<ModelEvent, ModelError>;
+    use crate::model::test_support::{self, Item};
+    use crate::types::StopReason;
 
     fn fast_policy() -> RetryPolicy {
         RetryPolicy {
@@ -251,26 +247,11 @@ mod tests {
     }
 
     fn request() -> ModelRequest {
-        ModelRequest {
-            model: "gpt-test".into(),
-            system_prompt: None,
-            messages: vec![Message {
-                seq: 1,
-                body: NewMessage::new("t", Role::User, vec![ContentBlock::text("hi")]),
-                compacted: false,
-            }],
-            thinking: None,
-            tools: Vec::new(),
-        }
+        test_support::request("gpt-test", "hi")
     }
 
     async fn run(provider: &RetryingProvider) -> Result<Vec<Item>, ModelError> {
-        let stream = tokio::time::timeout(GUARD, provider.stream(request()))
-            .await
-            .expect("stream() hung")?;
-        Ok(tokio::time::timeout(GUARD, stream.collect())
-            .await
-            .expect("stream hung"))
+        test_support::run(provider, request()).await
     }
 
     fn success() -> FakeReply {

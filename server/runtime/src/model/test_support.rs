@@ -1,0 +1,49 @@
+//! Helpers shared by the providers' unit tests.
+
+use std::time::Duration;
+
+use futures::StreamExt as _;
+
+use super::{ModelError, ModelEvent, ModelProvider, ModelRequest};
+use crate::types::{ContentBlock, Message, NewMessage, Role};
+
+/// Guards every wait so a bug fails the test instead of hanging it.
+pub(crate) const GUARD: Duration = Duration::from_secs(10);
+
+/// One item of a model stream.
+pub(crate) type Item = Result<ModelEvent, ModelError>;
+
+/// A stored-looking message (seq 1).
+pub(crate) fn message(role: Role, content: Vec<ContentBlock>) -> Message {
+    Message {
+        seq: 1,
+        body: NewMessage::new("t", role, content),
+        compacted: false,
+    }
+}
+
+/// A request for `model` with the system prompt "be brief" and one user
+/// message `text`.
+pub(crate) fn request(model: &str, text: &str) -> ModelRequest {
+    ModelRequest {
+        model: model.to_owned(),
+        system_prompt: Some("be brief".into()),
+        messages: vec![message(Role::User, vec![ContentBlock::text(text)])],
+        thinking: None,
+        tools: Vec::new(),
+    }
+}
+
+/// Starts `request` and collects the whole stream, each bounded by
+/// [`GUARD`].
+pub(crate) async fn run(
+    provider: &dyn ModelProvider,
+    request: ModelRequest,
+) -> Result<Vec<Item>, ModelError> {
+    let stream = tokio::time::timeout(GUARD, provider.stream(request))
+        .await
+        .expect("stream() hung")?;
+    Ok(tokio::time::timeout(GUARD, stream.collect())
+        .await
+        .expect("stream hung"))
+}
