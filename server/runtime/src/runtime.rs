@@ -488,33 +488,27 @@ impl Runtime {
         let user_message = NewMessage::new(&turn_id, Role::User, input.content);
         // On failure the guard frees the slot and the hub is closed for any
         // retry that already joined: a rejected admission leaves no trace.
-        let stored_user = match inner
-            .store
-            .begin_turn_unflushed(record.clone(), user_message)
-            .await
-        {
-            Ok(m) => m,
-            Err(e) => {
-                live.hub.abort();
-                return Err(e.into());
-            }
-        };
-        // The first model request overlaps the flush; nothing is
-        // acknowledged before the flush returned.
-        let prestart = prestart::spawn(
+        let begun = prestart::begin(
             inner,
             &runner,
             &session,
-            &stored_user,
+            record.clone(),
+            user_message,
             system_prompt.clone(),
             offered.clone(),
-        );
-        if let Err(e) = inner.store.flush().await {
-            drop(prestart);
-            live.hub.abort();
-            return Err(e.into());
-        }
-
+        )
+        .await;
+        let prestart::Begun {
+            session,
+            user: stored_user,
+            prestart,
+        } = match begun {
+            Ok(begun) => begun,
+            Err(e) => {
+                live.hub.abort();
+                return Err(e);
+            }
+        };
         let (tx, rx) = mpsc::channel(inner.config.event_buffer.max(1));
         let turn = turn::Turn {
             inner: Arc::clone(inner),

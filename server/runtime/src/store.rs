@@ -143,19 +143,6 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         user_message: NewMessage,
     ) -> Result<Message, StoreError>;
 
-    /// [`Store::begin_turn`] without waiting for durability: the records are
-    /// visible to readers at once, and durable after the next
-    /// [`Store::flush`], which the caller must await before acknowledging
-    /// anything (so that work such as the model request can overlap the
-    /// flush). Stores without a separate flush step just call `begin_turn`.
-    async fn begin_turn_unflushed(
-        &self,
-        turn: TurnRecord,
-        user_message: NewMessage,
-    ) -> Result<Message, StoreError> {
-        self.begin_turn(turn, user_message).await
-    }
-
     /// Appends a message to a session's history, assigning the next seq.
     async fn append_message(
         &self,
@@ -208,6 +195,19 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         limit: usize,
         include_compacted: bool,
     ) -> Result<Vec<Message>, StoreError>;
+
+    /// [`Store::history`] without compacted messages, for a read the caller
+    /// knows is short (a few dozen messages): done on the calling thread
+    /// where that is cheaper than handing it to a blocking thread. The
+    /// default is [`Store::history`].
+    async fn history_inline(
+        &self,
+        session_id: &str,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<Message>, StoreError> {
+        self.history(session_id, after_seq, limit, false).await
+    }
 
     /// Records a compaction, durable as one write: appends `summary` (role
     /// [`Role::Summary`](crate::types::Role::Summary)) and moves the

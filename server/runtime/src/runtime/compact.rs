@@ -13,10 +13,13 @@ use crate::error::RuntimeError;
 use crate::events::{Compaction, CompactionStatus, EventKind};
 use crate::model::ModelProvider;
 use crate::store::{Store, StoreError};
-use crate::types::{ContentBlock, Message, NewMessage, Principal, Role};
+use crate::types::{ContentBlock, Message, NewMessage, Principal, Role, Session};
 
 /// Messages loaded per store call when assembling a context.
 const CONTEXT_PAGE: usize = 1_000;
+/// Contexts of at most this many messages are read on the calling thread
+/// (a few tens of microseconds) instead of a blocking thread's hand-off.
+const INLINE_CONTEXT: u64 = 64;
 /// Largest summariser transcript, in characters per budget token.
 const TRANSCRIPT_CHARS_PER_TOKEN: u64 = 4;
 
@@ -53,31 +56,38 @@ pub(crate) struct Context {
 }
 
 impl Context {
-    /// Reads the messages after `floor` (at least the session's
-    /// `compacted_through`) and the summary `summary_seq`.
-    pub(crate) async fn load(
-        store: &dyn Store,
-        session_id: &str,
-        floor: u64,
-        summary_seq: u64,
-    ) -> Result<Self, StoreError> {
+    /// Reads `session`'s context as its record says: the messages after
+    /// its `compacted_through` and before its `next_seq` (a turn's user
+    /// message, stored meanwhile, is left out), and the summary
+    /// `summary_seq`. A short context is read on the calling thread.
+    pub(crate) async fn load(store: &dyn Store, session: &Session) -> Result<Self, StoreError> {
+        let (id, floor, next) = (&session.id, session.compacted_through, session.next_seq);
+        let inline = next.saturating_sub(floor) <= INLINE_CONTEXT;
         let mut context = Self::default();
         let mut after = floor;
-        loop {
-            let page = store
-                .history(session_id, after, CONTEXT_PAGE, false)
-                .await?;
+        'pages: loop {
+            let page = if inline {
+                store.history_inline(id, after, CONTEXT_PAGE).await?
+            } else {
+                store.history(id, after, CONTEXT_PAGE, false).await?
+            };
             let full = page.len() == CONTEXT_PAGE;
             if let Some(last) = page.last() {
                 after = last.seq;
             }
-            page.into_iter().for_each(|m| context.push(m));
+            for message in page {
+                if message.seq >= next {
+                    break 'pages;
+                }
+                context.push(message);
+            }
             if !full {
                 break;
             }
         }
+        let summary_seq = session.summary_seq;
         if context.summary.is_none() && summary_seq > 0 && summary_seq <= floor {
-            let found = store.history(session_id, summary_seq - 1, 1, false).await?;
+            let found = store.history_inline(id, summary_seq - 1, 1).await?;
             context.summary = found.into_iter().find(|m| m.seq == summary_seq);
         }
         Ok(context)
@@ -134,13 +144,7 @@ pub async fn load_context(
     store: &dyn Store,
     session: &crate::types::Session,
 ) -> Result<Vec<Message>, StoreError> {
-    let context = Context::load(
-        store,
-        &session.id,
-        session.compacted_through,
-        session.summary_seq,
-    )
-    .await?;
+    let context = Context::load(store, session).await?;
     Ok(context.into_messages())
 }
 
@@ -344,13 +348,7 @@ impl Runtime {
             .filter(|s| s.owner == session.owner)
             .ok_or(RuntimeError::SessionNotFound)?;
         let system = (!session.system_prompt.is_empty()).then_some(session.system_prompt.as_str());
-        let mut context = Context::load(
-            inner.store.as_ref(),
-            session_id,
-            session.compacted_through,
-            session.summary_seq,
-        )
-        .await?;
+        let mut context = Context::load(inner.store.as_ref(), &session).await?;
         let tokens_before = context.estimate(system);
         let summariser = match inner.fast.clone() {
             Some(fast) => fast,

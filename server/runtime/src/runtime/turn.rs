@@ -202,7 +202,7 @@ impl Turn {
             .await;
 
         let loaded = match self.prestart.take() {
-            Some(prestart) => prestart.loaded().await,
+            Some(prestart) => prestart.loaded(&self.user_message).await,
             None => Err(StoreError::Backend("the turn has no context".to_owned())),
         };
         let (outcome, error) = match loaded {

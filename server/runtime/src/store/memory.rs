@@ -17,6 +17,9 @@ use crate::types::{
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     sessions: Mutex<BTreeMap<String, Entry>>,
+    /// Tests: `begin_turn` fails while set.
+    #[cfg(test)]
+    pub(crate) fail_begin_turn: std::sync::atomic::AtomicBool,
 }
 
 /// A session with everything that belongs to it, so deletion is one removal.
@@ -204,6 +207,13 @@ impl Store for MemoryStore {
         mut turn: TurnRecord,
         user_message: NewMessage,
     ) -> Result<Message, StoreError> {
+        #[cfg(test)]
+        if self
+            .fail_begin_turn
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(StoreError::Backend("injected failure".to_owned()));
+        }
         let mut sessions = self.lock();
         let entry = sessions
             .get_mut(&turn.session_id)

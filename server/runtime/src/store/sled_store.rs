@@ -193,6 +193,32 @@ impl SledStore {
         blocking(move || purge_prefix(&messages, &prefix).and(purge_prefix(&turns, &prefix))).await
     }
 
+    /// The scan behind [`Store::history`], or `None` when it finds nothing.
+    fn history_scan(
+        &self,
+        session_id: &str,
+        after_seq: u64,
+        limit: usize,
+        include_compacted: bool,
+    ) -> Result<Option<HistoryScan>, StoreError> {
+        let Some(first) = after_seq.checked_add(1) else {
+            return Ok(None);
+        };
+        if limit == 0 || session_id.contains('\0') {
+            return Ok(None);
+        }
+        let Some(session) = self.load_session(session_id)? else {
+            return Ok(None);
+        };
+        Ok(Some(HistoryScan {
+            messages: self.messages.clone(),
+            range: message_key(session_id, first)..=message_key(session_id, u64::MAX),
+            session,
+            limit,
+            include_compacted,
+        }))
+    }
+
     fn has_children(&self, id: &str) -> Result<bool, StoreError> {
         for tree in [&self.messages, &self.turns] {
             let first = tree.scan_prefix(child(id)).next().transpose();
@@ -302,32 +328,37 @@ impl Store for SledStore {
         turn: TurnRecord,
         user_message: NewMessage,
     ) -> Result<Message, StoreError> {
-        let message = self.begin_turn_unflushed(turn, user_message).await?;
-        self.flush_db().await?;
-        Ok(message)
-    }
-
-    async fn begin_turn_unflushed(
-        &self,
-        turn: TurnRecord,
-        user_message: NewMessage,
-    ) -> Result<Message, StoreError> {
-        let now = SystemTime::now();
-        (&self.sessions, &self.activity, &self.messages, &self.turns)
-            .transaction(|(s, a, m, t)| {
-                let (mut session, message) =
-                    append_tx(s, a, m, &turn.session_id, &user_message, now)?;
-                let record = TurnRecord {
-                    user_message_seq: message.seq,
-                    ..turn.clone()
-                };
-                let key = turn_key(&record.session_id, &record.turn_id);
-                t.insert(key, encode(&record).map_err(TxError::Abort)?)?;
-                session.last_turn = Some(LastTurn::from(&record));
-                write_session_tx(s, &session)?;
-                Ok(message)
-            })
-            .map_err(tx_err)
+        // The transaction and the flush on one blocking thread: admission's
+        // task meanwhile starts the model request (see `prestart`).
+        let trees = (
+            self.sessions.clone(),
+            self.activity.clone(),
+            self.messages.clone(),
+            self.turns.clone(),
+        );
+        let db = self.db.clone();
+        blocking(move || {
+            let now = SystemTime::now();
+            let (sessions, activity, messages, turns) = &trees;
+            let message = (sessions, activity, messages, turns)
+                .transaction(|(s, a, m, t)| {
+                    let (mut session, message) =
+                        append_tx(s, a, m, &turn.session_id, &user_message, now)?;
+                    let record = TurnRecord {
+                        user_message_seq: message.seq,
+                        ..turn.clone()
+                    };
+                    let key = turn_key(&record.session_id, &record.turn_id);
+                    t.insert(key, encode(&record).map_err(TxError::Abort)?)?;
+                    session.last_turn = Some(LastTurn::from(&record));
+                    write_session_tx(s, &session)?;
+                    Ok(message)
+                })
+                .map_err(tx_err)?;
+            db.flush().map_err(|e| backend("flush", e))?;
+            Ok(message)
+        })
+        .await
     }
 
     async fn append_message(
@@ -449,33 +480,22 @@ impl Store for SledStore {
         limit: usize,
         include_compacted: bool,
     ) -> Result<Vec<Message>, StoreError> {
-        let Some(first) = after_seq.checked_add(1) else {
+        let Some(scan) = self.history_scan(session_id, after_seq, limit, include_compacted)? else {
             return Ok(Vec::new());
         };
-        if limit == 0 || session_id.contains('\0') {
-            return Ok(Vec::new());
+        blocking(move || scan.run()).await
+    }
+
+    async fn history_inline(
+        &self,
+        session_id: &str,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<Message>, StoreError> {
+        match self.history_scan(session_id, after_seq, limit, false)? {
+            Some(scan) => scan.run(),
+            None => Ok(Vec::new()),
         }
-        let Some(session) = self.load_session(session_id)? else {
-            return Ok(Vec::new());
-        };
-        let messages = self.messages.clone();
-        let range = message_key(session_id, first)..=message_key(session_id, u64::MAX);
-        blocking(move || {
-            let mut out = Vec::new();
-            for entry in messages.range(range) {
-                let (key, raw) = entry.map_err(|e| backend("scan", e))?;
-                let mut message: Message = decode(MESSAGES, &key, &raw)?;
-                message.compacted = session.covers(&message);
-                if include_compacted || !message.compacted {
-                    out.push(message);
-                    if out.len() == limit {
-                        break;
-                    }
-                }
-            }
-            Ok(out)
-        })
-        .await
     }
 
     async fn store_compaction(
@@ -534,6 +554,33 @@ impl Store for SledStore {
 
     async fn flush(&self) -> Result<(), StoreError> {
         self.flush_db().await
+    }
+}
+
+/// One page of a session's messages, read by [`HistoryScan::run`].
+struct HistoryScan {
+    messages: Tree,
+    range: std::ops::RangeInclusive<Vec<u8>>,
+    session: Session,
+    limit: usize,
+    include_compacted: bool,
+}
+
+impl HistoryScan {
+    fn run(self) -> Result<Vec<Message>, StoreError> {
+        let mut out = Vec::new();
+        for entry in self.messages.range(self.range) {
+            let (key, raw) = entry.map_err(|e| backend("scan", e))?;
+            let mut message: Message = decode(MESSAGES, &key, &raw)?;
+            message.compacted = self.session.covers(&message);
+            if self.include_compacted || !message.compacted {
+                out.push(message);
+                if out.len() == self.limit {
+                    break;
+                }
+            }
+        }
+        Ok(out)
     }
 }
 
