@@ -41,7 +41,7 @@ pub struct ChatMessage {
 /// not included).
 pub fn chat_messages(request: &ModelRequest) -> Vec<ChatMessage> {
     let mut out = Vec::new();
-    for message in &request.messages {
+    for message in request.messages.iter() {
         let role = match message.body.role {
             Role::User | Role::Tool => "user",
             Role::Assistant => "assistant",
@@ -196,7 +196,7 @@ mod tests {
         let request = ModelRequest {
             model: "smollm2".into(),
             system_prompt: None,
-            messages: vec![
+            messages: std::sync::Arc::new(vec![
                 msg(Role::User, vec![ContentBlock::text("hi")]),
                 msg(
                     Role::Assistant,
@@ -233,7 +233,7 @@ mod tests {
                         },
                     ],
                 ),
-            ],
+            ]),
             thinking: None,
             tools: Vec::new(),
         };

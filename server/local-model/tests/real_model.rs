@@ -24,7 +24,8 @@ fn request(texts: &[(Role, &str)]) -> ModelRequest {
                 body: NewMessage::new("t", *role, vec![ContentBlock::text(*text)]),
                 compacted: false,
             })
-            .collect(),
+            .collect::<Vec<_>>()
+            .into(),
         thinking: None,
         tools: Vec::new(),
     }

@@ -39,8 +39,9 @@ pub struct ModelRequest {
     /// System prompt, if any.
     pub system_prompt: Option<String>,
     /// The conversation so far, oldest first, ending with the new user
-    /// message.
-    pub messages: Vec<Message>,
+    /// message. Shared with the turn, which only copies it when it appends
+    /// while a provider still holds a request.
+    pub messages: Arc<Vec<Message>>,
     /// Requested reasoning effort, if any.
     pub thinking: Option<ThinkingLevel>,
     /// Tools the model may call in this step.
@@ -56,11 +57,11 @@ impl ModelRequest {
         Self {
             model: model.to_owned(),
             system_prompt: Some(system_prompt.to_owned()),
-            messages: vec![Message {
+            messages: Arc::new(vec![Message {
                 seq: 0,
                 body: NewMessage::new("prompt", Role::User, vec![ContentBlock::text(text)]),
                 compacted: false,
-            }],
+            }]),
             thinking: None,
             tools: Vec::new(),
         }

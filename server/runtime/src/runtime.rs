@@ -532,7 +532,7 @@ impl Runtime {
             open_step: None,
             prestart: Some(prestart),
             session: session.clone(),
-            context: Vec::new(),
+            context: Arc::default(),
             compacted: false,
             store_failed: false,
         };

@@ -247,7 +247,7 @@ fn request_body(request: &ModelRequest, max_tokens: u32) -> Value {
 /// same-role messages are merged) and empty messages are left out.
 fn wire_messages(request: &ModelRequest) -> Vec<Value> {
     let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
-    for message in &request.messages {
+    for message in request.messages.iter() {
         let content = &message.body.content;
         let (role, blocks) = match message.body.role {
             Role::User => ("user", user_blocks(content)),
@@ -881,7 +881,7 @@ mod tests {
         let provider = AnthropicProvider::new(AnthropicConfig::new(fake.base_url() + "/")).unwrap();
         let mut req = request("first");
         req.system_prompt = None;
-        req.messages.push(message(
+        std::sync::Arc::make_mut(&mut req.messages).push(message(
             Role::Assistant,
             vec![
                 ContentBlock::Thinking {
@@ -891,7 +891,7 @@ mod tests {
                 ContentBlock::text("answer"),
             ],
         ));
-        req.messages
+        std::sync::Arc::make_mut(&mut req.messages)
             .push(message(Role::User, vec![ContentBlock::text("second")]));
         run(&provider, req).await.unwrap();
         let r = &fake.requests()[0];
@@ -931,7 +931,7 @@ mod tests {
         let req = ModelRequest {
             model: "m".into(),
             system_prompt: None,
-            messages: vec![
+            messages: std::sync::Arc::new(vec![
                 message(Role::Summary, vec![ContentBlock::text("earlier")]),
                 message(
                     Role::User,
@@ -974,7 +974,7 @@ mod tests {
                     }],
                 ),
                 message(Role::Notice, vec![ContentBlock::text("turn timed out")]),
-            ],
+            ]),
             thinking: Some(ThinkingLevel::XHigh),
             tools: Vec::new(),
         };

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use futures::stream;
 
 use super::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream};
-use crate::types::{Role, StopReason, ThinkingLevel, Usage, flatten_text};
+use crate::types::{ContentBlock, Role, StopReason, ThinkingLevel, Usage, flatten_text};
 
 /// The echo model provider (served under the provider name `builtin`).
 #[derive(Debug, Default, Clone)]
@@ -33,6 +33,16 @@ fn deltas(text: &str) -> Vec<String> {
     out
 }
 
+/// `flatten_text(content).len()` without building the string.
+fn text_len(content: &[ContentBlock]) -> usize {
+    let texts = content.iter().filter_map(|block| match block {
+        ContentBlock::Text { text } if !text.is_empty() => Some(text.len()),
+        _ => None,
+    });
+    let (count, bytes) = texts.fold((0usize, 0usize), |(n, sum), len| (n + 1, sum + len));
+    bytes + count.saturating_sub(1)
+}
+
 fn estimate_tokens(text: &str) -> u64 {
     (text.len() as u64).div_ceil(4)
 }
@@ -50,7 +60,7 @@ impl ModelProvider for EchoProvider {
         let prompt_len: usize = request
             .messages
             .iter()
-            .map(|m| flatten_text(&m.body.content).len())
+            .map(|m| text_len(&m.body.content))
             .sum::<usize>()
             + request.system_prompt.as_deref().map_or(0, str::len);
         let reply = if last_user.trim().is_empty() {
@@ -88,7 +98,37 @@ mod tests {
     use futures::StreamExt as _;
 
     use super::*;
-    use crate::types::{ContentBlock, Message, NewMessage};
+    use crate::types::{Message, NewMessage};
+
+    #[test]
+    fn text_len_is_the_flattened_length() {
+        let image = ContentBlock::Image {
+            mime_type: "image/png".into(),
+            data: vec![1, 2, 3],
+        };
+        for content in [
+            vec![],
+            vec![ContentBlock::text("")],
+            vec![ContentBlock::text("héllo")],
+            vec![
+                ContentBlock::text("a"),
+                ContentBlock::text(""),
+                ContentBlock::text("bc"),
+            ],
+            vec![
+                ContentBlock::text(""),
+                image,
+                ContentBlock::text("x"),
+                ContentBlock::text("yz"),
+            ],
+        ] {
+            assert_eq!(
+                text_len(&content),
+                flatten_text(&content).len(),
+                "{content:?}"
+            );
+        }
+    }
 
     fn user(text: &str) -> Message {
         Message {
@@ -103,7 +143,7 @@ mod tests {
         let request = ModelRequest {
             model: "echo".into(),
             system_prompt: None,
-            messages: vec![user("hello there world")],
+            messages: vec![user("hello there world")].into(),
             thinking: None,
             tools: Vec::new(),
         };
@@ -135,7 +175,7 @@ mod tests {
         let request = ModelRequest {
             model: "echo".into(),
             system_prompt: None,
-            messages: vec![user("hi")],
+            messages: vec![user("hi")].into(),
             thinking: Some(ThinkingLevel::Low),
             tools: Vec::new(),
         };

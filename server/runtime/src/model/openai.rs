@@ -214,7 +214,7 @@ fn wire_messages(request: &ModelRequest) -> Vec<Value> {
     if let Some(system) = request.system_prompt.as_deref().filter(|s| !s.is_empty()) {
         out.push(json!({ "role": "system", "content": system }));
     }
-    for message in &request.messages {
+    for message in request.messages.iter() {
         let content = &message.body.content;
         match message.body.role {
             Role::User => out.push(json!({ "role": "user", "content": user_content(content) })),
@@ -811,7 +811,7 @@ mod tests {
         let req = ModelRequest {
             model: "m".into(),
             system_prompt: None,
-            messages: vec![
+            messages: std::sync::Arc::new(vec![
                 message(Role::Summary, vec![ContentBlock::text("earlier")]),
                 message(
                     Role::User,
@@ -854,7 +854,7 @@ mod tests {
                     }],
                 ),
                 message(Role::Notice, vec![ContentBlock::text("turn timed out")]),
-            ],
+            ]),
             thinking: Some(ThinkingLevel::Minimal),
             tools: Vec::new(),
         };

@@ -28,7 +28,7 @@ pub(crate) fn request(model: &str, text: &str) -> ModelRequest {
     ModelRequest {
         model: model.to_owned(),
         system_prompt: Some("be brief".into()),
-        messages: vec![message(Role::User, vec![ContentBlock::text(text)])],
+        messages: vec![message(Role::User, vec![ContentBlock::text(text)])].into(),
         thinking: None,
         tools: Vec::new(),
     }

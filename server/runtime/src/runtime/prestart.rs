@@ -33,7 +33,7 @@ use crate::types::{Message, NewMessage, Session, TurnRecord};
 pub(crate) enum Loaded {
     /// Within the budget: these messages were sent with the first model
     /// request (whose start is the [`FirstStep`]).
-    Sent(Vec<Message>),
+    Sent(Arc<Vec<Message>>),
     /// Over the budget (estimated at `tokens`): the turn compacts before
     /// its first model request.
     NeedsCompaction {
@@ -75,32 +75,12 @@ pub(crate) struct Prestart {
 }
 
 impl Prestart {
-    /// The loaded context, ending with the stored `user` message, and,
-    /// when it was sent, the first request.
-    pub(crate) async fn loaded(
-        self,
-        user: &Message,
-    ) -> Result<(Loaded, Option<FirstStep>), StoreError> {
+    /// The loaded context and, when it was sent, the first request.
+    pub(crate) async fn loaded(self) -> Result<(Loaded, Option<FirstStep>), StoreError> {
         let Self { loaded, first } = self;
-        // The task had the message as admission was about to store it; the
-        // stored one differs only in its creation time.
-        let stored = |messages: &mut Vec<Message>| {
-            if let Some(last) = messages.last_mut().filter(|m| m.seq == user.seq) {
-                *last = user.clone();
-            }
-        };
         match loaded.await {
-            Ok(Ok(Loaded::Sent(mut messages))) => {
-                stored(&mut messages);
-                Ok((Loaded::Sent(messages), Some(first)))
-            }
-            Ok(Ok(Loaded::NeedsCompaction {
-                mut context,
-                tokens,
-            })) => {
-                stored(&mut context.tail);
-                Ok((Loaded::NeedsCompaction { context, tokens }, None))
-            }
+            Ok(Ok(Loaded::Sent(messages))) => Ok((Loaded::Sent(messages), Some(first))),
+            Ok(Ok(other)) => Ok((other, None)),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(StoreError::Backend(
                 "loading the conversation was interrupted".to_owned(),
@@ -231,11 +211,11 @@ fn spawn(
             let _ = tx.send(Ok(Loaded::NeedsCompaction { context, tokens }));
             return None;
         }
-        let messages = context.into_messages();
+        let messages = Arc::new(context.into_messages());
         let request = ModelRequest {
             model: runner.provider_model.clone(),
             system_prompt,
-            messages: messages.clone(),
+            messages: Arc::clone(&messages),
             thinking: runner.key.thinking,
             tools,
         };

@@ -161,7 +161,7 @@ pub(crate) struct Turn {
     pub(crate) session: crate::types::Session,
     /// What the model is sent: loaded once (see `prepare_context`), then
     /// every message the turn stores is appended.
-    pub(crate) context: Vec<Message>,
+    pub(crate) context: Arc<Vec<Message>>,
     /// The context was compacted (or truncated) during this turn.
     pub(crate) compacted: bool,
     /// A store write of this turn failed.
@@ -202,7 +202,7 @@ impl Turn {
             .await;
 
         let loaded = match self.prestart.take() {
-            Some(prestart) => prestart.loaded(&self.user_message).await,
+            Some(prestart) => prestart.loaded().await,
             None => Err(StoreError::Backend("the turn has no context".to_owned())),
         };
         let (outcome, error) = match loaded {
@@ -212,7 +212,7 @@ impl Turn {
             }
             Ok((Loaded::NeedsCompaction { context, tokens }, _)) => {
                 self.compacted = true;
-                self.context = self.compact_context(context, tokens, &mut emitter).await;
+                self.context = Arc::new(self.compact_context(context, tokens, &mut emitter).await);
                 self.agent_loop(None, &mut emitter).await
             }
             Err(err) => {
@@ -681,7 +681,7 @@ impl Turn {
         {
             Ok(stored) => {
                 let (seq, id) = (stored.seq, stored.body.id.clone());
-                self.context.push(stored);
+                Arc::make_mut(&mut self.context).push(stored);
                 emitter
                     .emit(EventKind::MessageStored { seq, id, role })
                     .await;
@@ -721,7 +721,7 @@ impl Turn {
         {
             Ok(Some(stored)) => {
                 let (seq, id) = (stored.seq, stored.body.id.clone());
-                self.context.push(stored);
+                Arc::make_mut(&mut self.context).push(stored);
                 self.keep_context(seq + 1);
                 emitter
                     .emit(EventKind::MessageStored {
@@ -792,7 +792,7 @@ impl Turn {
         if self.compacted || self.store_failed || next_seq == 0 {
             return;
         }
-        let messages = std::mem::take(&mut self.context);
+        let messages = Arc::unwrap_or_clone(std::mem::take(&mut self.context));
         *super::lock(&self.runner.context) =
             super::context_cache::CachedContext::keep(&self.session, next_seq, messages);
     }
