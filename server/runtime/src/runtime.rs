@@ -172,6 +172,9 @@ pub(crate) struct LiveTurn {
     pub(crate) started_at: SystemTime,
     pub(crate) hub: Arc<TurnHub>,
     pub(crate) cancel: CancellationToken,
+    /// Set (before `cancel` fires) by [`LiveTurn::cancel`]: a check per
+    /// relayed event without the token's lock.
+    cancelled: AtomicBool,
     cancel_reason: Mutex<Option<CancelReason>>,
     phase: AtomicU8,
     /// Caller-executed tool calls waiting for `SubmitToolResult`.
@@ -197,7 +200,13 @@ impl LiveTurn {
                 *slot = Some(reason);
             }
         }
+        self.cancelled.store(true, Ordering::Release);
         self.cancel.cancel();
+    }
+
+    /// Whether [`LiveTurn::cancel`] was called; lock-free.
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
     }
 
     pub(crate) fn cancel_reason(&self) -> Option<CancelReason> {
@@ -443,6 +452,7 @@ impl Runtime {
             started_at: SystemTime::now(),
             hub: Arc::new(TurnHub::new(inner.config.replay)),
             cancel: CancellationToken::new(),
+            cancelled: AtomicBool::new(false),
             cancel_reason: Mutex::new(None),
             phase: AtomicU8::new(Phase::Starting as u8),
             pending_tools: Mutex::new(tools::Pending::default()),

@@ -4,6 +4,7 @@
 //! [`ModelError`]s without leaking upstream bodies.
 
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::time::Duration;
 
 use reqwest::header::CONTENT_TYPE;
@@ -177,12 +178,15 @@ pub(crate) fn sse_stream<D: SseDecoder>(
     idle_timeout: Duration,
     decoder: D,
 ) -> ModelStream {
+    let now = tokio::time::Instant::now();
     let body = SseBody {
         response: Some(response),
         parser: SseParser::new(),
         decoder,
         error: None,
         idle_timeout,
+        idle: Box::pin(tokio::time::sleep_until(now + idle_timeout)),
+        last_data: now,
     };
     Box::pin(futures::stream::unfold(body, |mut body| async move {
         let item = body.next_item().await?;
@@ -197,6 +201,11 @@ struct SseBody<D> {
     /// The final error, delivered after the items decoded before it.
     error: Option<ModelError>,
     idle_timeout: Duration,
+    /// Fires `idle_timeout` after the data read when it was armed; re-armed
+    /// when it finds newer data (so a chunk costs a clock read, not a
+    /// timer registered and cancelled).
+    idle: Pin<Box<tokio::time::Sleep>>,
+    last_data: tokio::time::Instant,
 }
 
 impl<D: SseDecoder> SseBody<D> {
@@ -209,20 +218,35 @@ impl<D: SseDecoder> SseBody<D> {
                 return Some(Err(error));
             }
             let response = self.response.as_mut()?;
-            match tokio::time::timeout(self.idle_timeout, response.chunk()).await {
-                Err(_) => self.fail(ModelError::Unavailable(format!(
-                    "no data for {:?}",
-                    self.idle_timeout
-                ))),
-                Ok(Err(e)) => self.fail(ModelError::Truncated(format!(
+            let read = tokio::select! {
+                biased;
+                read = response.chunk() => Some(read),
+                () = &mut self.idle => None,
+            };
+            match read {
+                None => {
+                    let due = self.last_data + self.idle_timeout;
+                    if due > tokio::time::Instant::now() {
+                        self.idle.as_mut().reset(due);
+                        continue;
+                    }
+                    self.fail(ModelError::Unavailable(format!(
+                        "no data for {:?}",
+                        self.idle_timeout
+                    )));
+                }
+                Some(Err(e)) => self.fail(ModelError::Truncated(format!(
                     "reading the stream failed: {}",
                     error_chain(&e.without_url())
                 ))),
-                Ok(Ok(None)) => self.fail(ModelError::Truncated(format!(
+                Some(Ok(None)) => self.fail(ModelError::Truncated(format!(
                     "the stream ended without {}",
                     D::END
                 ))),
-                Ok(Ok(Some(bytes))) => self.on_bytes(&bytes),
+                Some(Ok(Some(bytes))) => {
+                    self.last_data = tokio::time::Instant::now();
+                    self.on_bytes(&bytes);
+                }
             }
         }
     }

@@ -535,14 +535,37 @@ impl Turn {
                 }
             }
         };
+        // Per relayed item: no timer registered, no lock taken. The
+        // futures below are armed once per step; an item that is ready is
+        // taken without polling them, and Stop and the deadline are
+        // checked with an atomic load and a clock read instead, so a
+        // provider whose items are always ready cannot starve them.
+        let cancelled = cancel.cancelled();
+        let deadline = until(self.deadline);
+        // Fires at the heartbeat due when the step started; re-armed when
+        // it finds that events were emitted since.
+        let heartbeat = tokio::time::sleep_until(emitter.heartbeat_due());
+        tokio::pin!(cancelled, deadline, heartbeat);
         loop {
+            if self.live.is_cancelled() {
+                return self.cancelled();
+            }
+            if self
+                .deadline
+                .is_some_and(|d| tokio::time::Instant::now() >= d)
+            {
+                return StepEnd::TimedOut;
+            }
             let item = tokio::select! {
                 biased;
-                () = cancel.cancelled() => return self.cancelled(),
-                () = until(self.deadline) => return StepEnd::TimedOut,
                 item = stream.next() => item,
-                () = tokio::time::sleep_until(emitter.heartbeat_due()) => {
-                    emitter.emit(EventKind::Heartbeat { phase: Phase::Model, tool: None }).await;
+                () = &mut cancelled => return self.cancelled(),
+                () = &mut deadline => return StepEnd::TimedOut,
+                () = &mut heartbeat => {
+                    if emitter.heartbeat_due() <= tokio::time::Instant::now() {
+                        emitter.emit(EventKind::Heartbeat { phase: Phase::Model, tool: None }).await;
+                    }
+                    heartbeat.as_mut().reset(emitter.heartbeat_due());
                     continue;
                 }
             };
@@ -828,3 +851,6 @@ fn status_of(outcome: TurnOutcome) -> TurnStatus {
         TurnOutcome::TimedOut => TurnStatus::TimedOut,
     }
 }
+
+#[cfg(test)]
+mod tests;
