@@ -67,8 +67,8 @@ const ACTIVITY: &str = "session_activity";
 const MESSAGES: &str = "messages";
 const TURNS: &str = "turns";
 
-/// The page cache of [`SledStore::open`]: 64 MiB.
-pub(crate) const DEFAULT_CACHE_BYTES: u64 = 64 << 20;
+/// The page cache of [`SledStore::open`]: 16 MiB.
+pub(crate) const DEFAULT_CACHE_BYTES: u64 = 16 << 20;
 
 /// Messages per transaction of [`SledStore::import_messages`].
 pub(crate) const IMPORT_BATCH: usize = 1_000;
@@ -101,7 +101,7 @@ impl std::fmt::Debug for SledStore {
 }
 
 impl SledStore {
-    /// Opens (or creates) the database at `path` with a 64 MiB page cache.
+    /// Opens (or creates) the database at `path` with a 16 MiB page cache.
     /// A locked or unreadable database is an error.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         Self::open_with_cache(path, DEFAULT_CACHE_BYTES)
