@@ -541,6 +541,20 @@ pub async fn history_pagination(store: &dyn Store) {
         (after, walked) = (last, [walked, got].concat());
     }
     assert_eq!(walked, (1..=10).collect::<Vec<_>>());
+    // The inline read is the same page.
+    for (after, limit) in [(0, 100), (3, 3), (9, 5), (10, 5), (u64::MAX, 5), (0, 0)] {
+        let inline = store.history_inline(&id, after, limit).await;
+        let seqs: Vec<u64> = inline
+            .expect("history_inline")
+            .iter()
+            .map(|m| m.seq)
+            .collect();
+        assert_eq!(
+            seqs,
+            page(after, limit).await,
+            "inline after {after}, limit {limit}"
+        );
+    }
     let last = history(store, &id).await.pop().expect("messages");
     assert_eq!(flatten_text(&last.body.content), "message 9");
 }
