@@ -21,6 +21,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // prost with a 1 KiB encode buffer per stream (see src/codec.rs).
+        .codec_path("crate::codec::SmallBufferCodec")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -7,6 +7,9 @@
 //! - [`v1`]: messages, `*_server` and `*_client` modules for
 //!   `SessionService` and `AgentRuntime`.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for server reflection.
+//! - [`codec`]: the codec the stubs use (prost, with a small encode buffer).
+
+pub mod codec;
 
 /// The `agentrt.v1` package.
 #[allow(

@@ -187,3 +187,23 @@ async fn an_upstream_silent_past_its_idle_timeout_ends_the_turn_error() {
     fake.wait_clients_gone(1).await;
     server.stop().await;
 }
+
+#[tokio::test]
+async fn events_far_larger_than_the_encode_buffer_arrive_whole() {
+    // The stubs encode with a 1 KiB buffer per stream; a 200 KiB delta and
+    // the answer message in history must still arrive intact.
+    let big: String = (0..200 * 1024)
+        .map(|i| (b'a' + (i % 26) as u8) as char)
+        .collect();
+    let stream = vec![
+        text_chunk("small, "),
+        text_chunk(&big),
+        text_chunk(" end"),
+        finish_chunk("stop"),
+    ];
+    let (summary, history, _fake) = run_turn(FakeReply::sse(stream)).await;
+    assert_eq!(summary.outcome, Some(proto::TurnOutcome::Success));
+    let expected = format!("small, {big} end");
+    assert_eq!(summary.text, expected);
+    assert_eq!(message_text(&history[1]), expected);
+}
