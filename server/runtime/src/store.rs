@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord};
 
 pub mod contract;
+mod flusher;
 mod memory;
 mod sled_store;
 

@@ -50,8 +50,9 @@ use serde::de::DeserializeOwned;
 use sled::transaction::{
     ConflictableTransactionError as TxError, TransactionError, Transactional, TransactionalTree,
 };
-use sled::{Batch, Db, IVec, Tree};
+use sled::{Batch, IVec, Tree};
 
+use super::flusher::Flusher;
 use super::memory::{apply_update, session_record};
 use super::{CreateOutcome, ListCursor, ListQuery, SessionPage, Store, StoreError};
 use crate::types::{
@@ -82,13 +83,14 @@ type TxResult<T> = Result<T, TxError<StoreError>>;
 #[derive(Clone)]
 pub struct SledStore {
     path: PathBuf,
-    db: Db,
     sessions: Tree,
     activity: Tree,
     messages: Tree,
     turns: Tree,
     /// Held by deletions and by the insert path of creations.
     lifecycle: Arc<tokio::sync::Mutex<()>>,
+    /// Flushes for every writer at once (group commit).
+    flusher: Flusher,
 }
 
 // sled's own Debug dumps every tree's contents.
@@ -127,14 +129,16 @@ impl SledStore {
             .map_err(|_| fail("sled panicked (damaged database?)".to_owned()))?
             .map_err(|e| fail(e.to_string()))?;
         let lifecycle = Arc::default();
+        // The flusher keeps the database open (the trees share it too).
+        let flusher = Flusher::start(db)?;
         Ok(Self {
             path,
-            db,
             sessions,
             activity,
             messages,
             turns,
             lifecycle,
+            flusher,
         })
     }
 
@@ -180,11 +184,10 @@ impl SledStore {
 
     /// Not `flush_async`: it waits on sled's small internal threadpool for a
     /// log write queued on that same pool, so a few concurrent flushes
-    /// deadlock it (sled 0.34.7). A blocking flush waits on a tokio blocking
-    /// thread instead, and concurrent ones still share one log write.
+    /// deadlock it (sled 0.34.7). A blocking flush on the store's flusher
+    /// thread instead, shared by every writer waiting at the time.
     async fn flush_db(&self) -> Result<(), StoreError> {
-        let db = self.db.clone();
-        blocking(move || db.flush().map(drop).map_err(|e| backend("flush", e))).await
+        self.flusher.flush().await
     }
 
     /// Removes messages and turns stored under `id` (see the module doc).
@@ -328,19 +331,20 @@ impl Store for SledStore {
         turn: TurnRecord,
         user_message: NewMessage,
     ) -> Result<Message, StoreError> {
-        // The transaction and the flush on one blocking thread: admission's
-        // task meanwhile starts the model request (see `prestart`).
+        // On a blocking thread: admission's task has just handed the first
+        // model request to reqwest's connection task (see `prestart`), which
+        // should not wait behind this transaction on the same worker. The
+        // flush follows on the flusher.
         let trees = (
             self.sessions.clone(),
             self.activity.clone(),
             self.messages.clone(),
             self.turns.clone(),
         );
-        let db = self.db.clone();
-        blocking(move || {
+        let message = blocking(move || {
             let now = SystemTime::now();
             let (sessions, activity, messages, turns) = &trees;
-            let message = (sessions, activity, messages, turns)
+            (sessions, activity, messages, turns)
                 .transaction(|(s, a, m, t)| {
                     let (mut session, message) =
                         append_tx(s, a, m, &turn.session_id, &user_message, now)?;
@@ -354,11 +358,11 @@ impl Store for SledStore {
                     write_session_tx(s, &session)?;
                     Ok(message)
                 })
-                .map_err(tx_err)?;
-            db.flush().map_err(|e| backend("flush", e))?;
-            Ok(message)
+                .map_err(tx_err)
         })
-        .await
+        .await?;
+        self.flush_db().await?;
+        Ok(message)
     }
 
     async fn append_message(
