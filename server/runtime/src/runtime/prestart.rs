@@ -8,8 +8,9 @@
 //! exactly which messages precede the new one. A task loads that context —
 //! from the runner's cache, or from the store, on the calling thread when
 //! short — and, unless it needs compaction first, starts the model request,
-//! while admission writes and flushes the user message on a blocking
-//! thread. If the write fails, admission is rejected and dropping the
+//! while admission writes the user message (the store's transaction runs
+//! on a blocking thread, its flush on the store's flusher, shared with
+//! other writers). If the write fails, admission is rejected and dropping the
 //! [`Prestart`] aborts the task, which drops (closes) the upstream request.
 //! Nothing is acknowledged before the flush: the turn emits `turn_started`
 //! and the user message's `message_stored` only after admission returned.
