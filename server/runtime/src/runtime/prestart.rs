@@ -1,19 +1,21 @@
-//! Admission: storing the turn's user message while its first model
-//! request is already under way.
+//! Admission: storing the turn's user message while its context is loaded
+//! and its first model request is built.
 //!
-//! Admission must not return before the user message is durable, and that
-//! is a sled transaction plus a device flush (together ~0.1–0.4 ms here).
-//! The model request does not need either: once the session's slot is held
-//! nothing else writes to it, so its record (re-read under the slot) says
-//! exactly which messages precede the new one. A task loads that context —
-//! from the runner's cache, or from the store, on the calling thread when
-//! short — and, unless it needs compaction first, starts the model request,
-//! while admission writes the user message (the store's transaction runs
-//! on a blocking thread, its flush on the store's flusher, shared with
-//! other writers). If the write fails, admission is rejected and dropping the
-//! [`Prestart`] aborts the task, which drops (closes) the upstream request.
-//! Nothing is acknowledged before the flush: the turn emits `turn_started`
-//! and the user message's `message_stored` only after admission returned.
+//! Admission must not return before the user message is durable, and the
+//! model must not be called before then either (CONTRACT 3.3): a sled
+//! transaction plus a device flush, together ~0.1–0.6 ms here. Loading the
+//! context need not wait: once the session's slot is held nothing else
+//! writes to it, so its record (re-read under the slot) says exactly which
+//! messages precede the new one. A task loads that context — from the
+//! runner's cache, or from the store, on the calling thread when short —
+//! and, unless it needs compaction first, builds the model request, while
+//! admission writes the user message (the store's transaction runs on a
+//! blocking thread, its flush on the store's flusher, shared with other
+//! writers). Once the write is durable admission lets the task send the
+//! request; if the write fails, admission is rejected and dropping the
+//! [`Prestart`] aborts the task before it called the model. Nothing is
+//! acknowledged before the flush: the turn emits `turn_started` and the
+//! user message's `message_stored` only after admission returned.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -127,6 +129,7 @@ pub(crate) async fn begin(
         body: user_message.clone(),
         compacted: false,
     };
+    let (go, durable) = oneshot::channel();
     let prestart = spawn(
         inner,
         runner,
@@ -134,14 +137,15 @@ pub(crate) async fn begin(
         provisional,
         system_prompt.clone(),
         tools.clone(),
+        durable,
     );
-    // Let the task send the request before this one hands the write to a
-    // blocking thread: the caller waits for the model's first token, and
-    // the write (whose acknowledgement is the turn's first event) is done
-    // long before that arrives.
+    // Let the task load the context and build the request while this one
+    // hands the write to a blocking thread and the flusher.
     tokio::task::yield_now().await;
     let user = inner.store.begin_turn(record, user_message).await?;
     if user.seq == session.next_seq {
+        // Durable: the model may be called now (CONTRACT 3.3).
+        let _ = go.send(());
         return Ok(Begun {
             session,
             user,
@@ -163,7 +167,17 @@ pub(crate) async fn begin(
         .await?
         .ok_or(RuntimeError::SessionNotFound)?;
     session.next_seq = user.seq;
-    let prestart = spawn(inner, runner, &session, user.clone(), system_prompt, tools);
+    let (go, durable) = oneshot::channel();
+    let prestart = spawn(
+        inner,
+        runner,
+        &session,
+        user.clone(),
+        system_prompt,
+        tools,
+        durable,
+    );
+    let _ = go.send(());
     Ok(Begun {
         session,
         user,
@@ -172,8 +186,9 @@ pub(crate) async fn begin(
 }
 
 /// Starts loading `session`'s context (the messages before `user`, which
-/// must be its next seq) and, when it fits the budget, the first model
-/// request of a turn.
+/// must be its next seq) and, when it fits the budget, building the first
+/// model request of a turn, which is sent once `durable` fires (the user
+/// message is stored and flushed); never when it is dropped.
 fn spawn(
     inner: &Arc<Inner>,
     runner: &Arc<Runner>,
@@ -181,6 +196,7 @@ fn spawn(
     user: Message,
     system_prompt: Option<String>,
     tools: Vec<ToolSpec>,
+    durable: oneshot::Receiver<()>,
 ) -> Prestart {
     let (tx, loaded) = oneshot::channel();
     let (inner, runner) = (Arc::clone(inner), Arc::clone(runner));
@@ -220,7 +236,7 @@ fn spawn(
             thinking: runner.key.thinking,
             tools,
         };
-        if tx.send(Ok(Loaded::Sent(messages))).is_err() {
+        if durable.await.is_err() || tx.send(Ok(Loaded::Sent(messages))).is_err() {
             return None;
         }
         Some(runner.provider.stream(request).await)
@@ -238,7 +254,6 @@ mod tests {
 
     use async_trait::async_trait;
     use futures::StreamExt as _;
-    use tokio::sync::Notify;
 
     use super::*;
     use crate::events::EventKind;
@@ -247,39 +262,29 @@ mod tests {
     use crate::store::{MemoryStore, Store};
     use crate::types::{ContentBlock, NewSession, Principal, StopReason};
 
-    /// Records each request's message texts and answers "ok"; with `hold`
-    /// set, a request waits (never answering) until dropped, and `dropped`
-    /// is told.
+    /// Records each request's message texts, and whether its last message
+    /// was already in the store when the model was called; answers "ok".
     #[derive(Debug, Default)]
     struct Probe {
         requests: Mutex<Vec<Vec<(u64, String)>>>,
-        hold: std::sync::atomic::AtomicBool,
-        started: Notify,
-        dropped: Arc<Notify>,
-    }
-
-    struct Dropped(Arc<Notify>);
-
-    impl Drop for Dropped {
-        fn drop(&mut self) {
-            self.0.notify_one();
-        }
+        stored_before_call: Mutex<Vec<bool>>,
+        store: std::sync::OnceLock<(Arc<MemoryStore>, String)>,
     }
 
     #[async_trait]
     impl ModelProvider for Probe {
         async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
+            let last = request.messages.last().expect("a user message");
+            let (store, session) = self.store.get().expect("the store and session");
+            let history = store.history(session, 0, 1_000, true).await.unwrap();
+            let stored = history.iter().any(|m| m.body.id == last.body.id);
+            self.stored_before_call.lock().unwrap().push(stored);
             let texts = request
                 .messages
                 .iter()
                 .map(|m| (m.seq, crate::types::flatten_text(&m.body.content)))
                 .collect();
             self.requests.lock().unwrap().push(texts);
-            if self.hold.load(Ordering::SeqCst) {
-                let _dropped = Dropped(Arc::clone(&self.dropped));
-                self.started.notify_one();
-                futures::future::pending::<()>().await;
-            }
             Ok(Box::pin(futures::stream::iter([
                 Ok(ModelEvent::TextDelta("ok".into())),
                 Ok(ModelEvent::Finished(StopReason::Stop)),
@@ -287,7 +292,8 @@ mod tests {
         }
     }
 
-    async fn runtime() -> (Runtime, Arc<MemoryStore>, Arc<Probe>) {
+    /// A runtime whose `probe` model checks the store, and a session in it.
+    async fn runtime() -> (Runtime, Arc<MemoryStore>, Arc<Probe>, String) {
         let store = Arc::new(MemoryStore::new());
         let probe = Arc::new(Probe::default());
         let mut models = Models::with_builtin();
@@ -299,7 +305,13 @@ mod tests {
         )
         .await
         .unwrap();
-        (rt, store, probe)
+        let id = rt
+            .create_session(&Principal::local(), NewSession::default())
+            .await
+            .unwrap()
+            .id;
+        probe.store.set((Arc::clone(&store), id.clone())).unwrap();
+        (rt, store, probe, id)
     }
 
     fn say(session_id: &str, text: &str) -> ChatInput {
@@ -313,13 +325,8 @@ mod tests {
 
     #[tokio::test]
     async fn each_request_holds_exactly_the_stored_history_and_the_new_message() {
-        let (rt, store, probe) = runtime().await;
+        let (rt, store, probe, id) = runtime().await;
         let who = Principal::local();
-        let id = rt
-            .create_session(&who, NewSession::default())
-            .await
-            .unwrap()
-            .id;
         for i in 1..=4u64 {
             let events: Vec<_> = rt
                 .chat(&who, say(&id, &format!("q{i}")))
@@ -341,39 +348,27 @@ mod tests {
             assert_eq!(sent, expected, "turn {i}");
             assert_eq!(sent.last().unwrap(), &(2 * i - 1, format!("q{i}")));
         }
+        // CONTRACT 3.3: the user message is stored before the model is called.
+        assert_eq!(*probe.stored_before_call.lock().unwrap(), [true; 4]);
     }
 
     #[tokio::test]
-    async fn a_failed_write_rejects_the_turn_and_drops_its_model_request() {
-        let (rt, store, probe) = runtime().await;
+    async fn a_failed_write_rejects_the_turn_and_never_calls_the_model() {
+        let (rt, store, probe, id) = runtime().await;
         let who = Principal::local();
-        let id = rt
-            .create_session(&who, NewSession::default())
-            .await
-            .unwrap()
-            .id;
-        probe.hold.store(true, Ordering::SeqCst);
         store.fail_begin_turn.store(true, Ordering::SeqCst);
-        let dropped = probe.dropped.notified();
-        let started = probe.started.notified();
         let rejected = rt.chat(&who, say(&id, "lost?")).await;
         assert!(
             matches!(rejected, Err(RuntimeError::Store(_))),
             "{rejected:?}"
         );
-        // The request had started (the write failed after the yield) and
-        // was dropped with the rejected admission.
-        let within = std::time::Duration::from_secs(10);
-        tokio::time::timeout(within, started)
-            .await
-            .expect("the request never started");
-        tokio::time::timeout(within, dropped)
-            .await
-            .expect("the request was not dropped");
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(probe.requests.lock().unwrap().is_empty());
         assert!(store.history(&id, 0, 10, true).await.unwrap().is_empty());
 
         // Nothing left behind: the session is free and the next turn works.
-        probe.hold.store(false, Ordering::SeqCst);
         store.fail_begin_turn.store(false, Ordering::SeqCst);
         let events: Vec<_> = rt
             .chat(&who, say(&id, "again"))
