@@ -331,36 +331,24 @@ impl Store for SledStore {
         turn: TurnRecord,
         user_message: NewMessage,
     ) -> Result<Message, StoreError> {
-        // On a blocking thread: admission's task has just handed the first
-        // model request to reqwest's connection task (see `prestart`), which
-        // should not wait behind this transaction on the same worker. The
-        // flush follows on the flusher.
-        let trees = (
-            self.sessions.clone(),
-            self.activity.clone(),
-            self.messages.clone(),
-            self.turns.clone(),
-        );
-        let message = blocking(move || {
-            let now = SystemTime::now();
-            let (sessions, activity, messages, turns) = &trees;
-            (sessions, activity, messages, turns)
-                .transaction(|(s, a, m, t)| {
-                    let (mut session, message) =
-                        append_tx(s, a, m, &turn.session_id, &user_message, now)?;
-                    let record = TurnRecord {
-                        user_message_seq: message.seq,
-                        ..turn.clone()
-                    };
-                    let key = turn_key(&record.session_id, &record.turn_id);
-                    t.insert(key, encode(&record).map_err(TxError::Abort)?)?;
-                    session.last_turn = Some(LastTurn::from(&record));
-                    write_session_tx(s, &session)?;
-                    Ok(message)
-                })
-                .map_err(tx_err)
-        })
-        .await?;
+        // The model request waits for this write (CONTRACT 3.3), so the
+        // transaction runs right here and the flush on the flusher.
+        let now = SystemTime::now();
+        let message = (&self.sessions, &self.activity, &self.messages, &self.turns)
+            .transaction(|(s, a, m, t)| {
+                let (mut session, message) =
+                    append_tx(s, a, m, &turn.session_id, &user_message, now)?;
+                let record = TurnRecord {
+                    user_message_seq: message.seq,
+                    ..turn.clone()
+                };
+                let key = turn_key(&record.session_id, &record.turn_id);
+                t.insert(key, encode(&record).map_err(TxError::Abort)?)?;
+                session.last_turn = Some(LastTurn::from(&record));
+                write_session_tx(s, &session)?;
+                Ok(message)
+            })
+            .map_err(tx_err)?;
         self.flush_db().await?;
         Ok(message)
     }
