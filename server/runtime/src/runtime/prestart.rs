@@ -9,9 +9,9 @@
 //! messages precede the new one. A task loads that context — from the
 //! runner's cache, or from the store, on the calling thread when short —
 //! and, unless it needs compaction first, builds the model request, while
-//! admission writes the user message (the store's transaction runs on a
-//! blocking thread, its flush on the store's flusher, shared with other
-//! writers). Once the write is durable admission lets the task send the
+//! admission writes the user message (after yielding to the task once:
+//! the store's transaction, then its flush on the store's flusher, shared
+//! with other writers). Once the write is durable admission lets the task send the
 //! request; if the write fails, admission is rejected and dropping the
 //! [`Prestart`] aborts the task before it called the model. Nothing is
 //! acknowledged before the flush: the turn emits `turn_started` and the
