@@ -169,6 +169,10 @@ struct FileConfig {
     heartbeat_interval: Option<Duration>,
     #[serde(default, deserialize_with = "de_duration")]
     runner_idle_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "de_duration")]
+    turn_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "de_duration")]
+    max_turn_timeout: Option<Duration>,
     log_format: Option<LogFormat>,
     store_cache_mb: Option<u64>,
     #[serde(default)]
@@ -209,6 +213,10 @@ pub struct Config {
     pub heartbeat_interval: Duration,
     /// Cached runners idle this long are closed. Default 10 min.
     pub runner_idle_timeout: Duration,
+    /// Time limit of a turn whose call sets no `timeout`. Default 30 min.
+    pub turn_timeout: Duration,
+    /// Largest `timeout` a call may ask for. Default 24 h.
+    pub max_turn_timeout: Duration,
     /// Log format. Default text.
     pub log_format: LogFormat,
     /// sled's cache, in MiB. Default 16: recent contexts live on the
@@ -241,6 +249,8 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(30),
             heartbeat_interval: Duration::from_secs(15),
             runner_idle_timeout: Duration::from_secs(600),
+            turn_timeout: Duration::from_secs(30 * 60),
+            max_turn_timeout: Duration::from_secs(24 * 3600),
             log_format: LogFormat::Text,
             store_cache_mb: 16,
             providers: Vec::new(),
@@ -294,6 +304,8 @@ impl Config {
             runner_idle_timeout: file
                 .runner_idle_timeout
                 .unwrap_or(defaults.runner_idle_timeout),
+            turn_timeout: file.turn_timeout.unwrap_or(defaults.turn_timeout),
+            max_turn_timeout: file.max_turn_timeout.unwrap_or(defaults.max_turn_timeout),
             log_format: file.log_format.unwrap_or_default(),
             store_cache_mb: file.store_cache_mb.unwrap_or(defaults.store_cache_mb),
             providers: file.providers,
@@ -383,6 +395,12 @@ impl Config {
             return Err(ConfigError(
                 "heartbeat_interval and runner_idle_timeout must be positive".to_owned(),
             ));
+        }
+        if self.turn_timeout.is_zero() || self.turn_timeout > self.max_turn_timeout {
+            return Err(ConfigError(format!(
+                "turn_timeout is {:?}; it must be positive and at most max_turn_timeout ({:?})",
+                self.turn_timeout, self.max_turn_timeout
+            )));
         }
         self.validate_tools()?;
         self.compaction.validate()?;

@@ -257,15 +257,7 @@ pub fn chat_input(
     r: pb::ChatRequest,
     transport_deadline: Option<std::time::Duration>,
 ) -> Result<ChatInput, RuntimeError> {
-    let requested = duration_from_pb(r.timeout, "timeout")?;
-    // End the turn a little before the caller's own deadline fires, so it
-    // still receives the TIMED_OUT outcome instead of hanging up first.
-    let transport_deadline = transport_deadline
-        .map(|d| d.saturating_sub((d / 10).min(std::time::Duration::from_millis(50))));
-    let timeout = match (requested, transport_deadline) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    let timeout = duration_from_pb(r.timeout, "timeout")?;
     let on_disconnect = match pb::OnDisconnect::try_from(r.on_disconnect) {
         Ok(pb::OnDisconnect::Unspecified | pb::OnDisconnect::Cancel) => OnDisconnect::Cancel,
         Ok(pb::OnDisconnect::Continue) => OnDisconnect::Continue,
@@ -308,6 +300,7 @@ pub fn chat_input(
         model: (!r.model.is_empty()).then_some(r.model),
         system_override: r.system_override,
         timeout,
+        transport_deadline,
         on_disconnect,
         request_id: (!r.request_id.is_empty()).then_some(r.request_id),
     })

@@ -337,6 +337,8 @@ impl ServerBuilder {
             default_model: self.config.default_model.clone(),
             heartbeat_interval: self.config.heartbeat_interval,
             runner_idle_timeout: self.config.runner_idle_timeout,
+            turn_timeout: self.config.turn_timeout,
+            max_turn_timeout: self.config.max_turn_timeout,
             fast_model: self.config.fast_model.clone(),
             compaction: self.config.compaction.to_runtime(),
             ..RuntimeConfig::default()

@@ -36,6 +36,7 @@ mod title;
 mod toolrun;
 mod tools;
 mod turn;
+mod validate;
 
 pub use admin::RuntimeStats;
 pub use compact::{CompactionReport, load_context};
@@ -78,6 +79,13 @@ pub struct RuntimeConfig {
     pub fast_model: Option<String>,
     /// When and how long conversations are compacted.
     pub compaction: crate::compaction::CompactionConfig,
+    /// Time limit of a turn whose call sets no `timeout`. Default 30 min,
+    /// so that no turn — a `CONTINUE` turn waiting for a caller-executed
+    /// tool, say — holds its session busy forever.
+    pub turn_timeout: Duration,
+    /// Largest `timeout` a call may ask for; a larger one is refused with
+    /// `INVALID_ARGUMENT` naming this maximum. Default 24 h.
+    pub max_turn_timeout: Duration,
 }
 
 impl Default for RuntimeConfig {
@@ -95,6 +103,8 @@ impl Default for RuntimeConfig {
             max_steps: 32,
             fast_model: None,
             compaction: crate::compaction::CompactionConfig::default(),
+            turn_timeout: Duration::from_secs(30 * 60),
+            max_turn_timeout: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -122,9 +132,14 @@ pub struct ChatInput {
     pub thinking: Option<ThinkingLevel>,
     /// System prompt replacing the session's for this call.
     pub system_override: Option<String>,
-    /// Turn deadline, measured from admission (the adapter folds the
-    /// transport deadline in).
+    /// The requested turn time limit, measured from admission; at most
+    /// [`RuntimeConfig::max_turn_timeout`], [`RuntimeConfig::turn_timeout`]
+    /// when `None`.
     pub timeout: Option<Duration>,
+    /// Time left of the caller's transport deadline (gRPC `grpc-timeout`),
+    /// when it sent one: the turn ends a margin before it, so the caller
+    /// still receives the TIMED_OUT outcome.
+    pub transport_deadline: Option<Duration>,
     /// What to do when the caller goes away.
     pub on_disconnect: OnDisconnect,
     /// Idempotency key.
@@ -393,28 +408,7 @@ impl Runtime {
                 "the server is draining or shutting down",
             ));
         }
-        sessions::validate_session_id("session_id", &input.session_id)?;
-        validate_content(&input.content, inner.config.max_input_bytes)?;
-        if let Some(system) = &input.system_override
-            && system.len() > inner.config.max_input_bytes
-        {
-            return Err(RuntimeError::invalid(
-                "system_override",
-                format!("is longer than {} bytes", inner.config.max_input_bytes),
-            ));
-        }
-        if let Some(rid) = &input.request_id {
-            validate_request_id(rid)?;
-        }
-        if input.timeout.is_some_and(|t| t.is_zero()) {
-            return Err(RuntimeError::invalid("timeout", "must be positive"));
-        }
-        tools::validate_tools(&input.extra_tools, &input.excluded_tools)?;
-        let max_steps = match input.max_steps {
-            Some(0) => return Err(RuntimeError::invalid("max_steps", "must be at least 1")),
-            Some(n) => n.min(inner.config.max_steps.max(1) * 8),
-            None => inner.config.max_steps.max(1),
-        };
+        let checked = validate::chat_input(&input, &inner.config)?;
         let session = self.owned_session(who, &input.session_id).await?;
         if let Some(rid) = &input.request_id
             && let Some(existing) = self.existing_turn(&session.id, rid).await?
@@ -532,11 +526,9 @@ impl Runtime {
             system_prompt,
             guard: Some(guard),
             started: admitted_at,
-            deadline: input
-                .timeout
-                .map(|t| tokio::time::Instant::from_std(admitted_at + t)),
+            deadline: checked.deadline_from(admitted_at),
             tools: offered,
-            max_steps,
+            max_steps: checked.max_steps,
             usage: Usage::default(),
             final_message: None,
             open_step: None,
@@ -691,74 +683,6 @@ impl Runtime {
     /// Watches the draining flag (readiness follows it).
     pub fn draining(&self) -> watch::Receiver<bool> {
         self.inner.draining.subscribe()
-    }
-}
-
-/// Request ids are 1–128 printable ASCII characters.
-fn validate_request_id(id: &str) -> Result<(), RuntimeError> {
-    if id.is_empty() || id.len() > 128 || !id.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(RuntimeError::invalid(
-            "request_id",
-            "must be 1-128 printable ASCII characters without spaces",
-        ));
-    }
-    Ok(())
-}
-
-/// Checks a user message: at least one non-empty text or image block, only
-/// text and image blocks, images with an `image/*` type, bounded size.
-fn validate_content(content: &[ContentBlock], max_bytes: usize) -> Result<(), RuntimeError> {
-    let mut violations = Vec::new();
-    let mut total = 0usize;
-    let mut has_payload = false;
-    for (i, block) in content.iter().enumerate() {
-        match block {
-            ContentBlock::Text { text } => {
-                total += text.len();
-                has_payload |= !text.trim().is_empty();
-            }
-            ContentBlock::Image { data, mime_type } => {
-                total += data.len();
-                has_payload |= !data.is_empty();
-                if data.is_empty() {
-                    violations.push(crate::error::FieldViolation::new(
-                        format!("content[{i}].image.data"),
-                        "is empty",
-                    ));
-                }
-                if !mime_type.starts_with("image/") {
-                    violations.push(crate::error::FieldViolation::new(
-                        format!("content[{i}].image.mime_type"),
-                        format!("must be an image/* type, got {mime_type:?}"),
-                    ));
-                }
-            }
-            ContentBlock::Thinking { .. }
-            | ContentBlock::ToolCall { .. }
-            | ContentBlock::ToolResult { .. } => {
-                violations.push(crate::error::FieldViolation::new(
-                    format!("content[{i}]"),
-                    "a user message may only hold text and image blocks",
-                ));
-            }
-        }
-    }
-    if !has_payload && violations.is_empty() {
-        violations.push(crate::error::FieldViolation::new(
-            "content",
-            "must hold at least one non-empty text or image block",
-        ));
-    }
-    if total > max_bytes {
-        violations.push(crate::error::FieldViolation::new(
-            "content",
-            format!("is {total} bytes; the limit is {max_bytes}"),
-        ));
-    }
-    if violations.is_empty() {
-        Ok(())
-    } else {
-        Err(RuntimeError::InvalidArgument(violations))
     }
 }
 

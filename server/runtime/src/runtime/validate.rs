@@ -1,0 +1,239 @@
+//! Checks of a turn request made before admission touches anything: a
+//! request that fails here is answered `INVALID_ARGUMENT` with no side
+//! effect. Also derives the turn's deadline, with checked arithmetic, from
+//! the requested timeout, the server's default and maximum, and the caller's
+//! transport deadline.
+
+use std::time::{Duration, Instant};
+
+use super::{ChatInput, RuntimeConfig};
+use crate::error::RuntimeError;
+use crate::types::ContentBlock;
+
+/// What the checks decided about a valid request.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Checked {
+    /// Most model steps of the turn's agent loop.
+    pub(super) max_steps: u32,
+    /// How long the turn may run from admission. Always set: a turn that
+    /// asked for none gets the server's default, so no turn (a `CONTINUE`
+    /// turn waiting for a caller's tool result, say) holds its session
+    /// forever.
+    pub(super) timeout: Duration,
+}
+
+impl Checked {
+    /// The turn's deadline when admitted at `admitted_at`; `None` only when
+    /// it lies beyond what the clock can represent.
+    pub(super) fn deadline_from(&self, admitted_at: Instant) -> Option<tokio::time::Instant> {
+        admitted_at
+            .checked_add(self.timeout)
+            .map(tokio::time::Instant::from_std)
+    }
+}
+
+/// Checks `input` against `config`.
+pub(super) fn chat_input(
+    input: &ChatInput,
+    config: &RuntimeConfig,
+) -> Result<Checked, RuntimeError> {
+    super::sessions::validate_session_id("session_id", &input.session_id)?;
+    validate_content(&input.content, config.max_input_bytes)?;
+    if let Some(system) = &input.system_override
+        && system.len() > config.max_input_bytes
+    {
+        return Err(RuntimeError::invalid(
+            "system_override",
+            format!("is longer than {} bytes", config.max_input_bytes),
+        ));
+    }
+    if let Some(rid) = &input.request_id {
+        validate_request_id(rid)?;
+    }
+    let timeout = turn_timeout(input, config)?;
+    super::tools::validate_tools(&input.extra_tools, &input.excluded_tools)?;
+    let max_steps = match input.max_steps {
+        Some(0) => return Err(RuntimeError::invalid("max_steps", "must be at least 1")),
+        Some(n) => n.min(config.max_steps.max(1) * 8),
+        None => config.max_steps.max(1),
+    };
+    Ok(Checked { max_steps, timeout })
+}
+
+/// The turn's time limit: the requested `timeout` (at most
+/// `config.max_turn_timeout`) or the server's default, shortened to end a
+/// little before the caller's transport deadline (see [`transport_margin`]).
+fn turn_timeout(input: &ChatInput, config: &RuntimeConfig) -> Result<Duration, RuntimeError> {
+    let max = config.max_turn_timeout;
+    let requested = match input.timeout {
+        Some(t) if t.is_zero() => {
+            return Err(RuntimeError::invalid("timeout", "must be positive"));
+        }
+        Some(t) if t > max => {
+            return Err(RuntimeError::invalid(
+                "timeout",
+                format!(
+                    "is {}; the maximum is {} ({} s)",
+                    humanize(t),
+                    humanize(max),
+                    max.as_secs()
+                ),
+            ));
+        }
+        Some(t) => t,
+        None => config.turn_timeout.min(max),
+    };
+    Ok(match input.transport_deadline {
+        Some(d) => requested.min(d.saturating_sub(transport_margin(d))),
+        None => requested,
+    })
+}
+
+/// How much earlier than the caller's transport deadline a turn ends, so
+/// that its outcome (TIMED_OUT, with the stored NOTICE) is stored and sent
+/// before the caller gives up. grpc-core clients (Python, C++, Ruby, ...)
+/// round the `grpc-timeout` they send *up* to three significant figures —
+/// 10 s becomes up to 10.1 s — and measure it from before the request is
+/// written, so a fixed few milliseconds is not enough: 2 % plus 100 ms,
+/// never more than a tenth of the deadline.
+pub(super) fn transport_margin(deadline: Duration) -> Duration {
+    (deadline / 50 + Duration::from_millis(100)).min(deadline / 10)
+}
+
+fn humanize(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs >= 3600 && secs % 3600 == 0 {
+        format!("{} h", secs / 3600)
+    } else if secs >= 60 && secs % 60 == 0 {
+        format!("{} min", secs / 60)
+    } else {
+        format!("{:?}", d)
+    }
+}
+
+/// Request ids are 1–128 printable ASCII characters.
+fn validate_request_id(id: &str) -> Result<(), RuntimeError> {
+    if id.is_empty() || id.len() > 128 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(RuntimeError::invalid(
+            "request_id",
+            "must be 1-128 printable ASCII characters without spaces",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a user message: at least one non-empty text or image block, only
+/// text and image blocks, images with an `image/*` type, bounded size.
+fn validate_content(content: &[ContentBlock], max_bytes: usize) -> Result<(), RuntimeError> {
+    let mut violations = Vec::new();
+    let mut total = 0usize;
+    let mut has_payload = false;
+    for (i, block) in content.iter().enumerate() {
+        match block {
+            ContentBlock::Text { text } => {
+                total += text.len();
+                has_payload |= !text.trim().is_empty();
+            }
+            ContentBlock::Image { data, mime_type } => {
+                total += data.len();
+                has_payload |= !data.is_empty();
+                if data.is_empty() {
+                    violations.push(crate::error::FieldViolation::new(
+                        format!("content[{i}].image.data"),
+                        "is empty",
+                    ));
+                }
+                if !mime_type.starts_with("image/") {
+                    violations.push(crate::error::FieldViolation::new(
+                        format!("content[{i}].image.mime_type"),
+                        format!("must be an image/* type, got {mime_type:?}"),
+                    ));
+                }
+            }
+            ContentBlock::Thinking { .. }
+            | ContentBlock::ToolCall { .. }
+            | ContentBlock::ToolResult { .. } => {
+                violations.push(crate::error::FieldViolation::new(
+                    format!("content[{i}]"),
+                    "a user message may only hold text and image blocks",
+                ));
+            }
+        }
+    }
+    if !has_payload && violations.is_empty() {
+        violations.push(crate::error::FieldViolation::new(
+            "content",
+            "must hold at least one non-empty text or image block",
+        ));
+    }
+    if total > max_bytes {
+        violations.push(crate::error::FieldViolation::new(
+            "content",
+            format!("is {total} bytes; the limit is {max_bytes}"),
+        ));
+    }
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(RuntimeError::InvalidArgument(violations))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(timeout: Option<Duration>, transport: Option<Duration>) -> ChatInput {
+        ChatInput {
+            session_id: "s".to_owned(),
+            content: vec![ContentBlock::text("hi")],
+            timeout,
+            transport_deadline: transport,
+            ..ChatInput::default()
+        }
+    }
+
+    #[test]
+    fn a_timeout_beyond_the_maximum_is_refused_naming_the_maximum() {
+        let config = RuntimeConfig::default();
+        let huge = Duration::from_secs(i64::MAX as u64);
+        let Err(RuntimeError::InvalidArgument(v)) = chat_input(&input(Some(huge), None), &config)
+        else {
+            panic!("a timeout of i64::MAX seconds was accepted");
+        };
+        assert_eq!(v[0].field, "timeout");
+        assert!(v[0].description.contains("maximum is 24 h"), "{v:?}");
+        let ok = chat_input(&input(Some(config.max_turn_timeout), None), &config).unwrap();
+        assert!(ok.deadline_from(Instant::now()).is_some());
+    }
+
+    #[test]
+    fn a_turn_without_timeout_gets_the_server_default() {
+        let config = RuntimeConfig::default();
+        let checked = chat_input(&input(None, None), &config).unwrap();
+        assert_eq!(checked.timeout, config.turn_timeout);
+    }
+
+    #[test]
+    fn a_huge_transport_deadline_cannot_overflow_the_clock() {
+        let config = RuntimeConfig::default();
+        // grpc-timeout allows 99,999,999 hours.
+        let transport = Duration::from_secs(99_999_999 * 3600);
+        let checked = chat_input(&input(None, Some(transport)), &config).unwrap();
+        assert_eq!(checked.timeout, config.turn_timeout);
+        assert!(checked.deadline_from(Instant::now()).is_some());
+    }
+
+    #[test]
+    fn the_turn_ends_before_a_grpc_core_rounded_deadline() {
+        // grpc-core sends 10 s as up to 10.1 s: the turn must end before the
+        // caller's real 10 s are up.
+        let margin = transport_margin(Duration::from_millis(10_100));
+        assert!(Duration::from_millis(10_100) - margin < Duration::from_secs(10));
+        // Short deadlines keep most of their time.
+        assert_eq!(
+            transport_margin(Duration::from_millis(500)),
+            Duration::from_millis(50)
+        );
+    }
+}
