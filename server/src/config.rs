@@ -173,6 +173,8 @@ struct FileConfig {
     turn_timeout: Option<Duration>,
     #[serde(default, deserialize_with = "de_duration")]
     max_turn_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "de_duration")]
+    stalled_reader_timeout: Option<Duration>,
     log_format: Option<LogFormat>,
     store_cache_mb: Option<u64>,
     #[serde(default)]
@@ -217,6 +219,10 @@ pub struct Config {
     pub turn_timeout: Duration,
     /// Largest `timeout` a call may ask for. Default 24 h.
     pub max_turn_timeout: Duration,
+    /// A Chat caller that reads nothing for this long is treated as gone
+    /// (`CANCEL` turns end `CLIENT_GONE`; `CONTINUE` turns run on without
+    /// it). Default 30 s.
+    pub stalled_reader_timeout: Duration,
     /// Log format. Default text.
     pub log_format: LogFormat,
     /// sled's cache, in MiB. Default 16: recent contexts live on the
@@ -251,6 +257,7 @@ impl Default for Config {
             runner_idle_timeout: Duration::from_secs(600),
             turn_timeout: Duration::from_secs(30 * 60),
             max_turn_timeout: Duration::from_secs(24 * 3600),
+            stalled_reader_timeout: Duration::from_secs(30),
             log_format: LogFormat::Text,
             store_cache_mb: 16,
             providers: Vec::new(),
@@ -306,6 +313,9 @@ impl Config {
                 .unwrap_or(defaults.runner_idle_timeout),
             turn_timeout: file.turn_timeout.unwrap_or(defaults.turn_timeout),
             max_turn_timeout: file.max_turn_timeout.unwrap_or(defaults.max_turn_timeout),
+            stalled_reader_timeout: file
+                .stalled_reader_timeout
+                .unwrap_or(defaults.stalled_reader_timeout),
             log_format: file.log_format.unwrap_or_default(),
             store_cache_mb: file.store_cache_mb.unwrap_or(defaults.store_cache_mb),
             providers: file.providers,
@@ -394,6 +404,11 @@ impl Config {
         if self.heartbeat_interval.is_zero() || self.runner_idle_timeout.is_zero() {
             return Err(ConfigError(
                 "heartbeat_interval and runner_idle_timeout must be positive".to_owned(),
+            ));
+        }
+        if self.stalled_reader_timeout.is_zero() {
+            return Err(ConfigError(
+                "stalled_reader_timeout must be positive".to_owned(),
             ));
         }
         if self.turn_timeout.is_zero() || self.turn_timeout > self.max_turn_timeout {

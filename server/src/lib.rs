@@ -339,6 +339,7 @@ impl ServerBuilder {
             runner_idle_timeout: self.config.runner_idle_timeout,
             turn_timeout: self.config.turn_timeout,
             max_turn_timeout: self.config.max_turn_timeout,
+            stalled_reader_timeout: self.config.stalled_reader_timeout,
             fast_model: self.config.fast_model.clone(),
             compaction: self.config.compaction.to_runtime(),
             ..RuntimeConfig::default()

@@ -62,9 +62,16 @@ impl Stream for ChatEvents {
         };
         match Pin::new(&mut *turn).poll_next(cx) {
             Poll::Pending => Poll::Pending,
+            Poll::Ready(None) if turn.session_deleted() => {
+                this.done = true;
+                Poll::Ready(Some(Err(Status::not_found(
+                    "the session was deleted while waiting for its next turn",
+                ))))
+            }
             Poll::Ready(None) => {
                 // The turn ended without a final event: a joined turn that
-                // failed admission, or the runtime torn down under us.
+                // failed admission, a caller dropped for not reading, or the
+                // runtime torn down under us.
                 this.done = true;
                 Poll::Ready(Some(Err(Status::unavailable(
                     "the turn ended without an outcome; check GetSession and retry",

@@ -39,6 +39,9 @@ impl Default for ReplayLimits {
 /// The result of [`TurnHub::attach`].
 #[derive(Debug)]
 pub struct Attachment {
+    /// The `after_seq` the attachment starts after: the one asked for, or
+    /// the last published seq when that was beyond it.
+    pub after_seq: u64,
     /// Set when events after `after_seq` were already dropped from the
     /// replay: the seq of the first event still available (the backlog then
     /// starts there).
@@ -112,10 +115,16 @@ impl TurnHub {
     /// Attaches a watcher that wants events with seq > `after_seq`.
     pub fn attach(&self, after_seq: u64) -> Attachment {
         let mut state = self.lock();
+        // Nobody has seen events that were not published yet: a watcher
+        // claiming more starts from now, and so never misses the end.
+        let after_seq = after_seq.min(state.last_seq);
         // With an empty replay (everything evicted, or nothing published
         // yet) the next live event is the first one available.
-        let first_available = state.replay.front().map_or(state.last_seq + 1, |e| e.seq);
-        let gap_from = (first_available > after_seq + 1).then_some(first_available);
+        let first_available = state
+            .replay
+            .front()
+            .map_or(state.last_seq.saturating_add(1), |e| e.seq);
+        let gap_from = (first_available > after_seq.saturating_add(1)).then_some(first_available);
         let backlog: Vec<_> = state
             .replay
             .iter()
@@ -130,6 +139,7 @@ impl TurnHub {
             Some(rx)
         };
         Attachment {
+            after_seq,
             gap_from,
             backlog,
             live,

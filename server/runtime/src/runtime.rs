@@ -86,6 +86,11 @@ pub struct RuntimeConfig {
     /// Largest `timeout` a call may ask for; a larger one is refused with
     /// `INVALID_ARGUMENT` naming this maximum. Default 24 h.
     pub max_turn_timeout: Duration,
+    /// A Chat caller whose stream takes no event for this long (its buffer
+    /// of `event_buffer` events full, no HTTP/2 window granted) is treated
+    /// as gone: `CANCEL` turns end `CLIENT_GONE`, `CONTINUE` turns run on
+    /// without it. Default 30 s.
+    pub stalled_reader_timeout: Duration,
 }
 
 impl Default for RuntimeConfig {
@@ -105,6 +110,7 @@ impl Default for RuntimeConfig {
             compaction: crate::compaction::CompactionConfig::default(),
             turn_timeout: Duration::from_secs(30 * 60),
             max_turn_timeout: Duration::from_secs(24 * 3600),
+            stalled_reader_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -159,6 +165,9 @@ pub struct ChatInput {
 struct RunnerKey {
     model: String,
     thinking: Option<ThinkingLevel>,
+    /// The session incarnation: a session created again under the same id
+    /// never inherits the old one's runner (or its cached context).
+    incarnation: String,
 }
 
 /// A session's cached, resolved model selection and server tools. A turn
@@ -183,6 +192,9 @@ pub(crate) struct Runner {
 #[derive(Debug)]
 pub(crate) struct LiveTurn {
     pub(crate) turn_id: String,
+    /// The session incarnation the turn runs in: a lookup by session id
+    /// sees the turn only for that incarnation.
+    pub(crate) incarnation: String,
     pub(crate) request_id: Option<String>,
     pub(crate) started_at: SystemTime,
     pub(crate) hub: Arc<TurnHub>,
@@ -245,13 +257,18 @@ pub(crate) struct Inner {
     models: Models,
     pub(crate) toolbox: Arc<Toolbox>,
     live: Mutex<HashMap<String, Arc<LiveTurn>>>,
-    /// `Subscribe(wait_for_turn)` callers, told when the session's next turn
-    /// is admitted.
-    waiters: Mutex<HashMap<String, Vec<oneshot::Sender<Arc<LiveTurn>>>>>,
+    /// `Subscribe(wait_for_turn)` callers by session id, each with the
+    /// incarnation it waits in; told when that incarnation's next turn is
+    /// admitted, or that the session was deleted.
+    waiters: Mutex<HashMap<String, Vec<Waiter>>>,
     runners: Mutex<HashMap<String, Arc<Runner>>>,
     /// Sessions a `CompactSession` call is compacting (busy for `Chat`).
     /// Locked only while holding `live`.
     compacting: Mutex<HashSet<String>>,
+    /// Session ids a `DeleteSession` is deleting, with how many calls are
+    /// at it: no turn is admitted and no session of that id created until
+    /// they are done. Locked only while holding `live`.
+    deleting: Mutex<HashMap<String, usize>>,
     /// The resolved `fast_model`.
     fast: Option<compact::FastModel>,
     tasks: TaskTracker,
@@ -279,6 +296,34 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section here is a few map operations that leave the map
     // consistent even if a panic interrupted a previous holder.
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How a `Subscribe(wait_for_turn)` caller is woken.
+pub(crate) type Wake = Result<Arc<LiveTurn>, WaitEnded>;
+
+/// Why a waiting watcher's wait ended without a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WaitEnded {
+    /// The session was deleted.
+    SessionDeleted,
+}
+
+/// A `Subscribe(wait_for_turn)` caller.
+#[derive(Debug)]
+pub(crate) struct Waiter {
+    pub(crate) incarnation: String,
+    pub(crate) tx: oneshot::Sender<Wake>,
+}
+
+/// What [`Runtime::cancel_live`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cancelled {
+    /// No turn was live.
+    NothingLive,
+    /// The turn was cancelled and has ended: it writes nothing more.
+    Ended,
+    /// The turn was cancelled but had not ended when the wait was over.
+    StillEnding,
 }
 
 /// Frees the session's live slot when dropped — on every path out of a turn,
@@ -354,6 +399,7 @@ impl Runtime {
                 waiters: Mutex::new(HashMap::new()),
                 runners: Mutex::new(HashMap::new()),
                 compacting: Mutex::new(HashSet::new()),
+                deleting: Mutex::new(HashMap::new()),
                 fast,
                 tasks: TaskTracker::new(),
                 closed: AtomicBool::new(false),
@@ -411,7 +457,7 @@ impl Runtime {
         let checked = validate::chat_input(&input, &inner.config)?;
         let session = self.owned_session(who, &input.session_id).await?;
         if let Some(rid) = &input.request_id
-            && let Some(existing) = self.existing_turn(&session.id, rid).await?
+            && let Some(existing) = self.existing_turn(&session, rid).await?
         {
             return Ok(existing);
         }
@@ -427,6 +473,7 @@ impl Runtime {
         let key = RunnerKey {
             model,
             thinking: input.thinking.or(defaults.thinking),
+            incarnation: session.incarnation.clone(),
         };
         let runner = self
             .runner_for(&session.id, &session.owner, key, model_field)
@@ -442,6 +489,7 @@ impl Runtime {
         let admitted_at = Instant::now();
         let live = Arc::new(LiveTurn {
             turn_id: turn_id.clone(),
+            incarnation: session.incarnation.clone(),
             request_id: input.request_id.clone(),
             started_at: SystemTime::now(),
             hub: Arc::new(TurnHub::new(inner.config.replay)),
@@ -454,7 +502,17 @@ impl Runtime {
         });
         let guard = {
             let mut map = lock(&inner.live);
+            if lock(&inner.deleting).contains_key(&session.id) {
+                return Err(RuntimeError::SessionNotFound);
+            }
             if let Some(busy) = map.get(&session.id) {
+                if busy.incarnation != session.incarnation {
+                    // A turn of a deleted session with this id is still
+                    // ending: it is nobody's business here, not even its id.
+                    return Err(RuntimeError::Unavailable(
+                        "an earlier session with this id is still shutting down; retry shortly",
+                    ));
+                }
                 // A concurrent retry of the same request joins the turn.
                 if busy.request_id.is_some() && busy.request_id == input.request_id {
                     return Ok(TurnStream::attached(session.id.clone(), busy, 0));
@@ -488,6 +546,7 @@ impl Runtime {
             error: None,
             cancel_reason: None,
             request_id: input.request_id.clone(),
+            incarnation: session.incarnation.clone(),
         };
         let user_message = NewMessage::new(&turn_id, Role::User, input.content);
         // On failure the guard frees the slot and the hub is closed for any
@@ -538,13 +597,12 @@ impl Runtime {
             compacted: false,
             store_failed: false,
         };
-        let emitter =
-            turn::Emitter::new(Arc::clone(&live.hub), tx, inner.config.heartbeat_interval);
+        let emitter = turn::Emitter::new(Arc::clone(&live), tx, &inner.config, input.on_disconnect);
         let span = tracing::info_span!("turn", session_id = %session.id, turn_id = %turn_id);
         inner
             .tasks
             .spawn(tracing::Instrument::instrument(turn.run(emitter), span));
-        self.wake_waiters(&session.id, &live);
+        self.wake_waiters(&session, &live);
         Ok(TurnStream::own(
             session.id,
             turn_id,
@@ -558,22 +616,22 @@ impl Runtime {
     /// attached while live, replayed from the store once finished.
     async fn existing_turn(
         &self,
-        session_id: &str,
+        session: &crate::types::Session,
         request_id: &str,
     ) -> Result<Option<TurnStream>, RuntimeError> {
-        if let Some(stream) = self.attach_if_live(session_id, Some(request_id)) {
+        if let Some(stream) = self.attach_if_live(session, Some(request_id)) {
             return Ok(Some(stream));
         }
         let Some(record) = self
             .inner
             .store
-            .find_turn_by_request(session_id, request_id)
+            .find_turn_by_request(&session.id, request_id)
             .await?
         else {
             return Ok(None);
         };
         if record.status == TurnStatus::Running
-            && let Some(stream) = self.attach_if_live(session_id, Some(request_id))
+            && let Some(stream) = self.attach_if_live(session, Some(request_id))
         {
             return Ok(Some(stream));
         }
@@ -584,19 +642,43 @@ impl Runtime {
 
     /// A watcher stream on the session's live turn (only the one started
     /// with `request_id`, when given).
-    fn attach_if_live(&self, session_id: &str, request_id: Option<&str>) -> Option<TurnStream> {
-        let live = lock(&self.inner.live);
-        let turn = live.get(session_id)?;
+    fn attach_if_live(
+        &self,
+        session: &crate::types::Session,
+        request_id: Option<&str>,
+    ) -> Option<TurnStream> {
+        let turn = self.live_of(session)?;
         if request_id.is_some() && turn.request_id.as_deref() != request_id {
             return None;
         }
-        Some(TurnStream::attached(session_id.to_owned(), turn, 0))
+        Some(TurnStream::attached(session.id.clone(), &turn, 0))
     }
 
-    fn wake_waiters(&self, session_id: &str, live: &Arc<LiveTurn>) {
+    /// The live turn of `session` — of this incarnation only.
+    pub(crate) fn live_of(&self, session: &crate::types::Session) -> Option<Arc<LiveTurn>> {
+        lock(&self.inner.live)
+            .get(&session.id)
+            .filter(|t| t.incarnation == session.incarnation)
+            .cloned()
+    }
+
+    /// Wakes the watchers waiting for `session`'s next turn. Waiters of an
+    /// earlier incarnation (none should be left: delete ends them) are
+    /// dropped, never handed the turn.
+    fn wake_waiters(&self, session: &crate::types::Session, live: &Arc<LiveTurn>) {
+        let waiting = lock(&self.inner.waiters).remove(&session.id);
+        for waiter in waiting.into_iter().flatten() {
+            if waiter.incarnation == session.incarnation {
+                let _ = waiter.tx.send(Ok(Arc::clone(live)));
+            }
+        }
+    }
+
+    /// Ends every watcher waiting for a turn of session `session_id`.
+    pub(crate) fn end_waiters(&self, session_id: &str, why: WaitEnded) {
         let waiting = lock(&self.inner.waiters).remove(session_id);
-        for tx in waiting.into_iter().flatten() {
-            let _ = tx.send(Arc::clone(live));
+        for waiter in waiting.into_iter().flatten() {
+            let _ = waiter.tx.send(Err(why));
         }
     }
 
@@ -612,19 +694,22 @@ impl Runtime {
         }
     }
 
-    /// Cancels the session's live turn with `reason` and waits (at most
-    /// `wait`) until it has ended. `false` when nothing was live.
+    /// Cancels `session`'s live turn with `reason` and waits (at most
+    /// `wait`) until it has ended.
     pub(crate) async fn cancel_live(
         &self,
-        session_id: &str,
+        session: &crate::types::Session,
         reason: CancelReason,
         wait: Duration,
-    ) -> bool {
-        let live = lock(&self.inner.live).get(session_id).cloned();
-        let Some(live) = live else { return false };
+    ) -> Cancelled {
+        let Some(live) = self.live_of(session) else {
+            return Cancelled::NothingLive;
+        };
         live.cancel(reason);
-        let _ = tokio::time::timeout(wait, live.done.cancelled()).await;
-        true
+        match tokio::time::timeout(wait, live.done.cancelled()).await {
+            Ok(()) => Cancelled::Ended,
+            Err(_) => Cancelled::StillEnding,
+        }
     }
 
     /// Evicts the session's cached runner.

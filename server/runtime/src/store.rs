@@ -132,12 +132,16 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn update_session(&self, id: &str, update: SessionUpdate) -> Result<Session, StoreError>;
 
     /// Deletes a session with its whole history and turn records. `false`
-    /// when it did not exist.
-    async fn delete_session(&self, id: &str) -> Result<bool, StoreError>;
+    /// when it did not exist — or, with `incarnation`, when it exists as
+    /// another incarnation, which is left untouched.
+    async fn delete_session(&self, id: &str, incarnation: Option<&str>)
+    -> Result<bool, StoreError>;
 
     /// Atomically stores a new turn record (status `Running`) and the turn's
     /// user message, sets the session's `last_turn`, and returns the stored
     /// message. `turn.user_message_seq` is overwritten with the assigned seq.
+    /// [`StoreError::SessionNotFound`] unless the session exists as
+    /// `turn.incarnation`.
     async fn begin_turn(
         &self,
         turn: TurnRecord,
@@ -145,13 +149,20 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Message, StoreError>;
 
     /// Appends a message to a session's history, assigning the next seq.
+    /// [`StoreError::SessionNotFound`] unless the session exists as
+    /// `incarnation` ([`Session::incarnation`](crate::types::Session::incarnation)):
+    /// a write meant for a deleted session never lands in a new one with
+    /// the same id.
     async fn append_message(
         &self,
         session_id: &str,
+        incarnation: &str,
         message: NewMessage,
     ) -> Result<Message, StoreError>;
 
     /// Stores the final state of a turn record and the session's `last_turn`.
+    /// [`StoreError::SessionNotFound`] unless the session exists as
+    /// `turn.incarnation`.
     async fn finish_turn(&self, turn: TurnRecord) -> Result<(), StoreError>;
 
     /// Appends the turn's last message (when given) and stores the turn's
@@ -164,7 +175,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         last: Option<NewMessage>,
     ) -> Result<Option<Message>, StoreError> {
         let stored = match last {
-            Some(message) => Some(self.append_message(&turn.session_id, message).await?),
+            Some(message) => Some(
+                self.append_message(&turn.session_id, &turn.incarnation, message)
+                    .await?,
+            ),
             None => None,
         };
         self.finish_turn(turn).await?;
@@ -216,18 +230,26 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// the summary's seq, so every message up to `through_seq` and every
     /// earlier summary count as compacted. Originals are never rewritten
     /// or deleted. `through_seq` must not be below the current
-    /// `compacted_through` nor reach the summary's own seq.
+    /// `compacted_through` nor reach the summary's own seq; the session must
+    /// exist as `incarnation`.
     async fn store_compaction(
         &self,
         session_id: &str,
+        incarnation: &str,
         summary: NewMessage,
         through_seq: u64,
     ) -> Result<Message, StoreError>;
 
     /// Sets the session's title when it has none (empty); `false` when a
     /// title was already set, which is then left as it is. Does not count as
-    /// activity.
-    async fn set_title_if_empty(&self, session_id: &str, title: &str) -> Result<bool, StoreError>;
+    /// activity. [`StoreError::SessionNotFound`] unless the session exists
+    /// as `incarnation`.
+    async fn set_title_if_empty(
+        &self,
+        session_id: &str,
+        incarnation: &str,
+        title: &str,
+    ) -> Result<bool, StoreError>;
 
     /// Marks every turn record still `Running` as `Interrupted` (with
     /// `finished_at` = now) and updates their sessions' `last_turn`.

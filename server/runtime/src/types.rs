@@ -385,6 +385,10 @@ pub struct TurnRecord {
     /// Idempotency key of the Chat that started it.
     #[serde(default)]
     pub request_id: Option<String>,
+    /// The [`Session::incarnation`] the turn was admitted in: the store
+    /// refuses the turn's writes once the session is another incarnation.
+    #[serde(default)]
+    pub incarnation: String,
 }
 
 /// Summary of a session's latest turn.
@@ -450,6 +454,13 @@ pub struct Session {
     /// summaries are covered by it.
     #[serde(default)]
     pub summary_seq: u64,
+    /// This session's identity, fixed when it is created and never reused:
+    /// a session deleted and created again under the same id is another
+    /// incarnation. Live turns, waiters and writes are keyed by it, so
+    /// nothing of the old one (a turn still ending, a watcher, a title job)
+    /// can reach the new one. Empty for sessions stored before it existed.
+    #[serde(default)]
+    pub incarnation: String,
 }
 
 impl Session {

@@ -168,7 +168,7 @@ struct Compacted {
 /// the summary. `None` when nothing can be summarised.
 async fn compact(
     inner: &Inner,
-    session_id: &str,
+    (session_id, incarnation): (&str, &str),
     context: &Context,
     summariser: &FastModel,
 ) -> Result<Option<Compacted>, CompactError> {
@@ -196,7 +196,7 @@ async fn compact(
     let through = context.tail[cut].seq - 1;
     let summary = inner
         .store
-        .store_compaction(session_id, message, through)
+        .store_compaction(session_id, incarnation, message, through)
         .await?;
     Ok(Some(Compacted { summary, cut }))
 }
@@ -212,7 +212,10 @@ impl Turn {
         tokens_before: u64,
         emitter: &mut Emitter,
     ) -> Vec<Message> {
-        let session_id = self.record.session_id.clone();
+        let (session_id, incarnation) = (
+            self.record.session_id.clone(),
+            self.record.incarnation.clone(),
+        );
         let system = self.system_prompt.as_deref();
         let max_tokens = self.inner.config.compaction.max_tokens;
         emitter
@@ -228,7 +231,7 @@ impl Turn {
             biased;
             () = cancel.cancelled() => Err("the turn was cancelled".to_owned()),
             () = super::turn::until(self.deadline) => Err("the turn reached its time limit".to_owned()),
-            r = compact(&self.inner, &session_id, &context, &summariser) => r.map_err(|e| e.to_string()),
+            r = compact(&self.inner, (&session_id, &incarnation), &context, &summariser) => r.map_err(|e| e.to_string()),
         };
         match outcome {
             Ok(Some(done)) => {
@@ -326,7 +329,15 @@ impl Runtime {
         let session = self.owned_session(who, session_id).await?;
         let _guard = {
             let live = lock(&inner.live);
+            if lock(&inner.deleting).contains_key(session_id) {
+                return Err(RuntimeError::SessionNotFound);
+            }
             if let Some(turn) = live.get(session_id) {
+                if turn.incarnation != session.incarnation {
+                    return Err(RuntimeError::Unavailable(
+                        "an earlier session with this id is still shutting down; retry shortly",
+                    ));
+                }
                 return Err(RuntimeError::SessionBusy {
                     turn_id: turn.turn_id.clone(),
                 });
@@ -345,7 +356,7 @@ impl Runtime {
             .store
             .get_session(session_id)
             .await?
-            .filter(|s| s.owner == session.owner)
+            .filter(|s| s.owner == session.owner && s.incarnation == session.incarnation)
             .ok_or(RuntimeError::SessionNotFound)?;
         let system = (!session.system_prompt.is_empty()).then_some(session.system_prompt.as_str());
         let mut context = Context::load(inner.store.as_ref(), &session).await?;
@@ -369,7 +380,14 @@ impl Runtime {
                 }
             }
         };
-        match compact(inner, session_id, &context, &summariser).await {
+        match compact(
+            inner,
+            (session_id, &session.incarnation),
+            &context,
+            &summariser,
+        )
+        .await
+        {
             Ok(Some(done)) => {
                 let messages_compacted = covered(&context, done.cut);
                 context.tail.drain(..done.cut);
@@ -434,7 +452,7 @@ mod tests {
 
         let summary = NewMessage::new("c", Role::Summary, vec![ContentBlock::text("sum")]);
         let stored = store
-            .store_compaction(&session.id, summary, 1_950)
+            .store_compaction(&session.id, &session.incarnation, summary, 1_950)
             .await
             .unwrap();
         let session = store.get_session(&session.id).await.unwrap().unwrap();

@@ -5,7 +5,7 @@
 //! (shorter ones are cheap to read, and idle sessions stay small), and all
 //! cached contexts together stay under [`CACHE_BUDGET_BYTES`]. A cached
 //! context is used only when it provably equals what the store holds: same
-//! session incarnation (creation time), same compaction state, and the
+//! session incarnation (and creation time), same compaction state, and the
 //! turn's user message got exactly the seq after the cached messages — all
 //! messages of a session are appended by its one live turn, so nothing can
 //! have been written in between.
@@ -27,6 +27,7 @@ static CACHED_BYTES: AtomicUsize = AtomicUsize::new(0);
 #[derive(Debug)]
 pub(crate) struct CachedContext {
     created_at: SystemTime,
+    incarnation: String,
     compacted_through: u64,
     summary_seq: u64,
     /// The seq the session's next message gets.
@@ -86,6 +87,7 @@ impl CachedContext {
         let before = CACHED_BYTES.fetch_add(bytes, Ordering::Relaxed);
         let cached = Self {
             created_at: session.created_at,
+            incarnation: session.incarnation.clone(),
             compacted_through: session.compacted_through,
             summary_seq: session.summary_seq,
             next_seq,
@@ -100,6 +102,7 @@ impl CachedContext {
     /// read at admission), or `None` when the cache may be stale.
     pub(crate) fn take_for(mut self, session: &Session, user: &Message) -> Option<Vec<Message>> {
         let fresh = self.created_at == session.created_at
+            && self.incarnation == session.incarnation
             && self.compacted_through == session.compacted_through
             && self.summary_seq == session.summary_seq
             && self.next_seq == user.seq;
@@ -135,6 +138,7 @@ mod tests {
             next_seq: 101,
             compacted_through: 0,
             summary_seq: 0,
+            incarnation: "i1".into(),
         }
     }
 

@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::oneshot;
 
-use super::{Runtime, TurnStream, lock};
+use super::{Cancelled, Runtime, TurnStream, lock};
 use crate::error::RuntimeError;
 use crate::events::Phase;
 use crate::types::{CancelReason, Principal};
@@ -32,8 +32,8 @@ impl Runtime {
         wait_for_turn: bool,
     ) -> Result<Option<TurnStream>, RuntimeError> {
         super::sessions::validate_session_id("session_id", session_id)?;
-        self.owned_session(who, session_id).await?;
-        if let Some(stream) = self.attach_if_live_from(session_id, after_seq) {
+        let session = self.owned_session(who, session_id).await?;
+        if let Some(stream) = self.attach_if_live_from(&session, after_seq) {
             return Ok(Some(stream));
         }
         if !wait_for_turn {
@@ -50,17 +50,25 @@ impl Runtime {
             // Re-check under the waiters lock: admission publishes the live
             // turn before waking waiters, so a turn admitted since the check
             // above is seen here or wakes us.
-            if let Some(stream) = self.attach_if_live_from(session_id, after_seq) {
+            if let Some(stream) = self.attach_if_live_from(&session, after_seq) {
                 return Ok(Some(stream));
             }
+            // Likewise a delete ends the waiters after it reserved the id:
+            // one that started meanwhile must not wait on a deleted session.
+            if lock(&self.inner.deleting).contains_key(session_id) {
+                return Err(RuntimeError::SessionNotFound);
+            }
             let list = waiters.entry(session_id.to_owned()).or_default();
-            list.retain(|w| !w.is_closed());
+            list.retain(|w| !w.tx.is_closed());
             if list.len() >= self.inner.config.max_waiters_per_session {
                 return Err(RuntimeError::ResourceExhausted(
                     "too many callers are waiting for this session's next turn",
                 ));
             }
-            list.push(tx);
+            list.push(super::Waiter {
+                incarnation: session.incarnation,
+                tx,
+            });
         }
         Ok(Some(TurnStream::waiting(
             session_id.to_owned(),
@@ -69,10 +77,13 @@ impl Runtime {
         )))
     }
 
-    fn attach_if_live_from(&self, session_id: &str, after_seq: u64) -> Option<TurnStream> {
-        let live = lock(&self.inner.live);
-        live.get(session_id)
-            .map(|turn| TurnStream::attached(session_id.to_owned(), turn, after_seq))
+    fn attach_if_live_from(
+        &self,
+        session: &crate::types::Session,
+        after_seq: u64,
+    ) -> Option<TurnStream> {
+        self.live_of(session)
+            .map(|turn| TurnStream::attached(session.id.clone(), &turn, after_seq))
     }
 
     /// Cancels the live turn (reason STOPPED) and waits, at most 5 s, until
@@ -83,10 +94,19 @@ impl Runtime {
         session_id: &str,
     ) -> Result<bool, RuntimeError> {
         super::sessions::validate_session_id("session_id", session_id)?;
-        self.owned_session(who, session_id).await?;
-        Ok(self
-            .cancel_live(session_id, CancelReason::Stopped, STOP_WAIT)
-            .await)
+        let session = self.owned_session(who, session_id).await?;
+        match self
+            .cancel_live(&session, CancelReason::Stopped, STOP_WAIT)
+            .await
+        {
+            Cancelled::NothingLive => Ok(false),
+            Cancelled::Ended => Ok(true),
+            // `stopped` means stopped: the turn is told and will end, but
+            // saying so now would be a lie.
+            Cancelled::StillEnding => Err(RuntimeError::Unavailable(
+                "the turn was told to stop but has not ended within 5 s; call StopSession again or check GetSessionStatus",
+            )),
+        }
     }
 
     /// The session's live-turn status.
@@ -96,9 +116,8 @@ impl Runtime {
         session_id: &str,
     ) -> Result<SessionStatus, RuntimeError> {
         super::sessions::validate_session_id("session_id", session_id)?;
-        self.owned_session(who, session_id).await?;
-        let live = lock(&self.inner.live).get(session_id).cloned();
-        Ok(match live {
+        let session = self.owned_session(who, session_id).await?;
+        Ok(match self.live_of(&session) {
             Some(turn) => SessionStatus {
                 live: Some((turn.turn_id.clone(), turn.phase(), turn.started_at)),
                 watchers: turn.hub.watcher_count(),
@@ -120,9 +139,9 @@ impl Runtime {
         force: bool,
     ) -> Result<bool, RuntimeError> {
         super::sessions::validate_session_id("session_id", session_id)?;
-        self.owned_session(who, session_id).await?;
+        let session = self.owned_session(who, session_id).await?;
         if force {
-            self.cancel_live(session_id, CancelReason::Stopped, STOP_WAIT)
+            self.cancel_live(&session, CancelReason::Stopped, STOP_WAIT)
                 .await;
         }
         Ok(lock(&self.inner.runners).remove(session_id).is_some())

@@ -17,12 +17,18 @@ pub(crate) async fn recover(store: &dyn Store) -> Result<Vec<TurnRecord>, StoreE
     let interrupted = store.recover_interrupted().await?;
     for turn in &interrupted {
         tracing::warn!(session_id = %turn.session_id, turn_id = %turn.turn_id, "turn interrupted by a previous shutdown");
-        answer_open_calls(store, turn).await?;
+        answer_open_calls(store, turn, INTERRUPTED_TOOL).await?;
     }
     Ok(interrupted)
 }
 
-async fn answer_open_calls(store: &dyn Store, turn: &TurnRecord) -> Result<(), StoreError> {
+/// Gives every tool call of `turn` that has no result an error result
+/// saying `why`.
+pub(crate) async fn answer_open_calls(
+    store: &dyn Store,
+    turn: &TurnRecord,
+    why: &str,
+) -> Result<(), StoreError> {
     let after = turn.user_message_seq.saturating_sub(1);
     let messages = store
         .history(&turn.session_id, after, TURN_READ_LIMIT, true)
@@ -47,11 +53,14 @@ async fn answer_open_calls(store: &dyn Store, turn: &TurnRecord) -> Result<(), S
             vec![ContentBlock::ToolResult {
                 call_id,
                 name,
-                content: INTERRUPTED_TOOL.to_owned(),
+                content: why.to_owned(),
                 is_error: true,
             }],
         );
-        match store.append_message(&turn.session_id, result).await {
+        match store
+            .append_message(&turn.session_id, &turn.incarnation, result)
+            .await
+        {
             Ok(_) | Err(StoreError::SessionNotFound) => {}
             Err(e) => return Err(e),
         }
@@ -81,7 +90,7 @@ mod tests {
         {
             crate::store::CreateOutcome::Created(s) | crate::store::CreateOutcome::Existing(s) => s,
         };
-        let turn = running_turn(&session.id, "t1");
+        let turn = running_turn(&session.id, &session.incarnation, "t1");
         store
             .begin_turn(turn.clone(), text_message("t1", Role::User, "go"))
             .await
@@ -102,7 +111,10 @@ mod tests {
                 },
             ],
         );
-        store.append_message(&session.id, calls).await.unwrap();
+        store
+            .append_message(&session.id, &session.incarnation, calls)
+            .await
+            .unwrap();
         let answered = NewMessage::new(
             "t1",
             Role::Tool,
@@ -113,7 +125,10 @@ mod tests {
                 is_error: false,
             }],
         );
-        store.append_message(&session.id, answered).await.unwrap();
+        store
+            .append_message(&session.id, &session.incarnation, answered)
+            .await
+            .unwrap();
 
         let recovered = recover(store.as_ref()).await.unwrap();
         assert_eq!(recovered.len(), 1);

@@ -119,6 +119,42 @@ fn decode_cursor(token: &str) -> Result<ListCursor, RuntimeError> {
     })
 }
 
+/// Holds a session id for a `DeleteSession` call while it runs (see
+/// `Inner::deleting`).
+struct DeleteReservation<'a> {
+    runtime: &'a Runtime,
+    session_id: String,
+}
+
+impl<'a> DeleteReservation<'a> {
+    fn take(runtime: &'a Runtime, session_id: &str) -> Self {
+        // Under the live lock, like every reader of `deleting`: a turn is
+        // either admitted before this (and is stopped by the delete) or sees
+        // the reservation and is refused.
+        let _live = super::lock(&runtime.inner.live);
+        *super::lock(&runtime.inner.deleting)
+            .entry(session_id.to_owned())
+            .or_default() += 1;
+        Self {
+            runtime,
+            session_id: session_id.to_owned(),
+        }
+    }
+}
+
+impl Drop for DeleteReservation<'_> {
+    fn drop(&mut self) {
+        let _live = super::lock(&self.runtime.inner.live);
+        let mut deleting = super::lock(&self.runtime.inner.deleting);
+        if let Some(n) = deleting.get_mut(&self.session_id) {
+            *n -= 1;
+            if *n == 0 {
+                deleting.remove(&self.session_id);
+            }
+        }
+    }
+}
+
 impl Runtime {
     /// Creates a session owned by `who`. With a client-chosen id the call
     /// is idempotent for the same owner; another owner gets
@@ -147,6 +183,13 @@ impl Runtime {
                 .map_err(|e| RuntimeError::unknown_model("model", &e))?;
         }
         new.owner.clone_from(&who.user_id);
+        if let Some(id) = &new.id
+            && self.id_still_in_use(id).await?
+        {
+            return Err(RuntimeError::Unavailable(
+                "a session with this id is being deleted or is still ending its last turn; retry shortly",
+            ));
+        }
         match self.inner.store.create_session(new).await? {
             CreateOutcome::Created(s) => Ok(s),
             CreateOutcome::Existing(s) if s.owner == who.user_id => Ok(s),
@@ -221,19 +264,52 @@ impl Runtime {
         Ok(self.inner.store.update_session(session_id, update).await?)
     }
 
-    /// Stops any live turn (reason SESSION_DELETED), evicts the runner and
-    /// deletes the session with its history.
+    /// Whether session id `id` is still held by a delete in progress or by
+    /// a live turn of an earlier incarnation (a live turn while no session
+    /// has the id): it is not created again until they are done.
+    async fn id_still_in_use(&self, id: &str) -> Result<bool, RuntimeError> {
+        let live = {
+            let live = super::lock(&self.inner.live);
+            if super::lock(&self.inner.deleting).contains_key(id) {
+                return Ok(true);
+            }
+            live.contains_key(id)
+        };
+        Ok(live && self.inner.store.get_session(id).await?.is_none())
+    }
+
+    /// Deletes the session with its history. Admission of new turns (and
+    /// creating the id again) is refused from the start; watchers waiting
+    /// for a turn are ended; a live turn is stopped (reason
+    /// SESSION_DELETED) and waited for — when it has not ended within 5 s
+    /// nothing is deleted and the call fails `UNAVAILABLE`, so success
+    /// always means no turn of the session can still write.
     pub async fn delete_session(
         &self,
         who: &Principal,
         session_id: &str,
     ) -> Result<bool, RuntimeError> {
         validate_session_id("session_id", session_id)?;
-        self.owned_session(who, session_id).await?;
-        self.cancel_live(session_id, CancelReason::SessionDeleted, DELETE_STOP_WAIT)
-            .await;
+        let session = self.owned_session(who, session_id).await?;
+        let _reserved = DeleteReservation::take(self, session_id);
+        self.end_waiters(session_id, super::WaitEnded::SessionDeleted);
+        match self
+            .cancel_live(&session, CancelReason::SessionDeleted, DELETE_STOP_WAIT)
+            .await
+        {
+            super::Cancelled::NothingLive | super::Cancelled::Ended => {}
+            super::Cancelled::StillEnding => {
+                return Err(RuntimeError::Unavailable(
+                    "the session's live turn did not stop within 5 s; nothing was deleted, retry DeleteSession",
+                ));
+            }
+        }
         self.evict_runner(session_id);
-        Ok(self.inner.store.delete_session(session_id).await?)
+        Ok(self
+            .inner
+            .store
+            .delete_session(session_id, Some(&session.incarnation))
+            .await?)
     }
 
     /// A page of one of `who`'s sessions' history. `page_token` (from a

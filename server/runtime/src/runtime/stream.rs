@@ -12,7 +12,7 @@ use std::time::SystemTime;
 use futures::Stream;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{EventRx, LiveTurn, OnDisconnect};
+use super::{EventRx, LiveTurn, OnDisconnect, WaitEnded, Wake};
 use crate::events::{EventKind, TurnEvent};
 use crate::hub::TurnHub;
 use crate::types::CancelReason;
@@ -42,6 +42,7 @@ impl Watch {
 
     fn attach(&mut self, lagged: bool) -> Option<Arc<TurnEvent>> {
         let att = self.hub.attach(self.last_seq);
+        self.last_seq = att.after_seq;
         self.backlog = att.backlog.into();
         self.live = att.live;
         att.gap_from.map(|first| {
@@ -92,7 +93,7 @@ enum Source {
     Watch(Watch),
     /// Waiting for the session's next turn (Subscribe with wait_for_turn).
     Waiting {
-        rx: oneshot::Receiver<Arc<LiveTurn>>,
+        rx: oneshot::Receiver<Wake>,
         after_seq: u64,
     },
     /// A finished turn rebuilt from the store.
@@ -113,6 +114,9 @@ pub struct TurnStream {
     /// Cancelled with `ClientGone` if dropped before the final event.
     cancel_on_drop: Option<Arc<LiveTurn>>,
     finished: bool,
+    /// Set when a wait for the next turn ended because the session was
+    /// deleted.
+    session_deleted: bool,
 }
 
 impl TurnStream {
@@ -129,6 +133,7 @@ impl TurnStream {
             source: Source::Own(rx),
             cancel_on_drop: (on_disconnect == OnDisconnect::Cancel).then_some(live),
             finished: false,
+            session_deleted: false,
         }
     }
 
@@ -145,20 +150,18 @@ impl TurnStream {
             source: Source::Watch(watch),
             cancel_on_drop: None,
             finished: false,
+            session_deleted: false,
         }
     }
 
-    pub(crate) fn waiting(
-        session_id: String,
-        rx: oneshot::Receiver<Arc<LiveTurn>>,
-        after_seq: u64,
-    ) -> Self {
+    pub(crate) fn waiting(session_id: String, rx: oneshot::Receiver<Wake>, after_seq: u64) -> Self {
         Self {
             session_id,
             turn_id: String::new(),
             source: Source::Waiting { rx, after_seq },
             cancel_on_drop: None,
             finished: false,
+            session_deleted: false,
         }
     }
 
@@ -173,6 +176,7 @@ impl TurnStream {
             source: Source::Replay(events.into()),
             cancel_on_drop: None,
             finished: false,
+            session_deleted: false,
         }
     }
 
@@ -189,6 +193,12 @@ impl TurnStream {
     /// True once the final event was yielded.
     pub fn is_finished(&self) -> bool {
         self.finished
+    }
+
+    /// True when the stream ended without a turn because the session was
+    /// deleted while it waited for one (`Subscribe` with `wait_for_turn`).
+    pub fn session_deleted(&self) -> bool {
+        self.session_deleted
     }
 }
 
@@ -208,7 +218,11 @@ impl Stream for TurnStream {
                 Source::Waiting { rx, after_seq } => match Pin::new(rx).poll(cx) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Err(_)) => return Poll::Ready(None),
-                    Poll::Ready(Ok(live)) => {
+                    Poll::Ready(Ok(Err(WaitEnded::SessionDeleted))) => {
+                        this.session_deleted = true;
+                        return Poll::Ready(None);
+                    }
+                    Poll::Ready(Ok(Ok(live))) => {
                         let after_seq = *after_seq;
                         let attached =
                             TurnStream::attached(this.session_id.clone(), &live, after_seq);

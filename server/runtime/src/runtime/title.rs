@@ -60,7 +60,7 @@ pub fn extract_title(text: &str) -> Option<String> {
 
 /// Sets the session's title in the background from its first user message
 /// (and, with a fast model, the first answer).
-pub(super) fn spawn(inner: Arc<Inner>, session_id: String, answer: String) {
+pub(super) fn spawn(inner: Arc<Inner>, session_id: String, incarnation: String, answer: String) {
     tokio::spawn(async move {
         let first = match inner.store.history(&session_id, 0, FIRST_PAGE, true).await {
             Ok(page) => first_user_text(&page),
@@ -77,7 +77,11 @@ pub(super) fn spawn(inner: Arc<Inner>, session_id: String, answer: String) {
         let Some(title) = title.or_else(|| extract_title(&first)) else {
             return;
         };
-        match inner.store.set_title_if_empty(&session_id, &title).await {
+        match inner
+            .store
+            .set_title_if_empty(&session_id, &incarnation, &title)
+            .await
+        {
             Ok(set) => tracing::debug!(set, "session title"),
             Err(err) => tracing::warn!(error = %err, "storing the session title failed"),
         }

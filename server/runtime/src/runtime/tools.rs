@@ -170,11 +170,10 @@ impl Runtime {
                 format!("is longer than {} bytes", self.inner.config.max_input_bytes),
             ));
         }
-        self.owned_session(who, session_id).await?;
-        let live = lock(&self.inner.live)
-            .get(session_id)
+        let session = self.owned_session(who, session_id).await?;
+        let live = self
+            .live_of(&session)
             .filter(|t| t.turn_id == turn_id)
-            .cloned()
             .ok_or(RuntimeError::FailedPrecondition(
                 "no live turn with that id in this session",
             ))?;

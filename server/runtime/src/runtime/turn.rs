@@ -18,7 +18,6 @@ use super::{BusyGuard, Inner, LiveTurn, Runner};
 use crate::events::{
     ErrorCode, EventKind, Phase, StepKind, ToolStatus, ToolUse, TurnEvent, TurnOutcome,
 };
-use crate::hub::TurnHub;
 use crate::model::{ModelError, ModelEvent, ModelRequest};
 use crate::store::StoreError;
 use crate::types::{
@@ -28,29 +27,67 @@ use crate::types::{
 
 /// The text of the NOTICE stored when a turn reaches its deadline.
 pub(crate) const TIMEOUT_NOTICE: &str = "the turn reached its time limit";
+/// What a caller is told when a bug ended its turn.
+const INTERNAL_MESSAGE: &str = "internal error while running the turn";
+/// The result stored for a tool call a bug left unanswered.
+const PANICKED_TOOL: &str = "an internal error ended the turn before this tool call finished";
+
+/// The message of a caught panic, for the log.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}
+
+/// How long a cancelled turn waits, in all, for a caller that does not read
+/// its last events before it ends without it.
+pub(crate) const END_GRACE: Duration = Duration::from_secs(1);
 
 /// Numbers events, publishes them to the hub and forwards them to the
 /// caller while the caller is there.
+///
+/// A send to the caller never blocks the turn for long: it races the
+/// turn's cancellation, and a caller that reads nothing for
+/// `stalled_reader_timeout` is treated as gone (with `on_disconnect =
+/// CANCEL` the turn is cancelled `CLIENT_GONE`; with `CONTINUE` it runs on
+/// without that caller, watchable with Subscribe). Once the turn is
+/// cancelled, its remaining events get [`END_GRACE`] in all to reach a
+/// caller that is not reading, so Stop and Delete end a turn promptly even
+/// when its caller never grants HTTP/2 flow-control window.
 pub(crate) struct Emitter {
     seq: u64,
-    hub: Arc<TurnHub>,
+    live: Arc<LiveTurn>,
     caller: Option<mpsc::Sender<Arc<TurnEvent>>>,
     heartbeat_interval: Duration,
+    stalled_reader_timeout: Duration,
+    on_disconnect: super::OnDisconnect,
     last_emit: tokio::time::Instant,
+    /// Set when the emitter first sees the turn cancelled: the caller's
+    /// sends stop waiting then.
+    end_by: Option<tokio::time::Instant>,
+    /// `TurnFinished` was emitted.
+    finished: bool,
 }
 
 impl Emitter {
     pub(crate) fn new(
-        hub: Arc<TurnHub>,
+        live: Arc<LiveTurn>,
         caller: mpsc::Sender<Arc<TurnEvent>>,
-        heartbeat_interval: Duration,
+        config: &super::RuntimeConfig,
+        on_disconnect: super::OnDisconnect,
     ) -> Self {
         Self {
             seq: 0,
-            hub,
+            live,
             caller: Some(caller),
-            heartbeat_interval,
+            heartbeat_interval: config.heartbeat_interval,
+            stalled_reader_timeout: config.stalled_reader_timeout,
+            on_disconnect,
             last_emit: tokio::time::Instant::now(),
+            end_by: None,
+            finished: false,
         }
     }
 
@@ -62,18 +99,71 @@ impl Emitter {
     pub(super) async fn emit(&mut self, kind: EventKind) {
         self.last_emit = tokio::time::Instant::now();
         self.seq += 1;
+        self.finished |= matches!(kind, EventKind::TurnFinished { .. });
         let event = Arc::new(TurnEvent {
             seq: self.seq,
             at: SystemTime::now(),
             kind,
         });
-        self.hub.publish(Arc::clone(&event));
-        if let Some(tx) = &self.caller
-            && tx.send(event).await.is_err()
-        {
+        self.live.hub.publish(Arc::clone(&event));
+        let Some(tx) = self.caller.take() else { return };
+        match tx.try_send(event) {
+            Ok(()) => {
+                self.caller = Some(tx);
+                tokio::task::consume_budget().await;
+            }
             // The caller went away; its stream's drop has cancelled the
-            // turn, which ends at the next cancellation point.
-            self.caller = None;
+            // turn (unless it asked to continue).
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Err(mpsc::error::TrySendError::Full(event)) => {
+                if self.send_waiting(&tx, event).await {
+                    self.caller = Some(tx);
+                }
+            }
+        }
+    }
+
+    /// Sends to a caller whose buffer is full, bounded as the type says.
+    /// `false` when the caller is dropped.
+    async fn send_waiting(
+        &mut self,
+        tx: &mpsc::Sender<Arc<TurnEvent>>,
+        event: Arc<TurnEvent>,
+    ) -> bool {
+        let now = tokio::time::Instant::now();
+        let stall_by = now + self.stalled_reader_timeout;
+        let cancel = self.live.cancel.clone();
+        loop {
+            if self.end_by.is_none() && self.live.is_cancelled() {
+                self.end_by = Some(now + END_GRACE);
+            }
+            let give_up = self.end_by.map_or(stall_by, |end| end.min(stall_by));
+            tokio::select! {
+                biased;
+                permit = tx.reserve() => {
+                    return match permit {
+                        Ok(permit) => {
+                            permit.send(event);
+                            true
+                        }
+                        Err(_) => false,
+                    };
+                }
+                () = cancel.cancelled(), if self.end_by.is_none() => {}
+                () = tokio::time::sleep_until(give_up) => {
+                    if self.end_by.is_none() {
+                        tracing::warn!(
+                            stalled_for = ?self.stalled_reader_timeout,
+                            on_disconnect = ?self.on_disconnect,
+                            "the caller has read nothing for too long; treating it as gone"
+                        );
+                        if self.on_disconnect == super::OnDisconnect::Cancel {
+                            self.live.cancel(CancelReason::ClientGone);
+                        }
+                    }
+                    return false;
+                }
+            }
         }
     }
 }
@@ -184,7 +274,78 @@ pub(super) async fn until(deadline: Option<tokio::time::Instant>) {
 }
 
 impl Turn {
+    /// Runs the turn to its end. A panic anywhere in it — the context
+    /// load, compaction, a model step, the tool phase, the final writes —
+    /// is contained here: the turn still ends with exactly one
+    /// `TurnFinished` (ERROR, `INTERNAL`), its record closed, its open tool
+    /// calls answered, its session freed and its watchers released.
     pub(crate) async fn run(mut self, mut emitter: Emitter) {
+        let body = AssertUnwindSafe(self.body(&mut emitter))
+            .catch_unwind()
+            .await;
+        let (outcome, error) = match body {
+            Ok(ended) => ended,
+            Err(panic) => {
+                tracing::error!(panic = %panic_text(&*panic), "a turn panicked");
+                self.panicked().await
+            }
+        };
+        if let Some((code, message)) = &error {
+            emitter
+                .emit(EventKind::Error {
+                    code: *code,
+                    message: message.clone(),
+                })
+                .await;
+        }
+        let finished = AssertUnwindSafe(self.finish(outcome, error.map(|(_, m)| m), &mut emitter))
+            .catch_unwind()
+            .await;
+        if let Err(panic) = finished {
+            tracing::error!(panic = %panic_text(&*panic), "finishing a turn panicked");
+            self.record.status = TurnStatus::Error;
+            self.record.finished_at = Some(SystemTime::now());
+            self.record.error = Some(INTERNAL_MESSAGE.to_owned());
+            if let Err(err) = self.inner.store.finish_turn(self.record.clone()).await {
+                tracing::error!(error = %err, "storing the turn record failed");
+            }
+            drop(self.guard.take());
+            if !emitter.finished {
+                emitter
+                    .emit(EventKind::TurnFinished {
+                        outcome: TurnOutcome::Error,
+                        cancel_reason: None,
+                        usage: self.usage,
+                        duration: self.started.elapsed(),
+                    })
+                    .await;
+            }
+        }
+    }
+
+    /// After a panic in the turn's body: nothing half-done reaches history
+    /// (an answer not yet stored is dropped, tool calls already stored get
+    /// an error result each), and the outcome is an internal error.
+    async fn panicked(&mut self) -> (TurnOutcome, Option<(ErrorCode, String)>) {
+        self.final_message = None;
+        self.open_step = None;
+        self.store_failed = true;
+        if let Err(err) = super::recovery::answer_open_calls(
+            self.inner.store.as_ref(),
+            &self.record,
+            PANICKED_TOOL,
+        )
+        .await
+        {
+            tracing::error!(error = %err, "answering the open tool calls of a failed turn failed");
+        }
+        (
+            TurnOutcome::Error,
+            Some((ErrorCode::Internal, INTERNAL_MESSAGE.to_owned())),
+        )
+    }
+
+    async fn body(&mut self, emitter: &mut Emitter) -> (TurnOutcome, Option<(ErrorCode, String)>) {
         emitter
             .emit(EventKind::TurnStarted {
                 model: self.record.model.clone(),
@@ -205,15 +366,15 @@ impl Turn {
             Some(prestart) => prestart.loaded().await,
             None => Err(StoreError::Backend("the turn has no context".to_owned())),
         };
-        let (outcome, error) = match loaded {
+        match loaded {
             Ok((Loaded::Sent(messages), first)) => {
                 self.context = messages;
-                self.agent_loop(first, &mut emitter).await
+                self.agent_loop(first, emitter).await
             }
             Ok((Loaded::NeedsCompaction { context, tokens }, _)) => {
                 self.compacted = true;
-                self.context = Arc::new(self.compact_context(context, tokens, &mut emitter).await);
-                self.agent_loop(None, &mut emitter).await
+                self.context = Arc::new(self.compact_context(context, tokens, emitter).await);
+                self.agent_loop(None, emitter).await
             }
             Err(err) => {
                 tracing::error!(error = %err, "loading the conversation failed");
@@ -225,16 +386,7 @@ impl Turn {
                     )),
                 )
             }
-        };
-        if let Some((code, message)) = &error {
-            emitter
-                .emit(EventKind::Error {
-                    code: *code,
-                    message: message.clone(),
-                })
-                .await;
         }
-        self.finish(outcome, error.map(|(_, m)| m), emitter).await;
     }
 
     /// Model step → tool calls → results → model step ..., until the model
@@ -271,21 +423,13 @@ impl Turn {
                     Some(self.conclude(end, &mut output, emitter).await)
                 }
                 Err(panic) => {
-                    let what = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| (*s).to_owned())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_default();
-                    tracing::error!(panic = %what, "model step panicked");
+                    tracing::error!(panic = %panic_text(&*panic), "model step panicked");
                     output.tool_calls.clear();
                     self.store_partial(&output, StopReason::Error, emitter)
                         .await;
                     Some((
                         TurnOutcome::Error,
-                        Some((
-                            ErrorCode::Internal,
-                            "internal error while running the turn".to_owned(),
-                        )),
+                        Some((ErrorCode::Internal, INTERNAL_MESSAGE.to_owned())),
                     ))
                 }
             };
@@ -699,7 +843,7 @@ impl Turn {
         match self
             .inner
             .store
-            .append_message(&self.record.session_id, message)
+            .append_message(&self.record.session_id, &self.record.incarnation, message)
             .await
         {
             Ok(stored) => {
@@ -719,10 +863,10 @@ impl Turn {
     }
 
     async fn finish(
-        mut self,
+        &mut self,
         mut outcome: TurnOutcome,
         error: Option<String>,
-        mut emitter: Emitter,
+        emitter: &mut Emitter,
     ) {
         self.live.set_phase(Phase::Finishing);
         let usage = self.usage;
@@ -801,6 +945,7 @@ impl Turn {
             super::title::spawn(
                 Arc::clone(&self.inner),
                 self.record.session_id.clone(),
+                self.record.incarnation.clone(),
                 answer,
             );
         }

@@ -102,12 +102,12 @@ pub(super) fn transport_margin(deadline: Duration) -> Duration {
 
 fn humanize(d: Duration) -> String {
     let secs = d.as_secs();
-    if secs >= 3600 && secs % 3600 == 0 {
+    if secs >= 3600 && secs.is_multiple_of(3600) {
         format!("{} h", secs / 3600)
-    } else if secs >= 60 && secs % 60 == 0 {
+    } else if secs >= 60 && secs.is_multiple_of(60) {
         format!("{} min", secs / 60)
     } else {
-        format!("{:?}", d)
+        format!("{d:?}")
     }
 }
 

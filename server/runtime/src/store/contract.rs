@@ -77,8 +77,9 @@ pub fn text_message(turn_id: &str, role: Role, body: &str) -> NewMessage {
 
 /// A running turn record with every field set (`user_message_seq` is junk
 /// that `begin_turn` must overwrite).
-pub fn running_turn(session_id: &str, turn_id: &str) -> TurnRecord {
+pub fn running_turn(session_id: &str, incarnation: &str, turn_id: &str) -> TurnRecord {
     TurnRecord {
+        incarnation: incarnation.to_owned(),
         turn_id: turn_id.to_owned(),
         session_id: session_id.to_owned(),
         status: TurnStatus::Running,
@@ -146,10 +147,20 @@ async fn create(store: &dyn Store, owner: &str, agent: &str) -> Session {
     create_new(store, new_session(owner, agent)).await
 }
 
+/// The incarnation of session `id` (empty when it does not exist).
+pub async fn incarnation(store: &dyn Store, id: &str) -> String {
+    store
+        .get_session(id)
+        .await
+        .expect("get_session")
+        .map(|s| s.incarnation)
+        .unwrap_or_default()
+}
+
 async fn append(store: &dyn Store, id: &str, body: &str) -> Message {
     let message = text_message("t", Role::Assistant, body);
     store
-        .append_message(id, message)
+        .append_message(id, &incarnation(store, id).await, message)
         .await
         .expect("append_message")
 }
@@ -157,7 +168,10 @@ async fn append(store: &dyn Store, id: &str, body: &str) -> Message {
 async fn begin(store: &dyn Store, id: &str, turn_id: &str) -> Message {
     let user = text_message(turn_id, Role::User, "question");
     store
-        .begin_turn(running_turn(id, turn_id), user)
+        .begin_turn(
+            running_turn(id, &incarnation(store, id).await, turn_id),
+            user,
+        )
         .await
         .expect("begin_turn")
 }
@@ -465,24 +479,24 @@ pub async fn missing_session_errors(store: &dyn Store) {
     let update = store.update_session("nope", SessionUpdate::default()).await;
     assert!(not_found(update.map(drop)));
     let append = store
-        .append_message("nope", text_message("t", Role::User, "x"))
+        .append_message("nope", "", text_message("t", Role::User, "x"))
         .await;
     assert!(not_found(append.map(drop)));
     let user = text_message("t", Role::User, "x");
     assert!(not_found(
         store
-            .begin_turn(running_turn("nope", "t"), user)
+            .begin_turn(running_turn("nope", "", "t"), user)
             .await
             .map(drop)
     ));
     assert!(not_found(
-        store.finish_turn(running_turn("nope", "t")).await
+        store.finish_turn(running_turn("nope", "", "t")).await
     ));
     assert_eq!(turn(store, "nope", "t").await, None);
     let by_request = store.find_turn_by_request("nope", "req-t").await;
     assert_eq!(by_request.expect("find_turn_by_request"), None);
     assert!(history(store, "nope").await.is_empty());
-    assert!(!store.delete_session("nope").await.expect("delete"));
+    assert!(!store.delete_session("nope", None).await.expect("delete"));
     assert_eq!(count(store).await, 0);
 }
 
@@ -495,7 +509,7 @@ pub async fn append_assigns_increasing_seqs(store: &dyn Store) {
     for i in 0..3 {
         let message = text_message("t1", Role::User, &format!("a{i}"));
         let stored = store
-            .append_message(&a.id, message.clone())
+            .append_message(&a.id, &a.incarnation, message.clone())
             .await
             .expect("append");
         assert_eq!((&stored.body, stored.compacted), (&message, false));
@@ -503,7 +517,7 @@ pub async fn append_assigns_increasing_seqs(store: &dyn Store) {
     }
     append(store, &b.id, "b1").await;
     append(store, &b.id, "b2").await;
-    assert!(store.delete_session(&b.id).await.expect("delete"));
+    assert!(store.delete_session(&b.id, None).await.expect("delete"));
     seqs.push(append(store, &a.id, "a3").await.seq);
     assert_eq!(seqs, [1, 2, 3, 4]);
     let session = get(store, &a.id).await;
@@ -565,7 +579,7 @@ pub async fn begin_turn_stores_message_and_turn(store: &dyn Store) {
     let s = create(store, "alice", "agent").await;
     append(store, &s.id, "earlier").await;
     let (record, user) = (
-        running_turn(&s.id, "t1"),
+        running_turn(&s.id, &s.incarnation, "t1"),
         text_message("t1", Role::User, "q"),
     );
     let message = store
@@ -602,7 +616,7 @@ pub async fn finish_turn_updates_turn_and_last_turn(store: &dyn Store) {
         },
         user_message_seq: seq,
         cancel_reason: Some(CancelReason::Stopped),
-        ..running_turn(&s.id, "t1")
+        ..running_turn(&s.id, &s.incarnation, "t1")
     };
     store
         .finish_turn(finished.clone())
@@ -626,7 +640,7 @@ pub async fn finish_turn_with_stores_the_answer_too(store: &dyn Store) {
         status: TurnStatus::Success,
         finished_at: Some(SystemTime::now()),
         user_message_seq: seq,
-        ..running_turn(&s.id, "t1")
+        ..running_turn(&s.id, &s.incarnation, "t1")
     };
     let stored = store
         .finish_turn_with(
@@ -683,7 +697,7 @@ pub async fn recover_marks_running_interrupted(store: &dyn Store) {
         status: TurnStatus::Success,
         finished_at: Some(SystemTime::now()),
         user_message_seq: seq,
-        ..running_turn(&x.id, "t1")
+        ..running_turn(&x.id, &x.incarnation, "t1")
     };
     store.finish_turn(done.clone()).await.expect("finish");
     begin(store, &x.id, "t2").await;
@@ -727,7 +741,12 @@ pub async fn delete_removes_everything(store: &dyn Store) {
         begin(store, &s.id, "t1").await;
         append(store, &s.id, "answer").await;
     }
-    assert!(store.delete_session(&doomed.id).await.expect("delete"));
+    assert!(
+        store
+            .delete_session(&doomed.id, None)
+            .await
+            .expect("delete")
+    );
     assert_eq!(store.get_session(&doomed.id).await.expect("get"), None);
     assert!(history(store, &doomed.id).await.is_empty());
     assert_eq!(turn(store, &doomed.id, "t1").await, None);
@@ -737,7 +756,12 @@ pub async fn delete_removes_everything(store: &dyn Store) {
     };
     assert_eq!(walk(store, "alice", everything).await, [kept.id.as_str()]);
     assert_eq!(count(store).await, 1);
-    assert!(!store.delete_session(&doomed.id).await.expect("delete"));
+    assert!(
+        !store
+            .delete_session(&doomed.id, None)
+            .await
+            .expect("delete")
+    );
     assert_eq!(history(store, &kept.id).await.len(), 2);
     assert!(turn(store, &kept.id, "t1").await.is_some());
 }
@@ -751,7 +775,12 @@ pub async fn delete_then_recreate_starts_fresh(store: &dyn Store) {
     create_new(store, new.clone()).await;
     begin(store, "s-reused", "t1").await;
     append(store, "s-reused", "answer").await;
-    assert!(store.delete_session("s-reused").await.expect("delete"));
+    assert!(
+        store
+            .delete_session("s-reused", None)
+            .await
+            .expect("delete")
+    );
     let again = create_new(store, new).await;
     assert_eq!(
         (again.next_seq, again.message_count, again.last_turn),
@@ -845,7 +874,7 @@ pub async fn content_round_trips(store: &dyn Store) {
     });
     message.stop_reason = Some(StopReason::ToolUse);
     let stored = store
-        .append_message(&s.id, message.clone())
+        .append_message(&s.id, &s.incarnation, message.clone())
         .await
         .expect("append");
     assert_eq!(stored.body, message);
@@ -859,6 +888,6 @@ pub async fn count_sessions_counts_all_owners(store: &dyn Store) {
     create(store, "alice", "agent").await;
     create(store, "bob", "agent").await;
     assert_eq!(count(store).await, 3);
-    assert!(store.delete_session(&a.id).await.expect("delete"));
+    assert!(store.delete_session(&a.id, None).await.expect("delete"));
     assert_eq!(count(store).await, 2);
 }

@@ -94,6 +94,7 @@ pub(crate) fn session_record(id: String, new: NewSession, now: SystemTime) -> Se
         next_seq: 1,
         compacted_through: 0,
         summary_seq: 0,
+        incarnation: crate::types::new_id(),
     }
 }
 
@@ -121,6 +122,18 @@ pub(crate) fn apply_update(session: &mut Session, update: SessionUpdate) {
     if let Some(archived) = archived {
         session.archived = archived;
     }
+}
+
+/// The entry of session `id` if it exists as `incarnation`.
+fn entry_as<'a>(
+    sessions: &'a mut BTreeMap<String, Entry>,
+    id: &str,
+    incarnation: &str,
+) -> Result<&'a mut Entry, StoreError> {
+    sessions
+        .get_mut(id)
+        .filter(|e| e.session.incarnation == incarnation)
+        .ok_or(StoreError::SessionNotFound)
 }
 
 /// The listing order: newest activity first, ties by id descending.
@@ -198,8 +211,16 @@ impl Store for MemoryStore {
         Ok(session)
     }
 
-    async fn delete_session(&self, id: &str) -> Result<bool, StoreError> {
-        Ok(self.lock().remove(id).is_some())
+    async fn delete_session(
+        &self,
+        id: &str,
+        incarnation: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let mut sessions = self.lock();
+        let matches = sessions
+            .get(id)
+            .is_some_and(|e| incarnation.is_none_or(|i| e.session.incarnation == i));
+        Ok(matches && sessions.remove(id).is_some())
     }
 
     async fn begin_turn(
@@ -215,9 +236,7 @@ impl Store for MemoryStore {
             return Err(StoreError::Backend("injected failure".to_owned()));
         }
         let mut sessions = self.lock();
-        let entry = sessions
-            .get_mut(&turn.session_id)
-            .ok_or(StoreError::SessionNotFound)?;
+        let entry = entry_as(&mut sessions, &turn.session_id, &turn.incarnation)?;
         let message = entry.append(user_message, SystemTime::now());
         turn.user_message_seq = message.seq;
         entry.session.last_turn = Some(LastTurn::from(&turn));
@@ -228,20 +247,17 @@ impl Store for MemoryStore {
     async fn append_message(
         &self,
         session_id: &str,
+        incarnation: &str,
         message: NewMessage,
     ) -> Result<Message, StoreError> {
         let mut sessions = self.lock();
-        let entry = sessions
-            .get_mut(session_id)
-            .ok_or(StoreError::SessionNotFound)?;
+        let entry = entry_as(&mut sessions, session_id, incarnation)?;
         Ok(entry.append(message, SystemTime::now()))
     }
 
     async fn finish_turn(&self, turn: TurnRecord) -> Result<(), StoreError> {
         let mut sessions = self.lock();
-        let entry = sessions
-            .get_mut(&turn.session_id)
-            .ok_or(StoreError::SessionNotFound)?;
+        let entry = entry_as(&mut sessions, &turn.session_id, &turn.incarnation)?;
         // An older turn finishing late must not hide the newer one.
         let last = &mut entry.session.last_turn;
         if last.as_ref().is_none_or(|l| l.turn_id == turn.turn_id) {
@@ -308,13 +324,12 @@ impl Store for MemoryStore {
     async fn store_compaction(
         &self,
         session_id: &str,
+        incarnation: &str,
         summary: NewMessage,
         through_seq: u64,
     ) -> Result<Message, StoreError> {
         let mut sessions = self.lock();
-        let entry = sessions
-            .get_mut(session_id)
-            .ok_or(StoreError::SessionNotFound)?;
+        let entry = entry_as(&mut sessions, session_id, incarnation)?;
         super::check_compaction(&entry.session, &summary, through_seq)?;
         let stored = entry.append(summary, SystemTime::now());
         entry.session.compacted_through = through_seq;
@@ -322,11 +337,14 @@ impl Store for MemoryStore {
         Ok(stored)
     }
 
-    async fn set_title_if_empty(&self, session_id: &str, title: &str) -> Result<bool, StoreError> {
+    async fn set_title_if_empty(
+        &self,
+        session_id: &str,
+        incarnation: &str,
+        title: &str,
+    ) -> Result<bool, StoreError> {
         let mut sessions = self.lock();
-        let entry = sessions
-            .get_mut(session_id)
-            .ok_or(StoreError::SessionNotFound)?;
+        let entry = entry_as(&mut sessions, session_id, incarnation)?;
         if !entry.session.title.is_empty() {
             return Ok(false);
         }

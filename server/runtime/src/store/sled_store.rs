@@ -162,7 +162,7 @@ impl SledStore {
                 .transaction(|(s, a, m)| {
                     let mut seq = 0;
                     for message in chunk {
-                        let (session, stored) = append_tx(s, a, m, session_id, message, now)?;
+                        let (session, stored) = append_tx(s, a, m, session_id, None, message, now)?;
                         write_session_tx(s, &session)?;
                         seq = stored.seq;
                     }
@@ -302,18 +302,31 @@ impl Store for SledStore {
         Ok(session)
     }
 
-    async fn delete_session(&self, id: &str) -> Result<bool, StoreError> {
+    async fn delete_session(
+        &self,
+        id: &str,
+        incarnation: Option<&str>,
+    ) -> Result<bool, StoreError> {
         let guard = self.lifecycle.lock().await;
         let removed = (&self.sessions, &self.activity)
             .transaction(|(s, a)| {
-                let Some(raw) = s.remove(id.as_bytes())? else {
+                let Some(raw) = s.get(id.as_bytes())? else {
                     return Ok(false);
                 };
                 // A corrupt record must stay deletable; its index entry then
                 // dangles, and listing skips it.
                 match decode::<Session>(SESSIONS, id.as_bytes(), &raw) {
-                    Ok(session) => drop(a.remove(activity_key(&session))?),
-                    Err(e) => tracing::warn!(session_id = %id, error = %e, "deleting a corrupt session record"),
+                    Ok(session) if incarnation.is_some_and(|i| i != session.incarnation) => {
+                        return Ok(false);
+                    }
+                    Ok(session) => {
+                        s.remove(id.as_bytes())?;
+                        drop(a.remove(activity_key(&session))?);
+                    }
+                    Err(e) => {
+                        tracing::warn!(session_id = %id, error = %e, "deleting a corrupt session record");
+                        s.remove(id.as_bytes())?;
+                    }
                 }
                 Ok(true)
             })
@@ -336,8 +349,15 @@ impl Store for SledStore {
         let now = SystemTime::now();
         let message = (&self.sessions, &self.activity, &self.messages, &self.turns)
             .transaction(|(s, a, m, t)| {
-                let (mut session, message) =
-                    append_tx(s, a, m, &turn.session_id, &user_message, now)?;
+                let (mut session, message) = append_tx(
+                    s,
+                    a,
+                    m,
+                    &turn.session_id,
+                    Some(&turn.incarnation),
+                    &user_message,
+                    now,
+                )?;
                 let record = TurnRecord {
                     user_message_seq: message.seq,
                     ..turn.clone()
@@ -356,12 +376,14 @@ impl Store for SledStore {
     async fn append_message(
         &self,
         session_id: &str,
+        incarnation: &str,
         message: NewMessage,
     ) -> Result<Message, StoreError> {
         let now = SystemTime::now();
         let message = (&self.sessions, &self.activity, &self.messages)
             .transaction(|(s, a, m)| {
-                let (session, message) = append_tx(s, a, m, session_id, &message, now)?;
+                let (session, message) =
+                    append_tx(s, a, m, session_id, Some(incarnation), &message, now)?;
                 write_session_tx(s, &session)?;
                 Ok(message)
             })
@@ -374,7 +396,7 @@ impl Store for SledStore {
         let record = encode(&turn)?;
         (&self.sessions, &self.turns)
             .transaction(|(s, t)| {
-                let mut session = session_tx(s, &turn.session_id)?.ok_or_else(not_found)?;
+                let mut session = session_as_tx(s, &turn.session_id, &turn.incarnation)?;
                 t.insert(turn_key(&turn.session_id, &turn.turn_id), record.clone())?;
                 // An older turn finishing late must not hide the newer one.
                 if session
@@ -402,13 +424,18 @@ impl Store for SledStore {
             .transaction(|(s, a, m, t)| {
                 let (mut session, stored) = match &last {
                     Some(message) => {
-                        let (session, stored) = append_tx(s, a, m, &turn.session_id, message, now)?;
+                        let (session, stored) = append_tx(
+                            s,
+                            a,
+                            m,
+                            &turn.session_id,
+                            Some(&turn.incarnation),
+                            message,
+                            now,
+                        )?;
                         (session, Some(stored))
                     }
-                    None => (
-                        session_tx(s, &turn.session_id)?.ok_or_else(not_found)?,
-                        None,
-                    ),
+                    None => (session_as_tx(s, &turn.session_id, &turn.incarnation)?, None),
                 };
                 t.insert(turn_key(&turn.session_id, &turn.turn_id), record.clone())?;
                 // An older turn finishing late must not hide the newer one.
@@ -493,15 +520,17 @@ impl Store for SledStore {
     async fn store_compaction(
         &self,
         session_id: &str,
+        incarnation: &str,
         summary: NewMessage,
         through_seq: u64,
     ) -> Result<Message, StoreError> {
         let now = SystemTime::now();
         let stored = (&self.sessions, &self.activity, &self.messages)
             .transaction(|(s, a, m)| {
-                let session = session_tx(s, session_id)?.ok_or_else(not_found)?;
+                let session = session_as_tx(s, session_id, incarnation)?;
                 super::check_compaction(&session, &summary, through_seq).map_err(TxError::Abort)?;
-                let (mut session, stored) = append_tx(s, a, m, session_id, &summary, now)?;
+                let (mut session, stored) =
+                    append_tx(s, a, m, session_id, Some(incarnation), &summary, now)?;
                 session.compacted_through = through_seq;
                 session.summary_seq = stored.seq;
                 write_session_tx(s, &session)?;
@@ -512,11 +541,16 @@ impl Store for SledStore {
         Ok(stored)
     }
 
-    async fn set_title_if_empty(&self, session_id: &str, title: &str) -> Result<bool, StoreError> {
+    async fn set_title_if_empty(
+        &self,
+        session_id: &str,
+        incarnation: &str,
+        title: &str,
+    ) -> Result<bool, StoreError> {
         let set = self
             .sessions
             .transaction(|s| {
-                let mut session = session_tx(s, session_id)?.ok_or_else(not_found)?;
+                let mut session = session_as_tx(s, session_id, incarnation)?;
                 if !session.title.is_empty() {
                     return Ok(false);
                 }
@@ -687,16 +721,21 @@ fn recover_blocking(sessions: &Tree, turns: &Tree) -> Result<Vec<TurnRecord>, St
 }
 
 /// Stores `new` under the next seq; the caller writes the returned session
-/// (possibly changed further) in the same transaction.
+/// (possibly changed further) in the same transaction. With `incarnation`
+/// the session must be that incarnation (every write but a bulk import).
 fn append_tx(
     s: &TransactionalTree,
     a: &TransactionalTree,
     m: &TransactionalTree,
     session_id: &str,
+    incarnation: Option<&str>,
     new: &NewMessage,
     now: SystemTime,
 ) -> TxResult<(Session, Message)> {
-    let mut session = session_tx(s, session_id)?.ok_or_else(not_found)?;
+    let mut session = match incarnation {
+        Some(incarnation) => session_as_tx(s, session_id, incarnation)?,
+        None => session_tx(s, session_id)?.ok_or_else(not_found)?,
+    };
     let old_index = activity_key(&session);
     let seq = session.next_seq;
     let exhausted = || TxError::Abort(StoreError::Backend("seq space exhausted".to_owned()));
@@ -736,6 +775,13 @@ fn session_tx(s: &TransactionalTree, id: &str) -> TxResult<Option<Session>> {
             .map(Some)
             .map_err(TxError::Abort),
     }
+}
+
+/// The session `id` if it exists as `incarnation`; not found otherwise.
+fn session_as_tx(s: &TransactionalTree, id: &str, incarnation: &str) -> TxResult<Session> {
+    session_tx(s, id)?
+        .filter(|session| session.incarnation == incarnation)
+        .ok_or_else(not_found)
 }
 
 fn write_session_tx(s: &TransactionalTree, session: &Session) -> TxResult<()> {
@@ -879,7 +925,10 @@ mod tests {
         let store = SledStore::open(dir.path().join("db")).expect("open");
         let id = contract::seed_history(&store, 3).await;
         store
-            .begin_turn(running_turn(&id, "t1"), user("t1"))
+            .begin_turn(
+                running_turn(&id, &contract::incarnation(&store, &id).await, "t1"),
+                user("t1"),
+            )
             .await
             .expect("begin");
         let before = store.get_session(&id).await.expect("get");
@@ -904,7 +953,7 @@ mod tests {
         assert_eq!(store.recover_interrupted().await.expect("recover").len(), 1);
         assert_eq!(
             store
-                .append_message(&id, user("t2"))
+                .append_message(&id, &contract::incarnation(&store, &id).await, user("t2"))
                 .await
                 .expect("append")
                 .seq,
@@ -918,7 +967,10 @@ mod tests {
         let broken = contract::seed_history(&store, 3).await;
         let intact = contract::seed_history(&store, 3).await;
         store
-            .begin_turn(running_turn(&intact, "t1"), user("t1"))
+            .begin_turn(
+                running_turn(&intact, &contract::incarnation(&store, &intact).await, "t1"),
+                user("t1"),
+            )
             .await
             .expect("begin");
         store
@@ -932,7 +984,7 @@ mod tests {
         };
         assert_corrupt(store.list_sessions("seed", &query).await, "undecodable");
         assert_corrupt(
-            store.append_message(&broken, user("t")).await,
+            store.append_message(&broken, "", user("t")).await,
             "undecodable",
         );
         store
@@ -959,7 +1011,7 @@ mod tests {
         assert_corrupt(store.recover_interrupted().await, "empty value");
         assert!(
             store
-                .delete_session(&broken)
+                .delete_session(&broken, None)
                 .await
                 .expect("a corrupt session is deletable")
         );
@@ -1022,7 +1074,10 @@ mod tests {
         let (store, _dir) = open_temp();
         let id = contract::seed_history(&store, 2).await;
         store
-            .begin_turn(running_turn(&id, "t1"), user("t1"))
+            .begin_turn(
+                running_turn(&id, &contract::incarnation(&store, &id).await, "t1"),
+                user("t1"),
+            )
             .await
             .expect("begin");
         let session = store.get_session(&id).await.expect("get").expect("exists");
@@ -1062,7 +1117,7 @@ mod tests {
         );
         assert_eq!(
             store
-                .append_message(&id, user("t2"))
+                .append_message(&id, &contract::incarnation(&store, &id).await, user("t2"))
                 .await
                 .expect("append")
                 .seq,
@@ -1081,11 +1136,14 @@ mod tests {
         };
         store.update_session(&a, update).await.expect("update");
         store
-            .begin_turn(running_turn(&b, "t1"), user("t1"))
+            .begin_turn(
+                running_turn(&b, &contract::incarnation(&store, &b).await, "t1"),
+                user("t1"),
+            )
             .await
             .expect("begin");
         let doomed = contract::seed_history(&store, 1).await;
-        assert!(store.delete_session(&doomed).await.expect("delete"));
+        assert!(store.delete_session(&doomed, None).await.expect("delete"));
         let mut expected = Vec::new();
         for id in [&a, &b] {
             let session = store.get_session(id).await.expect("get").expect("exists");

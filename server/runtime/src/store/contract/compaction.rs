@@ -34,12 +34,16 @@ pub async fn compaction_marks_covered_messages(store: &dyn Store) {
     .enumerate()
     {
         store
-            .append_message(id, text_message("t", role, &format!("m{}", i + 1)))
+            .append_message(
+                id,
+                &session.incarnation,
+                text_message("t", role, &format!("m{}", i + 1)),
+            )
             .await
             .unwrap();
     }
     let first = store
-        .store_compaction(id, summary("first summary"), 2)
+        .store_compaction(id, &session.incarnation, summary("first summary"), 2)
         .await
         .unwrap();
     assert_eq!(first.seq, 6);
@@ -65,7 +69,7 @@ pub async fn compaction_marks_covered_messages(store: &dyn Store) {
     assert_eq!(tail.iter().map(|m| m.seq).collect::<Vec<_>>(), [3, 4, 5, 6]);
 
     let second = store
-        .store_compaction(id, summary("second summary"), 4)
+        .store_compaction(id, &session.incarnation, summary("second summary"), 4)
         .await
         .unwrap();
     assert_eq!(second.seq, 7);
@@ -83,18 +87,27 @@ pub async fn compaction_rejects_bad_ranges(store: &dyn Store) {
     let id = session.id.as_str();
     for i in 0..3 {
         store
-            .append_message(id, text_message("t", Role::User, &format!("m{i}")))
+            .append_message(
+                id,
+                &session.incarnation,
+                text_message("t", Role::User, &format!("m{i}")),
+            )
             .await
             .unwrap();
     }
-    store.store_compaction(id, summary("s"), 2).await.unwrap();
+    store
+        .store_compaction(id, &session.incarnation, summary("s"), 2)
+        .await
+        .unwrap();
     let before = store.get_session(id).await.unwrap().unwrap();
     for (message, through) in [
         (summary("below"), 1),
         (summary("at its own seq"), 5),
         (text_message("t", Role::Assistant, "not a summary"), 3),
     ] {
-        let err = store.store_compaction(id, message, through).await;
+        let err = store
+            .store_compaction(id, &session.incarnation, message, through)
+            .await;
         assert!(
             matches!(err, Err(StoreError::Backend(ref m)) if m.contains("invalid compaction")),
             "{err:?}"
@@ -102,7 +115,7 @@ pub async fn compaction_rejects_bad_ranges(store: &dyn Store) {
     }
     assert_eq!(store.get_session(id).await.unwrap().unwrap(), before);
     assert!(matches!(
-        store.store_compaction("missing", summary("s"), 0).await,
+        store.store_compaction("missing", "", summary("s"), 0).await,
         Err(StoreError::SessionNotFound)
     ));
 }
@@ -112,13 +125,23 @@ pub async fn compaction_rejects_bad_ranges(store: &dyn Store) {
 pub async fn title_is_set_only_once(store: &dyn Store) {
     let session = create_new(store, new_session("alice", "agent")).await;
     let id = session.id.as_str();
-    assert!(store.set_title_if_empty(id, "First").await.unwrap());
-    assert!(!store.set_title_if_empty(id, "Second").await.unwrap());
+    assert!(
+        store
+            .set_title_if_empty(id, &session.incarnation, "First")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .set_title_if_empty(id, &session.incarnation, "Second")
+            .await
+            .unwrap()
+    );
     let s = store.get_session(id).await.unwrap().unwrap();
     assert_eq!(s.title, "First");
     assert_eq!(s.last_active_at, session.last_active_at);
     assert!(matches!(
-        store.set_title_if_empty("missing", "x").await,
+        store.set_title_if_empty("missing", "", "x").await,
         Err(StoreError::SessionNotFound)
     ));
 }
