@@ -96,7 +96,7 @@ pub(crate) async fn s9(dir: &std::path::Path, sizes: &[u64]) -> Result<Vec<Conte
                 vec![ContentBlock::text("a summary of the conversation so far")],
             );
             store
-                .store_compaction(&session.id, summary, through)
+                .store_compaction(&session.id, &session.incarnation, summary, through)
                 .await
                 .map_err(|e| e.to_string())?;
             time_load(&store, &session.id, 50).await?

@@ -35,7 +35,8 @@ macro_rules! store_contract_tests {
             finish_turn_updates_turn_and_last_turn, finish_turn_with_stores_the_answer_too,
             find_turn_by_request_id,
             recover_marks_running_interrupted, delete_removes_everything,
-            delete_then_recreate_starts_fresh, content_round_trips,
+            delete_then_recreate_starts_fresh, writes_to_an_old_incarnation_are_refused,
+            content_round_trips,
             count_sessions_counts_all_owners, compaction_marks_covered_messages,
             compaction_rejects_bad_ranges, title_is_set_only_once,
         );
@@ -764,6 +765,83 @@ pub async fn delete_removes_everything(store: &dyn Store) {
     );
     assert_eq!(history(store, &kept.id).await.len(), 2);
     assert!(turn(store, &kept.id, "t1").await.is_some());
+}
+
+/// A session created again under a deleted id is a new incarnation: every
+/// write meant for the old one — a turn's messages, its record, a
+/// compaction, a title, a delete — is refused as not found and changes
+/// nothing of the new one.
+pub async fn writes_to_an_old_incarnation_are_refused(store: &dyn Store) {
+    let new = NewSession {
+        id: Some("s-again".to_owned()),
+        ..new_session("alice", "agent")
+    };
+    let old = create_new(store, new.clone()).await;
+    begin(store, &old.id, "t-old").await;
+    assert!(store.delete_session(&old.id, None).await.expect("delete"));
+    let fresh = create_new(
+        store,
+        NewSession {
+            owner: "bob".to_owned(),
+            ..new
+        },
+    )
+    .await;
+    assert_ne!(fresh.incarnation, old.incarnation);
+    assert!(!fresh.incarnation.is_empty());
+    let not_found = |r: Result<(), StoreError>| matches!(r, Err(StoreError::SessionNotFound));
+    let stale = text_message("t-old", Role::Assistant, "alice's partial answer");
+    assert!(not_found(
+        store
+            .append_message(&old.id, &old.incarnation, stale.clone())
+            .await
+            .map(drop)
+    ));
+    let old_turn = running_turn(&old.id, &old.incarnation, "t-old");
+    assert!(not_found(store.finish_turn(old_turn.clone()).await));
+    assert!(not_found(
+        store
+            .finish_turn_with(old_turn.clone(), Some(stale))
+            .await
+            .map(drop)
+    ));
+    let user = text_message("t-late", Role::User, "late admission");
+    assert!(not_found(
+        store
+            .begin_turn(running_turn(&old.id, &old.incarnation, "t-late"), user)
+            .await
+            .map(drop)
+    ));
+    let summary = NewMessage::new("c", Role::Summary, vec![ContentBlock::text("sum")]);
+    assert!(not_found(
+        store
+            .store_compaction(&old.id, &old.incarnation, summary, 0)
+            .await
+            .map(drop)
+    ));
+    assert!(not_found(
+        store
+            .set_title_if_empty(&old.id, &old.incarnation, "alice's title")
+            .await
+            .map(drop)
+    ));
+    assert!(
+        !store
+            .delete_session(&old.id, Some(&old.incarnation))
+            .await
+            .expect("delete")
+    );
+    assert_eq!(get(store, &fresh.id).await, fresh);
+    assert!(history(store, &fresh.id).await.is_empty());
+    assert_eq!(turn(store, &fresh.id, "t-old").await, None);
+    // The new incarnation's own writes go through.
+    begin(store, &fresh.id, "t-new").await;
+    assert!(
+        store
+            .delete_session(&fresh.id, Some(&fresh.incarnation))
+            .await
+            .expect("delete")
+    );
 }
 
 /// A deleted id can be created again, without any of the old state.
