@@ -75,10 +75,72 @@ async fn stalled_chat(
         .into_inner()
 }
 
-fn flood(session: &str, n: u64) -> proto::ChatRequest {
+/// `torrent/N`: N text deltas of 40 KiB each, as fast as they are taken,
+/// then waits forever. Two deltas are larger than a 64 KiB HTTP/2 window,
+/// so a caller that reads nothing stops the turn once its 256-event buffer
+/// is full: the turn publishes at most ~260 events, and the replay (8 MiB,
+/// ~200 of these) still holds the latest of them for a late watcher.
+#[derive(Debug, Default)]
+struct Torrent;
+
+#[async_trait]
+impl agentrt_runtime::model::ModelProvider for Torrent {
+    async fn stream(
+        &self,
+        request: agentrt_runtime::model::ModelRequest,
+    ) -> Result<agentrt_runtime::model::ModelStream, agentrt_runtime::model::ModelError> {
+        let n: usize = request.model.parse().unwrap_or(0);
+        let delta = "w".repeat(40 << 10);
+        let items = futures::stream::iter(
+            (0..n).map(move |_| Ok(agentrt_runtime::model::ModelEvent::TextDelta(delta.clone()))),
+        );
+        Ok(Box::pin(items.chain(futures::stream::pending())))
+    }
+}
+
+/// A server with the `torrent` provider and alice's and bob's keys.
+async fn torrent_server(
+    dir: &std::path::Path,
+    stalled_reader_timeout: Option<Duration>,
+) -> (String, oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let mut config = keyed(dir);
+    if let Some(t) = stalled_reader_timeout {
+        config.stalled_reader_timeout = t;
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        ServerBuilder::new(config)
+            .model_provider("torrent", Arc::new(Torrent))
+            .serve(listener, async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+    });
+    (url, stop, server)
+}
+
+fn torrent(session: &str) -> proto::ChatRequest {
     let mut req = text_request(session, "flood me");
-    req.model = format!("flood/{n}");
+    req.model = "torrent/100000".into();
     req
+}
+
+/// Watches a torrent turn whose caller reads nothing until event 255 was
+/// published: the turn cannot publish more than ~260 before its send to
+/// that caller blocks (256 buffered, one or two taken by the transport, the
+/// first three not text), so from here it is stuck on the caller within a
+/// few events — microseconds, against the next RPC's round trip.
+async fn past_the_stall(watch: &mut agentrt_client::EventStream) {
+    while let Some(item) = watch.next().await {
+        let e = item.expect("event");
+        if e.seq >= 255 {
+            return;
+        }
+    }
+    panic!("the watch ended before event 255");
 }
 
 /// Waits (bounded) until `session` has no live turn, by watching it.
@@ -132,15 +194,21 @@ async fn a_watcher_of_a_deleted_session_never_sees_the_next_owners_turn() {
 #[tokio::test]
 async fn a_turn_stuck_behind_a_stalled_caller_is_deleted_and_never_reaches_the_next_owner() {
     let dir = tempfile::tempdir().unwrap();
-    let providers = Providers::default();
-    let server = TestServer::start_with(keyed(dir.path()), &providers).await;
-    let alice = server.client_with_token(ALICE).await;
-    let bob = server.client_with_token(BOB).await;
+    let (url, stop, server) = torrent_server(dir.path(), None).await;
+    let alice = Client::builder(url.clone())
+        .token(ALICE)
+        .connect()
+        .await
+        .unwrap();
+    let bob = Client::builder(url.clone())
+        .token(BOB)
+        .connect()
+        .await
+        .unwrap();
     create(&alice, "demo").await;
-    // 200k deltas: far more than the caller's buffer and HTTP/2 window.
-    let stalled = stalled_chat(&server.url, ALICE, flood("demo", 200_000)).await;
+    let stalled = stalled_chat(&url, ALICE, torrent("demo")).await;
     let mut watch = alice.subscribe("demo", 0, false).await.unwrap();
-    read_until(&mut watch, |e| matches!(e.kind, ChatEvent::Text(_))).await;
+    past_the_stall(&mut watch).await;
 
     let started = std::time::Instant::now();
     assert!(alice.delete_session("demo").await.unwrap());
@@ -163,22 +231,26 @@ async fn a_turn_stuck_behind_a_stalled_caller_is_deleted_and_never_reaches_the_n
     assert_eq!(mine.outcome, Some(proto::TurnOutcome::Success));
     let history = bob.history("demo").await.unwrap();
     assert_eq!(history.len(), 2, "only bob's turn: {history:?}");
-    assert!(history.iter().all(|m| !message_text(m).contains("w w")));
+    assert!(history.iter().all(|m| !message_text(m).contains("www")));
     assert!(took < Duration::from_secs(4), "delete took {took:?}");
     drop(stalled);
-    server.stop().await;
+    let _ = stop.send(());
+    server.await.unwrap();
 }
 
 #[tokio::test]
 async fn stop_answers_stopped_only_once_the_turn_has_ended() {
     let dir = tempfile::tempdir().unwrap();
-    let providers = Providers::default();
-    let server = TestServer::start_with(keyed(dir.path()), &providers).await;
-    let alice = server.client_with_token(ALICE).await;
+    let (url, stop, server) = torrent_server(dir.path(), None).await;
+    let alice = Client::builder(url.clone())
+        .token(ALICE)
+        .connect()
+        .await
+        .unwrap();
     create(&alice, "s").await;
-    let _stalled = stalled_chat(&server.url, ALICE, flood("s", 200_000)).await;
+    let _stalled = stalled_chat(&url, ALICE, torrent("s")).await;
     let mut watch = alice.subscribe("s", 0, false).await.unwrap();
-    read_until(&mut watch, |e| matches!(e.kind, ChatEvent::Text(_))).await;
+    past_the_stall(&mut watch).await;
     assert!(alice.stop_session("s").await.unwrap());
     let status = alice.session_status("s").await.unwrap();
     assert!(
@@ -188,19 +260,21 @@ async fn stop_answers_stopped_only_once_the_turn_has_ended() {
     let session = alice.get_session("s").await.unwrap();
     let last = session.last_turn.expect("last turn");
     assert_eq!(last.outcome(), proto::TurnOutcome::Canceled);
-    server.stop().await;
+    let _ = stop.send(());
+    server.await.unwrap();
 }
 
 #[tokio::test]
 async fn a_caller_that_stops_reading_is_treated_as_gone() {
     let dir = tempfile::tempdir().unwrap();
-    let providers = Providers::default();
-    let mut config = keyed(dir.path());
-    config.stalled_reader_timeout = Duration::from_millis(500);
-    let server = TestServer::start_with(config, &providers).await;
-    let alice = server.client_with_token(ALICE).await;
+    let (url, stop, server) = torrent_server(dir.path(), Some(Duration::from_millis(500))).await;
+    let alice = Client::builder(url.clone())
+        .token(ALICE)
+        .connect()
+        .await
+        .unwrap();
     create(&alice, "s").await;
-    let _stalled = stalled_chat(&server.url, ALICE, flood("s", 200_000)).await;
+    let _stalled = stalled_chat(&url, ALICE, torrent("s")).await;
     let watch = alice.subscribe("s", 0, false).await.unwrap();
     let seen = tokio::time::timeout(WAIT, watch.finish())
         .await
@@ -221,7 +295,8 @@ async fn a_caller_that_stops_reading_is_treated_as_gone() {
             proto::CancelReason::ClientGone
         ))
     );
-    server.stop().await;
+    let _ = stop.send(());
+    server.await.unwrap();
 }
 
 #[tokio::test]
