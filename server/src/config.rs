@@ -451,16 +451,29 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let n: u64 = number
         .parse()
         .map_err(|_| format!("duration {text:?} must start with a whole number"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        "h" => Ok(Duration::from_secs(n * 3600)),
-        _ => Err(format!(
-            "duration {text:?} has an unknown unit (use ms, s, m, h)"
+    let millis = match unit {
+        "ms" => Some(n),
+        "s" => n.checked_mul(1_000),
+        "m" => n.checked_mul(60_000),
+        "h" => n.checked_mul(3_600_000),
+        _ => {
+            return Err(format!(
+                "duration {text:?} has an unknown unit (use ms, s, m, h)"
+            ));
+        }
+    };
+    // Every configured duration is added to a clock reading somewhere: a
+    // bound keeps that arithmetic far from overflowing.
+    match millis.filter(|ms| *ms <= MAX_CONFIG_DURATION_MS) {
+        Some(ms) => Ok(Duration::from_millis(ms)),
+        None => Err(format!(
+            "duration {text:?} is too long; the maximum is 87600h (10 years)"
         )),
     }
 }
+
+/// The longest duration a config value may be: ten years.
+const MAX_CONFIG_DURATION_MS: u64 = 10 * 365 * 24 * 3_600_000;
 
 fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
     let text = String::deserialize(d)?;
@@ -537,6 +550,16 @@ admin = false
         assert!(Config::parse_toml("defualt_model = \"x/y\"").is_err());
         assert!(Config::parse_toml("shutdown_grace = \"30 parsecs\"").is_err());
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        // Huge values are refused, never overflow.
+        for huge in ["99999999999999999h", "5124095576030431m", "87601h"] {
+            let err = parse_duration(huge).unwrap_err();
+            assert!(err.contains("maximum is 87600h"), "{err}");
+        }
+        assert!(Config::parse_toml("heartbeat_interval = \"99999999999999999h\"").is_err());
+        assert_eq!(
+            parse_duration("87600h").unwrap(),
+            Duration::from_secs(87_600 * 3600)
+        );
     }
 
     #[test]
