@@ -203,6 +203,7 @@ async fn a_hundred_thousand_bad_blocks_get_a_small_invalid_argument() {
     assert_names(&status, "content", "limit is 256 blocks");
     let trailer = status.details().len() + status.message().len();
     assert!(trailer < 1024, "trailer of {trailer} bytes");
+    eprintln!("100k bad blocks: trailer {trailer} bytes");
 
     // Under the block limit, with every block wrong: the error lists ten
     // and counts the rest.
