@@ -1,8 +1,8 @@
 //! Contract checks for pages cut by bytes.
 
-use super::{create_new, new_session, text_message};
+use super::{append, create_new, new_session};
 use crate::store::{HistoryQuery, ListQuery, Store, message_wire_bytes, session_wire_bytes};
-use crate::types::{Message, NewSession, Role};
+use crate::types::{Message, NewSession};
 
 /// Message bodies of very different sizes, so budgets fall at odd places.
 const BODIES: [usize; 8] = [10, 5_000, 200, 40_000, 1, 12_000, 3_000, 25_000];
@@ -10,11 +10,7 @@ const BODIES: [usize; 8] = [10, 5_000, 200, 40_000, 1, 12_000, 3_000, 25_000];
 async fn seeded(store: &dyn Store) -> (String, Vec<Message>) {
     let id = create_new(store, new_session("alice", "agent")).await.id;
     for (i, len) in BODIES.into_iter().enumerate() {
-        let body = format!("{i}{}", "x".repeat(len));
-        store
-            .append_message(&id, text_message("t", Role::Assistant, &body))
-            .await
-            .expect("append_message");
+        append(store, &id, &format!("{i}{}", "x".repeat(len))).await;
     }
     let all = store.history(&id, 0, 100, true).await.expect("history");
     assert_eq!(all.len(), BODIES.len());
