@@ -8,6 +8,7 @@ mod e2e {
     pub(crate) mod harness;
     mod identity;
     mod isolation;
+    mod limits_input;
     mod mcp;
     mod openai;
     mod server_tools;

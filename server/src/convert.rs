@@ -132,6 +132,9 @@ pub fn content_from_pb(
     field: &str,
 ) -> Result<Vec<ContentBlock>, RuntimeError> {
     use pb::content_block::Block;
+    // Before converting anything: a small request of many empty blocks
+    // must not cost a large vector.
+    agentrt_runtime::limits::check_block_count(field, blocks.len())?;
     blocks
         .into_iter()
         .enumerate()
@@ -268,6 +271,13 @@ pub fn chat_input(
             ));
         }
     };
+    // Sizes first: a request may make us parse only a bounded amount of JSON.
+    let schemas: Vec<&str> = r
+        .extra_tools
+        .iter()
+        .map(|t| t.parameters_json_schema.as_str())
+        .collect();
+    agentrt_runtime::limits::check_tool_schemas(&schemas)?;
     let extra_tools = r
         .extra_tools
         .into_iter()

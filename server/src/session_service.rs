@@ -148,3 +148,99 @@ impl SessionService for Sessions {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use agentrt_runtime::store::{MemoryStore, Store as _, message_wire_bytes, session_wire_bytes};
+    use agentrt_runtime::types::{
+        ContentBlock, LastTurn, Message, NewMessage, NewSession, Role, StopReason, TurnStatus,
+        Usage,
+    };
+    use prost::Message as _;
+
+    use crate::convert;
+
+    /// The page budget relies on the store's estimate never being below
+    /// the real protobuf encoding (plus the page's framing of the element).
+    #[tokio::test]
+    async fn wire_size_estimates_are_upper_bounds_of_the_encoding() {
+        let framed = |len: usize| len + 1 + prost::length_delimiter_len(len);
+        let blocks = vec![
+            ContentBlock::text("hello"),
+            ContentBlock::text("x".repeat(300_000)),
+            ContentBlock::Thinking {
+                thinking: "t".repeat(200),
+                signature: "sig".into(),
+            },
+            ContentBlock::Image {
+                data: vec![0xff; 70_000],
+                mime_type: "image/jpeg".into(),
+            },
+            ContentBlock::ToolCall {
+                id: "call_1".into(),
+                name: "get_weather".into(),
+                arguments_json: r#"{"city":"Oslo"}"#.into(),
+            },
+            ContentBlock::ToolResult {
+                call_id: "call_1".into(),
+                name: "get_weather".into(),
+                content: "sunny".repeat(1000),
+                is_error: true,
+            },
+            ContentBlock::text(""),
+        ];
+        for content in [vec![], blocks.clone(), blocks[..1].to_vec()] {
+            let mut body = NewMessage::new("turn-1", Role::Assistant, content);
+            body.model = Some("mock/some-model-with-a-long-name".into());
+            body.usage = Some(Usage {
+                input_tokens: u64::MAX,
+                output_tokens: u64::MAX,
+                reasoning_tokens: u64::MAX,
+                cached_input_tokens: u64::MAX,
+            });
+            body.stop_reason = Some(StopReason::ClientGone);
+            let message = Message {
+                seq: u64::MAX,
+                body,
+                compacted: true,
+            };
+            let estimate = message_wire_bytes(&message);
+            let real = framed(convert::message_to_pb(message).encoded_len());
+            assert!(estimate >= real, "message: estimate {estimate} < {real}");
+        }
+
+        let store = MemoryStore::new();
+        let new = NewSession {
+            id: Some("s".repeat(128)),
+            owner: "alice".into(),
+            agent_id: "a".repeat(256),
+            project_id: "p".repeat(256),
+            title: "t".repeat(65_536),
+            system_prompt: "s".repeat(65_536),
+            metadata: (0..64)
+                .map(|i| (format!("key-{i}"), "v".repeat(1000)))
+                .collect(),
+            ..NewSession::default()
+        };
+        let created = store.create_session(new).await.unwrap();
+        let agentrt_runtime::store::CreateOutcome::Created(mut session) = created else {
+            panic!("not created");
+        };
+        session.message_count = u64::MAX;
+        session.archived = true;
+        for last_turn in [
+            None,
+            Some(LastTurn {
+                turn_id: "0198f5d2-6a4e-7c0e-9d4b-3f2a1b0c9d8e".into(),
+                status: TurnStatus::Interrupted,
+                started_at: std::time::SystemTime::now(),
+                finished_at: Some(std::time::SystemTime::now()),
+            }),
+        ] {
+            session.last_turn = last_turn;
+            let estimate = session_wire_bytes(&session);
+            let real = framed(convert::session_to_pb(session.clone()).encoded_len());
+            assert!(estimate >= real, "session: estimate {estimate} < {real}");
+        }
+    }
+}

@@ -3,7 +3,9 @@
 //! decision about its status code.
 
 use agentrt_runtime::RuntimeError;
+use agentrt_runtime::error::{FieldViolation, capped_violations, describe};
 use agentrt_runtime::events::{ErrorCode, TurnOutcome};
+use agentrt_runtime::limits;
 use agentrt_runtime::store::StoreError;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt as _};
@@ -40,18 +42,7 @@ pub fn from_runtime(err: RuntimeError) -> Status {
         RuntimeError::SessionExists => {
             Status::already_exists("a session with this id already exists")
         }
-        RuntimeError::InvalidArgument(violations) => {
-            let message = violations
-                .iter()
-                .map(|v| format!("{}: {}", v.field, v.description))
-                .collect::<Vec<_>>()
-                .join("; ");
-            let mut details = ErrorDetails::new();
-            for v in violations {
-                details.add_bad_request_violation(v.field, v.description);
-            }
-            Status::with_error_details(Code::InvalidArgument, message, details)
-        }
+        RuntimeError::InvalidArgument(violations) => invalid_argument(violations),
         RuntimeError::Unavailable(why) => Status::unavailable(why),
         RuntimeError::PermissionDenied(why) => Status::permission_denied(why),
         RuntimeError::FailedPrecondition(why) => Status::failed_precondition(why),
@@ -59,6 +50,22 @@ pub fn from_runtime(err: RuntimeError) -> Status {
         RuntimeError::ResourceExhausted(why) => Status::resource_exhausted(why),
         RuntimeError::Store(err) => from_store(err),
     }
+}
+
+/// Longest `grpc-message` of an invalid-argument status, in characters.
+const MAX_MESSAGE_CHARS: usize = 2048;
+
+/// `INVALID_ARGUMENT` with a `BadRequest`: the first violations (each
+/// clipped) and a count of the rest, so the trailers stay a few KiB however
+/// many fields a request got wrong — a client must see the error, not
+/// "metadata too large".
+fn invalid_argument(violations: Vec<FieldViolation>) -> Status {
+    let message = limits::display_clip(&describe(&violations), MAX_MESSAGE_CHARS);
+    let mut details = ErrorDetails::new();
+    for v in capped_violations(violations) {
+        details.add_bad_request_violation(v.field, v.description);
+    }
+    Status::with_error_details(Code::InvalidArgument, message, details)
 }
 
 fn from_store(err: StoreError) -> Status {
@@ -127,6 +134,32 @@ mod tests {
         assert_eq!(status.code(), Code::InvalidArgument);
         let bad = status.get_error_details().bad_request().cloned().unwrap();
         assert_eq!(bad.field_violations[0].field, "content");
+    }
+
+    #[test]
+    fn many_violations_are_capped_and_clipped() {
+        let violations = (0..100_000)
+            .map(|i| FieldViolation {
+                field: format!("content[{i}].image.mime_type"),
+                description: format!("bad type {}\r\n", "x".repeat(10_000)),
+            })
+            .collect();
+        let status = from_runtime(RuntimeError::InvalidArgument(violations));
+        assert_eq!(status.code(), Code::InvalidArgument);
+        let bad = status.get_error_details().bad_request().cloned().unwrap();
+        assert_eq!(bad.field_violations.len(), limits::MAX_VIOLATIONS + 1);
+        assert!(
+            bad.field_violations[limits::MAX_VIOLATIONS]
+                .description
+                .contains("99990 more")
+        );
+        assert!(
+            status.details().len() < 8 << 10,
+            "{}",
+            status.details().len()
+        );
+        assert!(status.message().chars().count() <= MAX_MESSAGE_CHARS + 1);
+        assert!(!status.message().contains(['\r', '\n']));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! The gRPC adapter maps each variant to a status code in one exhaustive
 //! match; failures after admission travel inside the turn's event stream.
 
+use crate::limits;
 use crate::model::ModelLookupError;
 use crate::store::StoreError;
 
@@ -15,13 +16,57 @@ pub struct FieldViolation {
 }
 
 impl FieldViolation {
-    /// A violation of `field`.
+    /// A violation of `field`. Both texts are clipped
+    /// ([`MAX_FIELD_CHARS`](crate::limits::MAX_FIELD_CHARS),
+    /// [`MAX_DESCRIPTION_CHARS`](crate::limits::MAX_DESCRIPTION_CHARS)) and
+    /// their control characters escaped: a description may echo caller
+    /// input, which must not grow the error or break its line.
     pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
         Self {
             field: field.into(),
             description: description.into(),
         }
+        .bounded()
     }
+
+    /// The violation with both texts within their bounds, for values built
+    /// without [`FieldViolation::new`] (the fields are public).
+    pub fn bounded(self) -> Self {
+        Self {
+            field: clean(self.field, limits::MAX_FIELD_CHARS),
+            description: clean(self.description, limits::MAX_DESCRIPTION_CHARS),
+        }
+    }
+}
+
+fn clean(text: String, chars: usize) -> String {
+    let fine = text.len() <= chars && !text.chars().any(char::is_control);
+    if fine {
+        text
+    } else {
+        limits::display_clip(&text, chars)
+    }
+}
+
+/// At most [`MAX_VIOLATIONS`](crate::limits::MAX_VIOLATIONS) of
+/// `violations`, each within its bounds, then — when some were left out —
+/// one more saying how many: what an error may carry, however many fields
+/// were wrong.
+pub fn capped_violations(violations: Vec<FieldViolation>) -> Vec<FieldViolation> {
+    let total = violations.len();
+    let mut shown: Vec<FieldViolation> = violations
+        .into_iter()
+        .take(limits::MAX_VIOLATIONS)
+        .map(FieldViolation::bounded)
+        .collect();
+    if total > shown.len() {
+        let more = total - shown.len();
+        shown.push(FieldViolation::new(
+            "",
+            format!("{more} more invalid fields not listed; fix the ones above first"),
+        ));
+    }
+    shown
 }
 
 /// Errors of the runtime core's API.
@@ -73,12 +118,27 @@ pub enum RuntimeError {
     Store(#[from] StoreError),
 }
 
-fn describe(violations: &[FieldViolation]) -> String {
-    violations
+/// One line naming the (capped) violations: "field: what; field: what".
+pub fn describe(violations: &[FieldViolation]) -> String {
+    let mut parts = violations
         .iter()
-        .map(|v| format!("{}: {}", v.field, v.description))
-        .collect::<Vec<_>>()
-        .join("; ")
+        .take(limits::MAX_VIOLATIONS)
+        .map(|v| {
+            let v = v.clone().bounded();
+            if v.field.is_empty() {
+                v.description
+            } else {
+                format!("{}: {}", v.field, v.description)
+            }
+        })
+        .collect::<Vec<_>>();
+    if violations.len() > limits::MAX_VIOLATIONS {
+        parts.push(format!(
+            "and {} more",
+            violations.len() - limits::MAX_VIOLATIONS
+        ));
+    }
+    parts.join("; ")
 }
 
 impl RuntimeError {

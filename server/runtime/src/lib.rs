@@ -15,11 +15,13 @@
 //! - [`events`]: the typed events a turn emits.
 //! - [`hub`]: per-turn event fan-out with a bounded replay.
 //! - [`error`]: [`RuntimeError`], the one error type of the core API.
+//! - [`limits`]: the bounds on every field a caller sends.
 
 pub mod compaction;
 pub mod error;
 pub mod events;
 pub mod hub;
+pub mod limits;
 pub mod model;
 pub mod runtime;
 pub mod store;

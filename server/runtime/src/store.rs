@@ -15,9 +15,11 @@ use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, Turn
 pub mod contract;
 mod flusher;
 mod memory;
+mod size;
 mod sled_store;
 
 pub use memory::MemoryStore;
+pub use size::{message_wire_bytes, session_wire_bytes};
 pub use sled_store::SledStore;
 
 /// Errors of a store.
@@ -51,7 +53,7 @@ pub enum CreateOutcome {
 }
 
 /// A page request for [`Store::list_sessions`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListQuery {
     /// Only this agent's sessions when set.
     pub agent_id: Option<String>,
@@ -61,6 +63,48 @@ pub struct ListQuery {
     pub limit: usize,
     /// Continue after this cursor (from a previous [`SessionPage`]).
     pub after: Option<ListCursor>,
+    /// The page ends before a session that would take the sum of
+    /// [`session_wire_bytes`] past this; the first session is returned
+    /// whatever its size. Default: no bound.
+    pub max_bytes: usize,
+}
+
+impl Default for ListQuery {
+    fn default() -> Self {
+        Self {
+            agent_id: None,
+            include_archived: false,
+            limit: 0,
+            after: None,
+            max_bytes: usize::MAX,
+        }
+    }
+}
+
+/// A page request for [`Store::history_page`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryQuery {
+    /// Only messages with `seq > after_seq`.
+    pub after_seq: u64,
+    /// Maximum messages returned.
+    pub limit: usize,
+    /// The page ends before a message that would take the sum of
+    /// [`message_wire_bytes`] past this; the first message is returned
+    /// whatever its size, so a page always makes progress.
+    pub max_bytes: usize,
+    /// Include messages a summary covers.
+    pub include_compacted: bool,
+}
+
+/// One page of [`Store::history_page`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MessagePage {
+    /// In seq order.
+    pub messages: Vec<Message>,
+    /// True when the page ended at the byte budget with a matching message
+    /// left over. A page that ends at its `limit` does not look further
+    /// (ask for one more to learn whether another follows).
+    pub more: bool,
 }
 
 /// Position in the newest-activity-first order: sessions strictly after
@@ -121,7 +165,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn get_session(&self, id: &str) -> Result<Option<Session>, StoreError>;
 
     /// A page of `owner`'s sessions, newest `last_active_at` first (ties by
-    /// id descending).
+    /// id descending), at most `query.limit` and — after the first — at
+    /// most `query.max_bytes` of [`session_wire_bytes`]. `next` is set when
+    /// the page ended at either bound with a matching session left over.
     async fn list_sessions(
         &self,
         owner: &str,
@@ -199,17 +245,36 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         request_id: &str,
     ) -> Result<Option<TurnRecord>, StoreError>;
 
-    /// Messages with `seq > after_seq`, in seq order, at most `limit`;
-    /// compacted ones only when `include_compacted`. Each message's
-    /// `compacted` flag is as [`Session::covers`](crate::types::Session::covers)
-    /// says.
+    /// Messages with `seq > query.after_seq`, in seq order, at most
+    /// `query.limit` and — after the first — at most `query.max_bytes` of
+    /// [`message_wire_bytes`]; compacted ones only when
+    /// `query.include_compacted`. Each message's `compacted` flag is as
+    /// [`Session::covers`](crate::types::Session::covers) says. The read
+    /// stops at the first message that does not fit: nothing past the page
+    /// is loaded.
+    async fn history_page(
+        &self,
+        session_id: &str,
+        query: &HistoryQuery,
+    ) -> Result<MessagePage, StoreError>;
+
+    /// [`Store::history_page`] without a byte budget: messages with
+    /// `seq > after_seq`, in seq order, at most `limit`.
     async fn history(
         &self,
         session_id: &str,
         after_seq: u64,
         limit: usize,
         include_compacted: bool,
-    ) -> Result<Vec<Message>, StoreError>;
+    ) -> Result<Vec<Message>, StoreError> {
+        let query = HistoryQuery {
+            after_seq,
+            limit,
+            max_bytes: usize::MAX,
+            include_compacted,
+        };
+        Ok(self.history_page(session_id, &query).await?.messages)
+    }
 
     /// [`Store::history`] without compacted messages, for a read the caller
     /// knows is short (a few dozen messages): done on the calling thread

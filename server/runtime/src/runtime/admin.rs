@@ -82,6 +82,9 @@ impl Runtime {
         user_id: Option<&str>,
     ) -> Result<usize, RuntimeError> {
         require_admin(who)?;
+        if let Some(user) = user_id {
+            crate::limits::check_short("user_id", user, crate::limits::MAX_ID_BYTES)?;
+        }
         let mut runners = lock(&self.inner.runners);
         let before = runners.len();
         runners.retain(|_, r| user_id.is_some_and(|u| r.owner != u));
@@ -102,6 +105,7 @@ impl Runtime {
         thinking: Option<ThinkingLevel>,
     ) -> Result<String, RuntimeError> {
         require_admin(who)?;
+        crate::limits::check_model_name("model", model)?;
         self.inner
             .models
             .resolve(model)

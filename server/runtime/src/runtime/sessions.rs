@@ -9,7 +9,8 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 use super::Runtime;
 use crate::error::RuntimeError;
-use crate::store::{CreateOutcome, ListCursor, ListQuery};
+use crate::limits::{MAX_ID_BYTES, MAX_TEXT_FIELD_BYTES, check_model_name, check_short};
+use crate::store::{CreateOutcome, HistoryQuery, ListCursor, ListQuery};
 use crate::types::{CancelReason, Message, NewSession, Principal, Session, SessionUpdate};
 
 /// Default and largest page sizes.
@@ -17,10 +18,23 @@ const LIST_DEFAULT: usize = 50;
 const LIST_MAX: usize = 500;
 const HISTORY_DEFAULT: usize = 100;
 const HISTORY_MAX: usize = 1_000;
+/// Most bytes of one page of history or sessions, as estimated by
+/// [`crate::store::message_wire_bytes`] / [`crate::store::session_wire_bytes`]
+/// (upper bounds of the protobuf encoding): half of gRPC's default 4 MiB
+/// receive limit, so every client can read every page. A single message or
+/// session larger than this still comes alone on its page — every page
+/// makes progress; what the server stores is bounded (a user message by
+/// `max_input_bytes`, 1 MiB by default, session fields below), so such a
+/// page stays under 4 MiB too.
+pub(crate) const PAGE_BYTES: usize = 2 << 20;
 /// Upper bounds on caller-supplied session fields.
 const MAX_ID_LEN: usize = 128;
-const MAX_FIELD_BYTES: usize = 64 << 10;
+const MAX_FIELD_BYTES: usize = MAX_TEXT_FIELD_BYTES;
 const MAX_METADATA_ENTRIES: usize = 64;
+/// Longest page tokens: a history token is a seq, a listing token the
+/// base64 of a time and a session id.
+const MAX_HISTORY_TOKEN: usize = 20;
+const MAX_LIST_TOKEN: usize = 256;
 /// How long DeleteSession waits for a live turn to end.
 const DELETE_STOP_WAIT: Duration = Duration::from_secs(5);
 
@@ -109,6 +123,9 @@ fn encode_cursor(cursor: &ListCursor) -> String {
 
 fn decode_cursor(token: &str) -> Result<ListCursor, RuntimeError> {
     let bad = || RuntimeError::invalid("page_token", "is not a token returned by ListSessions");
+    if token.len() > MAX_LIST_TOKEN {
+        return Err(bad());
+    }
     let raw = URL_SAFE_NO_PAD.decode(token).map_err(|_| bad())?;
     let text = String::from_utf8(raw).map_err(|_| bad())?;
     let (micros, id) = text.split_once('\n').ok_or_else(bad)?;
@@ -167,15 +184,13 @@ impl Runtime {
         if let Some(id) = &new.id {
             validate_session_id("session_id", id)?;
         }
-        for (field, value) in [
-            ("agent_id", &new.agent_id),
-            ("project_id", &new.project_id),
-            ("title", &new.title),
-            ("system_prompt", &new.system_prompt),
-        ] {
+        check_short("agent_id", &new.agent_id, MAX_ID_BYTES)?;
+        check_short("project_id", &new.project_id, MAX_ID_BYTES)?;
+        for (field, value) in [("title", &new.title), ("system_prompt", &new.system_prompt)] {
             check_len(field, value)?;
         }
         check_metadata(&new.metadata)?;
+        check_model_name("model", &new.model)?;
         if !new.model.is_empty() {
             self.inner
                 .models
@@ -221,11 +236,16 @@ impl Runtime {
         } else {
             Some(decode_cursor(page_token)?)
         };
+        let agent_id = agent_id.filter(|a| !a.is_empty());
+        if let Some(agent) = &agent_id {
+            check_short("agent_id", agent, MAX_ID_BYTES)?;
+        }
         let query = ListQuery {
-            agent_id: agent_id.filter(|a| !a.is_empty()),
+            agent_id,
             include_archived,
             limit: clamp_page(page_size, LIST_DEFAULT, LIST_MAX),
             after,
+            max_bytes: PAGE_BYTES,
         };
         let page = self.inner.store.list_sessions(&who.user_id, &query).await?;
         Ok(SessionList {
@@ -244,12 +264,14 @@ impl Runtime {
         validate_session_id("session_id", session_id)?;
         for (field, value) in [
             ("title", &update.title),
-            ("model", &update.model),
             ("system_prompt", &update.system_prompt),
         ] {
             if let Some(v) = value {
                 check_len(field, v)?;
             }
+        }
+        if let Some(model) = &update.model {
+            check_model_name("model", model)?;
         }
         if let Some(model) = update.model.as_deref().filter(|m| !m.is_empty()) {
             self.inner
@@ -324,22 +346,28 @@ impl Runtime {
         include_compacted: bool,
     ) -> Result<HistoryPage, RuntimeError> {
         validate_session_id("session_id", session_id)?;
+        let bad_token =
+            || RuntimeError::invalid("page_token", "is not a token returned by GetHistory");
         let after = if page_token.is_empty() {
             after_seq
+        } else if page_token.len() > MAX_HISTORY_TOKEN {
+            return Err(bad_token());
         } else {
-            page_token.parse().map_err(|_| {
-                RuntimeError::invalid("page_token", "is not a token returned by GetHistory")
-            })?
+            page_token.parse().map_err(|_| bad_token())?
         };
         self.owned_session(who, session_id).await?;
         let limit = clamp_page(page_size, HISTORY_DEFAULT, HISTORY_MAX);
-        // One extra row tells whether another page follows.
-        let mut messages = self
-            .inner
-            .store
-            .history(session_id, after, limit + 1, include_compacted)
-            .await?;
-        let more = messages.len() > limit;
+        // One extra row tells whether another page follows; the byte budget
+        // (with room for that row) ends the read early on a long history.
+        let query = HistoryQuery {
+            after_seq: after,
+            limit: limit + 1,
+            max_bytes: PAGE_BYTES,
+            include_compacted,
+        };
+        let page = self.inner.store.history_page(session_id, &query).await?;
+        let mut messages = page.messages;
+        let more = page.more || messages.len() > limit;
         messages.truncate(limit);
         let next_page_token = match messages.last() {
             Some(last) if more => last.seq.to_string(),

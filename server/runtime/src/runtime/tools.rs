@@ -8,11 +8,9 @@ use tokio::sync::oneshot;
 
 use super::{Runtime, lock};
 use crate::error::{FieldViolation, RuntimeError};
+use crate::limits::{MAX_ID_BYTES, MAX_TOOLS, check_short};
 use crate::model::ToolSpec;
 use crate::types::Principal;
-
-/// Most tools declared on one call.
-const MAX_TOOLS: usize = 128;
 /// Longest tool description.
 const MAX_DESCRIPTION: usize = 4 << 10;
 /// Longest input summary and result detail in events.
@@ -78,6 +76,14 @@ pub(crate) fn validate_tools(extra: &[ToolSpec], excluded: &[String]) -> Result<
             "excluded_tools",
             format!("at most {MAX_TOOLS} names"),
         ));
+    }
+    for (i, name) in excluded.iter().enumerate().take(MAX_TOOLS) {
+        if name.len() > MAX_ID_BYTES {
+            violations.push(FieldViolation::new(
+                format!("excluded_tools[{i}]"),
+                format!("is {} bytes; the limit is {MAX_ID_BYTES}", name.len()),
+            ));
+        }
     }
     let mut names = HashSet::new();
     for (i, tool) in extra.iter().enumerate() {
@@ -164,6 +170,8 @@ impl Runtime {
         if call_id.is_empty() {
             return Err(RuntimeError::invalid("call_id", "is required"));
         }
+        check_short("call_id", call_id, MAX_ID_BYTES)?;
+        check_short("turn_id", turn_id, MAX_ID_BYTES)?;
         if content.len() > self.inner.config.max_input_bytes {
             return Err(RuntimeError::invalid(
                 "content",

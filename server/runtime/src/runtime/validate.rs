@@ -7,7 +7,8 @@
 use std::time::{Duration, Instant};
 
 use super::{ChatInput, RuntimeConfig};
-use crate::error::RuntimeError;
+use crate::error::{FieldViolation, RuntimeError};
+use crate::limits::{self, check_model_name};
 use crate::types::ContentBlock;
 
 /// What the checks decided about a valid request.
@@ -49,6 +50,9 @@ pub(super) fn chat_input(
     }
     if let Some(rid) = &input.request_id {
         validate_request_id(rid)?;
+    }
+    if let Some(model) = &input.model {
+        check_model_name("model", model)?;
     }
     let timeout = turn_timeout(input, config)?;
     super::tools::validate_tools(&input.extra_tools, &input.excluded_tools)?;
@@ -122,9 +126,63 @@ fn validate_request_id(id: &str) -> Result<(), RuntimeError> {
     Ok(())
 }
 
-/// Checks a user message: at least one non-empty text or image block, only
-/// text and image blocks, images with an `image/*` type, bounded size.
+/// Image types a user message may carry (what the model providers take),
+/// each with the signature its bytes start with.
+const IMAGE_TYPES: [(&str, &[u8]); 4] = [
+    ("image/png", b"\x89PNG\r\n\x1a\n"),
+    ("image/jpeg", b"\xff\xd8\xff"),
+    ("image/gif", b"GIF8"),
+    ("image/webp", b"RIFF"),
+];
+const ALLOWED_IMAGES: &str = "image/png, image/jpeg, image/gif or image/webp";
+
+/// The accepted type whose signature `data` starts with.
+fn sniff(data: &[u8]) -> Option<&'static str> {
+    let webp = data.len() >= 12 && &data[8..12] == b"WEBP";
+    IMAGE_TYPES
+        .iter()
+        .find(|(mime, magic)| data.starts_with(magic) && (*mime != "image/webp" || webp))
+        .map(|(mime, _)| *mime)
+}
+
+/// An image block: an accepted type, and bytes that are an image of that
+/// type (a caller cannot pass SVG, HTML or anything else off as an image).
+fn check_image(i: usize, data: &[u8], mime_type: &str, violations: &mut Vec<FieldViolation>) {
+    if !IMAGE_TYPES.iter().any(|(mime, _)| *mime == mime_type) {
+        violations.push(FieldViolation::new(
+            format!("content[{i}].image.mime_type"),
+            format!(
+                "{:?} is not an accepted image type; use {ALLOWED_IMAGES}",
+                limits::display_clip(mime_type, limits::MAX_ECHO_CHARS)
+            ),
+        ));
+        return;
+    }
+    if data.is_empty() {
+        violations.push(FieldViolation::new(
+            format!("content[{i}].image.data"),
+            "is empty",
+        ));
+        return;
+    }
+    let found = sniff(data);
+    if found != Some(mime_type) {
+        let what = match found {
+            Some(other) => format!("the bytes are {other}"),
+            None => format!("the bytes are not a {ALLOWED_IMAGES} image"),
+        };
+        violations.push(FieldViolation::new(
+            format!("content[{i}].image.data"),
+            format!("does not match mime_type {mime_type}: {what}"),
+        ));
+    }
+}
+
+/// Checks a user message: at most [`limits::MAX_BLOCKS`] blocks, at least one
+/// non-empty text or image block, only text and image blocks, images of an
+/// accepted type whose bytes match it, bounded size.
 fn validate_content(content: &[ContentBlock], max_bytes: usize) -> Result<(), RuntimeError> {
+    limits::check_block_count("content", content.len())?;
     let mut violations = Vec::new();
     let mut total = 0usize;
     let mut has_payload = false;
@@ -137,23 +195,12 @@ fn validate_content(content: &[ContentBlock], max_bytes: usize) -> Result<(), Ru
             ContentBlock::Image { data, mime_type } => {
                 total += data.len();
                 has_payload |= !data.is_empty();
-                if data.is_empty() {
-                    violations.push(crate::error::FieldViolation::new(
-                        format!("content[{i}].image.data"),
-                        "is empty",
-                    ));
-                }
-                if !mime_type.starts_with("image/") {
-                    violations.push(crate::error::FieldViolation::new(
-                        format!("content[{i}].image.mime_type"),
-                        format!("must be an image/* type, got {mime_type:?}"),
-                    ));
-                }
+                check_image(i, data, mime_type, &mut violations);
             }
             ContentBlock::Thinking { .. }
             | ContentBlock::ToolCall { .. }
             | ContentBlock::ToolResult { .. } => {
-                violations.push(crate::error::FieldViolation::new(
+                violations.push(FieldViolation::new(
                     format!("content[{i}]"),
                     "a user message may only hold text and image blocks",
                 ));
@@ -161,13 +208,13 @@ fn validate_content(content: &[ContentBlock], max_bytes: usize) -> Result<(), Ru
         }
     }
     if !has_payload && violations.is_empty() {
-        violations.push(crate::error::FieldViolation::new(
+        violations.push(FieldViolation::new(
             "content",
             "must hold at least one non-empty text or image block",
         ));
     }
     if total > max_bytes {
-        violations.push(crate::error::FieldViolation::new(
+        violations.push(FieldViolation::new(
             "content",
             format!("is {total} bytes; the limit is {max_bytes}"),
         ));
@@ -191,6 +238,56 @@ mod tests {
             transport_deadline: transport,
             ..ChatInput::default()
         }
+    }
+
+    fn image(data: &[u8], mime: &str) -> ContentBlock {
+        ContentBlock::Image {
+            data: data.to_vec(),
+            mime_type: mime.to_owned(),
+        }
+    }
+
+    fn violations(content: Vec<ContentBlock>) -> Vec<FieldViolation> {
+        match validate_content(&content, 1 << 20) {
+            Ok(()) => Vec::new(),
+            Err(RuntimeError::InvalidArgument(v)) => v,
+            Err(other) => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn images_must_be_an_accepted_type_with_matching_bytes() {
+        let png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR";
+        let webp = b"RIFF\x10\0\0\0WEBPVP8 ";
+        assert!(violations(vec![image(png, "image/png")]).is_empty());
+        assert!(violations(vec![image(b"\xff\xd8\xff\xe0", "image/jpeg")]).is_empty());
+        assert!(violations(vec![image(b"GIF89a..", "image/gif")]).is_empty());
+        assert!(violations(vec![image(webp, "image/webp")]).is_empty());
+        let svg = violations(vec![image(b"<svg/>", "image/svg+xml")]);
+        assert_eq!(svg[0].field, "content[0].image.mime_type");
+        assert!(
+            svg[0].description.contains("image/png, image/jpeg"),
+            "{svg:?}"
+        );
+        let crlf = violations(vec![image(png, "image/png\r\nX-Injected: 1")]);
+        assert!(!crlf[0].description.contains(['\r', '\n']), "{crlf:?}");
+        let lie = violations(vec![image(b"<svg/>", "image/png")]);
+        assert_eq!(lie[0].field, "content[0].image.data");
+        let jpeg_as_png = violations(vec![image(b"\xff\xd8\xff\xe0", "image/png")]);
+        assert!(
+            jpeg_as_png[0].description.contains("image/jpeg"),
+            "{jpeg_as_png:?}"
+        );
+        assert!(!violations(vec![image(b"RIFF\0\0\0\0WAVE", "image/webp")]).is_empty());
+    }
+
+    #[test]
+    fn a_message_has_at_most_max_blocks_blocks() {
+        use crate::limits::MAX_BLOCKS;
+        assert!(violations(vec![ContentBlock::text("a"); MAX_BLOCKS]).is_empty());
+        let v = violations(vec![ContentBlock::text("a"); MAX_BLOCKS + 1]);
+        assert_eq!(v.len(), 1);
+        assert!(v[0].description.contains("limit is 256"), "{v:?}");
     }
 
     #[test]

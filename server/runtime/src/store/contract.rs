@@ -39,6 +39,7 @@ macro_rules! store_contract_tests {
             content_round_trips,
             count_sessions_counts_all_owners, compaction_marks_covered_messages,
             compaction_rejects_bad_ranges, title_is_set_only_once,
+            history_stops_at_the_byte_budget, list_stops_at_the_byte_budget,
         );
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn concurrent_appends_are_contiguous() {
@@ -66,7 +67,9 @@ macro_rules! __store_contract_test {
     };
 }
 
+mod budget;
 mod compaction;
+pub use budget::{history_stops_at_the_byte_budget, list_stops_at_the_byte_budget};
 pub use compaction::{
     compaction_marks_covered_messages, compaction_rejects_bad_ranges, title_is_set_only_once,
 };

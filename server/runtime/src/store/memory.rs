@@ -7,7 +7,10 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 
-use super::{CreateOutcome, ListCursor, ListQuery, SessionPage, Store, StoreError};
+use super::size::{Budget, message_wire_bytes, session_wire_bytes};
+use super::{
+    CreateOutcome, HistoryQuery, ListCursor, ListQuery, MessagePage, SessionPage, Store, StoreError,
+};
 use crate::types::{
     LastTurn, Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord, TurnStatus,
     new_id,
@@ -187,16 +190,17 @@ impl Store for MemoryStore {
         if query.limit == 0 {
             return Ok(page);
         }
-        page.sessions = matching
-            .iter()
-            .take(query.limit)
-            .map(|s| (*s).clone())
-            .collect();
-        if matching.len() > query.limit {
-            page.next = page.sessions.last().map(|last| ListCursor {
-                last_active_at: last.last_active_at,
-                id: last.id.clone(),
-            });
+        let mut budget = Budget::new(query.max_bytes);
+        for session in matching {
+            if page.sessions.len() == query.limit || !budget.admit(session_wire_bytes(session)) {
+                // One more match exists, so the next page is not empty.
+                page.next = page.sessions.last().map(|last| ListCursor {
+                    last_active_at: last.last_active_at,
+                    id: last.id.clone(),
+                });
+                break;
+            }
+            page.sessions.push(session.clone());
         }
         Ok(page)
     }
@@ -293,32 +297,43 @@ impl Store for MemoryStore {
         }))
     }
 
-    async fn history(
+    async fn history_page(
         &self,
         session_id: &str,
-        after_seq: u64,
-        limit: usize,
-        include_compacted: bool,
-    ) -> Result<Vec<Message>, StoreError> {
+        query: &HistoryQuery,
+    ) -> Result<MessagePage, StoreError> {
         let sessions = self.lock();
+        let mut page = MessagePage::default();
         let Some(entry) = sessions.get(session_id) else {
-            return Ok(Vec::new());
+            return Ok(page);
         };
-        let Some(first) = after_seq.checked_add(1) else {
-            return Ok(Vec::new());
+        let Some(first) = query.after_seq.checked_add(1) else {
+            return Ok(page);
         };
+        if query.limit == 0 {
+            return Ok(page);
+        }
         let session = &entry.session;
-        Ok(entry
+        let mut budget = Budget::new(query.max_bytes);
+        let visible = entry
             .messages
             .range(first..)
             .map(|(_, m)| m)
-            .filter(|m| include_compacted || !session.covers(m))
-            .take(limit)
-            .map(|m| Message {
+            .filter(|m| query.include_compacted || !session.covers(m));
+        for m in visible {
+            if !budget.admit(message_wire_bytes(m)) {
+                page.more = true;
+                break;
+            }
+            page.messages.push(Message {
                 compacted: session.covers(m),
                 ..m.clone()
-            })
-            .collect())
+            });
+            if page.messages.len() == query.limit {
+                break;
+            }
+        }
+        Ok(page)
     }
 
     async fn store_compaction(

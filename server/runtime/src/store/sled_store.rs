@@ -54,7 +54,10 @@ use sled::{Batch, IVec, Tree};
 
 use super::flusher::Flusher;
 use super::memory::{apply_update, session_record};
-use super::{CreateOutcome, ListCursor, ListQuery, SessionPage, Store, StoreError};
+use super::size::{Budget, message_wire_bytes, session_wire_bytes};
+use super::{
+    CreateOutcome, HistoryQuery, ListCursor, ListQuery, MessagePage, SessionPage, Store, StoreError,
+};
 use crate::types::{
     LastTurn, Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord, TurnStatus,
     new_id,
@@ -200,14 +203,12 @@ impl SledStore {
     fn history_scan(
         &self,
         session_id: &str,
-        after_seq: u64,
-        limit: usize,
-        include_compacted: bool,
+        query: &HistoryQuery,
     ) -> Result<Option<HistoryScan>, StoreError> {
-        let Some(first) = after_seq.checked_add(1) else {
+        let Some(first) = query.after_seq.checked_add(1) else {
             return Ok(None);
         };
-        if limit == 0 || session_id.contains('\0') {
+        if query.limit == 0 || session_id.contains('\0') {
             return Ok(None);
         }
         let Some(session) = self.load_session(session_id)? else {
@@ -217,8 +218,7 @@ impl SledStore {
             messages: self.messages.clone(),
             range: message_key(session_id, first)..=message_key(session_id, u64::MAX),
             session,
-            limit,
-            include_compacted,
+            query: *query,
         }))
     }
 
@@ -492,15 +492,13 @@ impl Store for SledStore {
         .await
     }
 
-    async fn history(
+    async fn history_page(
         &self,
         session_id: &str,
-        after_seq: u64,
-        limit: usize,
-        include_compacted: bool,
-    ) -> Result<Vec<Message>, StoreError> {
-        let Some(scan) = self.history_scan(session_id, after_seq, limit, include_compacted)? else {
-            return Ok(Vec::new());
+        query: &HistoryQuery,
+    ) -> Result<MessagePage, StoreError> {
+        let Some(scan) = self.history_scan(session_id, query)? else {
+            return Ok(MessagePage::default());
         };
         blocking(move || scan.run()).await
     }
@@ -511,8 +509,14 @@ impl Store for SledStore {
         after_seq: u64,
         limit: usize,
     ) -> Result<Vec<Message>, StoreError> {
-        match self.history_scan(session_id, after_seq, limit, false)? {
-            Some(scan) => scan.run(),
+        let query = HistoryQuery {
+            after_seq,
+            limit,
+            max_bytes: usize::MAX,
+            include_compacted: false,
+        };
+        match self.history_scan(session_id, &query)? {
+            Some(scan) => Ok(scan.run()?.messages),
             None => Ok(Vec::new()),
         }
     }
@@ -588,25 +592,31 @@ struct HistoryScan {
     messages: Tree,
     range: std::ops::RangeInclusive<Vec<u8>>,
     session: Session,
-    limit: usize,
-    include_compacted: bool,
+    query: HistoryQuery,
 }
 
 impl HistoryScan {
-    fn run(self) -> Result<Vec<Message>, StoreError> {
-        let mut out = Vec::new();
+    /// Reads up to the page's bounds and no further.
+    fn run(self) -> Result<MessagePage, StoreError> {
+        let mut page = MessagePage::default();
+        let mut budget = Budget::new(self.query.max_bytes);
         for entry in self.messages.range(self.range) {
             let (key, raw) = entry.map_err(|e| backend("scan", e))?;
             let mut message: Message = decode(MESSAGES, &key, &raw)?;
             message.compacted = self.session.covers(&message);
-            if self.include_compacted || !message.compacted {
-                out.push(message);
-                if out.len() == self.limit {
-                    break;
-                }
+            if !self.query.include_compacted && message.compacted {
+                continue;
+            }
+            if !budget.admit(message_wire_bytes(&message)) {
+                page.more = true;
+                break;
+            }
+            page.messages.push(message);
+            if page.messages.len() == self.query.limit {
+                break;
             }
         }
-        Ok(out)
+        Ok(page)
     }
 }
 
@@ -617,6 +627,7 @@ fn list_blocking(
     query: &ListQuery,
 ) -> Result<SessionPage, StoreError> {
     let mut page = SessionPage::default();
+    let mut budget = Budget::new(query.max_bytes);
     if query.limit == 0 || owner.contains('\0') {
         return Ok(page);
     }
@@ -664,7 +675,7 @@ fn list_blocking(
         if !agent_ok || (session.archived && !query.include_archived) {
             continue;
         }
-        if page.sessions.len() == query.limit {
+        if page.sessions.len() == query.limit || !budget.admit(session_wire_bytes(&session)) {
             // One more match exists, so the next page is not empty.
             page.next = page.sessions.last().map(|last| ListCursor {
                 last_active_at: last.last_active_at,
