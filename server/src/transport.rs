@@ -403,6 +403,8 @@ pub struct RequestLimitsLayer {
     timeout: Duration,
     max_message: usize,
     streaming: Arc<HashSet<String>>,
+    /// Calls per peer address whose request is still arriving.
+    pending: PeerCounts,
 }
 
 impl RequestLimitsLayer {
@@ -413,6 +415,7 @@ impl RequestLimitsLayer {
             timeout: settings.request_timeout,
             max_message: settings.max_request_bytes,
             streaming: Arc::new(streaming),
+            pending: PeerCounts::new(settings.max_pending_requests_per_ip),
         }
     }
 }
@@ -437,11 +440,14 @@ pub struct RequestLimits<S> {
 
 impl<S> tower::Service<http::Request<Body>> for RequestLimits<S>
 where
-    S: tower::Service<http::Request<Body>>,
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>>,
 {
-    type Response = S::Response;
+    type Response = http::Response<Body>;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = futures::future::Either<
+        S::Future,
+        futures::future::Ready<Result<http::Response<Body>, S::Error>>,
+    >;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -451,12 +457,36 @@ where
         let streaming = self.limits.streaming.contains(req.uri().path());
         let timeout = self.limits.timeout;
         let max_message = self.limits.max_message;
+        if req.body().is_end_stream() {
+            return futures::future::Either::Left(self.inner.call(req));
+        }
+        let peer = req
+            .extensions()
+            .get::<TcpConnectInfo>()
+            .and_then(TcpConnectInfo::remote_addr)
+            .map(|a| a.ip());
+        let slot = match peer {
+            Some(ip) => match self.limits.pending.claim(ip) {
+                Some(slot) => Some(slot),
+                None => {
+                    tracing::debug!(peer = %ip, "refusing a call over transport.max_pending_requests_per_ip");
+                    return futures::future::Either::Right(futures::future::ready(Ok(
+                        Status::resource_exhausted(format!(
+                            "too many calls from this address are still sending their request \
+                             (transport.max_pending_requests_per_ip = {}); finish sending requests \
+                             before starting more",
+                            self.limits.pending.max
+                        ))
+                        .into_http(),
+                    )));
+                }
+            },
+            None => None,
+        };
         let req = req.map(|body| {
-            if body.is_end_stream() {
-                return body;
-            }
             Body::new(LimitedBody {
                 inner: body,
+                slot,
                 deadline: Some(Box::pin(tokio::time::sleep(timeout))),
                 idle: streaming.then_some(timeout),
                 timeout,
@@ -466,13 +496,16 @@ where
                 remaining: 0,
             })
         });
-        self.inner.call(req)
+        futures::future::Either::Left(self.inner.call(req))
     }
 }
 
 /// A request body with a deadline and a message-size check.
 struct LimitedBody {
     inner: Body,
+    /// This call's place among its peer's pending requests, given back
+    /// when the request has arrived (or failed, or was dropped).
+    slot: Option<PeerSlot>,
     /// None once the body has ended or failed.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Streaming requests: each frame renews the deadline by this much.
@@ -487,6 +520,12 @@ struct LimitedBody {
 }
 
 impl LimitedBody {
+    /// The request has arrived, failed or timed out.
+    fn finish(&mut self) {
+        self.deadline = None;
+        self.slot = None;
+    }
+
     /// Follows the gRPC framing through `data`; the length of the first
     /// message over the limit.
     fn scan(&mut self, mut data: &[u8]) -> Result<(), u64> {
@@ -560,12 +599,12 @@ impl HttpBody for LimitedBody {
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if this.idle.is_none() && this.deadline.as_ref().is_some_and(|d| d.is_elapsed()) {
-                    this.deadline = None;
+                    this.finish();
                     return Poll::Ready(Some(Err(this.timed_out())));
                 }
                 if let Some(data) = frame.data_ref() {
                     if let Err(len) = this.scan(data) {
-                        this.deadline = None;
+                        this.finish();
                         return Poll::Ready(Some(Err(this.too_large(len))));
                     }
                 }
@@ -573,18 +612,18 @@ impl HttpBody for LimitedBody {
                     deadline.as_mut().reset(tokio::time::Instant::now() + idle);
                 }
                 if this.inner.is_end_stream() {
-                    this.deadline = None;
+                    this.finish();
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(other) => {
-                this.deadline = None;
+                this.finish();
                 Poll::Ready(other)
             }
             Poll::Pending => {
                 if let Some(deadline) = this.deadline.as_mut() {
                     if deadline.as_mut().poll(cx).is_ready() {
-                        this.deadline = None;
+                        this.finish();
                         return Poll::Ready(Some(Err(this.timed_out())));
                     }
                 }

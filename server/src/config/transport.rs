@@ -32,6 +32,11 @@ pub struct TransportSettings {
     /// Requests of one connection being handled at once (the rest wait).
     /// Default 256.
     pub max_requests_per_connection: usize,
+    /// Most calls from one IP address whose request is still arriving
+    /// (HEADERS received, request not complete); more are answered
+    /// RESOURCE_EXHAUSTED at once. Bounds what half-open streams cost
+    /// across all of a peer's connections. 0: no cap. Default 1024.
+    pub max_pending_requests_per_ip: usize,
     /// Longest time the request message of a call may take to arrive
     /// (from the stream's HEADERS to the end of its request); for calls
     /// that stream requests (reflection), the longest silence between two
@@ -68,6 +73,7 @@ impl Default for TransportSettings {
             handshake_timeout: Duration::from_secs(10),
             max_concurrent_streams: 256,
             max_requests_per_connection: 256,
+            max_pending_requests_per_ip: 1024,
             request_timeout: Duration::from_secs(10),
             max_request_bytes: 4 << 20,
             keepalive_interval: Duration::from_secs(30),
@@ -110,6 +116,12 @@ impl TransportSettings {
             return Err(format!(
                 "max_requests_per_connection is {}; it must be between 1 and 10000",
                 t.max_requests_per_connection
+            ));
+        }
+        if t.max_pending_requests_per_ip > 1_000_000 {
+            return Err(format!(
+                "max_pending_requests_per_ip is {}; it must be at most 1000000 (0: no cap)",
+                t.max_pending_requests_per_ip
             ));
         }
         if !(0.1..=3600.0).contains(&secs(t.request_timeout)) {
@@ -189,6 +201,10 @@ mod tests {
                 "transport.max_concurrent_streams",
             ),
             ("request_timeout = \"2h\"", "transport.request_timeout"),
+            (
+                "max_pending_requests_per_ip = 2000000",
+                "transport.max_pending_requests_per_ip",
+            ),
             ("max_request_bytes = 10", "transport.max_request_bytes"),
             ("keepalive_timeout = \"0s\"", "keepalive_timeout"),
             (
