@@ -428,3 +428,30 @@ async fn the_request_timeout_does_not_cut_a_long_response_stream() {
         tonic_health::pb::health_check_response::ServingStatus::NotServing
     );
 }
+
+#[tokio::test]
+async fn a_silent_reflection_stream_is_ended_after_the_request_timeout() {
+    // Reflection streams its requests, so its limit is on silence: a
+    // client may keep the stream as long as it keeps talking.
+    let server = start(
+        |c| c.transport.request_timeout = Duration::from_millis(300),
+        None,
+    )
+    .await;
+    let h2 = raw_h2(server.addr).await;
+    let mut h2 = h2.ready().await.unwrap();
+    let (response, _keep) = h2
+        .send_request(
+            grpc_post("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),
+            false,
+        )
+        .unwrap();
+    // The reflection service ends its response when its request stream
+    // fails (with OK: it has nothing more to say); what matters is that
+    // the stream, and what it holds, is gone.
+    let ended = tokio::time::timeout(Duration::from_secs(10), grpc_status(response)).await;
+    assert!(
+        ended.is_ok(),
+        "a reflection stream that sends nothing is still open 10 s later"
+    );
+}

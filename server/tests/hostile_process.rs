@@ -67,7 +67,11 @@ async fn start(dir: &Path, config: &Path, nofile: Option<u64>) -> Server {
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .parse()
         .unwrap();
-    Server { _child: child, addr, pid }
+    Server {
+        _child: child,
+        addr,
+        pid,
+    }
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -94,7 +98,11 @@ fn clock_ticks_per_second() -> u64 {
         .arg("CLK_TCK")
         .output()
         .unwrap();
-    String::from_utf8(out.stdout).unwrap().trim().parse().unwrap()
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// The server's CPU use over `window`, in percent of one core.
@@ -244,10 +252,9 @@ async fn unauthenticated_floods_leave_chat_working_memory_bounded_and_cpu_idle_a
     assert!(answer.contains("still there?"), "{answer:?}");
     peak = peak.max(rss_kib(server.pid));
     let hz = clock_ticks_per_second() as f64;
-    let during = (cpu_ticks(server.pid) - ticks_at_start) as f64
-        / hz
-        / attack_start.elapsed().as_secs_f64()
-        * 100.0;
+    let during =
+        (cpu_ticks(server.pid) - ticks_at_start) as f64 / hz / attack_start.elapsed().as_secs_f64()
+            * 100.0;
 
     // The clients go away.
     let _ = stop_tx.send(true);
@@ -296,11 +303,17 @@ async fn at_the_fd_limit_the_server_backs_off_and_recovers_when_idle_connections
     let fds = std::fs::read_dir(format!("/proc/{}/fd", server.pid))
         .unwrap()
         .count();
-    assert!(fds >= 120, "the server is at its fd limit (it has {fds} of 128 open)");
+    assert!(
+        fds >= 120,
+        "the server is at its fd limit (it has {fds} of 128 open)"
+    );
     // The kernel completes handshakes into the backlog; the server meets
     // EMFILE while accepting them.
     let at_limit = cpu_percent(server.pid, Duration::from_secs(1)).await;
-    println!("CPU at the fd limit ({fds} fds open, {} connections made): {at_limit:.1} %", idle.len());
+    println!(
+        "CPU at the fd limit ({fds} fds open, {} connections made): {at_limit:.1} %",
+        idle.len()
+    );
     assert!(
         at_limit < 30.0,
         "the accept loop spins at the fd limit: {at_limit:.1} % CPU"
