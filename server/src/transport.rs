@@ -602,11 +602,9 @@ impl HttpBody for LimitedBody {
                     this.finish();
                     return Poll::Ready(Some(Err(this.timed_out())));
                 }
-                if let Some(data) = frame.data_ref() {
-                    if let Err(len) = this.scan(data) {
-                        this.finish();
-                        return Poll::Ready(Some(Err(this.too_large(len))));
-                    }
+                if let Some(Err(len)) = frame.data_ref().map(|data| this.scan(data)) {
+                    this.finish();
+                    return Poll::Ready(Some(Err(this.too_large(len))));
                 }
                 if let (Some(idle), Some(deadline)) = (this.idle, this.deadline.as_mut()) {
                     deadline.as_mut().reset(tokio::time::Instant::now() + idle);
@@ -621,11 +619,13 @@ impl HttpBody for LimitedBody {
                 Poll::Ready(other)
             }
             Poll::Pending => {
-                if let Some(deadline) = this.deadline.as_mut() {
-                    if deadline.as_mut().poll(cx).is_ready() {
-                        this.finish();
-                        return Poll::Ready(Some(Err(this.timed_out())));
-                    }
+                if this
+                    .deadline
+                    .as_mut()
+                    .is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready())
+                {
+                    this.finish();
+                    return Poll::Ready(Some(Err(this.timed_out())));
                 }
                 Poll::Pending
             }
