@@ -455,3 +455,89 @@ async fn a_silent_reflection_stream_is_ended_after_the_request_timeout() {
         "a reflection stream that sends nothing is still open 10 s later"
     );
 }
+
+async fn connect_from(
+    local: &str,
+    addr: std::net::SocketAddr,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(format!("{local}:0").parse().unwrap())?;
+    socket.connect(addr).await
+}
+
+/// Whether the server closes `stream` within `within` (EOF or reset).
+async fn closed_within(stream: &mut tokio::net::TcpStream, within: Duration) -> bool {
+    use tokio::io::AsyncReadExt as _;
+    let mut buf = [0u8; 64];
+    loop {
+        match tokio::time::timeout(within, stream.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_connection_that_never_starts_http2_is_closed_after_the_handshake_timeout() {
+    let server = start(
+        |c| c.transport.handshake_timeout = Duration::from_millis(300),
+        None,
+    )
+    .await;
+    let mut silent = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    assert!(
+        closed_within(&mut silent, Duration::from_secs(10)).await,
+        "a connection that sent nothing is still open 10 s later"
+    );
+    let mut garbage = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut garbage, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(closed_within(&mut garbage, Duration::from_secs(10)).await);
+    // A real client is served.
+    let mut sessions = SessionServiceClient::new(channel(server.addr).await);
+    sessions
+        .list_sessions(with_auth(
+            proto::ListSessionsRequest::default(),
+            &format!("Bearer {USER_KEY}"),
+        ))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn connections_over_the_per_address_cap_are_closed_and_other_addresses_are_served() {
+    let server = start(|c| c.transport.max_connections_per_ip = 4, None).await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(connect_from("127.0.0.2", server.addr).await.unwrap());
+    }
+    let mut extra = connect_from("127.0.0.2", server.addr).await.unwrap();
+    assert!(
+        closed_within(&mut extra, Duration::from_secs(10)).await,
+        "the fifth connection from 127.0.0.2 is still open"
+    );
+    let mut sessions = SessionServiceClient::new(channel(server.addr).await);
+    sessions
+        .list_sessions(with_auth(
+            proto::ListSessionsRequest::default(),
+            &format!("Bearer {USER_KEY}"),
+        ))
+        .await
+        .unwrap();
+    // A slot given back is usable again (once the server has seen the
+    // close).
+    drop(held.pop());
+    let since = std::time::Instant::now();
+    loop {
+        let mut again = connect_from("127.0.0.2", server.addr).await.unwrap();
+        if !closed_within(&mut again, Duration::from_millis(300)).await {
+            break;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "the slot of a closed connection was never given back"
+        );
+    }
+}
