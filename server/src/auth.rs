@@ -70,8 +70,9 @@ impl Authenticator {
             .to_str()
             .ok()
             .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
+                // RFC 7235 §2.1: the auth scheme is case-insensitive.
+                let (scheme, token) = v.split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then_some(token)
             })
             .map(str::trim)
             .ok_or_else(|| {
@@ -150,6 +151,23 @@ mod tests {
         ] {
             let err = auth().authenticate(&md(value)).unwrap_err();
             assert_eq!(err.code(), tonic::Code::Unauthenticated, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for value in [
+            "Bearer secret-a",
+            "bearer secret-a",
+            "BEARER secret-a",
+            "bEaReR secret-a",
+        ] {
+            let who = auth().authenticate(&md(Some(value))).unwrap();
+            assert_eq!(who.user_id, "alice", "{value}");
+        }
+        for value in ["BEARER nope", "Basic secret-a", "Bearersecret-a"] {
+            let err = auth().authenticate(&md(Some(value))).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::Unauthenticated, "{value}");
         }
     }
 

@@ -15,10 +15,12 @@ use serde::Deserialize;
 mod compaction;
 mod local;
 mod tools;
+mod transport;
 
 pub use compaction::CompactionSettings;
 pub use local::LocalModelSettings;
 pub use tools::{McpServerConfig, ToolsConfig};
+pub use transport::TransportSettings;
 
 /// The model used when nothing is configured: the offline echo model.
 pub const BUILTIN_DEFAULT_MODEL: &str = "builtin/echo";
@@ -189,6 +191,8 @@ struct FileConfig {
     compaction: CompactionSettings,
     #[serde(default)]
     local_model: LocalModelSettings,
+    #[serde(default)]
+    transport: TransportSettings,
 }
 
 /// The effective configuration.
@@ -242,6 +246,8 @@ pub struct Config {
     pub compaction: CompactionSettings,
     /// The built-in local model.
     pub local_model: LocalModelSettings,
+    /// Connection and stream limits (`[transport]`).
+    pub transport: TransportSettings,
 }
 
 impl Default for Config {
@@ -266,6 +272,7 @@ impl Default for Config {
             tools: ToolsConfig::default(),
             compaction: CompactionSettings::default(),
             local_model: LocalModelSettings::default(),
+            transport: TransportSettings::default(),
         }
     }
 }
@@ -324,6 +331,7 @@ impl Config {
             tools: file.tools,
             compaction: file.compaction,
             local_model: file.local_model,
+            transport: file.transport,
         })
     }
 
@@ -426,6 +434,7 @@ impl Config {
             )));
         }
         self.validate_local_model()?;
+        self.validate_transport()?;
         let mut keys = std::collections::BTreeSet::new();
         if !self
             .auth

@@ -9,6 +9,8 @@
 //! - [`status`]: core errors → gRPC statuses (exhaustive).
 //! - [`session_service`], [`runtime_service`], [`admin_service`]: the thin
 //!   handlers.
+//! - [`transport`]: the accept loop, connection and request limits, and the
+//!   catch-panic layer, between the listener and the handlers.
 //!
 //! [`run`] (or [`ServerBuilder::serve`]) is the one entry point: it opens the
 //! store, serves on a listener the caller bound, and drains gracefully when
@@ -40,6 +42,7 @@ pub mod local;
 pub mod runtime_service;
 pub mod session_service;
 pub mod status;
+pub mod transport;
 
 use crate::config::ProviderKind;
 pub use config::{Cli, Config, ConfigError};
@@ -356,7 +359,25 @@ impl ServerBuilder {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1alpha()?;
         let auth = auth::Authenticator::new(&self.config.auth);
+        let t = &self.config.transport;
+        transport::check_fd_limit(t);
+        let streaming = transport::streaming_request_paths(&[
+            agentrt_proto::FILE_DESCRIPTOR_SET,
+            tonic_health::pb::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+        ]);
+        let max_request = t.max_request_bytes;
         let router = tonic::transport::Server::builder()
+            // tonic sets no stream limit of its own (it replaces hyper's
+            // default); without one a single connection can hold any
+            // number of half-open streams.
+            .max_concurrent_streams(t.max_concurrent_streams)
+            .concurrency_limit_per_connection(t.max_requests_per_connection)
+            .http2_keepalive_interval(Some(t.keepalive_interval))
+            .http2_keepalive_timeout(Some(t.keepalive_timeout))
+            .layer(transport::CatchPanicLayer)
+            .layer(transport::RequestLimitsLayer::new(t, streaming))
             .trace_fn(|req| {
                 tracing::info_span!(
                     "rpc",
@@ -364,32 +385,33 @@ impl ServerBuilder {
                     session_id = tracing::field::Empty
                 )
             })
-            .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
-            .add_service(SessionServiceServer::with_interceptor(
-                session_service::Sessions::new(runtime.clone()),
+            // Our layer refuses a larger message first, with
+            // INVALID_ARGUMENT; tonic's own limit (OUT_OF_RANGE) is the same
+            // number, so it never fires first.
+            .add_service(tonic::service::interceptor::InterceptedService::new(
+                SessionServiceServer::new(session_service::Sessions::new(runtime.clone()))
+                    .max_decoding_message_size(max_request),
                 auth.interceptor(),
             ))
-            .add_service(AgentRuntimeServer::with_interceptor(
-                runtime_service::Turns::new(runtime.clone()),
+            .add_service(tonic::service::interceptor::InterceptedService::new(
+                AgentRuntimeServer::new(runtime_service::Turns::new(runtime.clone()))
+                    .max_decoding_message_size(max_request),
                 auth.interceptor(),
             ))
-            .add_service(RuntimeAdminServer::with_interceptor(
-                admin_service::Admin::new(runtime.clone()),
+            .add_service(tonic::service::interceptor::InterceptedService::new(
+                RuntimeAdminServer::new(admin_service::Admin::new(runtime.clone()))
+                    .max_decoding_message_size(max_request),
                 auth.interceptor(),
             ));
 
         let addr = listener.local_addr().ok();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        // tonic's own `tcp_nodelay` applies only to listeners it binds; for
-        // ours it must be set here, or Nagle holds small frames (a text
-        // delta, a trailer) behind the client's delayed ACK for ~40 ms.
-        let incoming = tonic::transport::server::TcpIncoming::from(listener)
-            .with_nodelay(Some(true))
-            .with_keepalive(Some(Duration::from_secs(60)));
+        // Our accept loop: connection caps, the handshake timeout, back-off
+        // on accept errors, TCP_NODELAY and keepalive (transport.rs).
+        let incoming = transport::incoming(listener, &self.config.transport);
         let mut server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
             let _ = stop_rx.await;
         }));

@@ -66,6 +66,9 @@ fn main() -> ExitCode {
     if let Err(why) = reexec {
         tracing::warn!(%why, "candle keeps its default thread count");
     }
+    // Every connection is a descriptor: the default soft limit (often
+    // 1024) would be met long before transport.max_connections.
+    agentrt_server::transport::raise_fd_limit();
     if cli.fetch_model || cli.command == Some(Command::FetchModel) {
         if let Err(err) = agentrt_server::local::fetch(&config) {
             eprintln!("agentrt-server: {err}");
