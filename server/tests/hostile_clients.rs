@@ -10,7 +10,8 @@ use agentrt_client::proto;
 use agentrt_client::proto::runtime_admin_client::RuntimeAdminClient;
 use agentrt_client::proto::session_service_client::SessionServiceClient;
 use agentrt_runtime::store::{
-    CreateOutcome, ListQuery, MemoryStore, SessionPage, Store, StoreError,
+    CreateOutcome, HistoryQuery, ListQuery, MemoryStore, MessagePage, SessionPage, Store,
+    StoreError,
 };
 use agentrt_runtime::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord};
 use agentrt_server::config::{ApiKeyConfig, AuthConfig};
@@ -196,14 +197,14 @@ impl Store for PanickyStore {
     async fn update_session(&self, id: &str, u: SessionUpdate) -> Result<Session, StoreError> {
         self.0.update_session(id, u).await
     }
-    async fn delete_session(&self, id: &str) -> Result<bool, StoreError> {
-        self.0.delete_session(id).await
+    async fn delete_session(&self, id: &str, i: Option<&str>) -> Result<bool, StoreError> {
+        self.0.delete_session(id, i).await
     }
     async fn begin_turn(&self, t: TurnRecord, m: NewMessage) -> Result<Message, StoreError> {
         self.0.begin_turn(t, m).await
     }
-    async fn append_message(&self, s: &str, m: NewMessage) -> Result<Message, StoreError> {
-        self.0.append_message(s, m).await
+    async fn append_message(&self, s: &str, i: &str, m: NewMessage) -> Result<Message, StoreError> {
+        self.0.append_message(s, i, m).await
     }
     async fn finish_turn(&self, t: TurnRecord) -> Result<(), StoreError> {
         self.0.finish_turn(t).await
@@ -218,25 +219,20 @@ impl Store for PanickyStore {
     ) -> Result<Option<TurnRecord>, StoreError> {
         self.0.find_turn_by_request(s, r).await
     }
-    async fn history(
-        &self,
-        s: &str,
-        after: u64,
-        limit: usize,
-        compacted: bool,
-    ) -> Result<Vec<Message>, StoreError> {
-        self.0.history(s, after, limit, compacted).await
+    async fn history_page(&self, s: &str, q: &HistoryQuery) -> Result<MessagePage, StoreError> {
+        self.0.history_page(s, q).await
     }
     async fn store_compaction(
         &self,
         s: &str,
+        i: &str,
         summary: NewMessage,
         through: u64,
     ) -> Result<Message, StoreError> {
-        self.0.store_compaction(s, summary, through).await
+        self.0.store_compaction(s, i, summary, through).await
     }
-    async fn set_title_if_empty(&self, s: &str, title: &str) -> Result<bool, StoreError> {
-        self.0.set_title_if_empty(s, title).await
+    async fn set_title_if_empty(&self, s: &str, i: &str, title: &str) -> Result<bool, StoreError> {
+        self.0.set_title_if_empty(s, i, title).await
     }
     async fn recover_interrupted(&self) -> Result<Vec<TurnRecord>, StoreError> {
         self.0.recover_interrupted().await
