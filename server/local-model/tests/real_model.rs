@@ -28,6 +28,7 @@ fn request(texts: &[(Role, &str)]) -> ModelRequest {
             .into(),
         thinking: None,
         tools: Vec::new(),
+        ..Default::default()
     }
 }
 

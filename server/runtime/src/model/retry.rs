@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use futures::StreamExt as _;
 
-use super::{ModelError, ModelProvider, ModelRequest, ModelStream};
+use super::{ModelError, ModelProvider, ModelRequest, ModelStream, NoCapacity, Reservation};
 
 /// When and how often a failed model step is sent again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +169,18 @@ impl ModelProvider for RetryingProvider {
 
     fn has_capacity(&self, model: &str) -> bool {
         self.inner.has_capacity(model)
+    }
+
+    fn reserve(&self, model: &str) -> Result<Option<Reservation>, NoCapacity> {
+        self.inner.reserve(model)
+    }
+
+    fn max_output_tokens_limit(&self, model: &str) -> Option<u32> {
+        self.inner.max_output_tokens_limit(model)
+    }
+
+    fn max_step_output_bytes(&self, model: &str) -> usize {
+        self.inner.max_step_output_bytes(model)
     }
 }
 

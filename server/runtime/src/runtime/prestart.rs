@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 use super::compact::Context;
 use super::{Inner, Runner};
 use crate::error::RuntimeError;
-use crate::model::{ModelError, ModelRequest, ModelStream, ToolSpec};
+use crate::model::{ModelError, ModelRequest, ModelStream, Reservation, ToolSpec};
 use crate::store::StoreError;
 use crate::types::{Message, NewMessage, Session, TurnRecord};
 
@@ -92,6 +92,16 @@ impl Prestart {
     }
 }
 
+/// What the first model request carries about its output: the call's
+/// `max_output_tokens` and the capacity admission reserved for the step,
+/// which is given back if the request is never sent (a rejected write, or
+/// a context that must be compacted first).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Output {
+    pub(crate) max_tokens: Option<u32>,
+    pub(crate) reservation: Option<Reservation>,
+}
+
 /// An admitted turn's durable start.
 pub(crate) struct Begun {
     /// The session as it was when the user message was stored (re-read
@@ -114,6 +124,7 @@ pub(crate) async fn begin(
     user_message: NewMessage,
     system_prompt: Option<String>,
     tools: Vec<ToolSpec>,
+    output: Output,
 ) -> Result<Begun, RuntimeError> {
     // Re-read under the slot: a turn may have ended (storing its answer, or
     // compacting) between the admission's first read and taking the slot.
@@ -137,6 +148,7 @@ pub(crate) async fn begin(
         provisional,
         system_prompt.clone(),
         tools.clone(),
+        output.clone(),
         durable,
     );
     // Let the task load the context and build the request while this one
@@ -175,6 +187,7 @@ pub(crate) async fn begin(
         user.clone(),
         system_prompt,
         tools,
+        output,
         durable,
     );
     let _ = go.send(());
@@ -196,6 +209,7 @@ fn spawn(
     user: Message,
     system_prompt: Option<String>,
     tools: Vec<ToolSpec>,
+    output: Output,
     durable: oneshot::Receiver<()>,
 ) -> Prestart {
     let (tx, loaded) = oneshot::channel();
@@ -235,6 +249,8 @@ fn spawn(
             messages: Arc::clone(&messages),
             thinking: runner.key.thinking,
             tools,
+            max_output_tokens: output.max_tokens,
+            reservation: output.reservation,
         };
         if durable.await.is_err() || tx.send(Ok(Loaded::Sent(messages))).is_err() {
             return None;

@@ -14,7 +14,7 @@ use super::tools::ToolOutput;
 use super::turn::ToolCallRequest;
 use super::{Runner, RunnerKey, Runtime, lock};
 use crate::error::{FieldViolation, RuntimeError};
-use crate::model::ToolSpec;
+use crate::model::{Reservation, ToolSpec};
 use crate::toolbox::{ToolCallInfo, ToolKind, ToolOutcome, Toolbox};
 
 impl Runtime {
@@ -89,9 +89,16 @@ pub(super) fn offered(
 
 /// Whether the runner's model can take this turn: a model that cannot call
 /// tools is not offered any (the caller learns why instead of the model
-/// silently ignoring them), and a provider whose queue is full refuses the
-/// turn now rather than admitting it into a long wait.
-pub(super) fn admit_model(runner: &Runner, offered: &[ToolSpec]) -> Result<(), RuntimeError> {
+/// silently ignoring them), `max_output_tokens` is within the provider's
+/// maximum, and a provider whose queue is full refuses the turn now rather
+/// than admitting it into a long wait. The capacity it reserves for the
+/// first step (if the provider bounds its queue) is returned, to go with
+/// the first request; dropping it gives it back.
+pub(super) fn admit_model(
+    runner: &Runner,
+    offered: &[ToolSpec],
+    max_output_tokens: Option<u32>,
+) -> Result<Option<Reservation>, RuntimeError> {
     if !offered.is_empty() && !runner.provider.supports_tools(&runner.provider_model) {
         let field = if runner.tools.is_empty() {
             "extra_tools"
@@ -109,12 +116,34 @@ pub(super) fn admit_model(runner: &Runner, offered: &[ToolSpec]) -> Result<(), R
             ),
         ));
     }
-    if !runner.provider.has_capacity(&runner.provider_model) {
-        return Err(RuntimeError::ResourceExhausted(
-            "the model is busy: too many turns are queued for it; retry later",
-        ));
+    if let Some(asked) = max_output_tokens {
+        let limit = runner
+            .provider
+            .max_output_tokens_limit(&runner.provider_model);
+        if asked == 0 {
+            return Err(RuntimeError::invalid(
+                "max_output_tokens",
+                "must be at least 1 (leave it unset for the model's default)",
+            ));
+        }
+        if let Some(limit) = limit.filter(|limit| asked > *limit) {
+            return Err(RuntimeError::invalid(
+                "max_output_tokens",
+                format!(
+                    "{asked} is more than the maximum of {limit} for model {}",
+                    runner.key.model
+                ),
+            ));
+        }
     }
-    Ok(())
+    runner
+        .provider
+        .reserve(&runner.provider_model)
+        .map_err(|_| {
+            RuntimeError::ResourceExhausted(
+                "the model is busy: too many turns are queued for it; retry later",
+            )
+        })
 }
 
 /// Where a tool call goes.
@@ -147,7 +176,9 @@ fn output(outcome: ToolOutcome) -> ToolOutput {
 }
 
 /// Decides where `call` goes; for caller tools the before-call hooks run
-/// here, so a denied call is never announced.
+/// here, so a denied call is never announced. A call whose arguments are
+/// not a JSON object goes nowhere: its result is an error telling the model
+/// so, and neither a server tool nor the caller sees it.
 pub(super) async fn route(
     toolbox: &Toolbox,
     runner: &Runner,
@@ -157,6 +188,13 @@ pub(super) async fn route(
     if !offered.iter().any(|t| t.name == call.name) {
         return Route::Done(ToolOutput::error(format!("unknown tool {:?}", call.name)));
     }
+    if let Some(problem) = invalid_arguments(&call.arguments_json) {
+        return Route::Done(ToolOutput::error(format!(
+            "the call was not executed: its arguments {problem}; call {:?} again with its \
+             arguments as a JSON object matching its parameters",
+            call.name
+        )));
+    }
     if runner.tools.iter().any(|t| t.name == call.name) {
         return Route::Server;
     }
@@ -164,6 +202,16 @@ pub(super) async fn route(
     match toolbox.before(info).await {
         Ok(arguments) => Route::Caller(arguments),
         Err(denied) => Route::Done(output(toolbox.after(info, denied).await)),
+    }
+}
+
+/// Why `arguments_json` cannot be a tool's arguments (tools take a JSON
+/// object), or `None` when it can.
+fn invalid_arguments(arguments_json: &str) -> Option<String> {
+    match serde_json::from_str::<serde_json::Value>(arguments_json) {
+        Ok(serde_json::Value::Object(_)) => None,
+        Ok(_) => Some("are valid JSON but not an object".to_owned()),
+        Err(e) => Some(format!("are not valid JSON ({e})")),
     }
 }
 
