@@ -7,6 +7,7 @@ mod e2e {
     mod control;
     pub(crate) mod harness;
     mod identity;
+    mod limits_model;
     mod mcp;
     mod openai;
     mod server_tools;

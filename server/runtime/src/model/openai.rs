@@ -798,6 +798,76 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn max_tokens_is_the_calls_else_the_models_else_the_providers() {
+        let fake = FakeOpenAi::start(vec![FakeReply::sse(vec![finish_chunk("stop")])]).await;
+        let limits = OutputLimits {
+            max_tokens: 1000,
+            model_max_tokens: [("big".to_owned(), 3000)].into(),
+            ..OutputLimits::default()
+        };
+        let provider = OpenAiProvider::new(OpenAiConfig {
+            limits: limits.clone(),
+            ..config(&fake)
+        })
+        .unwrap();
+        run(&provider, request("a")).await.unwrap();
+        run(&provider, test_support::request("big", "b"))
+            .await
+            .unwrap();
+        let mut asked = request("c");
+        asked.max_output_tokens = Some(77);
+        run(&provider, asked).await.unwrap();
+        let sent: Vec<_> = fake
+            .requests()
+            .iter()
+            .map(|r| r.body["max_tokens"].clone())
+            .collect();
+        assert_eq!(sent, [json!(1000), json!(3000), json!(77)]);
+        assert_eq!(provider.max_output_tokens_limit("x"), Some(32_768));
+
+        let reasoning = OpenAiProvider::new(OpenAiConfig {
+            limits,
+            max_tokens_param: MaxTokensParam::MaxCompletionTokens,
+            ..config(&fake)
+        })
+        .unwrap();
+        run(&reasoning, request("d")).await.unwrap();
+        let last = fake.requests().pop().unwrap();
+        assert_eq!(last.body["max_completion_tokens"], 1000);
+        assert!(last.body.get("max_tokens").is_none());
+    }
+
+    #[tokio::test]
+    async fn usage_is_relayed_when_it_arrives_and_only_when_it_changed() {
+        let usage = |completion: u64| {
+            sse_data(&json!({
+                "choices": [{ "index": 0, "delta": { "content": "x" } }],
+                "usage": { "prompt_tokens": 9, "completion_tokens": completion },
+            }))
+        };
+        let (_fake, items) = run_script(FakeReply::sse(vec![usage(1), usage(1), usage(2)])).await;
+        let seen = |output_tokens| {
+            ModelEvent::Usage(Usage {
+                input_tokens: 9,
+                output_tokens,
+                ..Usage::default()
+            })
+        };
+        let text = || ModelEvent::TextDelta("x".into());
+        assert_eq!(
+            ok_events(items.unwrap()),
+            vec![
+                text(),
+                seen(1),
+                text(),
+                text(),
+                seen(2),
+                ModelEvent::Finished(StopReason::Stop)
+            ]
+        );
+    }
+
+    #[tokio::test]
     async fn no_authorization_header_or_effort_when_not_configured() {
         let fake = FakeOpenAi::start(vec![FakeReply::sse(vec![finish_chunk("stop")])]).await;
         let provider = OpenAiProvider::new(OpenAiConfig::new(fake.base_url() + "/")).unwrap();

@@ -407,6 +407,25 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn insufficient_quota_is_not_retried_even_with_a_retry_after() {
+        let quota = FakeReply::StatusWithHeaders {
+            code: 429,
+            headers: vec![("retry-after-ms".into(), "1".into())],
+            body: r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#.into(),
+        };
+        let fake = FakeOpenAi::start(vec![quota, success()]).await;
+        let err = run(&provider(&fake, fast_policy())).await.unwrap_err();
+        assert!(matches!(err, ModelError::QuotaExhausted(_)), "{err:?}");
+        assert!(!err.is_retryable());
+        assert!(err.public_message().contains("quota"), "{err}");
+        assert_eq!(fake.requests().len(), 1);
+        // A plain 429 is still a rate limit, and retried.
+        let fake = FakeOpenAi::start(vec![status(429), success()]).await;
+        run(&provider(&fake, fast_policy())).await.unwrap();
+        assert_eq!(fake.requests().len(), 2);
+    }
+
+    #[tokio::test]
     async fn retry_after_above_the_cap_gives_up_at_once() {
         let fake = FakeOpenAi::start(vec![status_with(429, "retry-after", "120"), success()]).await;
         let err = run(&provider(&fake, fast_policy())).await.unwrap_err();
