@@ -157,7 +157,8 @@ async fn a_short_greedy_generation_streams_text_and_ends_with_usage() {
     assert!(texts.len() >= 3, "several deltas: {texts:?}");
     assert!(texts.iter().all(|t| !t.is_empty()));
     assert!(!texts.concat().contains("<|im_"));
-    let usage = events.iter().find_map(|e| match e {
+    // Usage is sent as it grows; the last one counts the whole step.
+    let usage = events.iter().rev().find_map(|e| match e {
         ModelEvent::Usage(u) => Some(*u),
         _ => None,
     });
@@ -184,7 +185,12 @@ async fn dropping_the_stream_stops_generation_within_a_second() {
     };
     let ask = || request(&[(Role::User, "Write a very long story about a robot.")]);
     let mut stream = provider.stream(ask()).await.unwrap();
-    let first = stream.next().await.unwrap().unwrap();
+    let first = loop {
+        match stream.next().await.unwrap().unwrap() {
+            ModelEvent::Usage(_) => {}
+            other => break other,
+        }
+    };
     assert!(matches!(first, ModelEvent::TextDelta(_)), "{first:?}");
     assert_eq!(provider.in_flight(), 1);
     let dropped = Instant::now();
@@ -199,6 +205,8 @@ async fn dropping_the_stream_stops_generation_within_a_second() {
     }
     // The inference thread is free: the next request runs at once.
     let mut next = provider.stream(ask()).await.unwrap();
+    // The prompt's usage after the prefill, then the first text.
+    assert!(matches!(next.next().await, Some(Ok(ModelEvent::Usage(_)))));
     assert!(matches!(
         next.next().await,
         Some(Ok(ModelEvent::TextDelta(_)))
