@@ -503,9 +503,9 @@ impl Runtime {
             record.clone(),
             user_message,
             system_prompt.clone(),
-            offered.clone(),
-            prestart::Output {
-                max_tokens: input.max_output_tokens,
+            prestart::FirstRequest {
+                tools: offered.clone(),
+                max_output_tokens: input.max_output_tokens,
                 reservation,
             },
         )

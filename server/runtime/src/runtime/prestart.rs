@@ -92,13 +92,14 @@ impl Prestart {
     }
 }
 
-/// What the first model request carries about its output: the call's
-/// `max_output_tokens` and the capacity admission reserved for the step,
-/// which is given back if the request is never sent (a rejected write, or
-/// a context that must be compacted first).
+/// What the first model request carries besides the context: the tools
+/// offered, the call's `max_output_tokens`, and the capacity admission
+/// reserved for the step, which is given back if the request is never sent
+/// (a rejected write, or a context that must be compacted first).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Output {
-    pub(crate) max_tokens: Option<u32>,
+pub(crate) struct FirstRequest {
+    pub(crate) tools: Vec<ToolSpec>,
+    pub(crate) max_output_tokens: Option<u32>,
     pub(crate) reservation: Option<Reservation>,
 }
 
@@ -123,8 +124,7 @@ pub(crate) async fn begin(
     record: TurnRecord,
     user_message: NewMessage,
     system_prompt: Option<String>,
-    tools: Vec<ToolSpec>,
-    output: Output,
+    first: FirstRequest,
 ) -> Result<Begun, RuntimeError> {
     // Re-read under the slot: a turn may have ended (storing its answer, or
     // compacting) between the admission's first read and taking the slot.
@@ -147,8 +147,7 @@ pub(crate) async fn begin(
         &session,
         provisional,
         system_prompt.clone(),
-        tools.clone(),
-        output.clone(),
+        first.clone(),
         durable,
     );
     // Let the task load the context and build the request while this one
@@ -186,8 +185,7 @@ pub(crate) async fn begin(
         &session,
         user.clone(),
         system_prompt,
-        tools,
-        output,
+        first,
         durable,
     );
     let _ = go.send(());
@@ -208,8 +206,7 @@ fn spawn(
     session: &Session,
     user: Message,
     system_prompt: Option<String>,
-    tools: Vec<ToolSpec>,
-    output: Output,
+    first: FirstRequest,
     durable: oneshot::Receiver<()>,
 ) -> Prestart {
     let (tx, loaded) = oneshot::channel();
@@ -248,9 +245,9 @@ fn spawn(
             system_prompt,
             messages: Arc::clone(&messages),
             thinking: runner.key.thinking,
-            tools,
-            max_output_tokens: output.max_tokens,
-            reservation: output.reservation,
+            tools: first.tools,
+            max_output_tokens: first.max_output_tokens,
+            reservation: first.reservation,
         };
         if durable.await.is_err() || tx.send(Ok(Loaded::Sent(messages))).is_err() {
             return None;
