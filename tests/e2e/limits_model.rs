@@ -562,3 +562,38 @@ async fn a_burst_on_the_local_model_is_refused_at_admission_not_inside_the_strea
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_timed_out_turn_reports_and_stores_the_usage_seen() {
+    let fake = FakeAnthropic::start(vec![anthropic_hanging(31, &["slow ", "answer"])]).await;
+    let provider = ProviderConfig {
+        name: "claude".into(),
+        kind: ProviderKind::Anthropic,
+        ..mock_provider(&fake, None)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(provider, "claude/c", dir.path()).await;
+    let client = server.client().await;
+    let session = new_session(&client).await;
+
+    let mut request = text_request(&session, "take your time");
+    request.timeout = Some(prost_types::Duration {
+        seconds: 1,
+        nanos: 0,
+    });
+    let summary = tokio::time::timeout(WAIT, client.chat_with(request).await.unwrap().finish())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(summary.outcome, Some(proto::TurnOutcome::TimedOut));
+    assert_eq!(summary.text, "slow answer");
+    // 11 bytes relayed: 3 tokens estimated.
+    let finished = finished_usage(&summary.events);
+    assert_eq!((finished.input_tokens, finished.output_tokens), (31, 3));
+    let history = client.history(&session).await.unwrap();
+    let partial = &history[1];
+    assert_eq!(partial.stop_reason, "timeout");
+    let stored = partial.usage.expect("the partial answer has usage");
+    assert_eq!((stored.input_tokens, stored.output_tokens), (31, 3));
+    server.stop().await;
+}
