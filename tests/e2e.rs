@@ -9,6 +9,7 @@ mod e2e {
     mod identity;
     mod isolation;
     mod limits_input;
+    mod limits_model;
     mod mcp;
     mod openai;
     mod server_tools;

@@ -123,6 +123,85 @@ pub struct ProviderConfig {
     /// 408/409/429/5xx) is sent again, with backoff. Default 2 (3 attempts).
     #[serde(default)]
     pub max_retries: Option<u32>,
+    /// `max_tokens` sent with every model step unless the call
+    /// (`ChatRequest.max_output_tokens`) or `model_max_tokens` says
+    /// otherwise. Default 4096.
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    /// Per-model `max_tokens` (model names without the provider prefix),
+    /// e.g. `{ "gpt-4o-mini" = 16384 }`.
+    #[serde(default)]
+    pub model_max_tokens: Option<std::collections::BTreeMap<String, u32>>,
+    /// The most `ChatRequest.max_output_tokens` may ask for; more is
+    /// `INVALID_ARGUMENT`. Default 32768; at most 1,000,000.
+    #[serde(default)]
+    pub max_tokens_limit: Option<u32>,
+    /// The request field `max_tokens` goes in (`kind = "openai"` only):
+    /// "max_tokens" (default) or "max_completion_tokens" (required by
+    /// OpenAI's reasoning models).
+    #[serde(default)]
+    pub max_tokens_param: Option<MaxTokensParamConfig>,
+    /// Most bytes of text and reasoning one model step may produce; past
+    /// it the step is cut with stop reason `length` and the turn ends
+    /// normally. Default 1048576 (1 MiB); between 1024 and 67108864.
+    #[serde(default)]
+    pub max_output_bytes: Option<usize>,
+}
+
+/// `max_tokens_param` of a `[[providers]]` entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MaxTokensParamConfig {
+    /// `max_tokens`.
+    MaxTokens,
+    /// `max_completion_tokens`.
+    MaxCompletionTokens,
+}
+
+/// The most `max_tokens_limit` may be.
+pub const MAX_TOKENS_LIMIT_CEILING: u32 = 1_000_000;
+/// The largest `max_output_bytes` (64 MiB).
+pub const MAX_OUTPUT_BYTES_CEILING: usize = 64 << 20;
+
+impl ProviderConfig {
+    /// The output limits this entry configures, over the defaults of
+    /// [`agentrt_runtime::model::OutputLimits`].
+    pub fn output_limits(&self) -> agentrt_runtime::model::OutputLimits {
+        let d = agentrt_runtime::model::OutputLimits::default();
+        agentrt_runtime::model::OutputLimits {
+            max_tokens: self.max_tokens.unwrap_or(d.max_tokens),
+            model_max_tokens: self.model_max_tokens.clone().unwrap_or_default(),
+            max_tokens_limit: self.max_tokens_limit.unwrap_or(d.max_tokens_limit),
+            max_output_bytes: self.max_output_bytes.unwrap_or(d.max_output_bytes),
+        }
+    }
+
+    fn validate_output_limits(&self) -> Result<(), ConfigError> {
+        let bad = |what: String| Err(ConfigError(format!("provider {:?}: {what}", self.name)));
+        if self
+            .max_tokens_limit
+            .is_some_and(|n| n > MAX_TOKENS_LIMIT_CEILING)
+        {
+            return bad(format!(
+                "max_tokens_limit must be at most {MAX_TOKENS_LIMIT_CEILING}"
+            ));
+        }
+        if self
+            .max_output_bytes
+            .is_some_and(|n| n > MAX_OUTPUT_BYTES_CEILING)
+        {
+            return bad(format!(
+                "max_output_bytes must be at most {MAX_OUTPUT_BYTES_CEILING}"
+            ));
+        }
+        if self.max_tokens_param.is_some() && self.kind != ProviderKind::Openai {
+            return bad("max_tokens_param applies only to kind = \"openai\"".to_owned());
+        }
+        match self.output_limits().check() {
+            Ok(()) => Ok(()),
+            Err(e) => bad(e),
+        }
+    }
 }
 
 /// One `[[auth.api_keys]]` entry.
@@ -401,6 +480,7 @@ impl Config {
                     p.name
                 )));
             }
+            p.validate_output_limits()?;
         }
         for (i, k) in self.auth.api_keys.iter().enumerate() {
             if k.key.len() < 8 || k.user.is_empty() {
@@ -590,6 +670,65 @@ admin = false
             .unwrap_err()
             .0;
         assert!(err.contains("max_retries"), "{err}");
+    }
+
+    #[test]
+    fn provider_output_limits_have_defaults_and_are_validated() {
+        let c = Config::parse_toml(CONTRACT_EXAMPLE).unwrap();
+        let limits = c.providers[0].output_limits();
+        assert_eq!(limits, agentrt_runtime::model::OutputLimits::default());
+        assert_eq!(
+            (
+                limits.max_tokens,
+                limits.max_tokens_limit,
+                limits.max_output_bytes
+            ),
+            (4096, 32_768, 1 << 20)
+        );
+        let with = |keys: &str| {
+            CONTRACT_EXAMPLE.replace(
+                "api_key_env = \"MOCK_API_KEY\"",
+                &format!("api_key_env = \"MOCK_API_KEY\"\n{keys}"),
+            )
+        };
+        let c = Config::parse_toml(&with(
+            "max_tokens = 1000\nmax_tokens_limit = 2000\nmax_output_bytes = 4096\n\
+             max_tokens_param = \"max_completion_tokens\"\nmodel_max_tokens = { big = 2000 }",
+        ))
+        .unwrap();
+        c.validate().unwrap();
+        let limits = c.providers[0].output_limits();
+        assert_eq!(limits.tokens_for("big", None), 2000);
+        assert_eq!(limits.tokens_for("small", None), 1000);
+        assert_eq!(limits.tokens_for("big", Some(7)), 7);
+        assert_eq!(
+            c.providers[0].max_tokens_param,
+            Some(MaxTokensParamConfig::MaxCompletionTokens)
+        );
+        for (keys, named) in [
+            ("max_tokens = 0", "max_tokens"),
+            ("max_tokens = 40000", "max_tokens"),
+            ("model_max_tokens = { big = 0 }", "model_max_tokens.big"),
+            ("max_tokens_limit = 0", "max_tokens_limit"),
+            ("max_tokens_limit = 2000000", "max_tokens_limit"),
+            ("max_output_bytes = 10", "max_output_bytes"),
+            ("max_output_bytes = 999999999", "max_output_bytes"),
+        ] {
+            let err = Config::parse_toml(&with(keys))
+                .unwrap()
+                .validate()
+                .unwrap_err()
+                .0;
+            assert!(err.contains(named), "{keys}: {err}");
+        }
+        let anthropic = with("max_tokens_param = \"max_tokens\"")
+            .replace("kind = \"openai\"", "kind = \"anthropic\"");
+        let err = Config::parse_toml(&anthropic)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .0;
+        assert!(err.contains("max_tokens_param"), "{err}");
     }
 
     #[test]

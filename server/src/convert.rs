@@ -304,6 +304,7 @@ pub fn chat_input(
         extra_tools,
         excluded_tools: r.excluded_tools,
         max_steps: r.max_steps,
+        max_output_tokens: r.max_output_tokens,
         thinking: thinking_from_pb(r.thinking, "thinking")?,
         content: content_from_pb(r.content, "content")?,
         session_id: r.session_id,

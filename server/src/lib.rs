@@ -24,7 +24,7 @@ use agentrt_proto::v1::agent_runtime_server::AgentRuntimeServer;
 use agentrt_proto::v1::runtime_admin_server::RuntimeAdminServer;
 use agentrt_proto::v1::session_service_server::SessionServiceServer;
 use agentrt_runtime::model::anthropic::{AnthropicConfig, AnthropicProvider};
-use agentrt_runtime::model::openai::{OpenAiConfig, OpenAiProvider};
+use agentrt_runtime::model::openai::{MaxTokensParam, OpenAiConfig, OpenAiProvider};
 use agentrt_runtime::model::retry::{RetryPolicy, RetryingProvider};
 use agentrt_runtime::model::{ModelProvider, Models};
 use agentrt_runtime::store::{SledStore, Store};
@@ -211,6 +211,7 @@ impl ServerBuilder {
                             api_key,
                             models: p.models.clone(),
                             idle_timeout: p.idle_timeout.unwrap_or(defaults.idle_timeout),
+                            limits: p.output_limits(),
                             ..defaults
                         })
                         .map_err(|e| invalid(&e))?,
@@ -222,6 +223,15 @@ impl ServerBuilder {
                         api_key,
                         models: p.models.clone(),
                         idle_timeout: p.idle_timeout.unwrap_or(defaults.idle_timeout),
+                        limits: p.output_limits(),
+                        max_tokens_param: match p.max_tokens_param {
+                            None | Some(config::MaxTokensParamConfig::MaxTokens) => {
+                                MaxTokensParam::MaxTokens
+                            }
+                            Some(config::MaxTokensParamConfig::MaxCompletionTokens) => {
+                                MaxTokensParam::MaxCompletionTokens
+                            }
+                        },
                         ..defaults
                     })
                     .map_err(|e| invalid(&e))?;

@@ -59,6 +59,11 @@ pub(crate) fn mock_provider(
         models: None,
         idle_timeout,
         max_retries: None,
+        max_tokens: None,
+        model_max_tokens: None,
+        max_tokens_limit: None,
+        max_tokens_param: None,
+        max_output_bytes: None,
     }
 }
 

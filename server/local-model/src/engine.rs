@@ -1,9 +1,12 @@
 //! The inference engine: dedicated OS threads (one by default) fed through
 //! a bounded queue, so CPU-heavy generation never runs on tokio's workers.
 //!
-//! - [`Engine::submit`] refuses a job when `threads + queue_depth` jobs are
-//!   already accepted (running or waiting) — the caller gets an error now
-//!   instead of an unbounded wait.
+//! - Capacity is `threads + queue_depth` [`Slot`]s. Admission takes one with
+//!   [`Engine::reserve`] before the turn stores anything, and the job
+//!   carries it until it is done; [`Engine::submit`] takes one itself for a
+//!   job without. Either refuses when every slot is taken — the caller gets
+//!   an error now instead of an unbounded wait — and a slot is given back
+//!   when it is dropped, whether or not its job ever ran.
 //! - Each job clones the shared weights (the tensors are reference-counted;
 //!   the clone only gets its own, empty KV cache).
 //! - Output goes to the job's bounded tokio channel. After every token (and
@@ -12,6 +15,9 @@
 //!   and then ends the job, so cancellation takes at most one token.
 //! - Text deltas come from the tokenizer's decode stream: every delta is
 //!   whole UTF-8, and control tokens are never shown.
+//! - Usage is exact and sent as it grows: the prompt's tokens once the
+//!   prefill is done, then the count so far with every text delta, so a
+//!   step stopped mid-generation still reports what it used.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
@@ -54,6 +60,22 @@ pub struct Job {
     pub sampling: SamplingParams,
     /// Where the events go; dropping the receiver cancels the job.
     pub events: mpsc::Sender<Result<ModelEvent, ModelError>>,
+    /// The job's share of the engine's capacity, reserved at admission
+    /// ([`Engine::reserve`]); `None` takes one at [`Engine::submit`].
+    pub slot: Option<Arc<Slot>>,
+}
+
+/// One unit of the engine's capacity (`threads + queue_depth` of them),
+/// given back when dropped.
+#[derive(Debug)]
+pub struct Slot {
+    taken: Arc<AtomicUsize>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.taken.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Why a job was not accepted.
@@ -93,10 +115,9 @@ impl Engine {
         for i in 0..threads {
             let rx = Arc::clone(&rx);
             let model = Arc::clone(&model);
-            let accepted = Arc::clone(&accepted);
             std::thread::Builder::new()
                 .name(format!("local-model-{i}"))
-                .spawn(move || worker(&rx, &model, &accepted))?;
+                .spawn(move || worker(&rx, &model))?;
         }
         Ok(Self {
             queue,
@@ -121,43 +142,45 @@ impl Engine {
         self.accepted.load(Ordering::Acquire)
     }
 
-    /// Queues `job`, or refuses it when the engine is full.
-    pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+    /// Takes one slot of capacity, atomically: `Busy` when all
+    /// `threads + queue_depth` are taken (by running, queued or reserved
+    /// jobs).
+    pub fn reserve(&self) -> Result<Slot, SubmitError> {
         let before = self.accepted.fetch_add(1, Ordering::AcqRel);
+        // From here the slot gives itself back if it is not kept.
+        let slot = Slot {
+            taken: Arc::clone(&self.accepted),
+        };
         if before >= self.capacity {
-            self.accepted.fetch_sub(1, Ordering::AcqRel);
             return Err(SubmitError::Busy(before));
         }
-        match self.queue.try_send(job) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                self.accepted.fetch_sub(1, Ordering::AcqRel);
-                Err(match e {
-                    TrySendError::Full(_) => SubmitError::Busy(before),
-                    TrySendError::Disconnected(_) => SubmitError::Stopped,
-                })
-            }
+        Ok(slot)
+    }
+
+    /// Queues `job` with its reserved slot, or with one taken now (refused
+    /// when the engine is full).
+    pub fn submit(&self, mut job: Job) -> Result<(), SubmitError> {
+        if job.slot.is_none() {
+            job.slot = Some(Arc::new(self.reserve()?));
         }
+        // At most `capacity` slots exist, so the queue (of that size)
+        // cannot be full; a failure drops the job and with it the slot.
+        self.queue.try_send(job).map_err(|e| match e {
+            TrySendError::Full(_) => SubmitError::Busy(self.capacity),
+            TrySendError::Disconnected(_) => SubmitError::Stopped,
+        })
     }
 }
 
-/// Decrements the accepted count when a job is done, however it ends.
-struct Done<'a>(&'a AtomicUsize);
-
-impl Drop for Done<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-fn worker(rx: &Mutex<Receiver<Job>>, model: &LoadedModel, accepted: &AtomicUsize) {
+fn worker(rx: &Mutex<Receiver<Job>>, model: &LoadedModel) {
     loop {
         let job = {
             let rx = rx.lock().unwrap_or_else(|p| p.into_inner());
             rx.recv()
         };
         let Ok(job) = job else { return };
-        let _done = Done(accepted);
+        // The job's slot is given back when the job is dropped, however it
+        // ends.
         if job.events.is_closed() {
             continue;
         }
@@ -242,6 +265,14 @@ fn generate(model: &LoadedModel, job: Job) -> Result<(), String> {
         );
     }
     let mut logits = logits.ok_or("empty prompt")?;
+    let usage = |generated: usize| Usage {
+        input_tokens: prompt.ids.len() as u64,
+        output_tokens: generated as u64,
+        ..Usage::default()
+    };
+    if let Flow::Cancelled = send(&events, ModelEvent::Usage(usage(0))) {
+        return Ok(());
+    }
     let mut sampler = sampler(job.sampling);
     let mut decoder = model.tokenizer.decode_stream(true);
     let mut generated = 0usize;
@@ -256,7 +287,11 @@ fn generate(model: &LoadedModel, job: Job) -> Result<(), String> {
         generated += 1;
         if let Some(text) = decoder.step(next).map_err(|e| e.to_string())?
             && !text.is_empty()
-            && let Flow::Cancelled = send(&events, ModelEvent::TextDelta(text))
+            && (matches!(send(&events, ModelEvent::TextDelta(text)), Flow::Cancelled)
+                || matches!(
+                    send(&events, ModelEvent::Usage(usage(generated))),
+                    Flow::Cancelled
+                ))
         {
             return Ok(());
         }
@@ -272,12 +307,7 @@ fn generate(model: &LoadedModel, job: Job) -> Result<(), String> {
             .squeeze(0)
             .map_err(err)?;
     };
-    let usage = Usage {
-        input_tokens: prompt.ids.len() as u64,
-        output_tokens: generated as u64,
-        ..Usage::default()
-    };
-    if let Flow::Go = send(&events, ModelEvent::Usage(usage)) {
+    if let Flow::Go = send(&events, ModelEvent::Usage(usage(generated))) {
         let _ = events.blocking_send(Ok(ModelEvent::Finished(stop)));
     }
     Ok(())

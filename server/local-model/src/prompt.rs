@@ -236,6 +236,7 @@ mod tests {
             ]),
             thinking: None,
             tools: Vec::new(),
+            ..Default::default()
         };
         let m = chat_messages(&request);
         let roles: Vec<_> = m.iter().map(|m| m.role).collect();

@@ -3,10 +3,12 @@
 
 use std::sync::Arc;
 
-use agentrt_runtime::model::{ModelError, ModelProvider, ModelRequest, ModelStream};
+use agentrt_runtime::model::{
+    ModelError, ModelProvider, ModelRequest, ModelStream, NoCapacity, Reservation,
+};
 use async_trait::async_trait;
 
-use crate::engine::{Engine, Job, SamplingParams, SubmitError};
+use crate::engine::{Engine, Job, SamplingParams, Slot, SubmitError};
 use crate::load::{LoadError, LoadedModel};
 use crate::{LocalModelConfig, MODEL};
 
@@ -69,7 +71,12 @@ impl LocalProvider {
 
 #[async_trait]
 impl ModelProvider for LocalProvider {
-    async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
+    async fn stream(&self, mut request: ModelRequest) -> Result<ModelStream, ModelError> {
+        // The slot admission reserved for this step, if it did.
+        let slot = request
+            .reservation
+            .take()
+            .and_then(Reservation::slot::<Slot>);
         if !request.tools.is_empty() && !self.config.allow_without_tools {
             // Admission rejects such turns (supports_tools is false); this
             // guards direct callers of the provider.
@@ -86,9 +93,12 @@ impl ModelProvider for LocalProvider {
                 temperature: self.config.temperature,
                 top_p: self.config.top_p,
                 seed: self.config.seed,
-                max_tokens: self.config.max_tokens,
+                max_tokens: request
+                    .max_output_tokens
+                    .map_or(self.config.max_tokens, |n| n as usize),
             },
             events: tx,
+            slot,
         };
         match self.engine.submit(job) {
             Ok(()) => Ok(Box::pin(tokio_stream_from(rx))),
@@ -109,6 +119,20 @@ impl ModelProvider for LocalProvider {
 
     fn has_capacity(&self, _model: &str) -> bool {
         self.engine.has_capacity()
+    }
+
+    /// A slot of the inference queue, taken atomically, so a burst of turns
+    /// never admits more than the queue holds.
+    fn reserve(&self, _model: &str) -> Result<Option<Reservation>, NoCapacity> {
+        match self.engine.reserve() {
+            Ok(slot) => Ok(Some(Reservation::new(slot))),
+            Err(_) => Err(NoCapacity),
+        }
+    }
+
+    /// The model's context window: no step can generate more.
+    fn max_output_tokens_limit(&self, _model: &str) -> Option<u32> {
+        Some(u32::try_from(self.model().context_length).unwrap_or(u32::MAX))
     }
 }
 

@@ -28,6 +28,7 @@ fn request(texts: &[(Role, &str)]) -> ModelRequest {
             .into(),
         thinking: None,
         tools: Vec::new(),
+        ..Default::default()
     }
 }
 
@@ -156,7 +157,8 @@ async fn a_short_greedy_generation_streams_text_and_ends_with_usage() {
     assert!(texts.len() >= 3, "several deltas: {texts:?}");
     assert!(texts.iter().all(|t| !t.is_empty()));
     assert!(!texts.concat().contains("<|im_"));
-    let usage = events.iter().find_map(|e| match e {
+    // Usage is sent as it grows; the last one counts the whole step.
+    let usage = events.iter().rev().find_map(|e| match e {
         ModelEvent::Usage(u) => Some(*u),
         _ => None,
     });
@@ -183,7 +185,12 @@ async fn dropping_the_stream_stops_generation_within_a_second() {
     };
     let ask = || request(&[(Role::User, "Write a very long story about a robot.")]);
     let mut stream = provider.stream(ask()).await.unwrap();
-    let first = stream.next().await.unwrap().unwrap();
+    let first = loop {
+        match stream.next().await.unwrap().unwrap() {
+            ModelEvent::Usage(_) => {}
+            other => break other,
+        }
+    };
     assert!(matches!(first, ModelEvent::TextDelta(_)), "{first:?}");
     assert_eq!(provider.in_flight(), 1);
     let dropped = Instant::now();
@@ -198,6 +205,8 @@ async fn dropping_the_stream_stops_generation_within_a_second() {
     }
     // The inference thread is free: the next request runs at once.
     let mut next = provider.stream(ask()).await.unwrap();
+    // The prompt's usage after the prefill, then the first text.
+    assert!(matches!(next.next().await, Some(Ok(ModelEvent::Usage(_)))));
     assert!(matches!(
         next.next().await,
         Some(Ok(ModelEvent::TextDelta(_)))
@@ -253,4 +262,66 @@ async fn tools_are_refused_unless_running_without_them_is_allowed() {
     assert!(lenient.supports_tools("smollm2"));
     let events: Vec<_> = lenient.stream(with_tools).await.unwrap().collect().await;
     assert!(matches!(events.last(), Some(Ok(ModelEvent::Finished(_)))));
+}
+
+#[tokio::test]
+async fn reservations_take_queue_slots_atomically_and_the_request_consumes_them() {
+    let Some(provider) = testing::provider(|c| {
+        c.max_tokens = 2000;
+        c.queue_depth = 1;
+    }) else {
+        return;
+    };
+    // One thread + one waiting: two slots.
+    let first = provider.reserve("smollm2").unwrap().expect("a slot");
+    let second = provider.reserve("smollm2").unwrap().expect("a slot");
+    assert!(provider.reserve("smollm2").is_err(), "a third slot");
+    assert!(!provider.has_capacity("smollm2"));
+    // A request without a reservation finds no room...
+    let Err(refused) = provider
+        .stream(request(&[(Role::User, "Tell me a long story.")]))
+        .await
+    else {
+        panic!("a job beyond the reservations was accepted")
+    };
+    assert!(matches!(refused, ModelError::RateLimited(_)), "{refused:?}");
+    // ...one carrying its reservation runs in it.
+    let mut reserved = request(&[(Role::User, "Tell me a long story.")]);
+    reserved.reservation = Some(first);
+    let mut running = provider.stream(reserved).await.unwrap();
+    assert!(matches!(
+        running.next().await,
+        Some(Ok(ModelEvent::Usage(_) | ModelEvent::TextDelta(_)))
+    ));
+    assert_eq!(provider.in_flight(), 2);
+    // An unused reservation gives its slot back when dropped.
+    drop(second);
+    assert_eq!(provider.in_flight(), 1);
+    assert!(provider.reserve("smollm2").unwrap().is_some());
+}
+
+#[tokio::test]
+async fn usage_is_reported_while_generating_not_only_at_the_end() {
+    let Some(provider) = testing::provider(|c| c.max_tokens = 200) else {
+        return;
+    };
+    let mut stream = provider
+        .stream(request(&[(Role::User, "Tell me a long story.")]))
+        .await
+        .unwrap();
+    let mut texts = 0u64;
+    let mut last = None;
+    while texts < 5 {
+        match stream.next().await {
+            Some(Ok(ModelEvent::TextDelta(_))) => texts += 1,
+            Some(Ok(ModelEvent::Usage(u))) => last = Some(u),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Stopped after five deltas: what was counted so far is known.
+    drop(stream);
+    let usage = last.expect("usage before the end");
+    assert!(usage.input_tokens > 10, "{usage:?}");
+    // Four deltas were counted (a delta may take more than one token).
+    assert!((4..50).contains(&usage.output_tokens), "{usage:?}");
 }

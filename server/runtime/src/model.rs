@@ -7,6 +7,7 @@
 //! - [`retry`]: retries with backoff in front of any HTTP provider.
 //! - [`sse`]: the Server-Sent Events parser the HTTP providers share.
 
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::pin::Pin;
@@ -32,7 +33,7 @@ pub mod sse;
 mod test_support;
 
 /// What a provider is asked to do: one model step.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ModelRequest {
     /// The model name *without* the provider prefix.
     pub model: String,
@@ -46,6 +47,15 @@ pub struct ModelRequest {
     pub thinking: Option<ThinkingLevel>,
     /// Tools the model may call in this step.
     pub tools: Vec<ToolSpec>,
+    /// Most tokens the step may generate, as the call asked
+    /// (`ChatRequest.max_output_tokens`, already checked against
+    /// [`ModelProvider::max_output_tokens_limit`]); `None` uses the
+    /// provider's configured default for the model.
+    pub max_output_tokens: Option<u32>,
+    /// The capacity [`ModelProvider::reserve`] set aside for this step at
+    /// admission, which the provider consumes; `None` when it reserved
+    /// nothing (or this is not a turn's first step).
+    pub reservation: Option<Reservation>,
 }
 
 impl ModelRequest {
@@ -64,9 +74,114 @@ impl ModelRequest {
             }]),
             thinking: None,
             tools: Vec::new(),
+            max_output_tokens: None,
+            reservation: None,
         }
     }
 }
+
+/// The most text and reasoning a provider lets one step produce before the
+/// runtime cuts it with stop reason `length` (see
+/// [`ModelProvider::max_step_output_bytes`]): 1 MiB.
+pub const DEFAULT_MAX_STEP_OUTPUT_BYTES: usize = 1 << 20;
+
+/// How much one step of an HTTP provider may generate: the `max_tokens` it
+/// sends (per provider, optionally per model, overridable per call up to
+/// `max_tokens_limit`) and the byte bound the runtime enforces whatever the
+/// upstream does with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputLimits {
+    /// `max_tokens` sent when neither the call nor `model_max_tokens` says
+    /// otherwise. Default 4096.
+    pub max_tokens: u32,
+    /// Per-model `max_tokens` (model name without the provider prefix).
+    pub model_max_tokens: BTreeMap<String, u32>,
+    /// The most a call may ask for with `max_output_tokens`. Default 32768.
+    pub max_tokens_limit: u32,
+    /// The most bytes of text and reasoning one step may produce before it
+    /// is cut with stop reason `length`. Default 1 MiB.
+    pub max_output_bytes: usize,
+}
+
+impl Default for OutputLimits {
+    fn default() -> Self {
+        Self {
+            max_tokens: 4096,
+            model_max_tokens: BTreeMap::new(),
+            max_tokens_limit: 32_768,
+            max_output_bytes: DEFAULT_MAX_STEP_OUTPUT_BYTES,
+        }
+    }
+}
+
+impl OutputLimits {
+    /// The `max_tokens` to send for `model`: the call's own when it gave
+    /// one, else the model's, else the provider's.
+    pub fn tokens_for(&self, model: &str, requested: Option<u32>) -> u32 {
+        requested
+            .or_else(|| self.model_max_tokens.get(model).copied())
+            .unwrap_or(self.max_tokens)
+    }
+
+    /// What is wrong with these limits, if anything: every token count at
+    /// least 1 and at most `max_tokens_limit`, and a byte bound of at least
+    /// 1 KiB.
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_tokens_limit == 0 {
+            return Err("max_tokens_limit must be at least 1".to_owned());
+        }
+        if self.max_tokens == 0 || self.max_tokens > self.max_tokens_limit {
+            return Err(format!(
+                "max_tokens must be between 1 and max_tokens_limit ({})",
+                self.max_tokens_limit
+            ));
+        }
+        if let Some((model, n)) = self
+            .model_max_tokens
+            .iter()
+            .find(|(_, n)| **n == 0 || **n > self.max_tokens_limit)
+        {
+            return Err(format!(
+                "model_max_tokens.{model} = {n} must be between 1 and max_tokens_limit ({})",
+                self.max_tokens_limit
+            ));
+        }
+        if self.max_output_bytes < 1024 {
+            return Err("max_output_bytes must be at least 1024".to_owned());
+        }
+        Ok(())
+    }
+}
+
+/// Capacity a provider set aside for one model step at admission
+/// ([`ModelProvider::reserve`]). The provider's own slot type is inside;
+/// the slot is given back when the last clone of the reservation is
+/// dropped, so a turn rejected after admission took it (or whose request
+/// is never sent) returns it without the provider's help.
+#[derive(Clone)]
+pub struct Reservation(Arc<dyn Any + Send + Sync>);
+
+impl Reservation {
+    /// Wraps a provider's slot.
+    pub fn new<T: Any + Send + Sync>(slot: T) -> Self {
+        Self(Arc::new(slot))
+    }
+
+    /// The provider's slot, when it is of type `T`.
+    pub fn slot<T: Any + Send + Sync>(self) -> Option<Arc<T>> {
+        self.0.downcast::<T>().ok()
+    }
+}
+
+impl fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Reservation")
+    }
+}
+
+/// [`ModelProvider::reserve`] found the provider's queue full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoCapacity;
 
 /// A tool offered to the model.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,7 +204,16 @@ pub enum ModelEvent {
     /// The provider's signature of the reasoning streamed so far, to be
     /// stored on the thinking block and sent back with it (non-empty).
     ThinkingSignature(String),
-    /// Token usage of the step (may arrive once, near the end).
+    /// Token usage of the step so far. Providers send it as soon as they
+    /// know any of it and again when it grows; the runtime keeps the last
+    /// one (cumulative, never a delta). What is known when differs:
+    /// Anthropic reports the input at `message_start` and the output at
+    /// the end; the local model counts both exactly as it generates;
+    /// OpenAI-compatible servers report everything only at the end. For a
+    /// step that does not finish (stopped, timed out, failed, cut at the
+    /// output bound) after the provider reported no output tokens, the
+    /// runtime estimates them from the text and reasoning relayed (a token
+    /// per 4 bytes, rounded up).
     Usage(Usage),
     /// A complete tool call (providers assemble streamed fragments first).
     ToolCall {
@@ -125,6 +249,10 @@ pub enum ModelError {
     /// The upstream sent something we cannot parse.
     #[error("malformed model response: {0}")]
     Malformed(String),
+    /// The upstream said the account's quota is exhausted (OpenAI's 429
+    /// `insufficient_quota`): waiting does not help, so it is never retried.
+    #[error("model upstream quota exhausted: {0}")]
+    QuotaExhausted(String),
     /// `error` together with how long the upstream asked us to wait before
     /// trying again (`Retry-After` / `retry-after-ms`). Never nests.
     #[error("{error} (retry after {retry_after:?})")]
@@ -142,6 +270,10 @@ impl ModelError {
         match self {
             Self::Unavailable(_) => "the model service is unavailable",
             Self::RateLimited(_) => "the model service is rate limiting requests",
+            Self::QuotaExhausted(_) => {
+                "the model provider's quota is exhausted (check the plan and billing of the \
+                 configured account); retrying will not help until it is raised"
+            }
             Self::Unauthorized(_) => "the model service rejected the configured credentials",
             Self::Rejected(_) => "the model service rejected the request",
             Self::Truncated(_) => "the model stream ended before the model finished",
@@ -226,6 +358,39 @@ pub trait ModelProvider: Send + Sync + fmt::Debug + 'static {
     fn has_capacity(&self, model: &str) -> bool {
         let _ = model;
         true
+    }
+
+    /// Takes capacity for one step of `model` at admission, before anything
+    /// is stored; the runtime passes it to the turn's first request
+    /// ([`ModelRequest::reservation`]), and dropping it unused gives it
+    /// back. `Ok(None)` when the provider does not bound its queue.
+    /// `Err(NoCapacity)` refuses the turn (`RESOURCE_EXHAUSTED`). The
+    /// default reserves nothing and refuses when [`Self::has_capacity`] is
+    /// false.
+    fn reserve(&self, model: &str) -> Result<Option<Reservation>, NoCapacity> {
+        if self.has_capacity(model) {
+            Ok(None)
+        } else {
+            Err(NoCapacity)
+        }
+    }
+
+    /// The most `max_output_tokens` a call may ask of `model`; `None` when
+    /// the provider sets no maximum (it has no token budget). Default
+    /// `None`.
+    fn max_output_tokens_limit(&self, model: &str) -> Option<u32> {
+        let _ = model;
+        None
+    }
+
+    /// The most bytes of text and reasoning one step of `model` may
+    /// produce; past it the runtime ends the step with stop reason `length`
+    /// and closes the stream, so an upstream that never stops cannot grow
+    /// memory or the stored message without bound. Default
+    /// [`DEFAULT_MAX_STEP_OUTPUT_BYTES`].
+    fn max_step_output_bytes(&self, model: &str) -> usize {
+        let _ = model;
+        DEFAULT_MAX_STEP_OUTPUT_BYTES
     }
 }
 

@@ -157,6 +157,10 @@ pub struct ChatInput {
     pub extra_tools: Vec<crate::model::ToolSpec>,
     /// Most model steps for this call (default from the config).
     pub max_steps: Option<u32>,
+    /// Most tokens each model step may generate (the provider's default
+    /// for the model when `None`), at most the provider's
+    /// [`crate::model::ModelProvider::max_output_tokens_limit`].
+    pub max_output_tokens: Option<u32>,
 }
 
 /// The model selection a runner was built with; a turn asking for another
@@ -479,7 +483,7 @@ impl Runtime {
             .runner_for(&session.id, &session.owner, key, model_field)
             .await?;
         let offered = toolrun::offered(&runner, input.extra_tools, &input.excluded_tools)?;
-        toolrun::admit_model(&runner, &offered)?;
+        let reservation = toolrun::admit_model(&runner, &offered, input.max_output_tokens)?;
         let system_overridden = input.system_override.is_some();
         let system_prompt = input
             .system_override
@@ -558,7 +562,11 @@ impl Runtime {
             record.clone(),
             user_message,
             system_prompt.clone(),
-            offered.clone(),
+            prestart::FirstRequest {
+                tools: offered.clone(),
+                max_output_tokens: input.max_output_tokens,
+                reservation,
+            },
         )
         .await;
         let prestart::Begun {
@@ -588,6 +596,7 @@ impl Runtime {
             deadline: checked.deadline_from(admitted_at),
             tools: offered,
             max_steps: checked.max_steps,
+            max_output_tokens: input.max_output_tokens,
             usage: Usage::default(),
             final_message: None,
             open_step: None,

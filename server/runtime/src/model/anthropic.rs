@@ -5,6 +5,11 @@
 //! counts as finished once `message_stop` arrives; a body that ends earlier
 //! is reported as truncated. Thinking blocks are sent back with their
 //! signatures (unsigned ones are dropped, since the API rejects them).
+//!
+//! Usage is relayed as it becomes known: the input at `message_start` (its
+//! output count there is a placeholder and is left at 0, so a step stopped
+//! mid-stream gets the runtime's estimate of its output; see
+//! [`ModelEvent::Usage`]), the whole at `message_delta`.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
@@ -18,7 +23,7 @@ use serde_json::{Value, json};
 
 use super::http::{self, SseDecoder, truncated};
 use super::sse::SseEvent;
-use super::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream};
+use super::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream, OutputLimits};
 use crate::types::{ContentBlock, Role, StopReason, ThinkingLevel, Usage, flatten_text};
 
 /// The API version this provider speaks.
@@ -43,14 +48,15 @@ pub struct AnthropicConfig {
     pub connect_timeout: Duration,
     /// Longest silence allowed while waiting for headers or between chunks.
     pub idle_timeout: Duration,
-    /// `max_tokens` of each request (raised above the thinking budget when
-    /// thinking is enabled).
-    pub max_tokens: u32,
+    /// How much a step may generate: the `max_tokens` of each request
+    /// (raised above the thinking budget when thinking is enabled).
+    pub limits: OutputLimits,
 }
 
 impl AnthropicConfig {
     /// `base_url` with no key, no allow-list, a 10 s connect timeout, a
-    /// 60 s idle timeout and `max_tokens` 4096.
+    /// 60 s idle timeout and the default [`OutputLimits`] (`max_tokens`
+    /// 4096).
     pub fn new(base_url: impl Into<String>) -> Self {
         Self {
             base_url: base_url.into(),
@@ -58,7 +64,7 @@ impl AnthropicConfig {
             models: None,
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
-            max_tokens: 4096,
+            limits: OutputLimits::default(),
         }
     }
 }
@@ -71,7 +77,7 @@ impl fmt::Debug for AnthropicConfig {
             .field("models", &self.models)
             .field("connect_timeout", &self.connect_timeout)
             .field("idle_timeout", &self.idle_timeout)
-            .field("max_tokens", &self.max_tokens)
+            .field("limits", &self.limits)
             .finish()
     }
 }
@@ -93,9 +99,10 @@ pub enum AnthropicConfigError {
     /// A zero timeout would fail every request.
     #[error("model timeouts must be greater than zero")]
     ZeroTimeout,
-    /// The API rejects `max_tokens` of zero.
-    #[error("max_tokens must be greater than zero")]
-    ZeroMaxTokens,
+    /// The output limits are inconsistent (e.g. `max_tokens` of zero, which
+    /// the API rejects).
+    #[error("{0}")]
+    Limits(String),
     /// The HTTP client could not be built (e.g. no TLS roots).
     #[error("could not build the HTTP client: {0}")]
     Client(String),
@@ -109,7 +116,7 @@ pub struct AnthropicProvider {
     models: Option<Vec<String>>,
     connect_timeout: Duration,
     idle_timeout: Duration,
-    max_tokens: u32,
+    limits: OutputLimits,
 }
 
 impl fmt::Debug for AnthropicProvider {
@@ -119,7 +126,7 @@ impl fmt::Debug for AnthropicProvider {
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("models", &self.models)
             .field("idle_timeout", &self.idle_timeout)
-            .field("max_tokens", &self.max_tokens)
+            .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
 }
@@ -135,9 +142,10 @@ impl AnthropicProvider {
         if config.connect_timeout.is_zero() || config.idle_timeout.is_zero() {
             return Err(AnthropicConfigError::ZeroTimeout);
         }
-        if config.max_tokens == 0 {
-            return Err(AnthropicConfigError::ZeroMaxTokens);
-        }
+        config
+            .limits
+            .check()
+            .map_err(AnthropicConfigError::Limits)?;
         let api_key = match config.api_key.as_deref().filter(|k| !k.is_empty()) {
             Some(key) => {
                 let mut value =
@@ -156,7 +164,7 @@ impl AnthropicProvider {
             models: config.models,
             connect_timeout: config.connect_timeout,
             idle_timeout: config.idle_timeout,
-            max_tokens: config.max_tokens,
+            limits: config.limits,
         })
     }
 }
@@ -164,7 +172,10 @@ impl AnthropicProvider {
 #[async_trait]
 impl ModelProvider for AnthropicProvider {
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
-        let body = serde_json::to_vec(&request_body(&request, self.max_tokens))
+        let max_tokens = self
+            .limits
+            .tokens_for(&request.model, request.max_output_tokens);
+        let body = serde_json::to_vec(&request_body(&request, max_tokens))
             .map_err(|e| ModelError::Rejected(format!("could not encode the request: {e}")))?;
         let mut http = self
             .client
@@ -192,6 +203,14 @@ impl ModelProvider for AnthropicProvider {
         self.models
             .as_ref()
             .is_none_or(|models| models.iter().any(|m| m == model))
+    }
+
+    fn max_output_tokens_limit(&self, _model: &str) -> Option<u32> {
+        Some(self.limits.max_tokens_limit)
+    }
+
+    fn max_step_output_bytes(&self, _model: &str) -> usize {
+        self.limits.max_output_bytes
     }
 }
 
@@ -427,6 +446,11 @@ impl EventDecoder {
             "message_start" => {
                 if let Some(usage) = data.pointer("/message/usage") {
                     self.on_usage(usage);
+                    if let Some(usage) = &mut self.usage {
+                        // A placeholder (usually 1) until message_delta.
+                        usage.output = 0;
+                    }
+                    self.relay_usage();
                 }
             }
             "content_block_start" => {
@@ -522,11 +546,8 @@ impl EventDecoder {
                         } else {
                             json
                         };
-                        if serde_json::from_str::<Value>(&arguments_json).is_err() {
-                            return Err(ModelError::Malformed(
-                                "a tool call's input is not valid JSON".into(),
-                            ));
-                        }
+                        // Input that is not JSON is passed on: the runtime
+                        // does not run the call and tells the model why.
                         self.decoded.push_back(ModelEvent::ToolCall {
                             id,
                             name,
@@ -542,13 +563,11 @@ impl EventDecoder {
                 }
                 if let Some(usage) = data.get("usage") {
                     self.on_usage(usage);
+                    self.relay_usage();
                 }
             }
             "message_stop" => {
                 self.done = true;
-                if let Some(usage) = self.usage.take() {
-                    self.decoded.push_back(ModelEvent::Usage(usage.into()));
-                }
                 let reason = self.stop_reason.unwrap_or(StopReason::Stop);
                 self.decoded.push_back(ModelEvent::Finished(reason));
             }
@@ -574,6 +593,13 @@ impl EventDecoder {
     fn push_text(&mut self, text: String) {
         if !text.is_empty() {
             self.decoded.push_back(ModelEvent::TextDelta(text));
+        }
+    }
+
+    /// Queues the usage known so far.
+    fn relay_usage(&mut self) {
+        if let Some(usage) = &self.usage {
+            self.decoded.push_back(ModelEvent::Usage(usage.into()));
         }
     }
 
@@ -604,9 +630,9 @@ struct WireUsage {
     output: u64,
 }
 
-impl From<WireUsage> for Usage {
+impl From<&WireUsage> for Usage {
     /// [`Usage::input_tokens`] counts the whole prompt, cached or not.
-    fn from(u: WireUsage) -> Self {
+    fn from(u: &WireUsage) -> Self {
         Self {
             input_tokens: u
                 .input
@@ -690,6 +716,13 @@ mod tests {
 
     fn happy_events() -> Vec<ModelEvent> {
         vec![
+            // The input is relayed at once, the output only once counted.
+            ModelEvent::Usage(Usage {
+                input_tokens: 16,
+                output_tokens: 0,
+                reasoning_tokens: 0,
+                cached_input_tokens: 4,
+            }),
             ModelEvent::ReasoningDelta("Thinking é".into()),
             ModelEvent::ThinkingSignature("sig-abc".into()),
             ModelEvent::TextDelta("Hel".into()),
@@ -752,19 +785,28 @@ mod tests {
         ]))
         .await;
         let items = items.unwrap();
-        assert_eq!(items.len(), 2, "{items:?}");
+        let usage = |output_tokens| {
+            ModelEvent::Usage(Usage {
+                input_tokens: 1,
+                output_tokens,
+                ..Usage::default()
+            })
+        };
+        assert_eq!(items.len(), 4, "{items:?}");
+        assert_eq!(items[0].as_ref().unwrap(), &usage(0));
         assert_eq!(
-            items[0].as_ref().unwrap(),
+            items[1].as_ref().unwrap(),
             &ModelEvent::TextDelta("par".into())
         );
+        assert_eq!(items[2].as_ref().unwrap(), &usage(2));
         assert!(
-            matches!(items[1], Err(ModelError::Truncated(_))),
+            matches!(items[3], Err(ModelError::Truncated(_))),
             "{items:?}"
         );
     }
 
     #[tokio::test]
-    async fn invalid_tool_input_json_is_malformed() {
+    async fn tool_input_that_is_not_json_is_passed_on_for_the_runtime_to_refuse() {
         let (_fake, items) = run_script(stream(vec![
             tool_use_start(0, "toolu_1", "ls"),
             input_json_delta(0, r#"{"path": "#),
@@ -772,10 +814,16 @@ mod tests {
             message_stop(),
         ]))
         .await;
-        let items = items.unwrap();
-        assert!(
-            matches!(items[..], [Err(ModelError::Malformed(_))]),
-            "{items:?}"
+        assert_eq!(
+            ok_events(items.unwrap()),
+            vec![
+                ModelEvent::ToolCall {
+                    id: "toolu_1".into(),
+                    name: "ls".into(),
+                    arguments_json: r#"{"path": "#.into(),
+                },
+                ModelEvent::Finished(StopReason::Stop),
+            ]
         );
     }
 
@@ -977,6 +1025,7 @@ mod tests {
             ]),
             thinking: Some(ThinkingLevel::XHigh),
             tools: Vec::new(),
+            ..Default::default()
         };
         let body = request_body(&req, 4096);
         assert_eq!(body["thinking"]["budget_tokens"], 32000);
@@ -1023,13 +1072,16 @@ mod tests {
         assert!(!format!("{provider:?}").contains("sk-ant"));
         assert!(provider.serves("a") && !provider.serves("b"));
         let zero = AnthropicConfig {
-            max_tokens: 0,
+            limits: OutputLimits {
+                max_tokens: 0,
+                ..OutputLimits::default()
+            },
             ..AnthropicConfig::new("http://localhost:1/v1")
         };
-        assert_eq!(
+        assert!(matches!(
             AnthropicProvider::new(zero).unwrap_err(),
-            AnthropicConfigError::ZeroMaxTokens
-        );
+            AnthropicConfigError::Limits(e) if e.contains("max_tokens")
+        ));
         let bad_key = AnthropicConfig {
             api_key: Some("line\nbreak".into()),
             ..AnthropicConfig::new("http://localhost:1/v1")

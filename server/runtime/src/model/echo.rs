@@ -146,6 +146,7 @@ mod tests {
             messages: vec![user("hello there world")].into(),
             thinking: None,
             tools: Vec::new(),
+            ..Default::default()
         };
         let events: Vec<_> = EchoProvider
             .stream(request)
@@ -178,6 +179,7 @@ mod tests {
             messages: vec![user("hi")].into(),
             thinking: Some(ThinkingLevel::Low),
             tools: Vec::new(),
+            ..Default::default()
         };
         let first = EchoProvider
             .stream(request)

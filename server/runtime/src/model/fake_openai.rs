@@ -30,6 +30,14 @@ pub enum FakeReply {
         /// Keep the connection open after the last piece.
         then_hang: bool,
     },
+    /// `200 OK` with `text/event-stream`, then `chunk` written again and
+    /// again, never ending, until the client goes away (counted by
+    /// [`FakeOpenAi::clients_gone`]): an upstream that never stops talking.
+    /// [`FakeOpenAi::bytes_streamed`] says how much of it was written.
+    Endless {
+        /// The raw body piece repeated.
+        chunk: Vec<u8>,
+    },
     /// A non-streaming reply with this status and JSON body.
     Status {
         /// HTTP status code.
@@ -90,6 +98,7 @@ struct Shared {
     requests: Mutex<Vec<RecordedRequest>>,
     requests_seen: watch::Sender<usize>,
     clients_gone: watch::Sender<usize>,
+    endless_bytes: std::sync::atomic::AtomicU64,
 }
 
 /// The running fake. Dropping it stops the server and its connections.
@@ -119,6 +128,7 @@ impl FakeOpenAi {
             requests: Mutex::new(Vec::new()),
             requests_seen: watch::Sender::new(0),
             clients_gone: watch::Sender::new(0),
+            endless_bytes: std::sync::atomic::AtomicU64::new(0),
         });
         let server = tokio::spawn(serve(listener, Arc::clone(&shared)));
         Self {
@@ -144,6 +154,13 @@ impl FakeOpenAi {
         rx.wait_for(|seen| *seen >= n)
             .await
             .expect("the sender lives in self");
+    }
+
+    /// Body bytes written by [`FakeReply::Endless`] replies so far.
+    pub fn bytes_streamed(&self) -> u64 {
+        self.shared
+            .endless_bytes
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many hanging streams have seen their client go away.
@@ -203,6 +220,18 @@ async fn handle(mut socket: TcpStream, shared: Arc<Shared>, index: usize) {
             headers,
             body,
         } => write_status(&mut socket, code, &headers, &body).await,
+        FakeReply::Endless { chunk } => {
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                        cache-control: no-cache\r\nconnection: close\r\n\r\n";
+            if socket.write_all(head.as_bytes()).await.is_ok() {
+                while socket.write_all(&chunk).await.is_ok() {
+                    shared
+                        .endless_bytes
+                        .fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            shared.clients_gone.send_modify(|n| *n += 1);
+        }
         FakeReply::Sse {
             chunks,
             done,

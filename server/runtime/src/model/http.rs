@@ -86,6 +86,10 @@ pub(crate) async fn send_for_stream(
     Ok(response)
 }
 
+/// Most of a refusal's body read to classify it (e.g. a 429 that is an
+/// exhausted quota, not a rate limit).
+const CLASSIFIED_BODY_BYTES: usize = 8 * 1024;
+
 /// Maps a non-2xx answer to an error. The body stays out of the error (it
 /// may echo the prompt) and is only logged, truncated, at debug level.
 async fn refusal(mut response: reqwest::Response, idle_timeout: Duration) -> ModelError {
@@ -93,7 +97,7 @@ async fn refusal(mut response: reqwest::Response, idle_timeout: Duration) -> Mod
     let retry_after = retry_after_header(response.headers());
     let mut body = Vec::new();
     let _ = tokio::time::timeout(idle_timeout, async {
-        while body.len() < LOGGED_BODY_BYTES {
+        while body.len() < CLASSIFIED_BODY_BYTES {
             match response.chunk().await {
                 Ok(Some(chunk)) => body.extend_from_slice(&chunk),
                 _ => break,
@@ -101,16 +105,35 @@ async fn refusal(mut response: reqwest::Response, idle_timeout: Duration) -> Mod
         }
     })
     .await;
-    body.truncate(LOGGED_BODY_BYTES);
+    body.truncate(CLASSIFIED_BODY_BYTES);
+    let logged = &body[..body.len().min(LOGGED_BODY_BYTES)];
     tracing::debug!(
         status = status.as_u16(),
-        body = %String::from_utf8_lossy(&body),
+        body = %String::from_utf8_lossy(logged),
         "model upstream refused the request"
     );
+    if status.as_u16() == 429 && quota_exhausted(&body) {
+        // Retrying cannot help, whatever Retry-After says.
+        return ModelError::QuotaExhausted(format!("HTTP {}", status.as_u16()));
+    }
     let error = status_error(status.as_u16());
     match retry_after {
         Some(wait) if error.is_retryable() => error.with_retry_after(wait),
         _ => error,
+    }
+}
+
+/// Whether a 429's body says the account's quota is exhausted: OpenAI's
+/// `{"error": {"type": "insufficient_quota", "code": "insufficient_quota"}}`.
+/// Read as JSON when it parses, else (a body cut at the read bound)
+/// matched as text.
+fn quota_exhausted(body: &[u8]) -> bool {
+    const QUOTA: &str = "insufficient_quota";
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(value) => ["/error/type", "/error/code", "/type", "/code"]
+            .iter()
+            .any(|p| value.pointer(p).and_then(serde_json::Value::as_str) == Some(QUOTA)),
+        Err(_) => body.windows(QUOTA.len()).any(|w| w == QUOTA.as_bytes()),
     }
 }
 

@@ -6,6 +6,12 @@
 //! [`SseParser`]. A step only counts as finished once
 //! `data: [DONE]` arrives: servers send usage after the finish reason, so a
 //! body that ends earlier is reported as truncated.
+//!
+//! Every request carries a `max_tokens` (see [`OutputLimits`]), and asks
+//! for usage with `stream_options.include_usage`, which servers send only
+//! at the end: a usage object is relayed as soon as it arrives, and for a
+//! step that ends earlier the runtime estimates the output tokens (see
+//! [`ModelEvent::Usage`]).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -21,7 +27,7 @@ use serde_json::{Value, json};
 use super::http::SseDecoder;
 use super::http::{self, truncated};
 use super::sse::SseEvent;
-use super::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream};
+use super::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream, OutputLimits};
 use crate::types::{ContentBlock, Role, StopReason, ThinkingLevel, Usage, flatten_text};
 
 /// Settings of one OpenAI-compatible endpoint.
@@ -37,11 +43,37 @@ pub struct OpenAiConfig {
     pub connect_timeout: Duration,
     /// Longest silence allowed while waiting for headers or between chunks.
     pub idle_timeout: Duration,
+    /// How much a step may generate.
+    pub limits: OutputLimits,
+    /// The request field the token budget goes in.
+    pub max_tokens_param: MaxTokensParam,
+}
+
+/// The request field that carries the token budget.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MaxTokensParam {
+    /// `max_tokens`: what every compatible server (vLLM, llama.cpp,
+    /// Ollama, LiteLLM) reads. Default.
+    #[default]
+    MaxTokens,
+    /// `max_completion_tokens`: what OpenAI's reasoning models require
+    /// (they reject `max_tokens`).
+    MaxCompletionTokens,
+}
+
+impl MaxTokensParam {
+    fn field(self) -> &'static str {
+        match self {
+            Self::MaxTokens => "max_tokens",
+            Self::MaxCompletionTokens => "max_completion_tokens",
+        }
+    }
 }
 
 impl OpenAiConfig {
-    /// `base_url` with no key, no allow-list, a 10 s connect timeout and a
-    /// 60 s idle timeout.
+    /// `base_url` with no key, no allow-list, a 10 s connect timeout, a
+    /// 60 s idle timeout and the default [`OutputLimits`] (`max_tokens`
+    /// 4096).
     pub fn new(base_url: impl Into<String>) -> Self {
         Self {
             base_url: base_url.into(),
@@ -49,6 +81,8 @@ impl OpenAiConfig {
             models: None,
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            limits: OutputLimits::default(),
+            max_tokens_param: MaxTokensParam::default(),
         }
     }
 }
@@ -61,6 +95,8 @@ impl fmt::Debug for OpenAiConfig {
             .field("models", &self.models)
             .field("connect_timeout", &self.connect_timeout)
             .field("idle_timeout", &self.idle_timeout)
+            .field("limits", &self.limits)
+            .field("max_tokens_param", &self.max_tokens_param)
             .finish()
     }
 }
@@ -82,6 +118,9 @@ pub enum OpenAiConfigError {
     /// A zero timeout would fail every request.
     #[error("model timeouts must be greater than zero")]
     ZeroTimeout,
+    /// The output limits are inconsistent.
+    #[error("{0}")]
+    Limits(String),
     /// The HTTP client could not be built (e.g. no TLS roots).
     #[error("could not build the HTTP client: {0}")]
     Client(String),
@@ -95,6 +134,8 @@ pub struct OpenAiProvider {
     models: Option<Vec<String>>,
     connect_timeout: Duration,
     idle_timeout: Duration,
+    limits: OutputLimits,
+    max_tokens_param: MaxTokensParam,
 }
 
 impl fmt::Debug for OpenAiProvider {
@@ -119,6 +160,7 @@ impl OpenAiProvider {
         if config.connect_timeout.is_zero() || config.idle_timeout.is_zero() {
             return Err(OpenAiConfigError::ZeroTimeout);
         }
+        config.limits.check().map_err(OpenAiConfigError::Limits)?;
         let auth = match config.api_key.as_deref().filter(|k| !k.is_empty()) {
             Some(key) => {
                 let mut value = HeaderValue::from_str(&format!("Bearer {key}"))
@@ -137,6 +179,8 @@ impl OpenAiProvider {
             models: config.models,
             connect_timeout: config.connect_timeout,
             idle_timeout: config.idle_timeout,
+            limits: config.limits,
+            max_tokens_param: config.max_tokens_param,
         })
     }
 }
@@ -144,7 +188,12 @@ impl OpenAiProvider {
 #[async_trait]
 impl ModelProvider for OpenAiProvider {
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
-        let body = serde_json::to_vec(&request_body(&request))
+        let max_tokens = self
+            .limits
+            .tokens_for(&request.model, request.max_output_tokens);
+        let mut body = request_body(&request);
+        body[self.max_tokens_param.field()] = json!(max_tokens);
+        let body = serde_json::to_vec(&body)
             .map_err(|e| ModelError::Rejected(format!("could not encode the request: {e}")))?;
         let mut http = self
             .client
@@ -168,6 +217,14 @@ impl ModelProvider for OpenAiProvider {
         self.models
             .as_ref()
             .is_none_or(|models| models.iter().any(|m| m == model))
+    }
+
+    fn max_output_tokens_limit(&self, _model: &str) -> Option<u32> {
+        Some(self.limits.max_tokens_limit)
+    }
+
+    fn max_step_output_bytes(&self, _model: &str) -> usize {
+        self.limits.max_output_bytes
     }
 }
 
@@ -407,6 +464,7 @@ fn stop_reason(finish_reason: &str) -> StopReason {
 struct ChunkDecoder {
     decoded: VecDeque<ModelEvent>,
     finish_reason: Option<StopReason>,
+    /// The last usage relayed.
     usage: Option<Usage>,
     tool_calls: Vec<PartialCall>,
 }
@@ -488,11 +546,6 @@ impl ChunkDecoder {
         }
         if data == "[DONE]" {
             self.flush_tool_calls()?;
-            // Usage is relayed once, at the end, because some servers repeat
-            // a cumulative usage object on every chunk.
-            if let Some(usage) = self.usage.take() {
-                self.decoded.push_back(ModelEvent::Usage(usage));
-            }
             let reason = self.finish_reason.unwrap_or(StopReason::Stop);
             self.decoded.push_back(ModelEvent::Finished(reason));
             return Ok(true);
@@ -529,7 +582,14 @@ impl ChunkDecoder {
             }
         }
         if let Some(usage) = chunk.usage {
-            self.usage = Some(usage.into());
+            // Relayed at once (a step stopped before [DONE] keeps it), but
+            // only when it changed: some servers repeat a cumulative usage
+            // object on every chunk.
+            let usage = Usage::from(usage);
+            if self.usage != Some(usage) {
+                self.usage = Some(usage);
+                self.decoded.push_back(ModelEvent::Usage(usage));
+            }
         }
         Ok(false)
     }
@@ -738,6 +798,76 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn max_tokens_is_the_calls_else_the_models_else_the_providers() {
+        let fake = FakeOpenAi::start(vec![FakeReply::sse(vec![finish_chunk("stop")])]).await;
+        let limits = OutputLimits {
+            max_tokens: 1000,
+            model_max_tokens: [("big".to_owned(), 3000)].into(),
+            ..OutputLimits::default()
+        };
+        let provider = OpenAiProvider::new(OpenAiConfig {
+            limits: limits.clone(),
+            ..config(&fake)
+        })
+        .unwrap();
+        run(&provider, request("a")).await.unwrap();
+        run(&provider, test_support::request("big", "b"))
+            .await
+            .unwrap();
+        let mut asked = request("c");
+        asked.max_output_tokens = Some(77);
+        run(&provider, asked).await.unwrap();
+        let sent: Vec<_> = fake
+            .requests()
+            .iter()
+            .map(|r| r.body["max_tokens"].clone())
+            .collect();
+        assert_eq!(sent, [json!(1000), json!(3000), json!(77)]);
+        assert_eq!(provider.max_output_tokens_limit("x"), Some(32_768));
+
+        let reasoning = OpenAiProvider::new(OpenAiConfig {
+            limits,
+            max_tokens_param: MaxTokensParam::MaxCompletionTokens,
+            ..config(&fake)
+        })
+        .unwrap();
+        run(&reasoning, request("d")).await.unwrap();
+        let last = fake.requests().pop().unwrap();
+        assert_eq!(last.body["max_completion_tokens"], 1000);
+        assert!(last.body.get("max_tokens").is_none());
+    }
+
+    #[tokio::test]
+    async fn usage_is_relayed_when_it_arrives_and_only_when_it_changed() {
+        let usage = |completion: u64| {
+            sse_data(&json!({
+                "choices": [{ "index": 0, "delta": { "content": "x" } }],
+                "usage": { "prompt_tokens": 9, "completion_tokens": completion },
+            }))
+        };
+        let (_fake, items) = run_script(FakeReply::sse(vec![usage(1), usage(1), usage(2)])).await;
+        let seen = |output_tokens| {
+            ModelEvent::Usage(Usage {
+                input_tokens: 9,
+                output_tokens,
+                ..Usage::default()
+            })
+        };
+        let text = || ModelEvent::TextDelta("x".into());
+        assert_eq!(
+            ok_events(items.unwrap()),
+            vec![
+                text(),
+                seen(1),
+                text(),
+                text(),
+                seen(2),
+                ModelEvent::Finished(StopReason::Stop)
+            ]
+        );
+    }
+
+    #[tokio::test]
     async fn no_authorization_header_or_effort_when_not_configured() {
         let fake = FakeOpenAi::start(vec![FakeReply::sse(vec![finish_chunk("stop")])]).await;
         let provider = OpenAiProvider::new(OpenAiConfig::new(fake.base_url() + "/")).unwrap();
@@ -857,6 +987,7 @@ mod tests {
             ]),
             thinking: Some(ThinkingLevel::Minimal),
             tools: Vec::new(),
+            ..Default::default()
         };
         let body = request_body(&req);
         assert_eq!(body["reasoning_effort"], "minimal");

@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use futures::StreamExt as _;
 
-use super::{ModelError, ModelProvider, ModelRequest, ModelStream};
+use super::{ModelError, ModelProvider, ModelRequest, ModelStream, NoCapacity, Reservation};
 
 /// When and how often a failed model step is sent again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +169,18 @@ impl ModelProvider for RetryingProvider {
 
     fn has_capacity(&self, model: &str) -> bool {
         self.inner.has_capacity(model)
+    }
+
+    fn reserve(&self, model: &str) -> Result<Option<Reservation>, NoCapacity> {
+        self.inner.reserve(model)
+    }
+
+    fn max_output_tokens_limit(&self, model: &str) -> Option<u32> {
+        self.inner.max_output_tokens_limit(model)
+    }
+
+    fn max_step_output_bytes(&self, model: &str) -> usize {
+        self.inner.max_step_output_bytes(model)
     }
 }
 
@@ -392,6 +404,25 @@ mod tests {
         let err = run(&provider(&fake, fast_policy())).await.unwrap_err();
         assert!(matches!(err, ModelError::Rejected(_)), "{err:?}");
         assert_eq!(fake.requests().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn insufficient_quota_is_not_retried_even_with_a_retry_after() {
+        let quota = FakeReply::StatusWithHeaders {
+            code: 429,
+            headers: vec![("retry-after-ms".into(), "1".into())],
+            body: r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#.into(),
+        };
+        let fake = FakeOpenAi::start(vec![quota, success()]).await;
+        let err = run(&provider(&fake, fast_policy())).await.unwrap_err();
+        assert!(matches!(err, ModelError::QuotaExhausted(_)), "{err:?}");
+        assert!(!err.is_retryable());
+        assert!(err.public_message().contains("quota"), "{err}");
+        assert_eq!(fake.requests().len(), 1);
+        // A plain 429 is still a rate limit, and retried.
+        let fake = FakeOpenAi::start(vec![status(429), success()]).await;
+        run(&provider(&fake, fast_policy())).await.unwrap();
+        assert_eq!(fake.requests().len(), 2);
     }
 
     #[tokio::test]

@@ -31,6 +31,7 @@ pub(crate) fn request(model: &str, text: &str) -> ModelRequest {
         messages: vec![message(Role::User, vec![ContentBlock::text(text)])].into(),
         thinking: None,
         tools: Vec::new(),
+        ..Default::default()
     }
 }
 

@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 use super::compact::Context;
 use super::{Inner, Runner};
 use crate::error::RuntimeError;
-use crate::model::{ModelError, ModelRequest, ModelStream, ToolSpec};
+use crate::model::{ModelError, ModelRequest, ModelStream, Reservation, ToolSpec};
 use crate::store::StoreError;
 use crate::types::{Message, NewMessage, Session, TurnRecord};
 
@@ -92,6 +92,17 @@ impl Prestart {
     }
 }
 
+/// What the first model request carries besides the context: the tools
+/// offered, the call's `max_output_tokens`, and the capacity admission
+/// reserved for the step, which is given back if the request is never sent
+/// (a rejected write, or a context that must be compacted first).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FirstRequest {
+    pub(crate) tools: Vec<ToolSpec>,
+    pub(crate) max_output_tokens: Option<u32>,
+    pub(crate) reservation: Option<Reservation>,
+}
+
 /// An admitted turn's durable start.
 pub(crate) struct Begun {
     /// The session as it was when the user message was stored (re-read
@@ -113,7 +124,7 @@ pub(crate) async fn begin(
     record: TurnRecord,
     user_message: NewMessage,
     system_prompt: Option<String>,
-    tools: Vec<ToolSpec>,
+    first: FirstRequest,
 ) -> Result<Begun, RuntimeError> {
     // Re-read under the slot: a turn may have ended (storing its answer, or
     // compacting) between the admission's first read and taking the slot.
@@ -136,7 +147,7 @@ pub(crate) async fn begin(
         &session,
         provisional,
         system_prompt.clone(),
-        tools.clone(),
+        first.clone(),
         durable,
     );
     // Let the task load the context and build the request while this one
@@ -174,7 +185,7 @@ pub(crate) async fn begin(
         &session,
         user.clone(),
         system_prompt,
-        tools,
+        first,
         durable,
     );
     let _ = go.send(());
@@ -195,7 +206,7 @@ fn spawn(
     session: &Session,
     user: Message,
     system_prompt: Option<String>,
-    tools: Vec<ToolSpec>,
+    first: FirstRequest,
     durable: oneshot::Receiver<()>,
 ) -> Prestart {
     let (tx, loaded) = oneshot::channel();
@@ -234,7 +245,9 @@ fn spawn(
             system_prompt,
             messages: Arc::clone(&messages),
             thinking: runner.key.thinking,
-            tools,
+            tools: first.tools,
+            max_output_tokens: first.max_output_tokens,
+            reservation: first.reservation,
         };
         if durable.await.is_err() || tx.send(Ok(Loaded::Sent(messages))).is_err() {
             return None;

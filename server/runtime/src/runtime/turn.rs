@@ -205,6 +205,41 @@ enum ToolsEnd {
 }
 
 impl StepOutput {
+    /// Text and reasoning produced so far.
+    fn bytes(&self) -> usize {
+        self.text.len().saturating_add(self.reasoning.len())
+    }
+
+    /// Ends a step that passed `max_bytes` of output as if the model had
+    /// stopped at its token limit: stop reason `length`, the text and
+    /// reasoning kept as they are (at most one delta over the bound), the
+    /// usage estimated, and no tool calls run (the model did not finish
+    /// the step that made them).
+    fn cut(&mut self, max_bytes: usize) -> StepEnd {
+        tracing::warn!(
+            bytes = self.bytes(),
+            max_bytes,
+            "the model step passed the provider's output bound; cut with stop reason length"
+        );
+        self.tool_calls.clear();
+        self.estimate_usage();
+        StepEnd::Finished(StopReason::Length)
+    }
+
+    /// For a step that did not finish: when the provider reported no output
+    /// tokens, a token per 4 bytes of text and reasoning relayed (rounded
+    /// up).
+    fn estimate_usage(&mut self) {
+        let estimate = (self.bytes() as u64).div_ceil(4);
+        let usage = self.usage.get_or_insert_with(Usage::default);
+        if usage.output_tokens == 0 {
+            usage.output_tokens = estimate;
+        }
+        if *usage == Usage::default() {
+            self.usage = None;
+        }
+    }
+
     fn content(&self) -> Vec<ContentBlock> {
         let mut content = Vec::new();
         if !self.reasoning.is_empty() {
@@ -239,6 +274,8 @@ pub(crate) struct Turn {
     /// caller's).
     pub(crate) tools: Vec<crate::model::ToolSpec>,
     pub(crate) max_steps: u32,
+    /// The call's `max_output_tokens`, sent with every model step.
+    pub(crate) max_output_tokens: Option<u32>,
     /// Usage summed over the turn's steps.
     pub(crate) usage: Usage,
     /// The final answer, stored together with the turn record.
@@ -646,13 +683,37 @@ impl Turn {
     }
 
     /// One model step; `first` is the request admission already started.
+    /// A step that does not finish keeps the usage its provider reported,
+    /// with the output tokens estimated from what was relayed when the
+    /// provider had counted none (see [`ModelEvent::Usage`]).
     async fn model_step(
         &self,
         first: Option<FirstStep>,
         output: &mut StepOutput,
         emitter: &mut Emitter,
     ) -> StepEnd {
+        let end = self.relay_step(first, output, emitter).await;
+        if !matches!(end, StepEnd::Finished(_)) {
+            output.estimate_usage();
+        }
+        end
+    }
+
+    /// The model step itself: starts the request and relays its items
+    /// until it ends, is stopped, times out, or passes the provider's bound
+    /// on a step's output (then it ends with stop reason `length`, the
+    /// stream is dropped, and the output so far is the step's).
+    async fn relay_step(
+        &self,
+        first: Option<FirstStep>,
+        output: &mut StepOutput,
+        emitter: &mut Emitter,
+    ) -> StepEnd {
         self.live.set_phase(Phase::Model);
+        let max_bytes = self
+            .runner
+            .provider
+            .max_step_output_bytes(&self.runner.provider_model);
         let cancel = &self.live.cancel;
         let start = match first {
             Some(first) => Box::pin(first) as StartFuture<'_>,
@@ -662,6 +723,8 @@ impl Turn {
                 messages: self.context.clone(),
                 thinking: self.runner.key.thinking,
                 tools: self.tools.clone(),
+                max_output_tokens: self.max_output_tokens,
+                reservation: None,
             }),
         };
         tokio::pin!(start);
@@ -723,10 +786,16 @@ impl Turn {
                 Some(Ok(ModelEvent::TextDelta(t))) => {
                     output.text.push_str(&t);
                     emitter.emit(EventKind::Text(t)).await;
+                    if output.bytes() > max_bytes {
+                        return output.cut(max_bytes);
+                    }
                 }
                 Some(Ok(ModelEvent::ReasoningDelta(t))) => {
                     output.reasoning.push_str(&t);
                     emitter.emit(EventKind::Reasoning(t)).await;
+                    if output.bytes() > max_bytes {
+                        return output.cut(max_bytes);
+                    }
                 }
                 Some(Ok(ModelEvent::ThinkingSignature(s))) => output.signature = s,
                 Some(Ok(ModelEvent::Usage(u))) => output.usage = Some(u),
@@ -972,7 +1041,7 @@ fn model_error_code(err: &ModelError) -> ErrorCode {
         | ModelError::Truncated(_)
         | ModelError::Malformed(_)
         | ModelError::Unauthorized(_) => ErrorCode::Unavailable,
-        ModelError::RateLimited(_) => ErrorCode::ResourceExhausted,
+        ModelError::RateLimited(_) | ModelError::QuotaExhausted(_) => ErrorCode::ResourceExhausted,
         ModelError::Rejected(_) => ErrorCode::FailedPrecondition,
         ModelError::RetryAfter { error, .. } => model_error_code(error),
     }
