@@ -96,6 +96,12 @@ impl agentrt_runtime::model::ModelProvider for Torrent {
         );
         Ok(Box::pin(items.chain(futures::stream::pending())))
     }
+
+    /// Far more than the ~10 MiB a stalled turn publishes: the step must
+    /// not be cut at the default output bound first.
+    fn max_step_output_bytes(&self, _model: &str) -> usize {
+        64 << 20
+    }
 }
 
 /// A server with the `torrent` provider and alice's and bob's keys.

@@ -142,6 +142,16 @@ pub fn describe(violations: &[FieldViolation]) -> String {
 }
 
 impl RuntimeError {
+    /// `Ok` when there are no violations, else one invalid-argument error
+    /// with all of them.
+    pub(crate) fn check(violations: Vec<FieldViolation>) -> Result<(), Self> {
+        if violations.is_empty() {
+            Ok(())
+        } else {
+            Err(Self::InvalidArgument(violations))
+        }
+    }
+
     /// An invalid-argument error about one field.
     pub fn invalid(field: impl Into<String>, description: impl Into<String>) -> Self {
         Self::InvalidArgument(vec![FieldViolation::new(field, description)])

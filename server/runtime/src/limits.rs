@@ -154,11 +154,7 @@ pub fn check_tool_schemas(schemas: &[&str]) -> Result<(), RuntimeError> {
             format!("the parameter schemas total {total} bytes; the limit is {MAX_SCHEMAS_BYTES}"),
         ));
     }
-    if violations.is_empty() {
-        Ok(())
-    } else {
-        Err(RuntimeError::InvalidArgument(violations))
-    }
+    RuntimeError::check(violations)
 }
 
 #[cfg(test)]

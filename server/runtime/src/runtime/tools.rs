@@ -111,11 +111,7 @@ pub(crate) fn validate_tools(extra: &[ToolSpec], excluded: &[String]) -> Result<
             ));
         }
     }
-    if violations.is_empty() {
-        Ok(())
-    } else {
-        Err(RuntimeError::InvalidArgument(violations))
-    }
+    RuntimeError::check(violations)
 }
 
 /// The tools offered to the model for one call: the caller's, minus the

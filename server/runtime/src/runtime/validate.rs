@@ -219,11 +219,7 @@ fn validate_content(content: &[ContentBlock], max_bytes: usize) -> Result<(), Ru
             format!("is {total} bytes; the limit is {max_bytes}"),
         ));
     }
-    if violations.is_empty() {
-        Ok(())
-    } else {
-        Err(RuntimeError::InvalidArgument(violations))
-    }
+    RuntimeError::check(violations)
 }
 
 #[cfg(test)]
