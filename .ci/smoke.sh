@@ -5,8 +5,9 @@
 #
 # Starts the server on an ephemeral loopback port with a fresh data dir and
 # no config (offline model builtin/echo), then talks to it with grpcurl
-# (reflection) and with Python grpcio (tests/python/smoke_client.py), and
-# finally checks that SIGTERM makes it exit 0. Tools are installed into a venv
+# (reflection) and with Python grpcio (tests/python/smoke_client.py), runs
+# tests/python/deadline_client.py (a grpcio deadline against a second server
+# with a hanging upstream), and finally checks that SIGTERM makes it exit 0. Tools are installed into a venv
 # (default .ci/.venv, override with SMOKE_VENV). Ends with the line
 # `smoke: N passed, M failed`; exits 1 if any check failed.
 set -uo pipefail
@@ -294,6 +295,15 @@ if "$PY" -B "$REPO_ROOT/tests/python/smoke_client.py" "$ADDR"; then
     pass "python grpcio client (tests/python/smoke_client.py)"
 else
     fail "python grpcio client (tests/python/smoke_client.py), see its output above"
+fi
+
+# A grpcio deadline (grpc-core rounds the grpc-timeout it sends up) still
+# gets the TIMED_OUT outcome: its own server, against a hanging upstream.
+log "running tests/python/deadline_client.py"
+if "$PY" -B "$REPO_ROOT/tests/python/deadline_client.py" "$BIN"; then
+    pass "grpcio deadline gets TIMED_OUT (tests/python/deadline_client.py)"
+else
+    fail "grpcio deadline gets TIMED_OUT (tests/python/deadline_client.py), see its output above"
 fi
 
 # ---------------------------------------------------------------- stop
