@@ -3,7 +3,7 @@
 //! variables → command-line flags, and validated before any port is bound.
 //!
 //! The environment is read only through [`Cli`] (clap's `env` support) and
-//! through `api_key_env` lookups done by [`Config::resolve_secrets`] with an
+//! through `api_key_env` lookups done by `ServerBuilder` with an
 //! injected lookup function, so tests never mutate the process environment.
 
 use std::net::SocketAddr;
@@ -54,8 +54,8 @@ pub struct Cli {
     /// Memory sled may use to cache the store, in MiB [default: 16].
     #[arg(long, env = "AGENTRT_STORE_CACHE_MB")]
     pub store_cache_mb: Option<u64>,
-    /// GGUF file of the local model [default:
-    /// <data-dir>/models/SmolLM2-135M-Instruct.Q4_1.gguf].
+    /// GGUF file of the local model (default:
+    /// `<data-dir>/models/SmolLM2-135M-Instruct.Q4_1.gguf`).
     #[arg(long, env = "AGENTRT_MODEL_PATH")]
     pub model_path: Option<PathBuf>,
     /// Before serving, download the default local model if it is absent

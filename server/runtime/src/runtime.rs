@@ -1,6 +1,6 @@
 //! [`Runtime`]: admission of turns, the live-turn registry (one turn per
 //! session), the per-session runner cache, and shutdown. The turn body is in
-//! [`crate::runtime::turn`]; session registry calls are in `sessions`.
+//! `runtime::turn`; session registry calls are in `sessions`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};

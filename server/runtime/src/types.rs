@@ -246,7 +246,7 @@ impl NewMessage {
 /// A stored message.
 ///
 /// Serialised as one flat object (the body's fields next to `seq` and
-/// `compacted`) through [`FlatMessage`]: serde's `flatten` would give the
+/// `compacted`) through a private flat shape: serde's `flatten` would give the
 /// same JSON but decodes through a buffered intermediate, which dominated
 /// the cost of loading a long history.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

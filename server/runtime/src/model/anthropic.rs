@@ -1,7 +1,7 @@
 //! Anthropic Messages streaming over HTTP.
 //!
 //! One model step is one `POST {base_url}/messages` with `stream: true`;
-//! the `text/event-stream` answer is parsed with [`SseParser`]. A step only
+//! the `text/event-stream` answer is parsed with [`SseParser`](super::sse::SseParser). A step only
 //! counts as finished once `message_stop` arrives; a body that ends earlier
 //! is reported as truncated. Thinking blocks are sent back with their
 //! signatures (unsigned ones are dropped, since the API rejects them).

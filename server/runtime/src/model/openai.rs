@@ -3,7 +3,7 @@
 //!
 //! One model step is one `POST {base_url}/chat/completions` with
 //! `stream: true`; the `text/event-stream` answer is parsed with
-//! [`SseParser`]. A step only counts as finished once
+//! [`SseParser`](super::sse::SseParser). A step only counts as finished once
 //! `data: [DONE]` arrives: servers send usage after the finish reason, so a
 //! body that ends earlier is reported as truncated.
 //!

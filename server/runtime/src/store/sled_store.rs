@@ -150,7 +150,7 @@ impl SledStore {
     }
 
     /// Appends `messages` to a session in transactions of up to
-    /// [`IMPORT_BATCH`] messages and one flush at the end: a bulk import
+    /// `IMPORT_BATCH` (1,000) messages and one flush at the end: a bulk import
     /// (migrations, benchmarks). Returns the last stored seq. Not for
     /// turns: nothing is acknowledged per message.
     pub async fn import_messages(
