@@ -297,20 +297,26 @@ pub(crate) async fn read_until(
     seen
 }
 
-/// A Subscribe stream on its own connection with the protocol's default
-/// 64 KiB flow-control windows (hyper's client defaults are several MiB), so
-/// a watcher that does not read really stops the server from sending.
-pub(crate) async fn small_window_watch(
-    url: &str,
-    session: &str,
-) -> tonic::Streaming<proto::ChatEvent> {
-    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
+/// A connection of its own with the protocol's default 64 KiB flow-control
+/// windows (hyper's client defaults are several MiB), so a stream that is
+/// not read really stops the server from sending.
+pub(crate) async fn small_window_channel(url: &str) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(url.to_owned())
         .unwrap()
         .initial_stream_window_size(65_535)
         .initial_connection_window_size(65_535)
         .connect()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// A Subscribe stream on a [`small_window_channel`]: a watcher that does not
+/// read really stops the server from sending.
+pub(crate) async fn small_window_watch(
+    url: &str,
+    session: &str,
+) -> tonic::Streaming<proto::ChatEvent> {
+    let channel = small_window_channel(url).await;
     proto::agent_runtime_client::AgentRuntimeClient::new(channel)
         .subscribe(proto::SubscribeRequest {
             session_id: session.to_owned(),

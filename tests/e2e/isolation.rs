@@ -19,8 +19,8 @@ use tokio::sync::oneshot;
 use tonic::Code;
 
 use super::harness::{
-    Providers, TestServer, base_config, message_text, mock_provider, read_until, text_request,
-    with_keys,
+    Providers, TestServer, base_config, message_text, mock_provider, read_until,
+    small_window_channel, text_request, with_keys,
 };
 
 /// Bound on every wait, so a regression fails instead of hanging.
@@ -57,13 +57,7 @@ async fn stalled_chat(
     token: &str,
     req: proto::ChatRequest,
 ) -> tonic::Streaming<proto::ChatEvent> {
-    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
-        .unwrap()
-        .initial_stream_window_size(65_535)
-        .initial_connection_window_size(65_535)
-        .connect()
-        .await
-        .unwrap();
+    let channel = small_window_channel(url).await;
     let mut request = tonic::Request::new(req);
     request
         .metadata_mut()
