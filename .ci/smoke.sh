@@ -7,7 +7,8 @@
 # no config (offline model builtin/echo), then talks to it with grpcurl
 # (reflection) and with Python grpcio (tests/python/smoke_client.py), runs
 # tests/python/deadline_client.py (a grpcio deadline against a second server
-# with a hanging upstream), and finally checks that SIGTERM makes it exit 0. Tools are installed into a venv
+# with a hanging upstream), tests/python/busy_grpcurl.py (grpcurl shows the
+# ErrorInfo of a busy Chat; no configured secret in the server's log), and finally checks that SIGTERM makes it exit 0. Tools are installed into a venv
 # (default .ci/.venv, override with SMOKE_VENV). Ends with the line
 # `smoke: N passed, M failed`; exits 1 if any check failed.
 set -uo pipefail
@@ -304,6 +305,16 @@ if "$PY" -B "$REPO_ROOT/tests/python/deadline_client.py" "$BIN"; then
     pass "grpcio deadline gets TIMED_OUT (tests/python/deadline_client.py)"
 else
     fail "grpcio deadline gets TIMED_OUT (tests/python/deadline_client.py), see its output above"
+fi
+
+# grpcurl decodes google.rpc error details (reflection serves their
+# descriptors): a busy Chat shows ErrorInfo SESSION_BUSY. Its server logs in
+# JSON with an API key and a provider key configured; neither may appear.
+log "running tests/python/busy_grpcurl.py"
+if "$PY" -B "$REPO_ROOT/tests/python/busy_grpcurl.py" "$BIN" "$GRPCURL"; then
+    pass "grpcurl shows ErrorInfo SESSION_BUSY; no secret logged (tests/python/busy_grpcurl.py)"
+else
+    fail "grpcurl shows ErrorInfo SESSION_BUSY; no secret logged (tests/python/busy_grpcurl.py), see its output above"
 fi
 
 # ---------------------------------------------------------------- stop

@@ -51,6 +51,10 @@ pub use config::{Cli, Config, ConfigError};
 /// NOT_SERVING when draining.
 pub const READINESS: &str = "readiness";
 
+/// The health service name that is SERVING while the process serves at
+/// all, including during a drain (CONTRACT §7): the one for liveness probes.
+pub const LIVENESS: &str = "liveness";
+
 /// After the grace period, how long cancelled turns and open streams get
 /// before the server stops regardless.
 const HARD_STOP: Duration = Duration::from_secs(2);
@@ -327,24 +331,26 @@ impl ServerBuilder {
     /// Serves on `listener` until `shutdown` completes; then readiness turns
     /// NOT_SERVING, new turns are refused, live turns get the grace period,
     /// the rest are cancelled, the store is flushed and the server stops.
+    /// The same as [`ServerBuilder::prepare`] then [`Prepared::serve`].
     pub async fn serve(
-        mut self,
+        self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), ServerError> {
+        self.prepare().await?.serve(listener, shutdown).await
+    }
+
+    /// Everything that can fail before the server takes calls: validates
+    /// the config, loads the local model, builds the providers and tools,
+    /// opens the store and starts the runtime (which checks the default
+    /// model). The binary prints its "listening" line only after this
+    /// succeeded, so a bad model or provider is reported first.
+    pub async fn prepare(mut self) -> Result<Prepared, ServerError> {
         self.config.validate()?;
         let local_model = local::load(&self.config).await?;
         self.config = local::effective(self.config, local_model.is_some())?;
         let models = self.models(local_model.map(|m| m as Arc<dyn ModelProvider>))?;
         let toolbox = Arc::new(self.toolbox()?);
-        let (health, health_service) = tonic_health::server::health_reporter();
-        health
-            .set_service_status("", ServingStatus::NotServing)
-            .await;
-        health
-            .set_service_status(READINESS, ServingStatus::NotServing)
-            .await;
-
         let store = self.open_store().await?;
         let runtime_config = RuntimeConfig {
             default_model: self.config.default_model.clone(),
@@ -359,17 +365,77 @@ impl ServerBuilder {
         };
         start_tool_sources(&toolbox).await;
         let runtime = Runtime::open_with_tools(runtime_config, store, models, toolbox).await?;
+        Ok(Prepared {
+            config: self.config,
+            runtime,
+        })
+    }
+}
+
+/// A server whose store is open and runtime started, not yet serving; see
+/// [`ServerBuilder::prepare`].
+#[derive(Debug)]
+pub struct Prepared {
+    config: Config,
+    runtime: Runtime,
+}
+
+/// Aborts the task when dropped, so a helper task ends with the scope that
+/// owns it, whichever way that scope returns.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Sets the health services for a running server: `readiness` and the
+/// overall `""` follow `ready`; `liveness` is SERVING for as long as the
+/// process serves at all — a drain must not look like a dead process to a
+/// liveness probe, or the orchestrator would restart the pod mid-drain.
+async fn set_health(health: &tonic_health::server::HealthReporter, ready: bool) {
+    let status = if ready {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
+    health.set_service_status("", status).await;
+    health.set_service_status(READINESS, status).await;
+}
+
+impl Prepared {
+    /// The effective configuration (after the local model's defaults).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Serves on `listener` until `shutdown` completes, then drains; see
+    /// [`ServerBuilder::serve`].
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServerError> {
+        let Self { config, runtime } = self;
+        let (health, health_service) = tonic_health::server::health_reporter();
+        set_health(&health, false).await;
+        health
+            .set_service_status(LIVENESS, ServingStatus::Serving)
+            .await;
 
         let reflection_v1 = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(agentrt_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
         let reflection_v1alpha = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(agentrt_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
             .build_v1alpha()?;
-        let auth = auth::Authenticator::new(&self.config.auth);
-        let t = &self.config.transport;
+        let auth = auth::Authenticator::new(&config.auth);
+        let t = &config.transport;
         transport::check_fd_limit(t);
         let streaming = transport::streaming_request_paths(&[
             agentrt_proto::FILE_DESCRIPTOR_SET,
@@ -421,29 +487,28 @@ impl ServerBuilder {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         // Our accept loop: connection caps, the handshake timeout, back-off
         // on accept errors, TCP_NODELAY and keepalive (transport.rs).
-        let incoming = transport::incoming(listener, &self.config.transport);
+        let incoming = transport::incoming(listener, &config.transport);
         let mut server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
             let _ = stop_rx.await;
         }));
-        health.set_service_status("", ServingStatus::Serving).await;
-        health
-            .set_service_status(READINESS, ServingStatus::Serving)
-            .await;
+        set_health(&health, true).await;
         // An admin Drain flips readiness too, so the orchestrator stops
-        // routing here before the process is told to stop.
+        // routing here before the process is told to stop; liveness stays
+        // SERVING. The watcher is aborted when serving ends.
         let mut draining = runtime.draining();
         let readiness = health.clone();
-        tokio::spawn(async move {
+        let drain_watch = tokio::spawn(async move {
             if draining.wait_for(|d| *d).await.is_ok() {
-                readiness
-                    .set_service_status(READINESS, ServingStatus::NotServing)
-                    .await;
-                readiness
-                    .set_service_status("", ServingStatus::NotServing)
-                    .await;
+                set_health(&readiness, false).await;
             }
         });
-        tracing::info!(addr = ?addr, default_model = %self.config.default_model, fast_model = ?self.config.fast_model, "agentrt-server serving");
+        let _drain_watch = AbortOnDrop(drain_watch);
+        tracing::info!(
+            addr = %addr.map_or_else(|| "unknown".to_owned(), |a| a.to_string()),
+            default_model = %config.default_model,
+            fast_model = config.fast_model.as_deref().unwrap_or(""),
+            "agentrt-server serving"
+        );
 
         tokio::select! {
             finished = &mut server => {
@@ -458,19 +523,15 @@ impl ServerBuilder {
             }
             () = shutdown => {}
         }
-        tracing::info!(grace = ?self.config.shutdown_grace, "draining");
+        tracing::info!(
+            grace_ms = config.shutdown_grace.as_millis() as u64,
+            "draining"
+        );
         // Refuse new turns first: a client that saw NOT_SERVING must not
         // still get a turn admitted.
         runtime.stop_admitting();
-        health
-            .set_service_status("", ServingStatus::NotServing)
-            .await;
-        health
-            .set_service_status(READINESS, ServingStatus::NotServing)
-            .await;
-        runtime
-            .shutdown(self.config.shutdown_grace, HARD_STOP)
-            .await;
+        set_health(&health, false).await;
+        runtime.shutdown(config.shutdown_grace, HARD_STOP).await;
         let _ = stop_tx.send(());
         match tokio::time::timeout(HARD_STOP, &mut server).await {
             Ok(Ok(result)) => result?,

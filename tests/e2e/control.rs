@@ -509,6 +509,81 @@ async fn admin_calls_need_an_admin_and_default_model_changes_apply_to_the_next_t
     server.stop().await;
 }
 
+/// Watches a health service until it reports `want`; each status change
+/// arrives on the stream, so no polling is needed.
+async fn wait_health(
+    health: &mut tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>,
+    service: &str,
+    want: tonic_health::pb::health_check_response::ServingStatus,
+) {
+    let mut watch = health
+        .watch(tonic_health::pb::HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    loop {
+        let status = watch.message().await.unwrap().unwrap().status();
+        if status == want {
+            return;
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_admin_drain_turns_readiness_not_serving_while_liveness_stays_serving() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let dir = tempfile::tempdir().unwrap();
+    let providers = Providers::default();
+    let server = TestServer::start_with(base_config(dir.path()), &providers).await;
+    let client = server.client().await;
+    let channel = tonic::transport::Endpoint::from_shared(server.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    wait_health(&mut health, "readiness", ServingStatus::Serving).await;
+    let check = |service: &str| tonic_health::pb::HealthCheckRequest {
+        service: service.into(),
+    };
+    let live = health.check(check("liveness")).await.unwrap().into_inner();
+    assert_eq!(live.status(), ServingStatus::Serving);
+
+    let session = new_session(&client).await;
+    let mut chat = client.chat_with(gated(&session, "hi")).await.unwrap();
+    read_until(&mut chat, is_text).await;
+    let drained = client
+        .admin()
+        .drain(proto::DrainRequest {
+            timeout: Some(prost_types::Duration {
+                seconds: 0,
+                nanos: 50_000_000,
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(drained.remaining, 1, "the gated turn is still live");
+    wait_health(&mut health, "readiness", ServingStatus::NotServing).await;
+    let overall = health.check(check("")).await.unwrap().into_inner();
+    assert_eq!(overall.status(), ServingStatus::NotServing);
+    // Mid-drain, with a turn still live: a liveness probe must not see a
+    // dead process.
+    let live = health.check(check("liveness")).await.unwrap().into_inner();
+    assert_eq!(live.status(), ServingStatus::Serving);
+
+    providers.gate.release(1);
+    assert_eq!(
+        chat.finish().await.unwrap().outcome,
+        Some(proto::TurnOutcome::Success)
+    );
+    let live = health.check(check("liveness")).await.unwrap().into_inner();
+    assert_eq!(live.status(), ServingStatus::Serving);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn drain_refuses_new_turns_and_waits_for_live_ones() {
     let dir = tempfile::tempdir().unwrap();

