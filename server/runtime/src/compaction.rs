@@ -248,8 +248,13 @@ pub enum SummaryError {
     Empty,
 }
 
-/// Asks `provider` for a summary of `transcript`, bounded by `timeout`.
-/// Returns the summary text and the step's usage.
+/// Asks `provider` for a summary of `transcript`, bounded by `timeout` and
+/// by the provider's per-step output bound
+/// ([`ModelProvider::max_step_output_bytes`]): past it the summary is cut at
+/// a character boundary and the stream dropped (which cancels the
+/// generation), so a summariser that never stops cannot grow memory or the
+/// stored summary without limit. Returns the summary text and the step's
+/// usage.
 pub async fn summarise(
     provider: &dyn ModelProvider,
     model: &str,
@@ -257,13 +262,28 @@ pub async fn summarise(
     timeout: Duration,
 ) -> Result<(String, Option<Usage>), SummaryError> {
     let request = ModelRequest::prompt(model, SUMMARY_SYSTEM_PROMPT, transcript);
+    let max_bytes = provider.max_step_output_bytes(model);
     let collect = async {
         let mut stream = provider.stream(request).await?;
         let mut text = String::new();
         let mut usage = None;
         while let Some(item) = stream.next().await {
             match item? {
-                ModelEvent::TextDelta(t) => text.push_str(&t),
+                ModelEvent::TextDelta(t) => {
+                    if text.len() + t.len() > max_bytes {
+                        let mut end = max_bytes - text.len();
+                        while !t.is_char_boundary(end) {
+                            end -= 1;
+                        }
+                        text.push_str(&t[..end]);
+                        tracing::warn!(
+                            max_bytes,
+                            "the summary reached the per-step output bound; it is cut there"
+                        );
+                        return Ok((text, usage));
+                    }
+                    text.push_str(&t);
+                }
                 ModelEvent::Usage(u) => usage = Some(u),
                 ModelEvent::Finished(_) => return Ok((text, usage)),
                 ModelEvent::ReasoningDelta(_)

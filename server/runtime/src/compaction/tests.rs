@@ -136,3 +136,40 @@ fn clip_respects_char_boundaries() {
     assert_eq!(clip("héllo", 2), "hé…");
     assert_eq!(clip("hi", 5), "hi");
 }
+
+/// A summariser that streams 64 KiB deltas without end; only the output
+/// bound can stop it (the timeout is far away).
+#[derive(Debug)]
+struct Rambler;
+
+#[async_trait::async_trait]
+impl crate::model::ModelProvider for Rambler {
+    async fn stream(
+        &self,
+        _request: crate::model::ModelRequest,
+    ) -> Result<crate::model::ModelStream, crate::model::ModelError> {
+        // "é" is two bytes: the cut must land on a character boundary.
+        let delta = format!("a{}", "é".repeat(32 * 1024));
+        Ok(Box::pin(futures::stream::repeat_with(move || {
+            Ok(crate::model::ModelEvent::TextDelta(delta.clone()))
+        })))
+    }
+
+    fn max_step_output_bytes(&self, _model: &str) -> usize {
+        200_000
+    }
+}
+
+#[tokio::test]
+async fn a_summariser_that_never_stops_is_cut_at_the_output_bound() {
+    let (text, _usage) = summarise(
+        &Rambler,
+        "m",
+        "transcript".to_owned(),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    assert!(text.len() <= 200_000, "{} bytes kept", text.len());
+    assert!(text.len() > 199_990, "{} bytes kept", text.len());
+}
