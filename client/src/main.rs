@@ -26,6 +26,15 @@ struct Cli {
     /// Bearer API key (not needed for a loopback server without keys).
     #[arg(long, env = "AGENTRT_TOKEN", global = true, hide_env_values = true)]
     token: Option<String>,
+    /// PEM CA certificate that signed the server's certificate (https:// URLs).
+    #[arg(long, env = "AGENTRT_CA", global = true)]
+    ca: Option<std::path::PathBuf>,
+    /// PEM client certificate for mTLS (with --key).
+    #[arg(long, env = "AGENTRT_CLIENT_CERT", global = true, requires = "key")]
+    cert: Option<std::path::PathBuf>,
+    /// PEM private key of --cert.
+    #[arg(long, env = "AGENTRT_CLIENT_KEY", global = true, requires = "cert")]
+    key: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -145,6 +154,12 @@ async fn run(cli: Cli) -> Result<bool, Error> {
     let mut builder = Client::builder(cli.url);
     if let Some(t) = cli.token {
         builder = builder.token(t);
+    }
+    if let Some(ca) = &cli.ca {
+        builder = builder.ca_file(ca);
+    }
+    if let (Some(cert), Some(key)) = (&cli.cert, &cli.key) {
+        builder = builder.identity_files(cert, key);
     }
     let client = builder.connect().await?;
     match cli.command {

@@ -4,13 +4,16 @@
 //! - [`config`]: the typed, layered configuration.
 //! - [`local`]: the built-in local model (`local/smollm2`): loading,
 //!   provisioning, the defaults it implies.
-//! - [`auth`]: bearer keys → principals, as a tonic interceptor.
+//! - [`auth`]: bearer keys and client certificates → principals, as a
+//!   tonic interceptor.
 //! - [`convert`]: protobuf ↔ domain conversions.
 //! - [`status`]: core errors → gRPC statuses (exhaustive).
 //! - [`session_service`], [`runtime_service`], [`admin_service`]: the thin
 //!   handlers.
 //! - [`transport`]: the accept loop, connection and request limits, and the
 //!   catch-panic layer, between the listener and the handlers.
+//! - [`tls`]: the listener's TLS material (reloaded when its files change)
+//!   and client-certificate identities.
 //!
 //! [`run`] (or [`ServerBuilder::serve`]) is the one entry point: it opens the
 //! store, serves on a listener the caller bound, and drains gracefully when
@@ -42,6 +45,7 @@ pub mod local;
 pub mod runtime_service;
 pub mod session_service;
 pub mod status;
+pub mod tls;
 pub mod transport;
 
 use crate::config::ProviderKind;
@@ -177,7 +181,8 @@ impl ServerBuilder {
         self
     }
 
-    /// Replaces the environment lookup used for `api_key_env`.
+    /// Replaces the environment lookup used for `api_key_env`, `bearer_env`
+    /// and `key_env`.
     pub fn env_lookup(
         mut self,
         env: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
@@ -368,7 +373,8 @@ impl ServerBuilder {
             .register_encoded_file_descriptor_set(agentrt_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1alpha()?;
-        let auth = auth::Authenticator::new(&self.config.auth);
+        let auth = auth::Authenticator::new(&self.config.auth, &*self.env)?;
+        let tls = tls::ServerTls::from_settings(&self.config.tls)?.map(Arc::new);
         let t = &self.config.transport;
         transport::check_fd_limit(t);
         let streaming = transport::streaming_request_paths(&[
@@ -421,7 +427,7 @@ impl ServerBuilder {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         // Our accept loop: connection caps, the handshake timeout, back-off
         // on accept errors, TCP_NODELAY and keepalive (transport.rs).
-        let incoming = transport::incoming(listener, &self.config.transport);
+        let incoming = transport::incoming(listener, &self.config.transport, tls);
         let mut server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
             let _ = stop_rx.await;
         }));
