@@ -538,10 +538,11 @@ impl Client {
 /// valid header value (the server refuses such ids anyway) is left out
 /// rather than failing the call here.
 fn with_session<T>(mut req: tonic::Request<T>, session_id: &str) -> tonic::Request<T> {
-    if !session_id.is_empty() {
-        if let Ok(value) = session_id.parse::<MetadataValue<tonic::metadata::Ascii>>() {
-            req.metadata_mut().insert(SESSION_HEADER, value);
-        }
+    if session_id.is_empty() {
+        return req;
+    }
+    if let Ok(value) = session_id.parse::<MetadataValue<tonic::metadata::Ascii>>() {
+        req.metadata_mut().insert(SESSION_HEADER, value);
     }
     req
 }
