@@ -238,3 +238,35 @@ async fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_flags_parse_and_a_client_certificate_needs_its_key() {
+        let cli = Cli::try_parse_from([
+            "agentrt",
+            "--url",
+            "https://h:1",
+            "--ca",
+            "ca.pem",
+            "--cert",
+            "me.pem",
+            "--key",
+            "me.key",
+            "list",
+        ])
+        .unwrap();
+        assert_eq!(cli.ca.as_deref(), Some(std::path::Path::new("ca.pem")));
+        assert_eq!(cli.cert.as_deref(), Some(std::path::Path::new("me.pem")));
+        assert_eq!(cli.key.as_deref(), Some(std::path::Path::new("me.key")));
+        for lone in [["--cert", "me.pem"], ["--key", "me.key"]] {
+            let args = ["agentrt", lone[0], lone[1], "list"];
+            assert!(
+                Cli::try_parse_from(args).is_err(),
+                "{lone:?} alone was accepted"
+            );
+        }
+    }
+}
