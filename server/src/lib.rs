@@ -375,6 +375,9 @@ impl ServerBuilder {
             .build_v1alpha()?;
         let auth = auth::Authenticator::new(&self.config.auth, &*self.env)?;
         let tls = tls::ServerTls::from_settings(&self.config.tls)?.map(Arc::new);
+        if let Some(warning) = self.config.open_access_warning() {
+            tracing::warn!("{warning}");
+        }
         let t = &self.config.transport;
         transport::check_fd_limit(t);
         let streaming = transport::streaming_request_paths(&[

@@ -365,6 +365,10 @@ pub fn incoming(
 ) -> Incoming {
     let (tx, rx) = mpsc::channel(HANDED_OVER);
     if let Some(tls) = &tls {
+        tracing::info!(
+            client_certificates = tls.requires_client_certificates(),
+            "TLS on the gRPC listener; its files are reloaded when they change and on SIGHUP"
+        );
         reload_on_sighup(Arc::clone(tls), tx.clone());
     }
     tokio::spawn(accept_loop(listener, settings.clone(), tls, tx));

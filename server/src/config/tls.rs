@@ -313,6 +313,20 @@ impl Config {
         self.auth.validate(&self.tls)
     }
 
+    /// A warning for the operator when the listener is open to anyone who
+    /// can reach it: a non-loopback address with TLS but no credentials,
+    /// where every caller is the single user `local`.
+    pub fn open_access_warning(&self) -> Option<String> {
+        (!self.listen.ip().is_loopback() && !self.auth.has_credentials()).then(|| {
+            format!(
+                "listening on {} with TLS but without credentials: every caller that can connect \
+                 is the single user \"local\"; add [[auth.api_keys]] or [tls] client_ca with \
+                 [[auth.mtls]] to tell callers apart",
+                self.listen
+            )
+        })
+    }
+
     /// What [`Config::load`] checks besides [`Config::validate`], before
     /// any port is bound: every API key can be read from its file or
     /// variable, and the TLS files load.
@@ -359,6 +373,19 @@ mod tests {
              [[auth.mtls]]\nidentity = \"spiffe://t/bob\"\nuser = \"bob\"",
         )
         .unwrap();
+    }
+
+    #[test]
+    fn tls_without_credentials_on_a_public_address_is_warned_about() {
+        let open = public("[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"").unwrap();
+        let warning = open.open_access_warning().unwrap();
+        assert!(
+            warning.contains("\"local\"") && warning.contains("[[auth.api_keys]]"),
+            "{warning}"
+        );
+        let keyed = public("[[auth.api_keys]]\nkey = \"secret-a1\"\nuser = \"alice\"").unwrap();
+        assert_eq!(keyed.open_access_warning(), None);
+        assert_eq!(Config::default().open_access_warning(), None);
     }
 
     #[test]
