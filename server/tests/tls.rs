@@ -183,3 +183,45 @@ async fn the_binary_refuses_to_start_with_a_missing_certificate_naming_the_file(
     assert!(stderr.contains("no-such-cert.pem"), "{stderr}");
     assert!(!stderr.contains("PRIVATE KEY"), "{stderr}");
 }
+
+#[tokio::test]
+async fn the_binary_refuses_to_start_when_a_key_variable_is_missing_naming_user_and_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agentrt.toml");
+    std::fs::write(
+        &config,
+        "[[auth.api_keys]]\nkey_env = \"AGENTRT_TEST_ABSENT_KEY\"\nuser = \"ops\"\n\
+         [[auth.api_keys]]\nkey = \"inline-secret-1\"\nuser = \"alice\"\n",
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentrt-server"))
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--config")
+        .arg(&config)
+        .env_remove("AGENTRT_TEST_ABSENT_KEY")
+        .env("AGENTRT_LOG", "error")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "stdout {stdout}\nstderr {stderr}"
+    );
+    assert!(
+        !stdout.contains("listening"),
+        "it bound a port first: {stdout}"
+    );
+    assert!(
+        stderr.contains("AGENTRT_TEST_ABSENT_KEY") && stderr.contains("\"ops\""),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("inline-secret-1"),
+        "a key leaked: {stderr}"
+    );
+}
