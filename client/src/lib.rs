@@ -25,14 +25,25 @@
 //! # }
 //! ```
 //!
+//! TLS: an `https://` URL with [`ClientBuilder::ca_file`] (the CA that
+//! signed the server's certificate; system roots are not used) and, for
+//! mTLS, [`ClientBuilder::identity_files`].
+//!
+//! Every session-scoped call carries the metadata header
+//! [`SESSION_HEADER`] (`x-agentrt-session: <session id>`), so a service mesh
+//! can route a session's calls consistently (e.g. Istio's
+//! `consistentHash.httpHeaderName`). The raw generated clients do not add
+//! it.
+//!
 //! Modules: [`events`] (the typed events and the stream), [`proto`] (the
 //! generated stubs).
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 pub mod events;
 
@@ -61,6 +72,28 @@ pub enum Error {
     InvalidArgument(String),
 }
 
+/// The metadata header naming the session of a session-scoped call
+/// (CONTRACT §7).
+pub const SESSION_HEADER: &str = "x-agentrt-session";
+
+/// PEM read now or from a file at connect time.
+#[derive(Debug, Clone)]
+enum Pem {
+    Bytes(Vec<u8>),
+    File(PathBuf),
+}
+
+impl Pem {
+    fn read(&self, what: &str) -> Result<Vec<u8>, Error> {
+        match self {
+            Pem::Bytes(b) => Ok(b.clone()),
+            Pem::File(path) => std::fs::read(path).map_err(|e| {
+                Error::InvalidArgument(format!("cannot read {what} {}: {e}", path.display()))
+            }),
+        }
+    }
+}
+
 /// Adds `authorization: Bearer <token>` to every call.
 #[derive(Debug, Clone)]
 pub struct Auth {
@@ -85,9 +118,82 @@ pub struct ClientBuilder {
     token: Option<String>,
     connect_timeout: Duration,
     request_timeout: Option<Duration>,
+    ca: Option<Pem>,
+    identity: Option<(Pem, Pem)>,
+    domain: Option<String>,
 }
 
 impl ClientBuilder {
+    /// Trusts the PEM CA certificate(s) in `path` for an `https://` URL.
+    pub fn ca_file(mut self, path: impl AsRef<Path>) -> Self {
+        self.ca = Some(Pem::File(path.as_ref().to_path_buf()));
+        self
+    }
+
+    /// Trusts the PEM CA certificate(s) `pem` for an `https://` URL.
+    pub fn ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca = Some(Pem::Bytes(pem.into()));
+        self
+    }
+
+    /// Presents the PEM client certificate `cert` with its key `key`
+    /// (mTLS).
+    pub fn identity_files(mut self, cert: impl AsRef<Path>, key: impl AsRef<Path>) -> Self {
+        self.identity = Some((
+            Pem::File(cert.as_ref().to_path_buf()),
+            Pem::File(key.as_ref().to_path_buf()),
+        ));
+        self
+    }
+
+    /// Presents the PEM client certificate `cert` with its key `key`
+    /// (mTLS).
+    pub fn identity_pem(mut self, cert: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
+        self.identity = Some((Pem::Bytes(cert.into()), Pem::Bytes(key.into())));
+        self
+    }
+
+    /// The name the server's certificate must carry. Default: the URL's
+    /// host.
+    pub fn tls_domain(mut self, name: impl Into<String>) -> Self {
+        self.domain = Some(name.into());
+        self
+    }
+
+    fn tls(&self) -> Result<Option<ClientTlsConfig>, Error> {
+        let https = self.url.starts_with("https://");
+        let wanted = self.ca.is_some() || self.identity.is_some() || self.domain.is_some();
+        if !https {
+            return if wanted {
+                Err(Error::InvalidArgument(format!(
+                    "TLS options (CA, client certificate) need an https:// URL, not {:?}",
+                    self.url
+                )))
+            } else {
+                Ok(None)
+            };
+        }
+        let Some(ca) = &self.ca else {
+            return Err(Error::InvalidArgument(
+                "an https:// URL needs the CA that signed the server's certificate (ca_file, \
+                 --ca); system roots are not used"
+                    .to_owned(),
+            ));
+        };
+        let mut tls =
+            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca.read("CA file")?));
+        if let Some((cert, key)) = &self.identity {
+            tls = tls.identity(Identity::from_pem(
+                cert.read("client certificate file")?,
+                key.read("client key file")?,
+            ));
+        }
+        if let Some(domain) = &self.domain {
+            tls = tls.domain_name(domain.clone());
+        }
+        Ok(Some(tls))
+    }
+
     /// Sends `authorization: Bearer <token>` with every call.
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.token = Some(token.into());
@@ -116,12 +222,14 @@ impl ClientBuilder {
             ),
             None => None,
         };
-        let channel = Endpoint::from_shared(self.url.clone())
+        let mut endpoint = Endpoint::from_shared(self.url.clone())
             .map_err(|e| Error::InvalidArgument(format!("url {:?}: {e}", self.url)))?
             .connect_timeout(self.connect_timeout)
-            .tcp_nodelay(true)
-            .connect()
-            .await?;
+            .tcp_nodelay(true);
+        if let Some(tls) = self.tls()? {
+            endpoint = endpoint.tls_config(tls)?;
+        }
+        let channel = endpoint.connect().await?;
         let auth = Auth { header };
         Ok(Client {
             sessions: SessionServiceClient::with_interceptor(channel.clone(), auth.clone()),
@@ -149,6 +257,9 @@ impl Client {
             token: None,
             connect_timeout: Duration::from_secs(10),
             request_timeout: None,
+            ca: None,
+            identity: None,
+            domain: None,
         }
     }
 
@@ -163,6 +274,12 @@ impl Client {
             req.set_timeout(t);
         }
         req
+    }
+
+    /// A unary request of `session_id`'s: the deadline and the routing
+    /// header.
+    fn session_request<T>(&self, session_id: &str, message: T) -> tonic::Request<T> {
+        with_session(self.request(message), session_id)
     }
 
     /// The generated SessionService client.
@@ -185,10 +302,12 @@ impl Client {
         &self,
         req: proto::CreateSessionRequest,
     ) -> Result<proto::Session, Error> {
+        // Only a client-chosen id is known before the call.
+        let session_id = req.session_id.clone();
         Ok(self
             .sessions
             .clone()
-            .create_session(self.request(req))
+            .create_session(self.session_request(&session_id, req))
             .await?
             .into_inner())
     }
@@ -201,7 +320,7 @@ impl Client {
         Ok(self
             .sessions
             .clone()
-            .get_session(self.request(req))
+            .get_session(self.session_request(session_id, req))
             .await?
             .into_inner())
     }
@@ -224,10 +343,11 @@ impl Client {
         &self,
         req: proto::UpdateSessionRequest,
     ) -> Result<proto::Session, Error> {
+        let session_id = req.session_id.clone();
         Ok(self
             .sessions
             .clone()
-            .update_session(self.request(req))
+            .update_session(self.session_request(&session_id, req))
             .await?
             .into_inner())
     }
@@ -240,7 +360,7 @@ impl Client {
         Ok(self
             .sessions
             .clone()
-            .delete_session(self.request(req))
+            .delete_session(self.session_request(session_id, req))
             .await?
             .into_inner()
             .deleted)
@@ -251,10 +371,11 @@ impl Client {
         &self,
         req: proto::GetHistoryRequest,
     ) -> Result<proto::GetHistoryResponse, Error> {
+        let session_id = req.session_id.clone();
         Ok(self
             .sessions
             .clone()
-            .get_history(self.request(req))
+            .get_history(self.session_request(&session_id, req))
             .await?
             .into_inner())
     }
@@ -298,10 +419,11 @@ impl Client {
     /// Runs a turn from a full request. Admission errors (busy, not found,
     /// invalid) are returned here; later failures arrive in the stream.
     pub async fn chat_with(&self, req: proto::ChatRequest) -> Result<EventStream, Error> {
+        let session_id = req.session_id.clone();
         let stream = self
             .runtime
             .clone()
-            .chat(tonic::Request::new(req))
+            .chat(with_session(tonic::Request::new(req), &session_id))
             .await?
             .into_inner();
         Ok(EventStream::new(stream))
@@ -324,7 +446,7 @@ impl Client {
         let stream = self
             .runtime
             .clone()
-            .subscribe(tonic::Request::new(req))
+            .subscribe(with_session(tonic::Request::new(req), session_id))
             .await?
             .into_inner();
         Ok(EventStream::new(stream))
@@ -338,7 +460,7 @@ impl Client {
         Ok(self
             .runtime
             .clone()
-            .stop_session(self.request(req))
+            .stop_session(self.session_request(session_id, req))
             .await?
             .into_inner()
             .stopped)
@@ -352,7 +474,7 @@ impl Client {
         Ok(self
             .runtime
             .clone()
-            .get_session_status(self.request(req))
+            .get_session_status(self.session_request(session_id, req))
             .await?
             .into_inner())
     }
@@ -366,7 +488,7 @@ impl Client {
         Ok(self
             .runtime
             .clone()
-            .close_session(self.request(req))
+            .close_session(self.session_request(session_id, req))
             .await?
             .into_inner()
             .closed)
@@ -383,7 +505,7 @@ impl Client {
         Ok(self
             .runtime
             .clone()
-            .compact_session(self.request(req))
+            .compact_session(self.session_request(session_id, req))
             .await?
             .into_inner())
     }
@@ -406,8 +528,56 @@ impl Client {
         };
         self.runtime
             .clone()
-            .submit_tool_result(self.request(req))
+            .submit_tool_result(self.session_request(session_id, req))
             .await?;
         Ok(())
+    }
+}
+
+/// Adds [`SESSION_HEADER`] to `req`. An empty id or one that is not a
+/// valid header value (the server refuses such ids anyway) is left out
+/// rather than failing the call here.
+fn with_session<T>(mut req: tonic::Request<T>, session_id: &str) -> tonic::Request<T> {
+    if session_id.is_empty() {
+        return req;
+    }
+    if let Ok(value) = session_id.parse::<MetadataValue<tonic::metadata::Ascii>>() {
+        req.metadata_mut().insert(SESSION_HEADER, value);
+    }
+    req
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(builder: ClientBuilder) -> String {
+        match builder.tls() {
+            Err(Error::InvalidArgument(message)) => message,
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn tls_options_need_an_https_url_and_https_needs_a_ca() {
+        let message = refused(Client::builder("http://127.0.0.1:1").ca_pem(b"pem".to_vec()));
+        assert!(message.contains("https://"), "{message}");
+        let message = refused(Client::builder("https://127.0.0.1:1"));
+        assert!(message.contains("--ca"), "{message}");
+        let message = refused(Client::builder("https://127.0.0.1:1").ca_file("/no/such/ca.pem"));
+        assert!(message.contains("/no/such/ca.pem"), "{message}");
+        assert!(
+            Client::builder("http://127.0.0.1:1")
+                .tls()
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            Client::builder("https://127.0.0.1:1")
+                .ca_pem(b"pem".to_vec())
+                .tls()
+                .unwrap()
+                .is_some()
+        );
     }
 }

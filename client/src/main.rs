@@ -26,6 +26,15 @@ struct Cli {
     /// Bearer API key (not needed for a loopback server without keys).
     #[arg(long, env = "AGENTRT_TOKEN", global = true, hide_env_values = true)]
     token: Option<String>,
+    /// PEM CA certificate that signed the server's certificate (https:// URLs).
+    #[arg(long, env = "AGENTRT_CA", global = true)]
+    ca: Option<std::path::PathBuf>,
+    /// PEM client certificate for mTLS (with --key).
+    #[arg(long, env = "AGENTRT_CLIENT_CERT", global = true, requires = "key")]
+    cert: Option<std::path::PathBuf>,
+    /// PEM private key of --cert.
+    #[arg(long, env = "AGENTRT_CLIENT_KEY", global = true, requires = "cert")]
+    key: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -146,6 +155,12 @@ async fn run(cli: Cli) -> Result<bool, Error> {
     if let Some(t) = cli.token {
         builder = builder.token(t);
     }
+    if let Some(ca) = &cli.ca {
+        builder = builder.ca_file(ca);
+    }
+    if let (Some(cert), Some(key)) = (&cli.cert, &cli.key) {
+        builder = builder.identity_files(cert, key);
+    }
     let client = builder.connect().await?;
     match cli.command {
         Command::Create {
@@ -220,6 +235,38 @@ async fn main() -> ExitCode {
         Err(err) => {
             eprintln!("agentrt: {err}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_flags_parse_and_a_client_certificate_needs_its_key() {
+        let cli = Cli::try_parse_from([
+            "agentrt",
+            "--url",
+            "https://h:1",
+            "--ca",
+            "ca.pem",
+            "--cert",
+            "me.pem",
+            "--key",
+            "me.key",
+            "list",
+        ])
+        .unwrap();
+        assert_eq!(cli.ca.as_deref(), Some(std::path::Path::new("ca.pem")));
+        assert_eq!(cli.cert.as_deref(), Some(std::path::Path::new("me.pem")));
+        assert_eq!(cli.key.as_deref(), Some(std::path::Path::new("me.key")));
+        for lone in [["--cert", "me.pem"], ["--key", "me.key"]] {
+            let args = ["agentrt", lone[0], lone[1], "list"];
+            assert!(
+                Cli::try_parse_from(args).is_err(),
+                "{lone:?} alone was accepted"
+            );
         }
     }
 }

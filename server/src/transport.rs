@@ -7,7 +7,11 @@
 //!   dropped, stops accepting at the cap instead of spending descriptors,
 //!   pauses after accept errors such as EMFILE instead of spinning, and
 //!   hands a connection to tonic only once its HTTP/2 preface arrived within
-//!   the handshake timeout (the preface is then replayed to hyper).
+//!   the handshake timeout (the preface is then replayed to hyper). With
+//!   `[tls]` the TLS handshake runs first, inside the same timeout, and the
+//!   preface is read from the decrypted stream; a verified client
+//!   certificate's identity travels with the connection ([`ConnInfo`]) to
+//!   every request, where [`crate::auth`] reads it.
 //! - [`RequestLimitsLayer`]: every request body must arrive within the
 //!   request timeout (for streaming requests: no silence longer than it),
 //!   and a request message longer than the limit is refused with
@@ -41,6 +45,7 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt as _};
 
 use crate::config::TransportSettings;
+use crate::tls::{ClientCertificate, ServerTls};
 
 /// What every HTTP/2 connection starts with (RFC 9113 §3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -175,12 +180,101 @@ impl Drop for PeerSlot {
     }
 }
 
+/// The byte stream of a connection: plain TCP, or TLS over it.
+#[derive(Debug)]
+enum Io {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Io::Plain(s) => s.is_write_vectored(),
+            Io::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+impl Io {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Io::Plain(s) => s,
+            Io::Tls(s) => s.get_ref().0,
+        }
+    }
+}
+
+/// What tonic puts in every request's extensions for a connection of
+/// ours: the addresses, and the verified client certificate when the
+/// connection is mTLS. [`RequestLimitsLayer`] also inserts the
+/// [`TcpConnectInfo`] and the [`ClientCertificate`] on their own, so
+/// `tonic::Request::remote_addr` works in the layers inside it and in the
+/// handlers.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    /// Local and remote address.
+    pub tcp: TcpConnectInfo,
+    /// The client certificate (mTLS only).
+    pub client: Option<Arc<ClientCertificate>>,
+}
+
 /// A connection that sent the HTTP/2 preface: the preface is read again
 /// first, then the socket. Holds the connection's cap permit and peer slot
 /// until hyper drops it.
 #[derive(Debug)]
 pub struct Conn {
-    stream: TcpStream,
+    stream: Io,
+    client: Option<Arc<ClientCertificate>>,
     replayed: usize,
     _permit: OwnedSemaphorePermit,
     _peer: PeerSlot,
@@ -235,10 +329,13 @@ impl AsyncWrite for Conn {
 }
 
 impl Connected for Conn {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = ConnInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
+        ConnInfo {
+            tcp: self.stream.tcp().connect_info(),
+            client: self.client.clone(),
+        }
     }
 }
 
@@ -258,12 +355,53 @@ impl futures::Stream for Incoming {
     }
 }
 
-/// Starts accepting on `listener` under `settings`.
-pub fn incoming(listener: TcpListener, settings: &TransportSettings) -> Incoming {
+/// Starts accepting on `listener` under `settings`, with TLS when `tls` is
+/// given (then SIGHUP also reloads its files, until the [`Incoming`] is
+/// dropped).
+pub fn incoming(
+    listener: TcpListener,
+    settings: &TransportSettings,
+    tls: Option<Arc<ServerTls>>,
+) -> Incoming {
     let (tx, rx) = mpsc::channel(HANDED_OVER);
-    tokio::spawn(accept_loop(listener, settings.clone(), tx));
+    if let Some(tls) = &tls {
+        tracing::info!(
+            client_certificates = tls.requires_client_certificates(),
+            "TLS on the gRPC listener; its files are reloaded when they change and on SIGHUP"
+        );
+        reload_on_sighup(Arc::clone(tls), tx.clone());
+    }
+    tokio::spawn(accept_loop(listener, settings.clone(), tls, tx));
     Incoming { rx }
 }
+
+/// Reloads `tls` on every SIGHUP until `tx`'s receiver is gone.
+#[cfg(unix)]
+fn reload_on_sighup(tls: Arc<ServerTls>, tx: mpsc::Sender<Conn>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot listen for SIGHUP; TLS files are still reloaded when they change");
+            return;
+        }
+    };
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                got = hangups.recv() => match got {
+                    // The file reads are small and local.
+                    Some(()) => tls.reload("SIGHUP"),
+                    None => return,
+                },
+                () = tx.closed() => return,
+            }
+        }
+    });
+}
+
+#[cfg(not(unix))]
+fn reload_on_sighup(_tls: Arc<ServerTls>, _tx: mpsc::Sender<Conn>) {}
 
 /// Errors of one connection that was gone before it was accepted: accept
 /// again at once.
@@ -287,7 +425,12 @@ fn configure(stream: &TcpStream, settings: &TransportSettings) {
     }
 }
 
-async fn accept_loop(listener: TcpListener, settings: TransportSettings, tx: mpsc::Sender<Conn>) {
+async fn accept_loop(
+    listener: TcpListener,
+    settings: TransportSettings,
+    tls: Option<Arc<ServerTls>>,
+    tx: mpsc::Sender<Conn>,
+) {
     let slots = Arc::new(Semaphore::new(settings.max_connections));
     let peers = PeerCounts::new(settings.max_connections_per_ip);
     let mut last_warning: Option<Instant> = None;
@@ -340,30 +483,65 @@ async fn accept_loop(listener: TcpListener, settings: TransportSettings, tx: mps
         configure(&stream, &settings);
         let tx = tx.clone();
         let handshake_timeout = settings.handshake_timeout;
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let mut stream = stream;
-            let mut preface = [0u8; PREFACE.len()];
-            match tokio::time::timeout(handshake_timeout, stream.read_exact(&mut preface)).await {
-                Ok(Ok(_)) if &preface == PREFACE => {}
-                Ok(Ok(_)) => {
-                    tracing::debug!(peer = %peer, "closing a connection that did not start HTTP/2");
-                    return;
-                }
-                Ok(Err(_)) => return,
-                Err(_) => {
+            let done = tokio::time::timeout(handshake_timeout, handshake(stream, tls, peer)).await;
+            let Ok(Some((stream, client))) = done else {
+                if done.is_err() {
                     tracing::debug!(peer = %peer, timeout = ?handshake_timeout,
-                        "closing a connection that sent no HTTP/2 preface in time");
-                    return;
+                        "closing a connection that did not finish its handshake (TLS, HTTP/2 preface) in time");
                 }
-            }
+                return;
+            };
             let conn = Conn {
                 stream,
+                client,
                 replayed: 0,
                 _permit: permit,
                 _peer: peer_slot,
             };
             let _ = tx.send(conn).await;
         });
+    }
+}
+
+/// The TLS handshake (when configured), then the HTTP/2 preface; `None`
+/// closes the connection.
+async fn handshake(
+    stream: TcpStream,
+    tls: Option<Arc<ServerTls>>,
+    peer: std::net::SocketAddr,
+) -> Option<(Io, Option<Arc<ClientCertificate>>)> {
+    let (mut stream, client) = match tls {
+        None => (Io::Plain(stream), None),
+        Some(tls) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.config());
+            let stream = match acceptor.accept(stream).await {
+                Ok(s) => s,
+                Err(err) => {
+                    tracing::debug!(peer = %peer, error = %err, "closing a connection whose TLS handshake failed");
+                    return None;
+                }
+            };
+            // Only verified certificates get here: without a client CA
+            // none is asked for.
+            let client = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .map(|leaf| Arc::new(ClientCertificate::from_der(leaf)));
+            (Io::Tls(Box::new(stream)), client)
+        }
+    };
+    let mut preface = [0u8; PREFACE.len()];
+    match stream.read_exact(&mut preface).await {
+        Ok(_) if &preface == PREFACE => Some((stream, client)),
+        Ok(_) => {
+            tracing::debug!(peer = %peer, "closing a connection that did not start HTTP/2");
+            None
+        }
+        Err(_) => None,
     }
 }
 
@@ -457,6 +635,13 @@ where
         let streaming = self.limits.streaming.contains(req.uri().path());
         let timeout = self.limits.timeout;
         let max_message = self.limits.max_message;
+        let mut req = req;
+        if let Some(info) = req.extensions().get::<ConnInfo>().cloned() {
+            req.extensions_mut().insert(info.tcp);
+            if let Some(client) = info.client {
+                req.extensions_mut().insert(client);
+            }
+        }
         if req.body().is_end_stream() {
             return futures::future::Either::Left(self.inner.call(req));
         }

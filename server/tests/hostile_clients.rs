@@ -41,17 +41,10 @@ fn config(dir: &std::path::Path, keys: bool) -> Config {
     if keys {
         c.auth = AuthConfig {
             api_keys: vec![
-                ApiKeyConfig {
-                    key: USER_KEY.into(),
-                    user: "alice".into(),
-                    admin: false,
-                },
-                ApiKeyConfig {
-                    key: ADMIN_KEY.into(),
-                    user: "root".into(),
-                    admin: true,
-                },
+                ApiKeyConfig::inline(USER_KEY, "alice", false),
+                ApiKeyConfig::inline(ADMIN_KEY, "root", true),
             ],
+            ..AuthConfig::default()
         };
     }
     c

@@ -426,11 +426,11 @@ async fn admin_calls_need_an_admin_and_default_model_changes_apply_to_the_next_t
     config
         .auth
         .api_keys
-        .push(agentrt_server::config::ApiKeyConfig {
-            key: "key-admin-1".into(),
-            user: "ops".into(),
-            admin: true,
-        });
+        .push(agentrt_server::config::ApiKeyConfig::inline(
+            "key-admin-1",
+            "ops",
+            true,
+        ));
     config.default_model = "mock/model-a".into();
     config.providers.push(mock_provider(&fake, None));
     let server = TestServer::start_with(config, &Providers::default()).await;

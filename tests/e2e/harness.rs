@@ -71,12 +71,9 @@ pub(crate) fn with_keys(mut config: Config, keys: &[(&str, &str)]) -> Config {
     config.auth = AuthConfig {
         api_keys: keys
             .iter()
-            .map(|(key, user)| ApiKeyConfig {
-                key: (*key).to_owned(),
-                user: (*user).to_owned(),
-                admin: false,
-            })
+            .map(|(key, user)| ApiKeyConfig::inline(*key, *user, false))
             .collect(),
+        ..AuthConfig::default()
     };
     config
 }

@@ -22,8 +22,8 @@ pub struct TransportSettings {
     /// Most connections open at once from one IP address; more are closed
     /// as soon as they are accepted. 0: no per-address cap. Default 256.
     pub max_connections_per_ip: usize,
-    /// A connection that has not sent the HTTP/2 preface within this time
-    /// is closed. Default 10 s.
+    /// A connection that has not finished its TLS handshake (with `[tls]`)
+    /// and sent the HTTP/2 preface within this time is closed. Default 10 s.
     #[serde(deserialize_with = "de_duration_value")]
     pub handshake_timeout: Duration,
     /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: streams one connection may

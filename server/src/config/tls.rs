@@ -1,0 +1,520 @@
+//! The `[tls]` table, its `--tls-*` flags, the `[[auth.mtls]]` mappings and
+//! where API keys come from (`key`, `key_file`, `key_env`): the settings that
+//! decide who may connect and as whom. They are checked before any port is
+//! bound — a missing certificate or key file, or a key whose file or
+//! variable is absent, is a start-up error naming the file, variable or user
+//! (never a key).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::{ApiKeyConfig, AuthConfig, Config, ConfigError};
+
+/// The `[tls]` table: TLS on the gRPC listener, and mTLS when `client_ca`
+/// is set. The files are re-read when they change (checked as each
+/// connection is accepted) and on SIGHUP; a new connection uses the new
+/// material, open ones keep theirs. Relative paths are relative to the
+/// working directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSettings {
+    /// PEM certificate chain (leaf first). With `key`, turns TLS on.
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of `cert`.
+    #[serde(default)]
+    pub key: Option<PathBuf>,
+    /// PEM CA certificate(s): a client certificate is then required and
+    /// verified against them, and its identity (URI SAN, else subject CN)
+    /// can map to a user through `[[auth.mtls]]`.
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
+}
+
+impl TlsSettings {
+    /// Whether the listener speaks TLS.
+    pub fn enabled(&self) -> bool {
+        self.cert.is_some()
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        match (&self.cert, &self.key) {
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(ConfigError(
+                    "TLS needs both a certificate and its key: set [tls] cert and key \
+                     (--tls-cert and --tls-key)"
+                        .to_owned(),
+                ));
+            }
+            (None, None) if self.client_ca.is_some() => {
+                return Err(ConfigError(
+                    "tls.client_ca (--tls-client-ca) needs TLS itself: set [tls] cert and key \
+                     (--tls-cert and --tls-key) too"
+                        .to_owned(),
+                ));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// `--tls-cert`, `--tls-key`, `--tls-client-ca` (each also
+/// `AGENTRT_TLS_CERT`, …); they override `[tls]`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TlsArgs {
+    /// PEM certificate chain for TLS on the gRPC listener.
+    #[arg(long = "tls-cert", env = "AGENTRT_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long = "tls-key", env = "AGENTRT_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA: require client certificates signed by it (mTLS).
+    #[arg(long = "tls-client-ca", env = "AGENTRT_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    pub(super) fn apply(&self, tls: &mut TlsSettings) {
+        if let Some(v) = &self.tls_cert {
+            tls.cert = Some(v.clone());
+        }
+        if let Some(v) = &self.tls_key {
+            tls.key = Some(v.clone());
+        }
+        if let Some(v) = &self.tls_client_ca {
+            tls.client_ca = Some(v.clone());
+        }
+    }
+}
+
+/// One `[[auth.mtls]]` entry: a verified client certificate whose identity
+/// (its URI SAN such as `spiffe://example.org/ns/app/sa/bob`, else its
+/// subject CN) is `identity` authenticates as `user`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MtlsConfig {
+    /// The certificate identity, compared exactly.
+    pub identity: String,
+    /// The user it authenticates.
+    pub user: String,
+    /// Whether the user may call RuntimeAdmin.
+    #[serde(default)]
+    pub admin: bool,
+}
+
+/// An API key read from wherever its entry says.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ResolvedKey {
+    /// The bearer token.
+    pub key: String,
+    /// The user it authenticates.
+    pub user: String,
+    /// Whether the user may call RuntimeAdmin.
+    pub admin: bool,
+}
+
+impl std::fmt::Debug for ResolvedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResolvedKey")
+            .field("key", &"<redacted>")
+            .field("user", &self.user)
+            .field("admin", &self.admin)
+            .finish()
+    }
+}
+
+/// The shortest API key accepted.
+const MIN_KEY_LEN: usize = 8;
+
+impl ApiKeyConfig {
+    /// An entry with the key inline.
+    pub fn inline(key: impl Into<String>, user: impl Into<String>, admin: bool) -> Self {
+        Self {
+            key: Some(key.into()),
+            key_file: None,
+            key_env: None,
+            user: user.into(),
+            admin,
+        }
+    }
+
+    fn describe(&self, i: usize) -> String {
+        format!("auth.api_keys[{i}] (user {:?})", self.user)
+    }
+
+    /// Reads the key from its source; errors name the entry and the file
+    /// or variable, never the key.
+    fn resolve(
+        &self,
+        i: usize,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<ResolvedKey, ConfigError> {
+        let (key, from) = match (&self.key, &self.key_file, &self.key_env) {
+            (Some(key), None, None) => (key.clone(), "key".to_owned()),
+            (None, Some(path), None) => (
+                read_key_file(path, &self.describe(i))?,
+                format!("key_file {}", path.display()),
+            ),
+            (None, None, Some(var)) => {
+                let value = env(var).ok_or_else(|| {
+                    ConfigError(format!(
+                        "{}: environment variable {var} (key_env) is not set",
+                        self.describe(i)
+                    ))
+                })?;
+                (value.trim_end().to_owned(), format!("key_env {var}"))
+            }
+            _ => {
+                return Err(ConfigError(format!(
+                    "{}: set exactly one of key, key_file (a file holding the key) or key_env \
+                     (an environment variable holding it)",
+                    self.describe(i)
+                )));
+            }
+        };
+        if key.len() < MIN_KEY_LEN {
+            return Err(ConfigError(format!(
+                "{}: the key from {from} must be at least {MIN_KEY_LEN} characters",
+                self.describe(i)
+            )));
+        }
+        Ok(ResolvedKey {
+            key,
+            user: self.user.clone(),
+            admin: self.admin,
+        })
+    }
+}
+
+/// A mounted Secret's file; its trailing newline (and other trailing
+/// whitespace, which a bearer token never carries) is not part of the key.
+fn read_key_file(path: &Path, entry: &str) -> Result<String, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigError(format!(
+            "{entry}: cannot read key_file {}: {e}",
+            path.display()
+        ))
+    })?;
+    Ok(text.trim_end().to_owned())
+}
+
+impl AuthConfig {
+    /// Every API key, read from its `key`, `key_file` or `key_env`
+    /// (through `env`), checked for length and duplicates.
+    pub fn resolve_keys(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Vec<ResolvedKey>, ConfigError> {
+        let keys = self
+            .api_keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| k.resolve(i, env))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut seen = std::collections::BTreeSet::new();
+        if !keys.iter().all(|k| seen.insert(k.key.as_str())) {
+            return Err(ConfigError(
+                "auth.api_keys holds the same key twice".to_owned(),
+            ));
+        }
+        Ok(keys)
+    }
+
+    /// Whether any credentials are configured (keys or mTLS mappings);
+    /// without them every call runs as the single user `local`.
+    pub fn has_credentials(&self) -> bool {
+        !self.api_keys.is_empty() || !self.mtls.is_empty()
+    }
+
+    fn validate(&self, tls: &TlsSettings) -> Result<(), ConfigError> {
+        for (i, k) in self.api_keys.iter().enumerate() {
+            if k.user.is_empty() {
+                return Err(ConfigError(format!(
+                    "auth.api_keys[{i}]: user must be non-empty"
+                )));
+            }
+            let sources = [k.key.is_some(), k.key_file.is_some(), k.key_env.is_some()];
+            if sources.iter().filter(|s| **s).count() != 1 {
+                return Err(ConfigError(format!(
+                    "{}: set exactly one of key, key_file (a file holding the key) or key_env \
+                     (an environment variable holding it)",
+                    k.describe(i)
+                )));
+            }
+            if k.key.as_ref().is_some_and(|key| key.len() < MIN_KEY_LEN) {
+                return Err(ConfigError(format!(
+                    "{}: key must be at least {MIN_KEY_LEN} characters",
+                    k.describe(i)
+                )));
+            }
+        }
+        let mut inline = std::collections::BTreeSet::new();
+        if !self
+            .api_keys
+            .iter()
+            .filter_map(|k| k.key.as_deref())
+            .all(|k| inline.insert(k))
+        {
+            return Err(ConfigError(
+                "auth.api_keys holds the same key twice".to_owned(),
+            ));
+        }
+        let mut identities = std::collections::BTreeSet::new();
+        for (i, m) in self.mtls.iter().enumerate() {
+            if m.identity.is_empty() || m.user.is_empty() {
+                return Err(ConfigError(format!(
+                    "auth.mtls[{i}]: identity and user must be non-empty"
+                )));
+            }
+            if !identities.insert(m.identity.as_str()) {
+                return Err(ConfigError(format!(
+                    "auth.mtls[{i}]: identity {:?} is mapped twice",
+                    m.identity
+                )));
+            }
+        }
+        if !self.mtls.is_empty() && tls.client_ca.is_none() {
+            return Err(ConfigError(
+                "[[auth.mtls]] maps client certificates, but none are asked for: set [tls] \
+                 client_ca (--tls-client-ca) to the CA that signs them"
+                    .to_owned(),
+            ));
+        }
+        if tls.client_ca.is_some() && !self.has_credentials() {
+            return Err(ConfigError(
+                "tls.client_ca (--tls-client-ca) is set but no certificate identity maps to a \
+                 user: add [[auth.mtls]] entries (identity = \"spiffe://…\" or a subject CN, \
+                 user = \"…\"), or [[auth.api_keys]]"
+                    .to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// The `[tls]`/`[auth]` part of [`Config::validate`]: refuses a
+    /// non-loopback address without credentials or TLS, and checks the
+    /// shape of keys and mappings (not yet the files they name).
+    pub(super) fn validate_access(&self) -> Result<(), ConfigError> {
+        if !self.listen.ip().is_loopback() && !self.auth.has_credentials() && !self.tls.enabled() {
+            return Err(ConfigError(format!(
+                "refusing to listen on {} without credentials or TLS: configure [[auth.api_keys]] \
+                 (bearer keys; key, key_file or key_env) in the config file, or TLS with [tls] cert \
+                 and key (--tls-cert/--tls-key), adding client_ca (--tls-client-ca) and \
+                 [[auth.mtls]] to map client certificates to users; or listen on a loopback \
+                 address such as 127.0.0.1",
+                self.listen
+            )));
+        }
+        self.tls.validate()?;
+        self.auth.validate(&self.tls)
+    }
+
+    /// A warning for the operator when the listener is open to anyone who
+    /// can reach it: a non-loopback address with TLS but no credentials,
+    /// where every caller is the single user `local`.
+    pub fn open_access_warning(&self) -> Option<String> {
+        (!self.listen.ip().is_loopback() && !self.auth.has_credentials()).then(|| {
+            format!(
+                "listening on {} with TLS but without credentials: every caller that can connect \
+                 is the single user \"local\"; add [[auth.api_keys]] or [tls] client_ca with \
+                 [[auth.mtls]] to tell callers apart",
+                self.listen
+            )
+        })
+    }
+
+    /// What [`Config::load`] checks besides [`Config::validate`], before
+    /// any port is bound: every API key can be read from its file or
+    /// variable, and the TLS files load.
+    pub(super) fn check_files(&self) -> Result<(), ConfigError> {
+        self.auth.resolve_keys(&|name| std::env::var(name).ok())?;
+        crate::tls::ServerTls::from_settings(&self.tls)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn public(extra: &str) -> Result<Config, ConfigError> {
+        let c = Config::parse_toml(&format!("listen = \"0.0.0.0:50051\"\n{extra}"))?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    #[test]
+    fn a_public_address_without_credentials_or_tls_names_both_ways_out() {
+        let err = public("").unwrap_err().0;
+        for named in [
+            "0.0.0.0:50051",
+            "[[auth.api_keys]]",
+            "key_file",
+            "[tls]",
+            "--tls-cert",
+            "--tls-client-ca",
+            "[[auth.mtls]]",
+            "loopback",
+        ] {
+            assert!(err.contains(named), "{named:?} missing from: {err}");
+        }
+    }
+
+    #[test]
+    fn a_public_address_is_allowed_with_keys_or_tls() {
+        public("[[auth.api_keys]]\nkey = \"secret-a1\"\nuser = \"alice\"").unwrap();
+        public("[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"").unwrap();
+        public(
+            "[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\nclient_ca = \"ca.pem\"\n\
+             [[auth.mtls]]\nidentity = \"spiffe://t/bob\"\nuser = \"bob\"",
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn tls_without_credentials_on_a_public_address_is_warned_about() {
+        let open = public("[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"").unwrap();
+        let warning = open.open_access_warning().unwrap();
+        assert!(
+            warning.contains("\"local\"") && warning.contains("[[auth.api_keys]]"),
+            "{warning}"
+        );
+        let keyed = public("[[auth.api_keys]]\nkey = \"secret-a1\"\nuser = \"alice\"").unwrap();
+        assert_eq!(keyed.open_access_warning(), None);
+        assert_eq!(Config::default().open_access_warning(), None);
+    }
+
+    #[test]
+    fn tls_settings_come_from_the_file_and_flags_override_them() {
+        let c = Config::parse_toml("[tls]\ncert = \"file.pem\"\nkey = \"file.key\"").unwrap();
+        assert_eq!(c.tls.cert.as_deref(), Some(Path::new("file.pem")));
+        let cli = super::super::Cli {
+            tls: TlsArgs {
+                tls_cert: Some("flag.pem".into()),
+                tls_key: None,
+                tls_client_ca: Some("ca.pem".into()),
+            },
+            ..Default::default()
+        };
+        let c = c.with_overrides(&cli);
+        assert_eq!(c.tls.cert.as_deref(), Some(Path::new("flag.pem")));
+        assert_eq!(c.tls.key.as_deref(), Some(Path::new("file.key")));
+        assert_eq!(c.tls.client_ca.as_deref(), Some(Path::new("ca.pem")));
+        assert!(Config::parse_toml("[tls]\ncertificate = \"x\"").is_err());
+    }
+
+    #[test]
+    fn half_configured_tls_and_mtls_are_refused() {
+        for (toml, named) in [
+            ("[tls]\ncert = \"c.pem\"", "both a certificate and its key"),
+            ("[tls]\nclient_ca = \"ca.pem\"", "needs TLS itself"),
+            (
+                "[tls]\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"ca\"",
+                "add [[auth.mtls]]",
+            ),
+            (
+                "[[auth.mtls]]\nidentity = \"x\"\nuser = \"bob\"",
+                "set [tls] client_ca",
+            ),
+            (
+                "[tls]\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"ca\"\n\
+                 [[auth.mtls]]\nidentity = \"x\"\nuser = \"a\"\n\
+                 [[auth.mtls]]\nidentity = \"x\"\nuser = \"b\"",
+                "mapped twice",
+            ),
+        ] {
+            let err = Config::parse_toml(toml).unwrap().validate().unwrap_err().0;
+            assert!(err.contains(named), "{toml}: {err}");
+        }
+    }
+
+    #[test]
+    fn an_api_key_has_exactly_one_source() {
+        for keys in [
+            "user = \"alice\"",
+            "key = \"secret-a1\"\nkey_env = \"K\"\nuser = \"alice\"",
+            "key_file = \"f\"\nkey_env = \"K\"\nuser = \"alice\"",
+        ] {
+            let err = Config::parse_toml(&format!("[[auth.api_keys]]\n{keys}"))
+                .unwrap()
+                .validate()
+                .unwrap_err()
+                .0;
+            assert!(
+                err.contains("exactly one of key, key_file"),
+                "{keys}: {err}"
+            );
+            assert!(err.contains("\"alice\""), "{err}");
+        }
+        let c = Config::parse_toml("[[auth.api_keys]]\nkey_env = \"K\"\nuser = \"alice\"").unwrap();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn a_missing_key_file_or_variable_names_the_user_and_the_source_but_no_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("absent-key");
+        let short = dir.path().join("short-key");
+        std::fs::write(&short, "tiny\n").unwrap();
+        let toml = format!(
+            "[[auth.api_keys]]\nkey_file = {missing:?}\nuser = \"alice\"\n\
+             [[auth.api_keys]]\nkey_env = \"AGENTRT_ABSENT\"\nuser = \"bob\"\n\
+             [[auth.api_keys]]\nkey_file = {short:?}\nuser = \"carol\"\n"
+        );
+        let c = Config::parse_toml(&toml).unwrap();
+        c.validate().unwrap();
+        let err = c.auth.resolve_keys(&|_| None).unwrap_err().0;
+        assert!(
+            err.contains("\"alice\"") && err.contains("absent-key"),
+            "{err}"
+        );
+        std::fs::write(&missing, "filed-key-1\n").unwrap();
+        let err = c.auth.resolve_keys(&|_| None).unwrap_err().0;
+        assert!(
+            err.contains("\"bob\"") && err.contains("AGENTRT_ABSENT"),
+            "{err}"
+        );
+        let err = c
+            .auth
+            .resolve_keys(&|_| Some("envied-key-1".to_owned()))
+            .unwrap_err()
+            .0;
+        assert!(
+            err.contains("\"carol\"") && err.contains("at least 8"),
+            "{err}"
+        );
+        assert!(!err.contains("tiny"), "the key leaked: {err}");
+        std::fs::write(&short, "filed-key-1").unwrap();
+        let err = c
+            .auth
+            .resolve_keys(&|_| Some("envied-key-1".to_owned()))
+            .unwrap_err()
+            .0;
+        assert!(
+            err.contains("same key twice") && !err.contains("filed-key-1"),
+            "{err}"
+        );
+        std::fs::write(&short, "carols-key-1\r\n").unwrap();
+        let keys = c
+            .auth
+            .resolve_keys(&|_| Some("envied-key-1".to_owned()))
+            .unwrap();
+        let keys: Vec<_> = keys
+            .iter()
+            .map(|k| (k.key.as_str(), k.user.as_str()))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                ("filed-key-1", "alice"),
+                ("envied-key-1", "bob"),
+                ("carols-key-1", "carol")
+            ]
+        );
+        assert!(!format!("{c:?}").contains("key-1"));
+    }
+}
