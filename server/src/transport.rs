@@ -317,7 +317,7 @@ async fn accept_loop(listener: TcpListener, settings: TransportSettings, tx: mps
                     tracing::warn!(
                         error = %err,
                         errors = unreported,
-                        pause = ?settings.accept_error_backoff,
+                        pause_ms = u64::try_from(settings.accept_error_backoff.as_millis()).unwrap_or(u64::MAX),
                         "cannot accept connections; pausing before the next try \
                          (out of file descriptors? see transport.max_connections and ulimit -n)"
                     );
@@ -351,7 +351,7 @@ async fn accept_loop(listener: TcpListener, settings: TransportSettings, tx: mps
                 }
                 Ok(Err(_)) => return,
                 Err(_) => {
-                    tracing::debug!(peer = %peer, timeout = ?handshake_timeout,
+                    tracing::debug!(peer = %peer, timeout_ms = u64::try_from(handshake_timeout.as_millis()).unwrap_or(u64::MAX),
                         "closing a connection that sent no HTTP/2 preface in time");
                     return;
                 }

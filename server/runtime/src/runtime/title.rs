@@ -61,7 +61,13 @@ pub fn extract_title(text: &str) -> Option<String> {
 /// Sets the session's title in the background from its first user message
 /// (and, with a fast model, the first answer).
 pub(super) fn spawn(inner: Arc<Inner>, session_id: String, incarnation: String, answer: String) {
-    tokio::spawn(async move {
+    // Its own span, a child of the turn's (which it may outlive).
+    let span = tracing::info_span!(
+        "title",
+        otel.name = "agentrt.title",
+        { crate::telemetry::semconv::GEN_AI_CONVERSATION_ID } = %session_id,
+    );
+    tokio::spawn(tracing::Instrument::instrument(async move {
         let first = match inner.store.history(&session_id, 0, FIRST_PAGE, true).await {
             Ok(page) => first_user_text(&page),
             Err(err) => {
@@ -85,7 +91,7 @@ pub(super) fn spawn(inner: Arc<Inner>, session_id: String, incarnation: String, 
             Ok(set) => tracing::debug!(set, "session title"),
             Err(err) => tracing::warn!(error = %err, "storing the session title failed"),
         }
-    });
+    }, span));
 }
 
 fn first_user_text(page: &[Message]) -> Option<String> {
