@@ -420,6 +420,10 @@ impl Runtime {
             }),
         };
         admin::spawn_reaper(&runtime);
+        // The gauges exist (at 0) before the first turn or watcher.
+        let metrics = crate::telemetry::metrics::get();
+        metrics.live_turns.add(0, &[]);
+        metrics.watchers.add(0, &[]);
         // Read at collection time; a weak reference, so the meter provider
         // does not keep a stopped runtime alive.
         let weak = Arc::downgrade(&runtime.inner);
