@@ -165,7 +165,7 @@ impl Extractor for HeaderExtractor<'_> {
 /// What is left to do when a call ends.
 struct Ending {
     span: tracing::Span,
-    method: &'static str,
+    /// The method, when it is one we serve.
     known: Option<String>,
     started: Instant,
 }
@@ -174,7 +174,7 @@ impl Ending {
     fn method(&self) -> String {
         self.known
             .clone()
-            .unwrap_or_else(|| self.method.to_owned())
+            .unwrap_or_else(|| RPC_METHOD_OTHER.to_owned())
     }
 
     /// Records the call's end with status `code`; `refused` holds the
@@ -265,7 +265,6 @@ where
         }
         let ending = Ending {
             span: span.clone(),
-            method: RPC_METHOD_OTHER,
             known,
             started: Instant::now(),
         };
