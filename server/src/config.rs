@@ -14,14 +14,14 @@ use serde::Deserialize;
 
 mod compaction;
 mod local;
-mod tools;
 mod telemetry;
+mod tools;
 mod transport;
 
 pub use compaction::CompactionSettings;
 pub use local::LocalModelSettings;
-pub use tools::{McpServerConfig, ToolsConfig};
 pub use telemetry::TelemetrySettings;
+pub use tools::{McpServerConfig, ToolsConfig};
 pub use transport::TransportSettings;
 
 /// The model used when nothing is configured: the offline echo model.

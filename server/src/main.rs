@@ -120,7 +120,10 @@ async fn serve(config: Config, metrics: Option<prometheus::Registry>) -> ExitCod
     // Bound before the listening line, so whoever reads it can scrape.
     let metrics_task = match (config.metrics_listen, metrics) {
         (Some(addr), Some(registry)) => match tokio::net::TcpListener::bind(addr).await {
-            Ok(l) => Some((l.local_addr().ok(), AbortOnDrop(tokio::spawn(prometheus::serve(l, registry))))),
+            Ok(l) => Some((
+                l.local_addr().ok(),
+                AbortOnDrop(tokio::spawn(prometheus::serve(l, registry))),
+            )),
             Err(err) => {
                 eprintln!("agentrt-server: cannot listen on {addr} (metrics_listen): {err}");
                 return ExitCode::from(2);
@@ -132,10 +135,10 @@ async fn serve(config: Config, metrics: Option<prometheus::Registry>) -> ExitCod
         // One stable line on stdout, so scripts and tests that start the
         // server on port 0 learn the address it got.
         println!("agentrt-server listening on {addr}");
-    if let Some((Some(bound), _)) = &metrics_task {
-        // Second line: where Prometheus scrapes.
-        println!("agentrt-server metrics on http://{bound}/metrics");
-    }
+        if let Some((Some(bound), _)) = &metrics_task {
+            // Second line: where Prometheus scrapes.
+            println!("agentrt-server metrics on http://{bound}/metrics");
+        }
     }
     match agentrt_server::run(config, listener, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,

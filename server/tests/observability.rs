@@ -173,7 +173,13 @@ async fn telemetry_off_exports_nothing_and_runs_no_exporter_thread_while_on_does
         .await
         .unwrap()
         .session_id;
-    let turn = client.chat(&session, "hello").await.unwrap().finish().await.unwrap();
+    let turn = client
+        .chat(&session, "hello")
+        .await
+        .unwrap()
+        .finish()
+        .await
+        .unwrap();
     assert!(turn.status.is_none(), "{:?}", turn.status);
     let threads = off.threads();
     assert!(
@@ -182,7 +188,10 @@ async fn telemetry_off_exports_nothing_and_runs_no_exporter_thread_while_on_does
     );
     off.stop().await;
     // The process has exited: anything it exported has been received.
-    assert!(off_receiver.spans.try_recv().is_err(), "telemetry off exported a span");
+    assert!(
+        off_receiver.spans.try_recv().is_err(),
+        "telemetry off exported a span"
+    );
 
     // The control: the same turn with traces on starts the batch thread,
     // exports the turn, and puts its trace id on the JSON log lines.
@@ -204,7 +213,13 @@ async fn telemetry_off_exports_nothing_and_runs_no_exporter_thread_while_on_does
         .await
         .unwrap()
         .session_id;
-    let turn = client.chat(&session, "hello").await.unwrap().finish().await.unwrap();
+    let turn = client
+        .chat(&session, "hello")
+        .await
+        .unwrap()
+        .finish()
+        .await
+        .unwrap();
     assert!(turn.status.is_none(), "{:?}", turn.status);
     let threads = on.threads();
     assert!(
@@ -226,15 +241,27 @@ async fn telemetry_off_exports_nothing_and_runs_no_exporter_thread_while_on_does
         .find(|l| l["message"] == "turn finished")
         .expect("a turn summary line");
     let hex: String = agent.trace_id.iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(summary["trace_id"].as_str(), Some(hex.as_str()), "{summary}");
+    assert_eq!(
+        summary["trace_id"].as_str(),
+        Some(hex.as_str()),
+        "{summary}"
+    );
     assert!(summary["span_id"].is_string(), "{summary}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_and_metrics_show_turns_tokens_and_refusals_without_secrets() {
     let fake = FakeOpenAi::start(vec![
-        FakeReply::sse(vec![text_chunk("one"), finish_chunk("stop"), usage_chunk(12, 5)]),
-        FakeReply::sse(vec![text_chunk("two"), finish_chunk("stop"), usage_chunk(12, 5)]),
+        FakeReply::sse(vec![
+            text_chunk("one"),
+            finish_chunk("stop"),
+            usage_chunk(12, 5),
+        ]),
+        FakeReply::sse(vec![
+            text_chunk("two"),
+            finish_chunk("stop"),
+            usage_chunk(12, 5),
+        ]),
         FakeReply::Sse {
             chunks: vec![text_chunk("partial")],
             done: false,
@@ -268,7 +295,13 @@ async fn json_logs_and_metrics_show_turns_tokens_and_refusals_without_secrets() 
         .session_id;
     let mut turn_ids = Vec::new();
     for _ in 0..2 {
-        let turn = client.chat(&session, "hi").await.unwrap().finish().await.unwrap();
+        let turn = client
+            .chat(&session, "hi")
+            .await
+            .unwrap()
+            .finish()
+            .await
+            .unwrap();
         assert!(turn.status.is_none(), "{:?}", turn.status);
         turn_ids.push(turn.events[0].turn_id.clone());
     }
@@ -291,19 +324,38 @@ async fn json_logs_and_metrics_show_turns_tokens_and_refusals_without_secrets() 
     assert_eq!(outcome, Some(agentrt_client::proto::TurnOutcome::Canceled));
 
     let text = scrape(server.metrics.as_deref().unwrap()).await;
-    assert_eq!(series(&text, "agentrt_turns_total{agentrt_turn_outcome=\"success\"}"), Some(2.0), "{text}");
-    assert_eq!(series(&text, "agentrt_turns_total{agentrt_turn_outcome=\"canceled\"}"), Some(1.0), "{text}");
+    assert_eq!(
+        series(
+            &text,
+            "agentrt_turns_total{agentrt_turn_outcome=\"success\"}"
+        ),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        series(
+            &text,
+            "agentrt_turns_total{agentrt_turn_outcome=\"canceled\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
     assert_eq!(series(&text, "agentrt_turns_live"), Some(0.0), "{text}");
     let tokens = |kind: &str| {
         series(
             &text,
-            &format!("gen_ai_client_token_usage_sum{{gen_ai_operation_name=\"chat\",gen_ai_provider_name=\"mock\",gen_ai_request_model=\"m\",gen_ai_token_type=\"{kind}\"}}"),
+            &format!(
+                "gen_ai_client_token_usage_sum{{gen_ai_operation_name=\"chat\",gen_ai_provider_name=\"mock\",gen_ai_request_model=\"m\",gen_ai_token_type=\"{kind}\"}}"
+            ),
         )
     };
     assert_eq!(tokens("input"), Some(24.0), "{text}");
     assert_eq!(tokens("output"), Some(10.0), "{text}");
     assert_eq!(
-        series(&text, "agentrt_admission_rejections_total{agentrt_reason=\"SESSION_BUSY\",rpc_method=\"agentrt.v1.AgentRuntime/Chat\"}"),
+        series(
+            &text,
+            "agentrt_admission_rejections_total{agentrt_reason=\"SESSION_BUSY\",rpc_method=\"agentrt.v1.AgentRuntime/Chat\"}"
+        ),
         Some(1.0),
         "{text}"
     );
@@ -311,7 +363,10 @@ async fn json_logs_and_metrics_show_turns_tokens_and_refusals_without_secrets() 
         "rpc_server_call_duration_seconds_count{rpc_method=\"agentrt.v1.AgentRuntime/Chat\",rpc_status_code=\"OK\",rpc_system_name=\"grpc\"}",
         "rpc_server_call_duration_seconds_count{rpc_method=\"agentrt.v1.AgentRuntime/Chat\",rpc_status_code=\"ABORTED\",rpc_system_name=\"grpc\"}",
     ] {
-        assert!(series(&text, name).is_some_and(|v| v >= 1.0), "{name} in {text}");
+        assert!(
+            series(&text, name).is_some_and(|v| v >= 1.0),
+            "{name} in {text}"
+        );
     }
     for family in [
         "# TYPE gen_ai_client_operation_duration_seconds histogram",
@@ -324,7 +379,10 @@ async fn json_logs_and_metrics_show_turns_tokens_and_refusals_without_secrets() 
     ] {
         assert!(text.contains(family), "{family} in {text}");
     }
-    assert!(series(&text, "agentrt_relay_events_total").is_some_and(|v| v >= 10.0), "{text}");
+    assert!(
+        series(&text, "agentrt_relay_events_total").is_some_and(|v| v >= 10.0),
+        "{text}"
+    );
     assert!(!text.contains(&session), "a session id in a label: {text}");
 
     let stderr = server.stop().await;
@@ -334,7 +392,9 @@ async fn json_logs_and_metrics_show_turns_tokens_and_refusals_without_secrets() 
         .collect();
     assert!(!lines.is_empty());
     for (line, raw) in lines.iter().zip(stderr.lines()) {
-        let object = line.as_object().unwrap_or_else(|| panic!("not an object: {raw}"));
+        let object = line
+            .as_object()
+            .unwrap_or_else(|| panic!("not an object: {raw}"));
         assert!(!object.contains_key("fields"), "{raw}");
         for (k, v) in object {
             assert!(!v.is_object() && !v.is_array(), "{k} nested in {raw}");
@@ -364,7 +424,14 @@ async fn json_logs_and_metrics_show_turns_tokens_and_refusals_without_secrets() 
         .iter()
         .find(|l| l["message"] == "turn finished" && l["turn_id"] == turn_ids[0].as_str())
         .unwrap();
-    assert_eq!((first["outcome"].as_str(), first["input_tokens"].as_u64(), first["output_tokens"].as_u64()), (Some("success"), Some(12), Some(5)));
+    assert_eq!(
+        (
+            first["outcome"].as_str(),
+            first["input_tokens"].as_u64(),
+            first["output_tokens"].as_u64()
+        ),
+        (Some("success"), Some(12), Some(5))
+    );
     let rejected: Vec<&Value> = lines
         .iter()
         .filter(|l| l["message"] == "call rejected")
@@ -378,7 +445,12 @@ async fn json_logs_and_metrics_show_turns_tokens_and_refusals_without_secrets() 
         .iter()
         .find(|l| l["message"] == "agentrt-server serving")
         .expect("the serving line");
-    assert!(serving["addr"].as_str().is_some_and(|a| a.starts_with("127.0.0.1:")), "{serving}");
+    assert!(
+        serving["addr"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("127.0.0.1:")),
+        "{serving}"
+    );
 }
 
 #[tokio::test]
@@ -391,7 +463,13 @@ async fn text_logs_have_no_colour_codes_when_stderr_is_not_a_terminal() {
         .await
         .unwrap()
         .session_id;
-    client.chat(&session, "hi").await.unwrap().finish().await.unwrap();
+    client
+        .chat(&session, "hi")
+        .await
+        .unwrap()
+        .finish()
+        .await
+        .unwrap();
     let stderr = server.stop().await;
     assert!(stderr.contains("turn finished"), "{stderr}");
     assert!(!stderr.contains("\x1b["), "{stderr:?}");

@@ -79,7 +79,10 @@ fn complete(spans: &[otlp::Got]) -> bool {
 async fn a_tool_using_turn_exports_rpc_agent_chat_and_tool_spans_under_the_callers_trace() {
     let mut receiver = otlp::Receiver::start().await;
     let vars: HashMap<&str, String> = HashMap::from([
-        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.endpoint.clone()),
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            receiver.endpoint.clone(),
+        ),
         ("OTEL_METRICS_EXPORTER", "none".to_owned()),
         ("OTEL_SERVICE_NAME", "agentrt-under-test".to_owned()),
     ]);
@@ -136,9 +139,16 @@ async fn a_tool_using_turn_exports_rpc_agent_chat_and_tool_spans_under_the_calle
     });
     request.metadata_mut().insert(
         "traceparent",
-        format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01").parse().unwrap(),
+        format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01")
+            .parse()
+            .unwrap(),
     );
-    let mut stream = client.runtime_raw().chat(request).await.unwrap().into_inner();
+    let mut stream = client
+        .runtime_raw()
+        .chat(request)
+        .await
+        .unwrap()
+        .into_inner();
     let mut outcome = None;
     while let Some(event) = tokio::time::timeout(WAIT, stream.message())
         .await
@@ -158,7 +168,9 @@ async fn a_tool_using_turn_exports_rpc_agent_chat_and_tool_spans_under_the_calle
     while !complete(&spans) {
         assert!(started.elapsed() < WAIT, "spans so far: {spans:#?}");
         let t = Arc::clone(&telemetry);
-        tokio::task::spawn_blocking(move || t.flush()).await.unwrap();
+        tokio::task::spawn_blocking(move || t.flush())
+            .await
+            .unwrap();
         spans.extend(receiver.drain(Duration::from_millis(100)).await);
     }
     let _ = stop.send(());
@@ -201,11 +213,17 @@ async fn a_tool_using_turn_exports_rpc_agent_chat_and_tool_spans_under_the_calle
         assert_eq!(c.attr("gen_ai.operation.name"), Some("chat"));
         assert_eq!(c.attr("gen_ai.provider.name"), Some("mock"));
         assert_eq!(c.attr("gen_ai.request.model"), Some("m"));
-        assert!(c.attr("gen_ai.response.time_to_first_chunk").is_some(), "{c:?}");
+        assert!(
+            c.attr("gen_ai.response.time_to_first_chunk").is_some(),
+            "{c:?}"
+        );
     }
     assert_eq!(first.attr("gen_ai.usage.input_tokens"), Some("11"));
     assert_eq!(first.attr("gen_ai.usage.output_tokens"), Some("3"));
-    assert_eq!(first.attr("gen_ai.response.finish_reasons"), Some("tool_calls"));
+    assert_eq!(
+        first.attr("gen_ai.response.finish_reasons"),
+        Some("tool_calls")
+    );
     assert_eq!(second.attr("gen_ai.usage.input_tokens"), Some("20"));
     assert_eq!(second.attr("gen_ai.usage.output_tokens"), Some("4"));
     assert_eq!(second.attr("gen_ai.response.finish_reasons"), Some("stop"));
@@ -218,13 +236,19 @@ async fn a_tool_using_turn_exports_rpc_agent_chat_and_tool_spans_under_the_calle
     assert_eq!(requests.len(), 2);
     for (request, chat) in requests.iter().zip([first, second]) {
         let header = request.header("traceparent").expect("a traceparent");
-        assert_eq!(traceparent_ids(header), (CALLER_TRACE.to_owned(), hex(&chat.span_id)));
+        assert_eq!(
+            traceparent_ids(header),
+            (CALLER_TRACE.to_owned(), hex(&chat.span_id))
+        );
     }
 
     // No message content on any span without capture_content.
     for s in &spans {
         for v in s.attrs.values() {
-            assert!(!v.contains(SECRET_TEXT) && !v.contains("it is noon"), "{s:?}");
+            assert!(
+                !v.contains(SECRET_TEXT) && !v.contains("it is noon"),
+                "{s:?}"
+            );
         }
     }
 }

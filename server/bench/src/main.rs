@@ -420,7 +420,13 @@ async fn run(cli: Cli) -> Result<bool, String> {
     }
     if want("otel") {
         let n = cli.otel_sessions.unwrap_or(if cli.smoke { 4 } else { 100 });
-        match bounded(&format!("telemetry off/on c={n}"), limit * 2, otel::compare(&env, n)).await {
+        match bounded(
+            &format!("telemetry off/on c={n}"),
+            limit * 2,
+            otel::compare(&env, n),
+        )
+        .await
+        {
             Ok(o) => {
                 note_failures("otel", &[&o.off, &o.on], &mut failures);
                 if o.spans == 0 {

@@ -82,8 +82,8 @@ fn signal(
     exporter_var: &str,
     endpoint_var: &str,
 ) -> Result<Option<String>, OtelEnvError> {
-    let endpoint = nonempty(lookup, endpoint_var)
-        .or_else(|| nonempty(lookup, "OTEL_EXPORTER_OTLP_ENDPOINT"));
+    let endpoint =
+        nonempty(lookup, endpoint_var).or_else(|| nonempty(lookup, "OTEL_EXPORTER_OTLP_ENDPOINT"));
     let exporter = nonempty(lookup, exporter_var).map(|v| v.to_ascii_lowercase());
     let on = match exporter.as_deref() {
         None => endpoint.is_some(),
@@ -234,7 +234,10 @@ mod tests {
         assert_eq!(e.metrics.as_deref(), Some("http://127.0.0.1:4317"));
         let e = env(&[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
-            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:9999"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "http://127.0.0.1:9999",
+            ),
             ("OTEL_METRICS_EXPORTER", "none"),
         ])
         .unwrap();
@@ -253,7 +256,10 @@ mod tests {
     #[test]
     fn names_samplers_and_resource_attributes_are_read() {
         let e = env(&[
-            ("OTEL_RESOURCE_ATTRIBUTES", "service.name=a, deployment.environment=prod"),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "service.name=a, deployment.environment=prod",
+            ),
             ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
             ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
         ])
@@ -264,8 +270,11 @@ mod tests {
             vec![("deployment.environment".to_owned(), "prod".to_owned())]
         );
         assert_eq!(e.sampler, SamplerChoice::ParentRatio(0.25));
-        let e = env(&[("OTEL_SERVICE_NAME", "b"), ("OTEL_RESOURCE_ATTRIBUTES", "service.name=a")])
-            .unwrap();
+        let e = env(&[
+            ("OTEL_SERVICE_NAME", "b"),
+            ("OTEL_RESOURCE_ATTRIBUTES", "service.name=a"),
+        ])
+        .unwrap();
         assert_eq!(e.service_name, "b");
     }
 

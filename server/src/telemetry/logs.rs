@@ -111,7 +111,10 @@ where
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
         let mut line = Map::new();
         let mut timestamp = String::new();
-        if SystemTime.format_time(&mut Writer::new(&mut timestamp)).is_ok() {
+        if SystemTime
+            .format_time(&mut Writer::new(&mut timestamp))
+            .is_ok()
+        {
             line.insert("timestamp".to_owned(), Value::String(timestamp));
         }
         let meta = event.metadata();

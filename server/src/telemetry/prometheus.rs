@@ -108,7 +108,13 @@ impl Registry {
 fn sanitize(name: &str) -> String {
     let mut s: String = name
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     if s.starts_with(|c: char| c.is_ascii_digit()) {
         s.insert(0, '_');
@@ -207,7 +213,12 @@ fn render_data<T: Num>(out: &mut String, base: &str, help: &str, data: &MetricDa
         MetricData::Gauge(g) => {
             header(out, base, help, "gauge");
             for p in g.data_points() {
-                let _ = writeln!(out, "{base}{} {}", labels(p.attributes(), None), number(p.value().f()));
+                let _ = writeln!(
+                    out,
+                    "{base}{} {}",
+                    labels(p.attributes(), None),
+                    number(p.value().f())
+                );
             }
         }
         MetricData::Sum(s) => {
@@ -216,9 +227,19 @@ fn render_data<T: Num>(out: &mut String, base: &str, help: &str, data: &MetricDa
             } else {
                 base.to_owned()
             };
-            header(out, &name, help, if s.is_monotonic() { "counter" } else { "gauge" });
+            header(
+                out,
+                &name,
+                help,
+                if s.is_monotonic() { "counter" } else { "gauge" },
+            );
             for p in s.data_points() {
-                let _ = writeln!(out, "{name}{} {}", labels(p.attributes(), None), number(p.value().f()));
+                let _ = writeln!(
+                    out,
+                    "{name}{} {}",
+                    labels(p.attributes(), None),
+                    number(p.value().f())
+                );
             }
         }
         MetricData::Histogram(h) => {
@@ -295,7 +316,10 @@ async fn scrape(mut stream: TcpStream, registry: &Registry) -> std::io::Result<(
     }
     let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
     let mut parts = line.split(|b| *b == b' ');
-    let (method, path) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
+    let (method, path) = (
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+    );
     let path = path.split(|b| *b == b'?').next().unwrap_or_default();
     let (status, body) = match (method, path) {
         (b"GET", b"/metrics") => ("200 OK", registry.render()),
@@ -324,7 +348,10 @@ mod tests {
             .with_reader(registry.reader())
             .build();
         let meter = provider.meter("t");
-        let c = meter.u64_counter("agentrt.turns").with_unit("{turn}").build();
+        let c = meter
+            .u64_counter("agentrt.turns")
+            .with_unit("{turn}")
+            .build();
         c.add(2, &[KeyValue::new("agentrt.turn.outcome", "success")]);
         let h = meter
             .f64_histogram("rpc.server.call.duration")
@@ -337,13 +364,43 @@ mod tests {
         g.add(1, &[]);
         g.add(-1, &[]);
         let text = registry.render();
-        assert!(text.contains("# TYPE agentrt_turns_total counter\n"), "{text}");
-        assert!(text.contains("agentrt_turns_total{agentrt_turn_outcome=\"success\"} 2\n"), "{text}");
-        assert!(text.contains("# TYPE rpc_server_call_duration_seconds histogram\n"), "{text}");
-        assert!(text.contains("rpc_server_call_duration_seconds_bucket{rpc_method=\"a.B/C\",le=\"0.1\"} 1\n"), "{text}");
-        assert!(text.contains("rpc_server_call_duration_seconds_bucket{rpc_method=\"a.B/C\",le=\"1\"} 2\n"), "{text}");
-        assert!(text.contains("rpc_server_call_duration_seconds_bucket{rpc_method=\"a.B/C\",le=\"+Inf\"} 2\n"), "{text}");
-        assert!(text.contains("rpc_server_call_duration_seconds_count{rpc_method=\"a.B/C\"} 2\n"), "{text}");
-        assert!(text.contains("# TYPE agentrt_turns_live gauge\nagentrt_turns_live 0\n"), "{text}");
+        assert!(
+            text.contains("# TYPE agentrt_turns_total counter\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("agentrt_turns_total{agentrt_turn_outcome=\"success\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE rpc_server_call_duration_seconds histogram\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "rpc_server_call_duration_seconds_bucket{rpc_method=\"a.B/C\",le=\"0.1\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "rpc_server_call_duration_seconds_bucket{rpc_method=\"a.B/C\",le=\"1\"} 2\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "rpc_server_call_duration_seconds_bucket{rpc_method=\"a.B/C\",le=\"+Inf\"} 2\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("rpc_server_call_duration_seconds_count{rpc_method=\"a.B/C\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE agentrt_turns_live gauge\nagentrt_turns_live 0\n"),
+            "{text}"
+        );
     }
 }

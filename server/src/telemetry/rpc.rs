@@ -366,7 +366,10 @@ mod tests {
     #[test]
     fn the_served_methods_are_known_by_their_full_names() {
         let methods = known_methods(&[agentrt_proto::FILE_DESCRIPTOR_SET]);
-        assert!(methods.contains("agentrt.v1.AgentRuntime/Chat"), "{methods:?}");
+        assert!(
+            methods.contains("agentrt.v1.AgentRuntime/Chat"),
+            "{methods:?}"
+        );
         assert!(!methods.contains("agentrt.v1.AgentRuntime/Nope"));
     }
 
@@ -380,6 +383,9 @@ mod tests {
             "the server is draining or shutting down",
         ));
         assert_eq!(reason(&draining), "DRAINING");
-        assert_eq!(reason(&Status::unauthenticated("no key")), "UNAUTHENTICATED");
+        assert_eq!(
+            reason(&Status::unauthenticated("no key")),
+            "UNAUTHENTICATED"
+        );
     }
 }

@@ -59,7 +59,12 @@ impl Got {
             attrs: span
                 .attributes
                 .into_iter()
-                .map(|kv| (kv.key, text(kv.value.as_ref().and_then(|v| v.value.as_ref()))))
+                .map(|kv| {
+                    (
+                        kv.key,
+                        text(kv.value.as_ref().and_then(|v| v.value.as_ref())),
+                    )
+                })
                 .collect(),
             events: span.events.into_iter().map(|e| e.name).collect(),
             service_name,

@@ -251,20 +251,23 @@ pub(super) fn caller_result(
     rx: oneshot::Receiver<ToolOutput>,
 ) -> ToolWait {
     let span = super::spans::execute_tool(&call.name, &call.id, "function");
-    Box::pin(tracing::Instrument::instrument(async move {
-        let outcome = match rx.await {
-            Ok(o) => ToolOutcome {
-                content: o.content,
-                is_error: o.is_error,
-            },
-            Err(_) => ToolOutcome::error("the tool call was abandoned"),
-        };
-        let outcome = toolbox.after(info(&call, ToolKind::Caller), outcome).await;
-        if outcome.is_error {
-            super::spans::failed(&tracing::Span::current(), "tool_error");
-        }
-        (index, output(outcome))
-    }, span))
+    Box::pin(tracing::Instrument::instrument(
+        async move {
+            let outcome = match rx.await {
+                Ok(o) => ToolOutcome {
+                    content: o.content,
+                    is_error: o.is_error,
+                },
+                Err(_) => ToolOutcome::error("the tool call was abandoned"),
+            };
+            let outcome = toolbox.after(info(&call, ToolKind::Caller), outcome).await;
+            if outcome.is_error {
+                super::spans::failed(&tracing::Span::current(), "tool_error");
+            }
+            (index, output(outcome))
+        },
+        span,
+    ))
 }
 
 #[cfg(test)]

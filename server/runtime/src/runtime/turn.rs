@@ -475,17 +475,14 @@ impl Turn {
                 })
                 .await;
             let mut output = StepOutput::default();
-            let span = self
-                .first_chat
-                .take()
-                .unwrap_or_else(|| super::spans::chat(&tracing::Span::current(), &self.record.model));
+            let span = self.first_chat.take().unwrap_or_else(|| {
+                super::spans::chat(&tracing::Span::current(), &self.record.model)
+            });
             let step_started = Instant::now();
-            let step = AssertUnwindSafe(
-                tracing::Instrument::instrument(
-                    self.model_step(first.take(), &mut output, emitter),
-                    span.clone(),
-                ),
-            )
+            let step = AssertUnwindSafe(tracing::Instrument::instrument(
+                self.model_step(first.take(), &mut output, emitter),
+                span.clone(),
+            ))
             .catch_unwind()
             .await;
             self.close_chat(&span, step.as_ref().ok(), &output, step_started);
@@ -821,7 +818,14 @@ impl Turn {
                     continue;
                 }
             };
-            if first_chunk && matches!(&item, Some(Ok(ModelEvent::TextDelta(_) | ModelEvent::ReasoningDelta(_) | ModelEvent::ToolCall { .. }))) {
+            if first_chunk
+                && matches!(
+                    &item,
+                    Some(Ok(ModelEvent::TextDelta(_)
+                        | ModelEvent::ReasoningDelta(_)
+                        | ModelEvent::ToolCall { .. }))
+                )
+            {
                 first_chunk = false;
                 tracing::Span::current().record(
                     crate::telemetry::semconv::GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
@@ -1096,8 +1100,20 @@ impl Turn {
             Some(StepEnd::Finished(_)) => output.usage.map(|u| (u.input_tokens, u.output_tokens)),
             _ => None,
         };
-        let content = self.inner.config.capture_content.then_some(output.text.as_str());
-        super::spans::close_chat(span, &self.record.model, started.elapsed(), finish, error, usage, content);
+        let content = self
+            .inner
+            .config
+            .capture_content
+            .then_some(output.text.as_str());
+        super::spans::close_chat(
+            span,
+            &self.record.model,
+            started.elapsed(),
+            finish,
+            error,
+            usage,
+            content,
+        );
     }
 
     /// The turn's one summary log line, its outcome on the turn's span and

@@ -28,8 +28,20 @@ pub const CALL_SECONDS: &[f64] = &[
 
 /// The semantic conventions' boundaries for `gen_ai.client.token.usage`.
 const TOKENS: &[f64] = &[
-    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262_144.0, 1_048_576.0,
-    4_194_304.0, 16_777_216.0, 67_108_864.0,
+    1.0,
+    4.0,
+    16.0,
+    64.0,
+    256.0,
+    1024.0,
+    4096.0,
+    16384.0,
+    65536.0,
+    262_144.0,
+    1_048_576.0,
+    4_194_304.0,
+    16_777_216.0,
+    67_108_864.0,
 ];
 
 /// Every instrument of the core.
@@ -153,7 +165,10 @@ pub(crate) fn model_step(
 ) {
     let m = get();
     let mut attrs = vec![
-        KeyValue::new(super::semconv::GEN_AI_OPERATION_NAME, super::semconv::OP_CHAT),
+        KeyValue::new(
+            super::semconv::GEN_AI_OPERATION_NAME,
+            super::semconv::OP_CHAT,
+        ),
         KeyValue::new(super::semconv::GEN_AI_PROVIDER_NAME, provider.to_owned()),
         KeyValue::new(super::semconv::GEN_AI_REQUEST_MODEL, model.to_owned()),
     ];
