@@ -9,7 +9,7 @@
 //! OpenTelemetry layer in the subscriber.
 //!
 //! Modules:
-//! - [`env`]: the `OTEL_*` variables → [`OtelEnv`].
+//! - [`env`](mod@env): the `OTEL_*` variables → [`OtelEnv`].
 //! - [`logs`]: the flat JSON log layer (plain values, `trace_id`/`span_id`).
 //! - [`rpc`]: the tower layer that makes the RPC server span (continuing a
 //!   caller's `traceparent`), records `rpc.server.call.duration` and logs

@@ -310,7 +310,7 @@ async fn json_logs_and_metrics_show_turns_tokens_and_refusals_without_secrets() 
     let first = hanging.next().await.unwrap().unwrap();
     turn_ids.push(first.turn_id.clone());
     fake.wait_requests(3).await;
-    let busy = client.chat(&session, "again").await.err().expect("busy");
+    let busy = client.chat(&session, "again").await.expect_err("busy");
     assert!(format!("{busy:?}").contains("Aborted"), "{busy:?}");
     assert!(client.stop_session(&session).await.unwrap());
     let mut outcome = None;
