@@ -1,7 +1,8 @@
 //! Traces end to end, in process: the real OTLP/gRPC exporter (configured
 //! through the injectable `OTEL_*` lookup) sends to a test receiver the
 //! spans of one tool-using turn started with a caller's `traceparent`, and
-//! the fake upstream sees the `chat` spans' trace context.
+//! the fake upstream sees the `chat` spans' trace context; content is on
+//! spans only with `capture_content`.
 //!
 //! One test per file: it installs the process-wide subscriber and
 //! propagator.
@@ -251,4 +252,59 @@ async fn a_tool_using_turn_exports_rpc_agent_chat_and_tool_spans_under_the_calle
             );
         }
     }
+
+    // With `[telemetry] capture_content = true` the answer is on its span.
+    let fake = FakeOpenAi::start(vec![FakeReply::sse(vec![
+        text_chunk("captured answer"),
+        finish_chunk("stop"),
+        usage_chunk(1, 1),
+    ])])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::parse_toml(&format!(
+        "default_model = \"mock/m\"\n[telemetry]\ncapture_content = true\n[[providers]]\nname = \"mock\"\nkind = \"openai\"\nbase_url = \"{}\"\n",
+        fake.base_url()
+    ))
+    .unwrap();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.data_dir = dir.path().to_path_buf();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(ServerBuilder::new(config).serve(listener, async {
+        let _ = stopped.await;
+    }));
+    let client = Client::connect(url).await.unwrap();
+    let session = client
+        .create_session(proto::CreateSessionRequest::default())
+        .await
+        .unwrap()
+        .session_id;
+    let turn = client
+        .chat(&session, "hi")
+        .await
+        .unwrap()
+        .finish()
+        .await
+        .unwrap();
+    assert_eq!(turn.text, "captured answer");
+    let started = Instant::now();
+    let mut spans = Vec::new();
+    let captured = |spans: &[otlp::Got]| {
+        spans.iter().any(|s| {
+            s.name == "chat m"
+                && s.attr("gen_ai.output.messages")
+                    .is_some_and(|m| m.contains("captured answer"))
+        })
+    };
+    while !captured(&spans) {
+        assert!(started.elapsed() < WAIT, "spans so far: {spans:#?}");
+        let t = Arc::clone(&telemetry);
+        tokio::task::spawn_blocking(move || t.flush())
+            .await
+            .unwrap();
+        spans.extend(receiver.drain(Duration::from_millis(100)).await);
+    }
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
 }
