@@ -17,12 +17,14 @@ use serde::Deserialize;
 mod compaction;
 mod local;
 mod tls;
+mod telemetry;
 mod tools;
 mod transport;
 
 pub use compaction::CompactionSettings;
 pub use local::LocalModelSettings;
 pub use tls::{MtlsConfig, ResolvedKey, TlsArgs, TlsSettings};
+pub use telemetry::TelemetrySettings;
 pub use tools::{McpServerConfig, ToolsConfig};
 pub use transport::TransportSettings;
 
@@ -69,6 +71,9 @@ pub struct Cli {
     /// TLS and mTLS on the gRPC listener.
     #[command(flatten)]
     pub tls: TlsArgs,
+    /// Serve Prometheus metrics at `http://ADDR/metrics` (off by default).
+    #[arg(long, env = "AGENTRT_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// What to do instead of serving.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -295,6 +300,9 @@ struct FileConfig {
     transport: TransportSettings,
     #[serde(default)]
     tls: TlsSettings,
+    metrics_listen: Option<SocketAddr>,
+    #[serde(default)]
+    telemetry: TelemetrySettings,
 }
 
 /// The effective configuration.
@@ -352,6 +360,10 @@ pub struct Config {
     pub transport: TransportSettings,
     /// TLS and mTLS on the listener (`[tls]`). Default off.
     pub tls: TlsSettings,
+    /// Where `/metrics` (Prometheus text) is served. Default: nowhere.
+    pub metrics_listen: Option<SocketAddr>,
+    /// The `[telemetry]` table.
+    pub telemetry: TelemetrySettings,
 }
 
 impl Default for Config {
@@ -378,6 +390,8 @@ impl Default for Config {
             local_model: LocalModelSettings::default(),
             transport: TransportSettings::default(),
             tls: TlsSettings::default(),
+            metrics_listen: None,
+            telemetry: TelemetrySettings::default(),
         }
     }
 }
@@ -439,6 +453,8 @@ impl Config {
             local_model: file.local_model,
             transport: file.transport,
             tls: file.tls,
+            metrics_listen: file.metrics_listen,
+            telemetry: file.telemetry,
         })
     }
 
@@ -466,6 +482,9 @@ impl Config {
             self.store_cache_mb = v;
         }
         cli.tls.apply(&mut self.tls);
+        if let Some(v) = cli.metrics_listen {
+            self.metrics_listen = Some(v);
+        }
         self
     }
 
@@ -531,6 +550,7 @@ impl Config {
         }
         self.validate_local_model()?;
         self.validate_transport()?;
+        self.validate_telemetry()?;
         Ok(())
     }
 }

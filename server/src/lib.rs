@@ -14,6 +14,8 @@
 //!   catch-panic layer, between the listener and the handlers.
 //! - [`tls`]: the listener's TLS material (reloaded when its files change)
 //!   and client-certificate identities.
+//! - [`telemetry`]: logs, OpenTelemetry traces and metrics, the RPC span
+//!   layer and the Prometheus endpoint.
 //!
 //! [`run`] (or [`ServerBuilder::serve`]) is the one entry point: it opens the
 //! store, serves on a listener the caller bound, and drains gracefully when
@@ -46,6 +48,7 @@ pub mod runtime_service;
 pub mod session_service;
 pub mod status;
 pub mod tls;
+pub mod telemetry;
 pub mod transport;
 
 use crate::config::ProviderKind;
@@ -373,6 +376,7 @@ impl ServerBuilder {
             stalled_reader_timeout: self.config.stalled_reader_timeout,
             fast_model: self.config.fast_model.clone(),
             compaction: self.config.compaction.to_runtime(),
+            capture_content: self.config.telemetry.capture_content,
             ..RuntimeConfig::default()
         };
         start_tool_sources(&toolbox).await;
@@ -464,6 +468,12 @@ impl Prepared {
             tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
         ]);
         let max_request = t.max_request_bytes;
+        let rpc_methods = telemetry::rpc::known_methods(&[
+            agentrt_proto::FILE_DESCRIPTOR_SET,
+            tonic_health::pb::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+        ]);
         let router = tonic::transport::Server::builder()
             // tonic sets no stream limit of its own (it replaces hyper's
             // default); without one a single connection can hold any
@@ -472,15 +482,10 @@ impl Prepared {
             .concurrency_limit_per_connection(t.max_requests_per_connection)
             .http2_keepalive_interval(Some(t.keepalive_interval))
             .http2_keepalive_timeout(Some(t.keepalive_timeout))
+            // Outermost: the RPC span and metrics see every refusal below.
+            .layer(telemetry::rpc::RpcLayer::new(rpc_methods))
             .layer(transport::CatchPanicLayer)
             .layer(transport::RequestLimitsLayer::new(t, streaming))
-            .trace_fn(|req| {
-                tracing::info_span!(
-                    "rpc",
-                    method = %req.uri().path(),
-                    session_id = tracing::field::Empty
-                )
-            })
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)

@@ -47,7 +47,7 @@ pub(crate) async fn load(config: &Config) -> Result<Option<Arc<LocalProvider>>, 
                 model = DEFAULT_MODEL_NAME,
                 path = %path.display(),
                 weights = %model.weights_path.display(),
-                load_time = ?model.load_time,
+                load_time_ms = u64::try_from(model.load_time.as_millis()).unwrap_or(u64::MAX),
                 inference_threads = threads,
                 candle_threads = ?agentrt_local_model::threads::configured_threads(),
                 "local model loaded"

@@ -1,24 +1,15 @@
-//! `agentrt-server`: parses the configuration, sets up logging, fetches
-//! the local model when asked (`fetch-model`, `--fetch-model`), binds the
-//! listener and runs the server until SIGTERM or SIGINT.
+//! `agentrt-server`: parses the configuration, sets up telemetry (logs,
+//! and OpenTelemetry as the `OTEL_*` environment asks), fetches the local
+//! model when asked (`fetch-model`, `--fetch-model`), binds the listeners
+//! (gRPC, and `/metrics` with `--metrics-listen`) and runs the server until
+//! SIGTERM or SIGINT.
 
 use std::process::ExitCode;
 
-use agentrt_server::config::{Command, LogFormat};
+use agentrt_server::config::Command;
+use agentrt_server::telemetry::{OtelEnv, Telemetry, prometheus};
 use agentrt_server::{Cli, Config};
 use clap::Parser as _;
-use tracing_subscriber::EnvFilter;
-
-fn init_tracing(format: LogFormat) {
-    let filter = EnvFilter::try_from_env("AGENTRT_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
 
 async fn shutdown_signal() {
     let ctrl_c = async {
@@ -62,7 +53,40 @@ fn main() -> ExitCode {
     let reexec = agentrt_local_model::threads::reexec_with_threads(
         config.local_model.resolve(&config.data_dir).threads,
     );
-    init_tracing(config.log_format);
+    let otel = match OtelEnv::from_lookup(&|name| std::env::var(name).ok()) {
+        Ok(o) => o,
+        Err(err) => {
+            eprintln!("agentrt-server: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(err) => {
+            eprintln!("agentrt-server: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The OTLP exporters' gRPC channels live on the runtime.
+    let telemetry = {
+        let _entered = runtime.enter();
+        let filter = std::env::var("AGENTRT_LOG").ok();
+        match Telemetry::init(
+            config.log_format,
+            filter.as_deref(),
+            &otel,
+            config.metrics_listen.is_some(),
+        ) {
+            Ok(t) => t,
+            Err(err) => {
+                eprintln!("agentrt-server: {err}");
+                return ExitCode::from(2);
+            }
+        }
+    };
     if let Err(why) = reexec {
         tracing::warn!(%why, "candle keeps its default thread count");
     }
@@ -78,26 +102,34 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(err) => {
-            eprintln!("agentrt-server: cannot start the async runtime: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-    runtime.block_on(serve(config))
+    let code = runtime.block_on(serve(config, telemetry.prometheus()));
+    // Export what is queued while the runtime (the exporters' channels)
+    // still runs, off its workers.
+    telemetry.shutdown();
+    code
 }
 
-async fn serve(config: Config) -> ExitCode {
+async fn serve(config: Config, metrics: Option<prometheus::Registry>) -> ExitCode {
     let listener = match tokio::net::TcpListener::bind(config.listen).await {
         Ok(l) => l,
         Err(err) => {
             eprintln!("agentrt-server: cannot listen on {}: {err}", config.listen);
             return ExitCode::from(2);
         }
+    };
+    // Bound before the listening line, so whoever reads it can scrape.
+    let metrics_task = match (config.metrics_listen, metrics) {
+        (Some(addr), Some(registry)) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => Some((
+                l.local_addr().ok(),
+                AbortOnDrop(tokio::spawn(prometheus::serve(l, registry))),
+            )),
+            Err(err) => {
+                eprintln!("agentrt-server: cannot listen on {addr} (metrics_listen): {err}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => None,
     };
     // Everything that can fail at start-up (a bad model, a provider, the
     // store) fails here, before the "listening" line: a script or an
@@ -114,6 +146,10 @@ async fn serve(config: Config) -> ExitCode {
         // One stable line on stdout, so scripts and tests that start the
         // server on port 0 learn the address it got.
         println!("agentrt-server listening on {addr}");
+        if let Some((Some(bound), _)) = &metrics_task {
+            // Second line: where Prometheus scrapes.
+            println!("agentrt-server metrics on http://{bound}/metrics");
+        }
     }
     match prepared.serve(listener, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -121,5 +157,14 @@ async fn serve(config: Config) -> ExitCode {
             eprintln!("agentrt-server: {err}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Stops the metrics listener when `serve` returns.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

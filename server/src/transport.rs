@@ -460,7 +460,7 @@ async fn accept_loop(
                     tracing::warn!(
                         error = %err,
                         errors = unreported,
-                        pause = ?settings.accept_error_backoff,
+                        pause_ms = u64::try_from(settings.accept_error_backoff.as_millis()).unwrap_or(u64::MAX),
                         "cannot accept connections; pausing before the next try \
                          (out of file descriptors? see transport.max_connections and ulimit -n)"
                     );
@@ -488,7 +488,7 @@ async fn accept_loop(
             let done = tokio::time::timeout(handshake_timeout, handshake(stream, tls, peer)).await;
             let Ok(Some((stream, client))) = done else {
                 if done.is_err() {
-                    tracing::debug!(peer = %peer, timeout = ?handshake_timeout,
+                    tracing::debug!(peer = %peer, timeout_ms = u64::try_from(handshake_timeout.as_millis()).unwrap_or(u64::MAX),
                         "closing a connection that did not finish its handshake (TLS, HTTP/2 preface) in time");
                 }
                 return;

@@ -19,6 +19,7 @@ mod durable;
 mod fake;
 mod local;
 mod markdown;
+mod otel;
 mod proc_stats;
 mod report;
 mod saturation;
@@ -57,7 +58,9 @@ struct Cli {
     /// Every scenario at tiny sizes (seconds); fails only if something breaks.
     #[arg(long)]
     smoke: bool,
-    /// Only these parts, comma-separated: baselines,s1,s2,s3,s4,s6,s7,s9,local.
+    /// Only these parts, comma-separated:
+    /// baselines,s1,s2,s3,s4,s6,s7,s9,local,otel.
+    /// `otel` runs S2 at `--otel-sessions` with telemetry off, then on.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Runs the server (and the echo baseline) under `taskset -c CPUS`.
@@ -66,6 +69,9 @@ struct Cli {
     /// `AGENTRT_LOG` for the server [default: the server's own, info].
     #[arg(long)]
     server_log: Option<String>,
+    /// Sessions of the telemetry off/on comparison [default: 100; smoke: 4].
+    #[arg(long)]
+    otel_sessions: Option<usize>,
     /// Replaces the S2 concurrency levels (e.g. `--s2-sessions 1000`).
     #[arg(long, value_delimiter = ',')]
     s2_sessions: Vec<usize>,
@@ -351,6 +357,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
             binary,
             cpus: cli.server_cpus.clone(),
             log_filter: cli.server_log.clone(),
+            env: Vec::new(),
         },
         fake: Arc::new(
             FakeServer::start()
@@ -409,6 +416,25 @@ async fn run(cli: Cli) -> Result<bool, String> {
                 }
                 Err(e) => failures.push(e),
             }
+        }
+    }
+    if want("otel") {
+        let n = cli.otel_sessions.unwrap_or(if cli.smoke { 4 } else { 100 });
+        match bounded(
+            &format!("telemetry off/on c={n}"),
+            limit * 2,
+            otel::compare(&env, n),
+        )
+        .await
+        {
+            Ok(o) => {
+                note_failures("otel", &[&o.off, &o.on], &mut failures);
+                if o.spans == 0 {
+                    failures.push("otel: telemetry on exported no span".into());
+                }
+                r.otel = Some(o);
+            }
+            Err(e) => failures.push(e),
         }
     }
     if want("s3") {

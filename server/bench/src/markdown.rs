@@ -352,6 +352,9 @@ pub(crate) fn markdown(r: &Report) -> String {
     } else if let Some(why) = &r.local_skipped {
         let _ = writeln!(out, "\n## Local model (local/smollm2)\n\n{why}");
     }
+    if let Some(o) = &r.otel {
+        let _ = writeln!(out, "\n{}", crate::otel::markdown(o));
+    }
     if !r.failures.is_empty() {
         let _ = writeln!(out, "\n## Failures\n");
         for f in &r.failures {

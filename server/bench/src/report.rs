@@ -267,6 +267,8 @@ pub(crate) struct Report {
     pub(crate) local: Option<crate::local::LocalModel>,
     /// Why the local part did not run.
     pub(crate) local_skipped: Option<String>,
+    /// S2 with telemetry off and on (`otel` part).
+    pub(crate) otel: Option<crate::otel::OtelCompare>,
     pub(crate) targets: Vec<Target>,
     pub(crate) failures: Vec<String>,
 }

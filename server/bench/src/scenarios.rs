@@ -71,10 +71,19 @@ impl Env {
         name: &str,
         connections: usize,
     ) -> Result<Running, String> {
+        self.fresh_server_with(&self.spec, name, connections).await
+    }
+
+    /// [`Env::fresh_server`] started as `spec` says.
+    pub(crate) async fn fresh_server_with(
+        &self,
+        spec: &ServerSpec,
+        name: &str,
+        connections: usize,
+    ) -> Result<Running, String> {
         let dir = self.root.path().join(name);
         std::fs::create_dir_all(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
-        let server =
-            Child::agentrt(&self.spec, &dir, &dir.join("data"), &self.fake.base_url()).await?;
+        let server = Child::agentrt(spec, &dir, &dir.join("data"), &self.fake.base_url()).await?;
         let clients = connect_clients(&server.url(), connections).await?;
         let warm = StreamParams {
             ttft: Duration::ZERO,

@@ -34,6 +34,9 @@ pub(crate) struct ServerSpec {
     pub(crate) cpus: Option<String>,
     /// `AGENTRT_LOG` for the server, when set.
     pub(crate) log_filter: Option<String>,
+    /// Extra environment for the server (the telemetry comparison's
+    /// `OTEL_*` variables).
+    pub(crate) env: Vec<(String, String)>,
 }
 
 /// The TOML config the benches give the server.
@@ -99,6 +102,7 @@ impl Child {
         if let Some(filter) = &spec.log_filter {
             cmd.env("AGENTRT_LOG", filter);
         }
+        cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
         let logfile = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

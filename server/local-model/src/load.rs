@@ -211,7 +211,7 @@ fn cached_weights(
     }
     let started = Instant::now();
     write_q8_cache(&content, &mut reader, cache)?;
-    tracing::info!(source = %source.display(), cache = %cache.display(), elapsed = ?started.elapsed(), "wrote the Q8_0 cache of the local model (once)");
+    tracing::info!(source = %source.display(), cache = %cache.display(), elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX), "wrote the Q8_0 cache of the local model (once)");
     let (cached, mut cache_reader) = open(cache).map_err(|e| e.to_string())?;
     ModelWeights::from_gguf(cached, &mut cache_reader, &Device::Cpu).map_err(|e| e.to_string())
 }

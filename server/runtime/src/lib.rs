@@ -16,6 +16,8 @@
 //! - [`hub`]: per-turn event fan-out with a bounded replay.
 //! - [`error`]: [`RuntimeError`], the one error type of the core API.
 //! - [`limits`]: the bounds on every field a caller sends.
+//! - [`telemetry`]: span and metric names, the core's instruments, and the
+//!   `traceparent` of outgoing provider requests (OpenTelemetry API only).
 
 pub mod compaction;
 pub mod error;
@@ -25,6 +27,7 @@ pub mod limits;
 pub mod model;
 pub mod runtime;
 pub mod store;
+pub mod telemetry;
 pub mod toolbox;
 pub mod types;
 

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument as _;
 
 use crate::error::RuntimeError;
 use crate::events::{Phase, TurnEvent};
@@ -31,6 +32,7 @@ mod prestart;
 mod recovery;
 mod replay;
 mod sessions;
+mod spans;
 mod stream;
 mod title;
 mod toolrun;
@@ -91,6 +93,10 @@ pub struct RuntimeConfig {
     /// as gone: `CANCEL` turns end `CLIENT_GONE`, `CONTINUE` turns run on
     /// without it. Default 30 s.
     pub stalled_reader_timeout: Duration,
+    /// Put message content (model output, tool arguments) on spans, per
+    /// the GenAI conventions' opt-in attributes. Default false: content
+    /// may be personal data.
+    pub capture_content: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -111,6 +117,7 @@ impl Default for RuntimeConfig {
             turn_timeout: Duration::from_secs(30 * 60),
             max_turn_timeout: Duration::from_secs(24 * 3600),
             stalled_reader_timeout: Duration::from_secs(30),
+            capture_content: false,
         }
     }
 }
@@ -413,6 +420,23 @@ impl Runtime {
             }),
         };
         admin::spawn_reaper(&runtime);
+        // The gauges exist (at 0) before the first turn or watcher.
+        let metrics = crate::telemetry::metrics::get();
+        metrics.live_turns.add(0, &[]);
+        metrics.watchers.add(0, &[]);
+        // Read at collection time; a weak reference, so the meter provider
+        // does not keep a stopped runtime alive.
+        let weak = Arc::downgrade(&runtime.inner);
+        let _gauge = opentelemetry::global::meter(crate::telemetry::metrics::METER)
+            .u64_observable_gauge("agentrt.runners.cached")
+            .with_unit("{runner}")
+            .with_description("Session runners cached in memory")
+            .with_callback(move |observer| {
+                if let Some(inner) = weak.upgrade() {
+                    observer.observe(lock(&inner.runners).len() as u64, &[]);
+                }
+            })
+            .build();
         Ok(runtime)
     }
 
@@ -553,6 +577,11 @@ impl Runtime {
             incarnation: session.incarnation.clone(),
         };
         let user_message = NewMessage::new(&turn_id, Role::User, input.content);
+        // The turn's span, a child of the caller's (the RPC span), carried
+        // explicitly into the spawned turn; its first model step's span is
+        // made here because that request starts during admission.
+        let span = spans::invoke_agent(&session, &turn_id, &runner.key.model);
+        let first_chat = spans::chat(&span, &runner.key.model);
         // On failure the guard frees the slot and the hub is closed for any
         // retry that already joined: a rejected admission leaves no trace.
         let begun = prestart::begin(
@@ -566,8 +595,10 @@ impl Runtime {
                 tools: offered.clone(),
                 max_output_tokens: input.max_output_tokens,
                 reservation,
+                span: first_chat.clone(),
             },
         )
+        .instrument(span.clone())
         .await;
         let prestart::Begun {
             session,
@@ -605,9 +636,16 @@ impl Runtime {
             context: Arc::default(),
             compacted: false,
             store_failed: false,
+            first_chat: Some(first_chat),
+            _live_metric: crate::telemetry::metrics::LiveGuard::turn(),
         };
-        let emitter = turn::Emitter::new(Arc::clone(&live), tx, &inner.config, input.on_disconnect);
-        let span = tracing::info_span!("turn", session_id = %session.id, turn_id = %turn_id);
+        let emitter = turn::Emitter::new(
+            Arc::clone(&live),
+            tx,
+            &inner.config,
+            input.on_disconnect,
+            admitted_at,
+        );
         inner
             .tasks
             .spawn(tracing::Instrument::instrument(turn.run(emitter), span));

@@ -190,6 +190,13 @@ impl ModelProvider for AnthropicProvider {
         if let Some(key) = &self.api_key {
             http = http.header(HeaderName::from_static("x-api-key"), key.clone());
         }
+        // The `chat` span's W3C context, so the provider's side of the
+        // call joins the trace (nothing is added without telemetry).
+        let mut trace = reqwest::header::HeaderMap::new();
+        crate::telemetry::inject_trace_context(&mut trace);
+        if !trace.is_empty() {
+            http = http.headers(trace);
+        }
         tracing::debug!(model = %request.model, endpoint = %self.endpoint, "starting anthropic message");
         let response = http::send_for_stream(http, self.connect_timeout, self.idle_timeout).await?;
         Ok(http::sse_stream(

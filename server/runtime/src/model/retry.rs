@@ -139,7 +139,7 @@ impl ModelProvider for RetryingProvider {
                 Some(asked) if asked > self.policy.max_retry_after => {
                     tracing::warn!(
                         error = %error,
-                        max_retry_after = ?self.policy.max_retry_after,
+                        max_retry_after_ms = u64::try_from(self.policy.max_retry_after.as_millis()).unwrap_or(u64::MAX),
                         "model upstream asked to wait longer than allowed; giving up"
                     );
                     return Err(error.without_retry_after());
@@ -151,7 +151,7 @@ impl ModelProvider for RetryingProvider {
                 error = %error,
                 attempt,
                 max_attempts,
-                wait = ?wait,
+                wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
                 "model step failed before any output; retrying"
             );
             tokio::time::sleep(wait).await;

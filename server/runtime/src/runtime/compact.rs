@@ -314,6 +314,7 @@ impl Runtime {
     /// `keep_tail` user turns (fewer when that leaves nothing to
     /// summarise). While it runs the session is busy: `Chat` is rejected.
     /// `SessionBusy` when a turn is live.
+    #[tracing::instrument(name = "compaction", skip_all, fields(otel.name = "agentrt.compaction"))]
     pub async fn compact_session(
         &self,
         who: &Principal,

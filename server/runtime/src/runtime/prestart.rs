@@ -96,11 +96,14 @@ impl Prestart {
 /// offered, the call's `max_output_tokens`, and the capacity admission
 /// reserved for the step, which is given back if the request is never sent
 /// (a rejected write, or a context that must be compacted first).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct FirstRequest {
     pub(crate) tools: Vec<ToolSpec>,
     pub(crate) max_output_tokens: Option<u32>,
     pub(crate) reservation: Option<Reservation>,
+    /// The first model step's `chat` span: the request (and its
+    /// `traceparent`) starts under it here, the turn relays under it.
+    pub(crate) span: tracing::Span,
 }
 
 /// An admitted turn's durable start.
@@ -216,44 +219,48 @@ fn spawn(
         .take()
         .and_then(|c| c.take_for(session, &user));
     let session = session.clone();
-    let handle = tokio::spawn(async move {
-        let context = match cached {
-            Some(messages) => Ok(Context::from_messages(messages)),
-            None => Context::load(inner.store.as_ref(), &session)
-                .await
-                .map(|mut context| {
-                    context.tail.push(user);
-                    context
-                }),
-        };
-        let context = match context {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = tx.send(Err(e));
+    let span = first.span.clone();
+    let handle = tokio::spawn(tracing::Instrument::instrument(
+        async move {
+            let context = match cached {
+                Some(messages) => Ok(Context::from_messages(messages)),
+                None => Context::load(inner.store.as_ref(), &session)
+                    .await
+                    .map(|mut context| {
+                        context.tail.push(user);
+                        context
+                    }),
+            };
+            let context = match context {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return None;
+                }
+            };
+            if let Some(tokens) =
+                context.over_budget(system_prompt.as_deref(), &inner.config.compaction)
+            {
+                let _ = tx.send(Ok(Loaded::NeedsCompaction { context, tokens }));
                 return None;
             }
-        };
-        if let Some(tokens) =
-            context.over_budget(system_prompt.as_deref(), &inner.config.compaction)
-        {
-            let _ = tx.send(Ok(Loaded::NeedsCompaction { context, tokens }));
-            return None;
-        }
-        let messages = Arc::new(context.into_messages());
-        let request = ModelRequest {
-            model: runner.provider_model.clone(),
-            system_prompt,
-            messages: Arc::clone(&messages),
-            thinking: runner.key.thinking,
-            tools: first.tools,
-            max_output_tokens: first.max_output_tokens,
-            reservation: first.reservation,
-        };
-        if durable.await.is_err() || tx.send(Ok(Loaded::Sent(messages))).is_err() {
-            return None;
-        }
-        Some(runner.provider.stream(request).await)
-    });
+            let messages = Arc::new(context.into_messages());
+            let request = ModelRequest {
+                model: runner.provider_model.clone(),
+                system_prompt,
+                messages: Arc::clone(&messages),
+                thinking: runner.key.thinking,
+                tools: first.tools,
+                max_output_tokens: first.max_output_tokens,
+                reservation: first.reservation,
+            };
+            if durable.await.is_err() || tx.send(Ok(Loaded::Sent(messages))).is_err() {
+                return None;
+            }
+            Some(runner.provider.stream(request).await)
+        },
+        span,
+    ));
     Prestart {
         loaded,
         first: FirstStep(handle),

@@ -117,6 +117,8 @@ pub struct TurnStream {
     /// Set when a wait for the next turn ended because the session was
     /// deleted.
     session_deleted: bool,
+    /// Counts a watching stream in `agentrt.watchers` while it is open.
+    _watcher: Option<crate::telemetry::metrics::LiveGuard>,
 }
 
 impl TurnStream {
@@ -134,6 +136,7 @@ impl TurnStream {
             cancel_on_drop: (on_disconnect == OnDisconnect::Cancel).then_some(live),
             finished: false,
             session_deleted: false,
+            _watcher: None,
         }
     }
 
@@ -151,6 +154,7 @@ impl TurnStream {
             cancel_on_drop: None,
             finished: false,
             session_deleted: false,
+            _watcher: Some(crate::telemetry::metrics::LiveGuard::watcher()),
         }
     }
 
@@ -162,6 +166,7 @@ impl TurnStream {
             cancel_on_drop: None,
             finished: false,
             session_deleted: false,
+            _watcher: Some(crate::telemetry::metrics::LiveGuard::watcher()),
         }
     }
 
@@ -177,6 +182,7 @@ impl TurnStream {
             cancel_on_drop: None,
             finished: false,
             session_deleted: false,
+            _watcher: None,
         }
     }
 

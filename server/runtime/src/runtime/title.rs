@@ -61,31 +61,40 @@ pub fn extract_title(text: &str) -> Option<String> {
 /// Sets the session's title in the background from its first user message
 /// (and, with a fast model, the first answer).
 pub(super) fn spawn(inner: Arc<Inner>, session_id: String, incarnation: String, answer: String) {
-    tokio::spawn(async move {
-        let first = match inner.store.history(&session_id, 0, FIRST_PAGE, true).await {
-            Ok(page) => first_user_text(&page),
-            Err(err) => {
-                tracing::warn!(error = %err, "reading the first message for a title failed");
-                return;
+    // Its own span, a child of the turn's (which it may outlive).
+    let span = tracing::info_span!(
+        "title",
+        otel.name = "agentrt.title",
+        { crate::telemetry::semconv::GEN_AI_CONVERSATION_ID } = %session_id,
+    );
+    tokio::spawn(tracing::Instrument::instrument(
+        async move {
+            let first = match inner.store.history(&session_id, 0, FIRST_PAGE, true).await {
+                Ok(page) => first_user_text(&page),
+                Err(err) => {
+                    tracing::warn!(error = %err, "reading the first message for a title failed");
+                    return;
+                }
+            };
+            let Some(first) = first else { return };
+            let mut title = None;
+            if let Some(fast) = &inner.fast {
+                title = from_model(fast, &first, &answer).await;
             }
-        };
-        let Some(first) = first else { return };
-        let mut title = None;
-        if let Some(fast) = &inner.fast {
-            title = from_model(fast, &first, &answer).await;
-        }
-        let Some(title) = title.or_else(|| extract_title(&first)) else {
-            return;
-        };
-        match inner
-            .store
-            .set_title_if_empty(&session_id, &incarnation, &title)
-            .await
-        {
-            Ok(set) => tracing::debug!(set, "session title"),
-            Err(err) => tracing::warn!(error = %err, "storing the session title failed"),
-        }
-    });
+            let Some(title) = title.or_else(|| extract_title(&first)) else {
+                return;
+            };
+            match inner
+                .store
+                .set_title_if_empty(&session_id, &incarnation, &title)
+                .await
+            {
+                Ok(set) => tracing::debug!(set, "session title"),
+                Err(err) => tracing::warn!(error = %err, "storing the session title failed"),
+            }
+        },
+        span,
+    ));
 }
 
 fn first_user_text(page: &[Message]) -> Option<String> {

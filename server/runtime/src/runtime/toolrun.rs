@@ -221,11 +221,26 @@ pub(super) fn server_call(
     permits: Arc<Semaphore>,
     index: usize,
     call: ToolCallRequest,
+    capture_content: bool,
 ) -> ToolWait {
-    Box::pin(async move {
-        let outcome = toolbox.run(info(&call, ToolKind::Server), &permits).await;
-        (index, output(outcome))
-    })
+    let span = super::spans::execute_tool(&call.name, &call.id, "extension");
+    if capture_content {
+        span.record(
+            crate::telemetry::semconv::GEN_AI_TOOL_CALL_ARGUMENTS,
+            call.arguments_json.as_str(),
+        );
+    }
+    let traced = span.clone();
+    Box::pin(tracing::Instrument::instrument(
+        async move {
+            let outcome = toolbox.run(info(&call, ToolKind::Server), &permits).await;
+            if outcome.is_error {
+                super::spans::failed(&traced, "tool_error");
+            }
+            (index, output(outcome))
+        },
+        span,
+    ))
 }
 
 /// Waits for a caller tool's result and runs the after-call hooks on it.
@@ -235,17 +250,24 @@ pub(super) fn caller_result(
     call: ToolCallRequest,
     rx: oneshot::Receiver<ToolOutput>,
 ) -> ToolWait {
-    Box::pin(async move {
-        let outcome = match rx.await {
-            Ok(o) => ToolOutcome {
-                content: o.content,
-                is_error: o.is_error,
-            },
-            Err(_) => ToolOutcome::error("the tool call was abandoned"),
-        };
-        let outcome = toolbox.after(info(&call, ToolKind::Caller), outcome).await;
-        (index, output(outcome))
-    })
+    let span = super::spans::execute_tool(&call.name, &call.id, "function");
+    Box::pin(tracing::Instrument::instrument(
+        async move {
+            let outcome = match rx.await {
+                Ok(o) => ToolOutcome {
+                    content: o.content,
+                    is_error: o.is_error,
+                },
+                Err(_) => ToolOutcome::error("the tool call was abandoned"),
+            };
+            let outcome = toolbox.after(info(&call, ToolKind::Caller), outcome).await;
+            if outcome.is_error {
+                super::spans::failed(&tracing::Span::current(), "tool_error");
+            }
+            (index, output(outcome))
+        },
+        span,
+    ))
 }
 
 #[cfg(test)]

@@ -69,6 +69,9 @@ pub(crate) struct Emitter {
     end_by: Option<tokio::time::Instant>,
     /// `TurnFinished` was emitted.
     finished: bool,
+    /// When the turn was admitted; `None` once the first model output was
+    /// emitted (and `agentrt.turn.time_to_first_event` recorded).
+    admitted: Option<Instant>,
 }
 
 impl Emitter {
@@ -77,6 +80,7 @@ impl Emitter {
         caller: mpsc::Sender<Arc<TurnEvent>>,
         config: &super::RuntimeConfig,
         on_disconnect: super::OnDisconnect,
+        admitted: Instant,
     ) -> Self {
         Self {
             seq: 0,
@@ -88,6 +92,7 @@ impl Emitter {
             last_emit: tokio::time::Instant::now(),
             end_by: None,
             finished: false,
+            admitted: Some(admitted),
         }
     }
 
@@ -100,6 +105,17 @@ impl Emitter {
         self.last_emit = tokio::time::Instant::now();
         self.seq += 1;
         self.finished |= matches!(kind, EventKind::TurnFinished { .. });
+        let metrics = crate::telemetry::metrics::get();
+        metrics.relay_events.add(1, &[]);
+        if matches!(
+            kind,
+            EventKind::Text(_) | EventKind::Reasoning(_) | EventKind::ToolUse(_)
+        ) && let Some(admitted) = self.admitted.take()
+        {
+            metrics
+                .time_to_first_event
+                .record(admitted.elapsed().as_secs_f64(), &[]);
+        }
         let event = Arc::new(TurnEvent {
             seq: self.seq,
             at: SystemTime::now(),
@@ -153,8 +169,8 @@ impl Emitter {
                 () = tokio::time::sleep_until(give_up) => {
                     if self.end_by.is_none() {
                         tracing::warn!(
-                            stalled_for = ?self.stalled_reader_timeout,
-                            on_disconnect = ?self.on_disconnect,
+                            stalled_for_ms = u64::try_from(self.stalled_reader_timeout.as_millis()).unwrap_or(u64::MAX),
+                            on_disconnect = %format_args!("{:?}", self.on_disconnect),
                             "the caller has read nothing for too long; treating it as gone"
                         );
                         if self.on_disconnect == super::OnDisconnect::Cancel {
@@ -293,6 +309,11 @@ pub(crate) struct Turn {
     pub(crate) compacted: bool,
     /// A store write of this turn failed.
     pub(crate) store_failed: bool,
+    /// The first model step's span, made at admission (its request starts
+    /// there).
+    pub(crate) first_chat: Option<tracing::Span>,
+    /// Counts the turn in `agentrt.turns.live` while it exists.
+    pub(crate) _live_metric: crate::telemetry::metrics::LiveGuard,
 }
 
 /// How a model step's request starts.
@@ -410,7 +431,17 @@ impl Turn {
             }
             Ok((Loaded::NeedsCompaction { context, tokens }, _)) => {
                 self.compacted = true;
-                self.context = Arc::new(self.compact_context(context, tokens, emitter).await);
+                let span = tracing::info_span!(
+                    "compaction",
+                    otel.name = "agentrt.compaction",
+                    tokens_before = tokens,
+                );
+                let compacted = tracing::Instrument::instrument(
+                    self.compact_context(context, tokens, emitter),
+                    span,
+                )
+                .await;
+                self.context = Arc::new(compacted);
                 self.agent_loop(None, emitter).await
             }
             Err(err) => {
@@ -444,9 +475,17 @@ impl Turn {
                 })
                 .await;
             let mut output = StepOutput::default();
-            let step = AssertUnwindSafe(self.model_step(first.take(), &mut output, emitter))
-                .catch_unwind()
-                .await;
+            let span = self.first_chat.take().unwrap_or_else(|| {
+                super::spans::chat(&tracing::Span::current(), &self.record.model)
+            });
+            let step_started = Instant::now();
+            let step = AssertUnwindSafe(tracing::Instrument::instrument(
+                self.model_step(first.take(), &mut output, emitter),
+                span.clone(),
+            ))
+            .catch_unwind()
+            .await;
+            self.close_chat(&span, step.as_ref().ok(), &output, step_started);
             if let Some(usage) = &output.usage {
                 self.usage.add(usage);
             }
@@ -569,6 +608,7 @@ impl Turn {
                     Arc::clone(&permits),
                     i,
                     call.clone(),
+                    self.inner.config.capture_content,
                 )),
                 Route::Caller(arguments_json) => {
                     let rx = super::lock(&self.live.pending_tools).wait_for(&call.id);
@@ -753,6 +793,8 @@ impl Turn {
         // it finds that events were emitted since.
         let heartbeat = tokio::time::sleep_until(emitter.heartbeat_due());
         tokio::pin!(cancelled, deadline, heartbeat);
+        let step_started = Instant::now();
+        let mut first_chunk = true;
         loop {
             if self.live.is_cancelled() {
                 return self.cancelled();
@@ -776,6 +818,20 @@ impl Turn {
                     continue;
                 }
             };
+            if first_chunk
+                && matches!(
+                    &item,
+                    Some(Ok(ModelEvent::TextDelta(_)
+                        | ModelEvent::ReasoningDelta(_)
+                        | ModelEvent::ToolCall { .. }))
+                )
+            {
+                first_chunk = false;
+                tracing::Span::current().record(
+                    crate::telemetry::semconv::GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
+                    step_started.elapsed().as_secs_f64(),
+                );
+            }
             match item {
                 None => {
                     return StepEnd::Failed(ModelError::Truncated(
@@ -924,7 +980,7 @@ impl Turn {
                 true
             }
             Err(err) => {
-                tracing::error!(error = %err, ?role, "storing a message failed");
+                tracing::error!(error = %err, role = ?role, "storing a message failed");
                 self.store_failed = true;
                 false
             }
@@ -1009,7 +1065,7 @@ impl Turn {
                 duration: self.started.elapsed(),
             })
             .await;
-        tracing::info!(outcome = ?outcome, "turn finished");
+        self.finished_summary(outcome, usage);
         if self.session.title.is_empty() && outcome == TurnOutcome::Success {
             super::title::spawn(
                 Arc::clone(&self.inner),
@@ -1022,6 +1078,58 @@ impl Turn {
 }
 
 impl Turn {
+    /// Ends a model step's `chat` span with what the step produced, and
+    /// records the step's duration and token usage.
+    fn close_chat(
+        &self,
+        span: &tracing::Span,
+        end: Option<&StepEnd>,
+        output: &StepOutput,
+        started: Instant,
+    ) {
+        let (finish, error) = match end {
+            Some(StepEnd::Finished(reason)) => (Some(*reason), None),
+            Some(StepEnd::Failed(err)) => (None, Some(model_error_type(err))),
+            Some(StepEnd::Cancelled(_)) => (Some(StopReason::Cancelled), None),
+            Some(StepEnd::TimedOut) => (Some(StopReason::Timeout), None),
+            None => (None, Some("panic")),
+        };
+        // Only what the provider reported for a finished step: the
+        // estimate of a cut-short step is not a measurement.
+        let usage = match end {
+            Some(StepEnd::Finished(_)) => output.usage.map(|u| (u.input_tokens, u.output_tokens)),
+            _ => None,
+        };
+        let content = self
+            .inner
+            .config
+            .capture_content
+            .then_some(output.text.as_str());
+        super::spans::close_chat(
+            span,
+            &self.record.model,
+            started.elapsed(),
+            finish,
+            error,
+            usage,
+            content,
+        );
+    }
+
+    /// The turn's one summary log line, its outcome on the turn's span and
+    /// in `agentrt.turns`.
+    fn finished_summary(&self, outcome: TurnOutcome, usage: Usage) {
+        super::spans::turn_finished(
+            &tracing::Span::current(),
+            &self.record.session_id,
+            &self.record.turn_id,
+            &self.record.model,
+            outcome,
+            self.started.elapsed(),
+            usage,
+        );
+    }
+
     /// Leaves the context on the runner for the next turn, unless this
     /// turn compacted (the session's compaction state moved) or any of its
     /// writes failed (then the context may not match the store).
@@ -1044,6 +1152,20 @@ fn model_error_code(err: &ModelError) -> ErrorCode {
         ModelError::RateLimited(_) | ModelError::QuotaExhausted(_) => ErrorCode::ResourceExhausted,
         ModelError::Rejected(_) => ErrorCode::FailedPrecondition,
         ModelError::RetryAfter { error, .. } => model_error_code(error),
+    }
+}
+
+/// The `error.type` of a failed model step: bounded, no message text.
+fn model_error_type(err: &ModelError) -> &'static str {
+    match err {
+        ModelError::Unavailable(_) => "unavailable",
+        ModelError::RateLimited(_) => "rate_limited",
+        ModelError::Unauthorized(_) => "unauthorized",
+        ModelError::Rejected(_) => "rejected",
+        ModelError::Truncated(_) => "truncated",
+        ModelError::Malformed(_) => "malformed",
+        ModelError::QuotaExhausted(_) => "quota_exhausted",
+        ModelError::RetryAfter { error, .. } => model_error_type(error),
     }
 }
 

@@ -82,7 +82,12 @@ fn run(db: &Db, waiting: &mpsc::Receiver<Waiter>) {
     while let Ok(first) = waiting.recv() {
         let mut batch = vec![first];
         batch.extend(waiting.try_iter());
+        let started = std::time::Instant::now();
         let result = db.flush().map(drop).map_err(|e| e.to_string());
+        crate::telemetry::metrics::timed(
+            &crate::telemetry::metrics::get().store_flush,
+            started.elapsed(),
+        );
         for waiter in batch {
             // A waiter that went away (its turn was dropped) needs no answer.
             let _ = waiter.send(result.clone());

@@ -344,6 +344,7 @@ impl Store for SledStore {
         turn: TurnRecord,
         user_message: NewMessage,
     ) -> Result<Message, StoreError> {
+        let write_started = std::time::Instant::now();
         // The model request waits for this write (CONTRACT 3.3), so the
         // transaction runs right here and the flush on the flusher.
         let now = SystemTime::now();
@@ -369,6 +370,10 @@ impl Store for SledStore {
                 Ok(message)
             })
             .map_err(tx_err)?;
+        crate::telemetry::metrics::timed(
+            &crate::telemetry::metrics::get().store_write,
+            write_started.elapsed(),
+        );
         self.flush_db().await?;
         Ok(message)
     }
@@ -379,6 +384,7 @@ impl Store for SledStore {
         incarnation: &str,
         message: NewMessage,
     ) -> Result<Message, StoreError> {
+        let write_started = std::time::Instant::now();
         let now = SystemTime::now();
         let message = (&self.sessions, &self.activity, &self.messages)
             .transaction(|(s, a, m)| {
@@ -388,11 +394,16 @@ impl Store for SledStore {
                 Ok(message)
             })
             .map_err(tx_err)?;
+        crate::telemetry::metrics::timed(
+            &crate::telemetry::metrics::get().store_write,
+            write_started.elapsed(),
+        );
         self.flush_db().await?;
         Ok(message)
     }
 
     async fn finish_turn(&self, turn: TurnRecord) -> Result<(), StoreError> {
+        let write_started = std::time::Instant::now();
         let record = encode(&turn)?;
         (&self.sessions, &self.turns)
             .transaction(|(s, t)| {
@@ -410,6 +421,10 @@ impl Store for SledStore {
                 Ok(())
             })
             .map_err(tx_err)?;
+        crate::telemetry::metrics::timed(
+            &crate::telemetry::metrics::get().store_write,
+            write_started.elapsed(),
+        );
         self.flush_db().await
     }
 
@@ -418,6 +433,7 @@ impl Store for SledStore {
         turn: TurnRecord,
         last: Option<NewMessage>,
     ) -> Result<Option<Message>, StoreError> {
+        let write_started = std::time::Instant::now();
         let record = encode(&turn)?;
         let now = SystemTime::now();
         let stored = (&self.sessions, &self.activity, &self.messages, &self.turns)
@@ -450,6 +466,10 @@ impl Store for SledStore {
                 Ok(stored)
             })
             .map_err(tx_err)?;
+        crate::telemetry::metrics::timed(
+            &crate::telemetry::metrics::get().store_write,
+            write_started.elapsed(),
+        );
         self.flush_db().await?;
         Ok(stored)
     }

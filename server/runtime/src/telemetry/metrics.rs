@@ -1,0 +1,192 @@
+//! The core's instruments, created once from the global meter provider on
+//! first use: the server installs its provider before it builds the
+//! runtime, so they bind to it; without one they are no-ops.
+//!
+//! Labels are bounded: outcomes, token types, provider and model names
+//! from the configuration, never a session, turn or user id.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Counter, Histogram, Meter, UpDownCounter};
+
+/// The meter (instrumentation scope) name of everything agentrt measures.
+pub const METER: &str = "agentrt";
+
+/// Seconds-valued boundaries for short operations (relay latency, store
+/// writes): 0.5 ms … 10 s.
+pub const FAST_SECONDS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// The semantic conventions' boundaries for `gen_ai.client.operation.duration`
+/// and `rpc.server.call.duration`-like long calls.
+pub const CALL_SECONDS: &[f64] = &[
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+];
+
+/// The semantic conventions' boundaries for `gen_ai.client.token.usage`.
+const TOKENS: &[f64] = &[
+    1.0,
+    4.0,
+    16.0,
+    64.0,
+    256.0,
+    1024.0,
+    4096.0,
+    16384.0,
+    65536.0,
+    262_144.0,
+    1_048_576.0,
+    4_194_304.0,
+    16_777_216.0,
+    67_108_864.0,
+];
+
+/// Every instrument of the core.
+#[derive(Debug)]
+pub struct Metrics {
+    /// `gen_ai.client.token.usage` {token}, by type, provider, model.
+    pub token_usage: Histogram<u64>,
+    /// `gen_ai.client.operation.duration` (s) of a model step.
+    pub operation_duration: Histogram<f64>,
+    /// `agentrt.turns` finished, by outcome.
+    pub turns: Counter<u64>,
+    /// `agentrt.turns.live`: turns running now.
+    pub live_turns: UpDownCounter<i64>,
+    /// `agentrt.turn.time_to_first_event` (s): admission to the first
+    /// model output relayed.
+    pub time_to_first_event: Histogram<f64>,
+    /// `agentrt.relay.events`: events a turn emitted.
+    pub relay_events: Counter<u64>,
+    /// `agentrt.watchers`: Subscribe/attached streams open now.
+    pub watchers: UpDownCounter<i64>,
+    /// `agentrt.store.write.duration` (s) of a durable write.
+    pub store_write: Histogram<f64>,
+    /// `agentrt.store.flush.duration` (s) of a store flush.
+    pub store_flush: Histogram<f64>,
+}
+
+impl Metrics {
+    fn new(meter: &Meter) -> Self {
+        Self {
+            token_usage: meter
+                .u64_histogram("gen_ai.client.token.usage")
+                .with_unit("{token}")
+                .with_description("Tokens used per model step, by token type")
+                .with_boundaries(TOKENS.to_vec())
+                .build(),
+            operation_duration: meter
+                .f64_histogram("gen_ai.client.operation.duration")
+                .with_unit("s")
+                .with_description("Duration of a model step")
+                .with_boundaries(CALL_SECONDS.to_vec())
+                .build(),
+            turns: meter
+                .u64_counter("agentrt.turns")
+                .with_unit("{turn}")
+                .with_description("Turns finished, by outcome")
+                .build(),
+            live_turns: meter
+                .i64_up_down_counter("agentrt.turns.live")
+                .with_unit("{turn}")
+                .with_description("Turns running now")
+                .build(),
+            time_to_first_event: meter
+                .f64_histogram("agentrt.turn.time_to_first_event")
+                .with_unit("s")
+                .with_description("From admission to the first model output relayed")
+                .with_boundaries(FAST_SECONDS.to_vec())
+                .build(),
+            relay_events: meter
+                .u64_counter("agentrt.relay.events")
+                .with_unit("{event}")
+                .with_description("Events emitted by turns")
+                .build(),
+            watchers: meter
+                .i64_up_down_counter("agentrt.watchers")
+                .with_unit("{stream}")
+                .with_description("Watching streams (Subscribe, attached retries) open now")
+                .build(),
+            store_write: meter
+                .f64_histogram("agentrt.store.write.duration")
+                .with_unit("s")
+                .with_description("Duration of a durable store write")
+                .with_boundaries(FAST_SECONDS.to_vec())
+                .build(),
+            store_flush: meter
+                .f64_histogram("agentrt.store.flush.duration")
+                .with_unit("s")
+                .with_description("Duration of a store flush")
+                .with_boundaries(FAST_SECONDS.to_vec())
+                .build(),
+        }
+    }
+}
+
+/// The instruments, bound to the global meter provider at first use.
+pub fn get() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(|| Metrics::new(&opentelemetry::global::meter(METER)))
+}
+
+/// Counts one live turn for as long as it is held.
+#[derive(Debug)]
+pub(crate) struct LiveGuard(&'static UpDownCounter<i64>);
+
+impl LiveGuard {
+    pub(crate) fn turn() -> Self {
+        let m = &get().live_turns;
+        m.add(1, &[]);
+        Self(m)
+    }
+
+    pub(crate) fn watcher() -> Self {
+        let m = &get().watchers;
+        m.add(1, &[]);
+        Self(m)
+    }
+}
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.add(-1, &[]);
+    }
+}
+
+/// Records a model step's duration and token usage.
+pub(crate) fn model_step(
+    provider: &str,
+    model: &str,
+    took: Duration,
+    usage: Option<(u64, u64)>,
+    error: Option<&'static str>,
+) {
+    let m = get();
+    let mut attrs = vec![
+        KeyValue::new(
+            super::semconv::GEN_AI_OPERATION_NAME,
+            super::semconv::OP_CHAT,
+        ),
+        KeyValue::new(super::semconv::GEN_AI_PROVIDER_NAME, provider.to_owned()),
+        KeyValue::new(super::semconv::GEN_AI_REQUEST_MODEL, model.to_owned()),
+    ];
+    if let Some((input, output)) = usage {
+        attrs.push(KeyValue::new(super::semconv::GEN_AI_TOKEN_TYPE, "input"));
+        m.token_usage.record(input, &attrs);
+        attrs.pop();
+        attrs.push(KeyValue::new(super::semconv::GEN_AI_TOKEN_TYPE, "output"));
+        m.token_usage.record(output, &attrs);
+        attrs.pop();
+    }
+    if let Some(error) = error {
+        attrs.push(KeyValue::new(super::semconv::ERROR_TYPE, error));
+    }
+    m.operation_duration.record(took.as_secs_f64(), &attrs);
+}
+
+/// Records a store operation's duration in `histogram`.
+pub(crate) fn timed(histogram: &Histogram<f64>, took: Duration) {
+    histogram.record(took.as_secs_f64(), &[]);
+}

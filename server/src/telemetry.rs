@@ -1,0 +1,181 @@
+//! Telemetry set-up: logs (text or flat JSON on stderr), OpenTelemetry
+//! traces and metrics over OTLP/gRPC, and the Prometheus text endpoint.
+//!
+//! Traces and OTLP metrics are off unless the standard environment asks
+//! for them (`OTEL_TRACES_EXPORTER` / `OTEL_METRICS_EXPORTER` = `otlp`, or
+//! an `OTEL_EXPORTER_OTLP[_TRACES|_METRICS]_ENDPOINT`), read through an
+//! injectable lookup ([`OtelEnv::from_lookup`]) so tests never touch the
+//! process environment. Off means off: no exporter, no batch thread, no
+//! OpenTelemetry layer in the subscriber.
+//!
+//! Modules:
+//! - [`env`](mod@env): the `OTEL_*` variables → [`OtelEnv`].
+//! - [`logs`]: the flat JSON log layer (plain values, `trace_id`/`span_id`).
+//! - [`rpc`]: the tower layer that makes the RPC server span (continuing a
+//!   caller's `traceparent`), records `rpc.server.call.duration` and logs
+//!   refused calls.
+//! - [`prometheus`]: a pull reader of the SDK rendered as Prometheus text,
+//!   and its `/metrics` listener.
+
+pub mod env;
+pub mod logs;
+pub mod prometheus;
+pub mod rpc;
+
+use std::io::IsTerminal as _;
+use std::time::Duration;
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::WithExportConfig as _;
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer as _};
+
+pub use env::OtelEnv;
+
+use crate::config::LogFormat;
+
+/// The installed telemetry; [`Telemetry::shutdown`] flushes what is queued.
+#[derive(Debug)]
+pub struct Telemetry {
+    tracer: Option<SdkTracerProvider>,
+    meter: Option<SdkMeterProvider>,
+    prometheus: Option<prometheus::Registry>,
+}
+
+/// Why telemetry could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("telemetry: {0}")]
+pub struct TelemetryError(pub String);
+
+impl Telemetry {
+    /// Installs the global subscriber (logs in `format`, filtered by
+    /// `AGENTRT_LOG` from `log_filter`), and, as `otel` asks, the trace and
+    /// meter providers; with `prometheus` a pull reader for `/metrics`.
+    /// Must run inside a tokio runtime when OTLP is on (the gRPC exporter's
+    /// channel lives on it).
+    pub fn init(
+        format: LogFormat,
+        log_filter: Option<&str>,
+        otel: &OtelEnv,
+        prometheus: bool,
+    ) -> Result<Self, TelemetryError> {
+        let resource = otel.resource();
+        let tracer = match &otel.traces {
+            Some(endpoint) => {
+                opentelemetry::global::set_text_map_propagator(
+                    opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+                );
+                let exporter = opentelemetry_otlp::SpanExporter::builder()
+                    .with_tonic()
+                    .with_endpoint(endpoint.clone())
+                    .with_timeout(Duration::from_secs(10))
+                    .build()
+                    .map_err(|e| TelemetryError(format!("the OTLP span exporter: {e}")))?;
+                Some(
+                    SdkTracerProvider::builder()
+                        .with_batch_exporter(exporter)
+                        .with_sampler(otel.sampler.to_sdk())
+                        .with_resource(resource.clone())
+                        .build(),
+                )
+            }
+            None => None,
+        };
+        let registry = prometheus.then(prometheus::Registry::new);
+        let meter = if registry.is_some() || otel.metrics.is_some() {
+            let mut builder = SdkMeterProvider::builder().with_resource(resource);
+            if let Some(registry) = &registry {
+                builder = builder.with_reader(registry.reader());
+            }
+            if let Some(endpoint) = &otel.metrics {
+                let exporter = opentelemetry_otlp::MetricExporter::builder()
+                    .with_tonic()
+                    .with_endpoint(endpoint.clone())
+                    .with_timeout(Duration::from_secs(10))
+                    .build()
+                    .map_err(|e| TelemetryError(format!("the OTLP metric exporter: {e}")))?;
+                builder = builder.with_reader(
+                    opentelemetry_sdk::metrics::PeriodicReader::builder(exporter)
+                        .with_interval(otel.metric_interval)
+                        .build(),
+                );
+            }
+            let provider = builder.build();
+            opentelemetry::global::set_meter_provider(provider.clone());
+            Some(provider)
+        } else {
+            None
+        };
+
+        let filter = log_filter.map_or_else(|| EnvFilter::new("info"), EnvFilter::new);
+        let fmt = match format {
+            LogFormat::Text => tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::stderr().is_terminal())
+                .with_filter(filter)
+                .boxed(),
+            LogFormat::Json => logs::JsonLayer::stderr().with_filter(filter).boxed(),
+        };
+        let otel_layer = tracer.as_ref().map(|provider| {
+            tracing_opentelemetry::layer()
+                .with_tracer(provider.tracer("agentrt"))
+                .with_location(false)
+                .with_threads(false)
+                .with_filter(LevelFilter::INFO)
+        });
+        tracing_subscriber::registry()
+            .with(fmt)
+            .with(otel_layer)
+            .try_init()
+            .map_err(|e| TelemetryError(format!("a subscriber is already installed: {e}")))?;
+        Ok(Self {
+            tracer,
+            meter,
+            prometheus: registry,
+        })
+    }
+
+    /// The Prometheus registry, when `/metrics` was asked for.
+    pub fn prometheus(&self) -> Option<prometheus::Registry> {
+        self.prometheus.clone()
+    }
+
+    /// Whether traces are exported.
+    pub fn traces_on(&self) -> bool {
+        self.tracer.is_some()
+    }
+
+    /// Exports what is queued now (blocking: call it off the async
+    /// workers).
+    pub fn flush(&self) {
+        if let Some(t) = &self.tracer
+            && let Err(err) = t.force_flush()
+        {
+            tracing::warn!(error = %err, "flushing traces failed");
+        }
+        if let Some(m) = &self.meter
+            && let Err(err) = m.force_flush()
+        {
+            tracing::warn!(error = %err, "flushing metrics failed");
+        }
+    }
+
+    /// Flushes and stops the exporters (blocking: call it off the async
+    /// workers, with the runtime still running).
+    pub fn shutdown(self) {
+        if let Some(t) = self.tracer
+            && let Err(err) = t.shutdown()
+        {
+            eprintln!("agentrt-server: stopping the trace exporter: {err}");
+        }
+        if let Some(m) = self.meter
+            && let Err(err) = m.shutdown()
+        {
+            eprintln!("agentrt-server: stopping the metric exporter: {err}");
+        }
+    }
+}
