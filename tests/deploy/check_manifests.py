@@ -394,7 +394,22 @@ def dockerfile_checks(path, renders):
         need(any(BUILD_COMMAND in v for s in stages.values() for o, v in s["ops"] if o == "RUN"),
              f"no RUN {BUILD_COMMAND!r} (.ci/run's image stage runs that command)")
 
+    def baked_model():
+        fetched = [re.search(r"--model-path\s+(\S+)\s+fetch-model", v) for o, v in stages.get("model", {"ops": []})["ops"]
+                   if o == "RUN"]
+        fetched = [m.group(1) for m in fetched if m]
+        need(fetched, "the model stage runs no `agentrt-server --model-path PATH fetch-model`")
+        env = {}
+        for o, v in ops:
+            if o == "ENV":
+                env.update(kv.split("=", 1) for kv in v.split() if "=" in kv)
+        need(env.get("AGENTRT_MODEL_PATH") == fetched[0],
+             f"AGENTRT_MODEL_PATH {env.get('AGENTRT_MODEL_PATH')!r} is not the fetched {fetched[0]!r}")
+        copied = [v.split()[-2] for o, v in ops if o == "COPY" and v.startswith("--from=model")]
+        need(any(fetched[0].startswith(c.rstrip("/") + "/") for c in copied), "the fetched model is not copied in")
+
     run("dockerfile: no HEALTHCHECK", no_healthcheck)
+    run("dockerfile: AGENTRT_MODEL_PATH is the baked model", baked_model)
     run("dockerfile: numeric non-root USER = runAsUser", user_matches)
     run("dockerfile: ENTRYPOINT/CMD = the StatefulSet's command", start_command)
     run("dockerfile: the release build .ci/run repeats", release_build)
