@@ -171,6 +171,7 @@ def main():
             items = vol["secret"].get("items")
             if not items:
                 result(f"secret volume {m['name']}", "no items: cannot tell which files the pod gets")
+                shutil.rmtree(root, ignore_errors=True)
                 return finish()
             os.makedirs(local, exist_ok=True)
             for item in items:
@@ -180,6 +181,7 @@ def main():
                     f.write(value)
         else:
             result(f"volume {m['name']}", f"no local stand-in for {vol}")
+            shutil.rmtree(root, ignore_errors=True)
             return finish()
 
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": root}
@@ -211,8 +213,7 @@ def main():
             proc.wait()
     if any(why for _, why in RESULTS):
         print(f"----- stderr of the server -----\n{read(err_path)[-6000:]}----- end -----")
-    else:
-        shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
     return finish()
 
 
