@@ -1,0 +1,513 @@
+"""Checks of the rendered Kubernetes manifests (deploy/) against the server's
+own configuration and the image, for what kubernetes-validate cannot see:
+that the pieces agree with each other.
+
+    python3 tests/deploy/check_manifests.py --dockerfile deploy/Dockerfile \
+        NAME=RENDERED.yaml [NAME=RENDERED.yaml ...]
+
+RENDERED.yaml is `kubectl kustomize deploy/base` (or an overlay). For every
+render: the StatefulSet's probes name the health services `readiness` and
+`liveness` (TCP probes only where agentrt serves TLS itself, which native
+gRPC probes cannot speak), terminationGracePeriodSeconds exceeds the preStop
+sleep plus `shutdown_grace` of the ConfigMap's config.toml, the data dir of
+config.toml is on the volumeClaimTemplate's mount, key files and TLS files
+lie on Secret mounts, the container runs as a numeric non-root user with a
+read-only root filesystem and no privileges, and the Services, the
+NetworkPolicy and the mesh proxies' drain times fit. Custom resources the
+schema validator skips (Istio, Linkerd's Gateway API routes, cert-manager)
+get a shape check of the fields the deployment relies on; a kind with no
+check fails. Then every check is shown able to fail: each mutation in
+MUTATIONS breaks one thing in a copy of the first render and must make the
+named check fail.
+
+Ends with `check_manifests: N passed, M failed`; exit status 1 on any
+failure.
+"""
+
+import argparse
+import copy
+import json
+import re
+import sys
+import tomllib
+
+import yaml
+
+SESSION_HEADER = "x-agentrt-session"
+STREAMING = ("/agentrt.v1.AgentRuntime/Chat", "/agentrt.v1.AgentRuntime/Subscribe")
+BUILD_COMMAND = "cargo build --release --locked -p agentrt-server"
+# Validated by kubernetes-validate against the Kubernetes schemas.
+CORE_KINDS = {
+    "Namespace", "ServiceAccount", "ConfigMap", "Service", "StatefulSet",
+    "PodDisruptionBudget", "NetworkPolicy",
+}
+
+
+class Failed(Exception):
+    pass
+
+
+def need(cond, why):
+    if not cond:
+        raise Failed(why)
+
+
+def seconds(text):
+    """A duration as agentrt and Istio write it ("30s", "1m30s", "500ms")."""
+    text = str(text).strip()
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", text)
+    need(parts and "".join(a + b for a, b in parts) == text, f"bad duration {text!r}")
+    unit = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    return sum(float(a) * unit[b] for a, b in parts)
+
+
+class Render:
+    """One rendered kustomization and the facts checks need from it."""
+
+    def __init__(self, name, docs):
+        self.name = name
+        self.docs = [d for d in docs if d]
+
+    def all(self, kind):
+        return [d for d in self.docs if d.get("kind") == kind]
+
+    def one(self, kind, name=None):
+        found = [d for d in self.all(kind) if name is None or d["metadata"]["name"] == name]
+        need(len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}")
+        return found[0]
+
+    @property
+    def sts(self):
+        return self.one("StatefulSet")
+
+    @property
+    def pod(self):
+        return self.sts["spec"]["template"]["spec"]
+
+    @property
+    def container(self):
+        cs = [c for c in self.pod["containers"] if c["name"] == "agentrt"]
+        need(len(cs) == 1, "the pod has no container named agentrt")
+        return cs[0]
+
+    def arg(self, flag):
+        args = self.container.get("args", [])
+        for i, a in enumerate(args):
+            if a == flag and i + 1 < len(args):
+                return args[i + 1]
+            if a.startswith(flag + "="):
+                return a.split("=", 1)[1]
+        return None
+
+    def mount_for(self, path):
+        """(volumeMount, volume) whose mount holds `path`."""
+        best = None
+        for m in self.container.get("volumeMounts", []):
+            mp = m["mountPath"].rstrip("/")
+            if path == mp or path.startswith(mp + "/"):
+                if best is None or len(mp) > len(best["mountPath"]):
+                    best = m
+        need(best is not None, f"{path} is on no volume mount")
+        vols = {v["name"]: v for v in self.pod.get("volumes", [])}
+        return best, vols.get(best["name"])
+
+    @property
+    def config(self):
+        path = self.arg("--config")
+        need(path, "the container's args name no --config file")
+        mount, vol = self.mount_for(path)
+        need(vol and "configMap" in vol, f"--config {path} is not on a ConfigMap mount")
+        key = mount.get("subPath") or path[len(mount["mountPath"].rstrip("/")) + 1:]
+        cm = self.one("ConfigMap", vol["configMap"]["name"])
+        need(key in cm.get("data", {}), f"ConfigMap {cm['metadata']['name']} has no key {key}")
+        return tomllib.loads(cm["data"][key])
+
+    def port(self, name):
+        for p in self.container.get("ports", []):
+            if p.get("name") == name:
+                return p["containerPort"]
+        raise Failed(f"the container has no port named {name}")
+
+    def drain_budget(self):
+        pre = self.container.get("lifecycle", {}).get("preStop", {})
+        need("sleep" in pre, "the container has no preStop sleep")
+        return pre["sleep"]["seconds"] + seconds(self.config.get("shutdown_grace", "30s"))
+
+    @property
+    def tls(self):
+        return self.arg("--tls-cert") is not None or "tls" in self.config
+
+
+# ----------------------------------------------------------------- checks
+CHECKS = []
+
+
+def check(fn):
+    CHECKS.append(fn)
+    return fn
+
+
+@check
+def probes_name_the_health_services(r):
+    c = r.container
+    grpc_port = r.port("grpc")
+    want = {"startupProbe": "readiness", "readinessProbe": "readiness", "livenessProbe": "liveness"}
+    for probe, service in want.items():
+        need(probe in c, f"no {probe}")
+        p = c[probe]
+        if "grpc" in p:
+            need(p["grpc"].get("service") == service,
+                 f"{probe} asks for service {p['grpc'].get('service')!r}, not {service!r}")
+            need(p["grpc"]["port"] == grpc_port, f"{probe} probes port {p['grpc']['port']}, not {grpc_port}")
+        else:
+            # Native gRPC probes are plaintext; only a TLS listener excuses TCP.
+            need(r.tls and "tcpSocket" in p, f"{probe} is not a gRPC probe (and agentrt serves no TLS)")
+            need(p["tcpSocket"]["port"] in (grpc_port, "grpc"), f"{probe} probes another port")
+
+
+@check
+def grace_period_covers_prestop_and_shutdown_grace(r):
+    grace = r.pod.get("terminationGracePeriodSeconds", 30)
+    budget = r.drain_budget()
+    need(grace > budget, f"terminationGracePeriodSeconds {grace} <= preStop + shutdown_grace = {budget:g}")
+
+
+@check
+def data_dir_is_on_the_claimed_volume(r):
+    data_dir = r.config.get("data_dir")
+    need(data_dir, "config.toml sets no data_dir (the default ./agentrt-data is on the image)")
+    mount, vol = r.mount_for(data_dir)
+    claims = {t["metadata"]["name"] for t in r.sts["spec"].get("volumeClaimTemplates", [])}
+    need(mount["name"] in claims and vol is None,
+         f"data_dir {data_dir} is on {mount['name']}, not a volumeClaimTemplate ({sorted(claims)})")
+    need(not mount.get("readOnly"), "the data volume is mounted read-only")
+
+
+@check
+def runs_as_non_root_with_a_read_only_root(r):
+    pod_sc, sc = r.pod.get("securityContext", {}), r.container.get("securityContext", {})
+    merged = {**pod_sc, **sc}
+    need(merged.get("runAsNonRoot") is True, "runAsNonRoot is not true")
+    uid = merged.get("runAsUser")
+    need(isinstance(uid, int) and uid > 0, f"runAsUser {uid!r} is not a numeric non-root UID")
+    need(sc.get("readOnlyRootFilesystem") is True, "readOnlyRootFilesystem is not true")
+    need(sc.get("allowPrivilegeEscalation") is False, "allowPrivilegeEscalation is not false")
+    need("ALL" in sc.get("capabilities", {}).get("drop", []), "capabilities do not drop ALL")
+    need(merged.get("seccompProfile", {}).get("type") == "RuntimeDefault", "seccompProfile is not RuntimeDefault")
+    need(r.pod.get("automountServiceAccountToken") is False, "the pod mounts a service account token")
+
+
+@check
+def secrets_are_mounted_files(r):
+    keys = r.config.get("auth", {}).get("api_keys", [])
+    need(keys, "config.toml has no [[auth.api_keys]]: a non-loopback listen address is refused")
+    for k in keys:
+        need("key" not in k, "an API key is written into the ConfigMap")
+        path = k.get("key_file")
+        need(path, f"api key of {k.get('user')} has no key_file")
+        mount, vol = r.mount_for(path)
+        need(vol and "secret" in vol, f"key_file {path} is not on a Secret mount")
+        need("subPath" not in mount, "a Secret mounted with subPath never sees updates")
+        items = vol["secret"].get("items")
+        if items:
+            rel = path[len(mount["mountPath"].rstrip("/")) + 1:]
+            need(rel in {i["path"] for i in items}, f"Secret volume has no item for {rel}")
+    for flag in ("--tls-cert", "--tls-key", "--tls-client-ca"):
+        path = r.arg(flag)
+        if path:
+            _, vol = r.mount_for(path)
+            need(vol and "secret" in vol, f"{flag} {path} is not on a Secret mount")
+
+
+@check
+def listen_ports_match_container_services_and_policy(r):
+    cfg = r.config
+    listen_port = int(cfg.get("listen", "").rsplit(":", 1)[-1] or 0)
+    need(cfg.get("listen", "").startswith("0.0.0.0:"), "config.toml does not listen on all interfaces")
+    need(listen_port == r.port("grpc"), f"listen port {listen_port} != container port grpc")
+    metrics = cfg.get("metrics_listen")
+    need(metrics, "config.toml sets no metrics_listen")
+    need(int(metrics.rsplit(":", 1)[1]) == r.port("metrics"), "metrics_listen port != container port metrics")
+    need(cfg.get("log_format") == "json", "log_format is not json")
+    services = r.all("Service")
+    need(any(s["spec"].get("clusterIP") == "None" and s["metadata"]["name"] == r.sts["spec"]["serviceName"]
+             for s in services), "serviceName is not a headless Service")
+    for s in services:
+        grpc = [p for p in s["spec"]["ports"] if p["name"] == "grpc"]
+        need(grpc and grpc[0].get("appProtocol") == "grpc", f"Service {s['metadata']['name']}: no grpc port with appProtocol grpc")
+        need(grpc[0]["targetPort"] in ("grpc", listen_port), f"Service {s['metadata']['name']} targets another port")
+    policy = r.one("NetworkPolicy")
+    ingress = {p["port"] for rule in policy["spec"]["ingress"] for p in rule.get("ports", [])}
+    need({listen_port, r.port("metrics")} <= ingress, f"NetworkPolicy ingress {sorted(ingress, key=str)} lacks grpc/metrics")
+    r.one("PodDisruptionBudget")
+    res = r.container.get("resources", {})
+    need(res.get("requests") and res.get("limits"), "no resource requests/limits")
+    need(r.sts["spec"]["replicas"] == 1, "more than one replica on sled (P10)")
+
+
+@check
+def mesh_proxies_outlive_the_drain(r):
+    meta = r.sts["spec"]["template"]["metadata"]
+    ann, labels = meta.get("annotations", {}), meta.get("labels", {})
+    grace = r.pod.get("terminationGracePeriodSeconds", 30)
+    budget = r.drain_budget()
+    if labels.get("sidecar.istio.io/inject") == "true":
+        proxy = yaml.safe_load(ann.get("proxy.istio.io/config", "")) or {}
+        drain = seconds(proxy.get("terminationDrainDuration", "5s"))
+        need(budget <= drain < grace, f"Istio terminationDrainDuration {drain:g}s not in [{budget:g}, {grace})")
+    if ann.get("linkerd.io/inject") == "enabled":
+        wait = int(ann.get("config.alpha.linkerd.io/proxy-wait-before-exit-seconds", "0"))
+        need(budget <= wait < grace, f"Linkerd proxy-wait-before-exit-seconds {wait} not in [{budget:g}, {grace})")
+
+
+def shape_destination_rule(r, d):
+    need(d["apiVersion"].startswith("networking.istio.io/"), "DestinationRule apiVersion")
+    need(d["spec"]["host"] in {s["metadata"]["name"] for s in r.all("Service")}, "DestinationRule host is no Service")
+    tp = d["spec"]["trafficPolicy"]
+    need(tp["loadBalancer"]["consistentHash"]["httpHeaderName"] == SESSION_HEADER,
+         f"DestinationRule does not hash on {SESSION_HEADER}")
+    idle = tp.get("connectionPool", {}).get("http", {}).get("idleTimeout")
+    if idle:
+        need(seconds(idle) > seconds(r.config.get("heartbeat_interval", "15s")), "idleTimeout below the heartbeat")
+
+
+def shape_virtual_service(r, d):
+    need(d["apiVersion"].startswith("networking.istio.io/"), "VirtualService apiVersion")
+    services = {s["metadata"]["name"] for s in r.all("Service")}
+    for method in STREAMING:
+        # Istio takes the first route that matches; no match list is a catch-all.
+        route = next((h for h in d["spec"]["http"]
+                      if not h.get("match") or any(m.get("uri", {}).get("exact") == method for m in h["match"])),
+                     None)
+        need(route is not None, f"VirtualService has no route for {method}")
+        need(route.get("retries", {}).get("attempts") == 0, f"{method} may be retried")
+        need(seconds(route.get("timeout", "0s")) == 0, f"{method} has a route timeout")
+    for h in d["spec"]["http"]:
+        for dest in h["route"]:
+            need(dest["destination"]["host"] in services, "VirtualService routes to no Service")
+
+
+def shape_peer_authentication(r, d):
+    need(d["apiVersion"].startswith("security.istio.io/"), "PeerAuthentication apiVersion")
+    need(d["spec"]["mtls"]["mode"] == "STRICT", "PeerAuthentication is not STRICT")
+
+
+def shape_grpc_route(r, d):
+    need(d["apiVersion"] == "gateway.networking.k8s.io/v1", "GRPCRoute apiVersion")
+    ann = d["metadata"].get("annotations", {})
+    need(not [a for a in ann if a.startswith("retry.linkerd.io/")], "GRPCRoute configures retries")
+    for a in ("timeout.linkerd.io/request", "timeout.linkerd.io/response"):
+        need(a not in ann, f"GRPCRoute sets {a}, which cuts long streams")
+    if "timeout.linkerd.io/idle" in ann:
+        need(seconds(ann["timeout.linkerd.io/idle"]) > seconds(r.config.get("heartbeat_interval", "15s")),
+             "Linkerd idle timeout not above the heartbeat interval")
+    need(any(p["kind"] == "Service" and p["name"] == "agentrt" for p in d["spec"]["parentRefs"]),
+         "GRPCRoute is not attached to the agentrt Service")
+    methods = {f"/{m['method']['service']}/{m['method']['method']}"
+               for rule in d["spec"]["rules"] for m in rule.get("matches", [])}
+    need(set(STREAMING) <= methods, "GRPCRoute does not name Chat and Subscribe")
+    need(any(not rule.get("matches") for rule in d["spec"]["rules"]), "GRPCRoute has no catch-all rule")
+
+
+def shape_certificate(r, d):
+    need(d["apiVersion"] == "cert-manager.io/v1", "Certificate apiVersion")
+    secret = d["spec"]["secretName"]
+    path = r.arg("--tls-cert")
+    need(path, "a Certificate but no --tls-cert")
+    _, vol = r.mount_for(path)
+    need(vol["secret"]["secretName"] == secret, f"--tls-cert is not from Secret {secret}")
+    need(d["spec"]["issuerRef"]["name"], "Certificate has no issuer")
+    need("agentrt" in d["spec"]["dnsNames"], "Certificate does not name the Service")
+
+
+SHAPES = {
+    "DestinationRule": shape_destination_rule,
+    "VirtualService": shape_virtual_service,
+    "PeerAuthentication": shape_peer_authentication,
+    "GRPCRoute": shape_grpc_route,
+    "Certificate": shape_certificate,
+}
+
+
+@check
+def custom_resources_have_the_fields_relied_on(r):
+    for d in r.docs:
+        kind = d.get("kind")
+        if kind in CORE_KINDS:
+            continue
+        need(kind in SHAPES, f"no shape check for {d.get('apiVersion')} {kind}")
+        SHAPES[kind](r, d)
+
+
+def dockerfile_checks(path, renders):
+    """The image's start command and user are the ones the manifests assume."""
+    text = open(path, encoding="utf-8").read()
+    lines = re.sub(r"\\\n", " ", text).splitlines()
+    stages, current = {}, None
+    for line in lines:
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        op = words[0].upper()
+        if op == "FROM":
+            base = words[1]
+            name = words[3] if len(words) > 3 and words[2].upper() == "AS" else f"#{len(stages)}"
+            # A stage FROM an earlier stage inherits its ENTRYPOINT, CMD, USER.
+            current = {"ops": list(stages[base]["ops"]) if base in stages else []}
+            stages[name] = current
+        elif current is not None:
+            current["ops"].append((op, line.split(None, 1)[1] if len(words) > 1 else ""))
+    need(current is not None, f"{path} has no FROM")
+    ops = current["ops"]
+    results = []
+
+    def get(op):
+        vals = [v for o, v in ops if o == op]
+        return vals[-1] if vals else None
+
+    def run(name, fn):
+        try:
+            fn()
+            results.append((name, None))
+        except Failed as e:
+            results.append((name, str(e)))
+
+    def no_healthcheck():
+        need("HEALTHCHECK" not in {o for s in stages.values() for o, _ in s["ops"]}, "HEALTHCHECK present")
+
+    def user_matches():
+        user = get("USER")
+        need(user and user.split(":")[0].isdigit() and int(user.split(":")[0]) > 0, f"USER {user!r} not numeric non-root")
+        for r in renders:
+            uid = {**r.pod.get("securityContext", {}), **r.container.get("securityContext", {})}.get("runAsUser")
+            need(uid == int(user.split(":")[0]), f"{r.name}: runAsUser {uid} != image USER {user}")
+
+    def start_command():
+        entry = json.loads(get("ENTRYPOINT"))
+        cmd = json.loads(get("CMD"))
+        need(entry == ["/usr/local/bin/agentrt-server"], f"ENTRYPOINT {entry}")
+        for r in renders:
+            need(r.container.get("command") in (None, entry), f"{r.name}: command overrides ENTRYPOINT")
+            need(r.container.get("args", [])[: len(cmd)] == cmd, f"{r.name}: args do not start with CMD {cmd}")
+
+    def release_build():
+        need(any(BUILD_COMMAND in v for s in stages.values() for o, v in s["ops"] if o == "RUN"),
+             f"no RUN {BUILD_COMMAND!r} (.ci/run's image stage runs that command)")
+
+    def baked_model():
+        fetched = [re.search(r"--model-path\s+(\S+)\s+fetch-model", v) for o, v in stages.get("model", {"ops": []})["ops"]
+                   if o == "RUN"]
+        fetched = [m.group(1) for m in fetched if m]
+        need(fetched, "the model stage runs no `agentrt-server --model-path PATH fetch-model`")
+        env = {}
+        for o, v in ops:
+            if o == "ENV":
+                env.update(kv.split("=", 1) for kv in v.split() if "=" in kv)
+        need(env.get("AGENTRT_MODEL_PATH") == fetched[0],
+             f"AGENTRT_MODEL_PATH {env.get('AGENTRT_MODEL_PATH')!r} is not the fetched {fetched[0]!r}")
+        copied = [v.split()[-2] for o, v in ops if o == "COPY" and v.startswith("--from=model")]
+        need(any(fetched[0].startswith(c.rstrip("/") + "/") for c in copied), "the fetched model is not copied in")
+
+    run("dockerfile: no HEALTHCHECK", no_healthcheck)
+    run("dockerfile: AGENTRT_MODEL_PATH is the baked model", baked_model)
+    run("dockerfile: numeric non-root USER = runAsUser", user_matches)
+    run("dockerfile: ENTRYPOINT/CMD = the StatefulSet's command", start_command)
+    run("dockerfile: the release build .ci/run repeats", release_build)
+    return results
+
+
+def run_checks(render):
+    out = []
+    for fn in CHECKS:
+        try:
+            fn(render)
+            out.append((fn.__name__, None))
+        except Failed as e:
+            out.append((fn.__name__, str(e)))
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+            out.append((fn.__name__, f"malformed manifest: {type(e).__name__}: {e}"))
+    return out
+
+
+# Each mutation breaks one thing the checks must catch: (name, check, fn).
+def _container(docs):
+    sts = next(d for d in docs if d["kind"] == "StatefulSet")
+    return sts, sts["spec"]["template"]["spec"], sts["spec"]["template"]["spec"]["containers"][0]
+
+
+def _set_config(docs, old, new):
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    key = next(iter(cm["data"]))
+    need(old in cm["data"][key], f"mutation: {old!r} not in config.toml")
+    cm["data"][key] = cm["data"][key].replace(old, new)
+
+
+MUTATIONS = [
+    ("readiness probe on the empty service", "probes_name_the_health_services",
+     lambda d: _container(d)[2]["readinessProbe"]["grpc"].update(service="")),
+    ("liveness probe on readiness", "probes_name_the_health_services",
+     lambda d: _container(d)[2]["livenessProbe"]["grpc"].update(service="readiness")),
+    ("grace period 40 s = preStop + shutdown_grace", "grace_period_covers_prestop_and_shutdown_grace",
+     lambda d: _container(d)[1].update(terminationGracePeriodSeconds=40)),
+    ("shutdown_grace raised to 55 s", "grace_period_covers_prestop_and_shutdown_grace",
+     lambda d: _set_config(d, 'shutdown_grace = "30s"', 'shutdown_grace = "55s"')),
+    ("data dir moved off the volume", "data_dir_is_on_the_claimed_volume",
+     lambda d: _set_config(d, 'data_dir = "/var/lib/agentrt"', 'data_dir = "/srv/agentrt"')),
+    ("data volume mounted elsewhere", "data_dir_is_on_the_claimed_volume",
+     lambda d: _container(d)[2]["volumeMounts"][0].update(mountPath="/data")),
+    ("runs as root", "runs_as_non_root_with_a_read_only_root",
+     lambda d: _container(d)[2]["securityContext"].update(runAsUser=0)),
+    ("writable root filesystem", "runs_as_non_root_with_a_read_only_root",
+     lambda d: _container(d)[2]["securityContext"].update(readOnlyRootFilesystem=False)),
+    ("an API key inline in the ConfigMap", "secrets_are_mounted_files",
+     lambda d: _set_config(d, 'key_file = "/etc/agentrt/keys/app"', 'key = "app-secret"')),
+    ("listen port differs from the container port", "listen_ports_match_container_services_and_policy",
+     lambda d: _set_config(d, 'listen = "0.0.0.0:50051"', 'listen = "0.0.0.0:50052"')),
+]
+
+
+def self_test(render):
+    """Each mutation must make its check fail (so no check is vacuous)."""
+    results = []
+    for name, target, mutate in MUTATIONS:
+        broken = Render(render.name + "*", copy.deepcopy(render.docs))
+        try:
+            mutate(broken.docs)
+        except (Failed, StopIteration, KeyError, IndexError) as e:
+            results.append((f"self-test: {name}", f"could not apply the mutation: {e}"))
+            continue
+        failing = {c for c, why in run_checks(broken) if why}
+        results.append((f"self-test: {name} fails {target}",
+                        None if target in failing else f"{target} still passes"))
+    return results
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dockerfile", required=True)
+    ap.add_argument("renders", nargs="+", metavar="NAME=RENDERED.yaml")
+    args = ap.parse_args()
+    renders = []
+    for spec in args.renders:
+        name, _, path = spec.partition("=")
+        with open(path, encoding="utf-8") as f:
+            renders.append(Render(name, list(yaml.safe_load_all(f))))
+    results = []
+    for r in renders:
+        results += [(f"{r.name}: {c}", why) for c, why in run_checks(r)]
+    results += dockerfile_checks(args.dockerfile, renders)
+    results += self_test(renders[0])
+    passed = failed = 0
+    for name, why in results:
+        if why is None:
+            passed += 1
+            print(f"check_manifests: ok   {name}")
+        else:
+            failed += 1
+            print(f"check_manifests: FAIL {name}: {why}")
+    print(f"check_manifests: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
