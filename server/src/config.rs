@@ -16,15 +16,15 @@ use serde::Deserialize;
 
 mod compaction;
 mod local;
-mod tls;
 mod telemetry;
+mod tls;
 mod tools;
 mod transport;
 
 pub use compaction::CompactionSettings;
 pub use local::LocalModelSettings;
-pub use tls::{MtlsConfig, ResolvedKey, TlsArgs, TlsSettings};
 pub use telemetry::TelemetrySettings;
+pub use tls::{MtlsConfig, ResolvedKey, TlsArgs, TlsSettings};
 pub use tools::{McpServerConfig, ToolsConfig};
 pub use transport::TransportSettings;
 

@@ -47,8 +47,8 @@ pub mod local;
 pub mod runtime_service;
 pub mod session_service;
 pub mod status;
-pub mod tls;
 pub mod telemetry;
+pub mod tls;
 pub mod transport;
 
 use crate::config::ProviderKind;
