@@ -25,28 +25,15 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from deadline_client import HangingUpstream  # noqa: E402
-from smoke_client import Checks, generate_stubs  # noqa: E402
+from smoke_client import Checks, Server, generate_stubs  # noqa: E402
 
-START_TIMEOUT = 60.0
 CALLER_KEY = "smoke-caller-key-7f3a9c"
 PROVIDER_KEY = "smoke-provider-key-c41d07"
-
-
-def wait_for_address(server: subprocess.Popen, out) -> str | None:
-    until = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < until and server.poll() is None:
-        out.seek(0)
-        for line in out.read().splitlines():
-            if line.startswith("agentrt-server listening on "):
-                return line.removeprefix("agentrt-server listening on ").strip()
-        time.sleep(0.05)
-    return None
 
 
 def main(argv: list[str]) -> int:
@@ -73,21 +60,13 @@ def main(argv: list[str]) -> int:
         sys.path.insert(0, stubs)
         from agentrt.v1 import runtime_pb2, runtime_pb2_grpc, sessions_pb2, sessions_pb2_grpc
 
-        out = open(os.path.join(work, "server.out"), "w+")
-        err_path = os.path.join(work, "server.err")
-        err = open(err_path, "w")
         env = dict(os.environ, SMOKE_PROVIDER_KEY=PROVIDER_KEY, AGENTRT_LOG="debug")
-        server = subprocess.Popen(
-            [binary, "--listen", "127.0.0.1:0", "--data-dir", os.path.join(work, "data"),
-             "--config", config, "--log-format", "json"],
-            stdout=out,
-            stderr=err,
-            env=env,
-        )
+        server = Server(binary, work, "server", ["--config", config, "--log-format", "json"], env=env)
         events: queue.Queue = queue.Queue(maxsize=1024)
         try:
-            addr = wait_for_address(server, out)
-            if not checks.check("server with a hanging upstream started", addr is not None):
+            addr = server.addr
+            if not checks.check("server with a hanging upstream started", addr is not None,
+                                server.stderr()):
                 return 1
             channel = grpc.insecure_channel(addr)
             grpc.channel_ready_future(channel).result(timeout=30)
@@ -131,16 +110,9 @@ def main(argv: list[str]) -> int:
                 pass
         finally:
             HangingUpstream.release.set()
-            server.terminate()
-            try:
-                server.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            server.stop()
             upstream.shutdown()
-            out.close()
-            err.close()
-        with open(err_path) as f:
-            logged = f.read()
+        logged = server.log_text()
         leaked = [name for name, secret in (("the API key", CALLER_KEY),
                                             ("the provider key", PROVIDER_KEY))
                   if secret in logged]

@@ -20,7 +20,6 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -29,10 +28,9 @@ import time
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from smoke_client import Checks, generate_stubs  # noqa: E402
+from smoke_client import Checks, Server, generate_stubs  # noqa: E402
 
 DEADLINE = 10.0
-START_TIMEOUT = 60.0
 
 
 class HangingUpstream(http.server.BaseHTTPRequestHandler):
@@ -88,24 +86,11 @@ def main(argv: list[str]) -> int:
             sessions_pb2_grpc,
         )
 
-        out = open(os.path.join(work, "server.out"), "w+")
-        server = subprocess.Popen(
-            [binary, "--listen", "127.0.0.1:0", "--data-dir", os.path.join(work, "data"),
-             "--config", config],
-            stdout=out,
-            stderr=subprocess.DEVNULL,
-        )
+        server = Server(binary, work, "server", ["--config", config])
         try:
-            addr = None
-            until = time.monotonic() + START_TIMEOUT
-            while addr is None and time.monotonic() < until and server.poll() is None:
-                out.seek(0)
-                for line in out.read().splitlines():
-                    if line.startswith("agentrt-server listening on "):
-                        addr = line.removeprefix("agentrt-server listening on ").strip()
-                if addr is None:
-                    time.sleep(0.05)
-            if not checks.check("server with a hanging upstream started", addr is not None):
+            addr = server.addr
+            if not checks.check("server with a hanging upstream started", addr is not None,
+                                server.stderr()):
                 return 1
             channel = grpc.insecure_channel(addr)
             grpc.channel_ready_future(channel).result(timeout=30)
@@ -141,13 +126,8 @@ def main(argv: list[str]) -> int:
             checks.check("the time-limit NOTICE is stored", len(notice) == 1, f"{len(history)} messages")
         finally:
             HangingUpstream.release.set()
-            server.terminate()
-            try:
-                server.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            server.stop()
             upstream.shutdown()
-            out.close()
     print(f"deadline: {checks.passed} passed, {checks.failed} failed", flush=True)
     return 0 if checks.failed == 0 else 1
 

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 
 import grpc
@@ -24,6 +25,53 @@ import grpc
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 RPC_TIMEOUT = 30.0
 SENT_TEXT = "hello from python"
+START_TIMEOUT = 60.0
+
+
+class Server:
+    """agentrt-server on 127.0.0.1:0 with a data dir under `work` and the
+    given extra arguments; `addr` is the address from its "listening" line,
+    or None when it exited or printed none within START_TIMEOUT. The other
+    scripts (deadline, busy, TLS) start their own servers with it."""
+
+    def __init__(self, binary: str, work: str, name: str, args: list[str],
+                 env: dict[str, str] | None = None) -> None:
+        self.log = os.path.join(work, f"{name}.err")
+        self.out = open(os.path.join(work, f"{name}.out"), "w+")
+        self.err = open(self.log, "w")
+        self.proc = subprocess.Popen(
+            [binary, "--listen", "127.0.0.1:0", "--data-dir", os.path.join(work, f"{name}-data"),
+             *args],
+            stdout=self.out,
+            stderr=self.err,
+            env=env,
+        )
+        self.addr = None
+        until = time.monotonic() + START_TIMEOUT
+        while self.addr is None and time.monotonic() < until and self.proc.poll() is None:
+            self.out.seek(0)
+            for line in self.out.read().splitlines():
+                if line.startswith("agentrt-server listening on "):
+                    self.addr = line.removeprefix("agentrt-server listening on ").strip()
+            if self.addr is None:
+                time.sleep(0.05)
+
+    def log_text(self) -> str:
+        """Everything the server wrote to stderr so far."""
+        with open(self.log) as f:
+            return f.read()
+
+    def stderr(self) -> str:
+        return self.log_text()[-2000:]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.out.close()
+        self.err.close()
 
 
 class Checks:

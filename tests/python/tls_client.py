@@ -22,10 +22,8 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
 import grpc
 from cryptography import x509
@@ -34,9 +32,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from smoke_client import Checks, generate_stubs  # noqa: E402
+from smoke_client import Checks, Server, generate_stubs  # noqa: E402
 
-START_TIMEOUT = 60.0
 RPC_TIMEOUT = 30.0
 CLIENT_ID = "spiffe://agentrt.test/python"
 
@@ -111,43 +108,6 @@ def make_pki() -> dict[str, bytes]:
         "client.pem": client_cert,
         "client.key": client_key,
     }
-
-
-class Server:
-    """agentrt-server on 127.0.0.1:0 with the given extra arguments."""
-
-    def __init__(self, binary: str, work: str, name: str, args: list[str]) -> None:
-        self.log = os.path.join(work, f"{name}.err")
-        self.out = open(os.path.join(work, f"{name}.out"), "w+")
-        self.err = open(self.log, "w")
-        self.proc = subprocess.Popen(
-            [binary, "--listen", "127.0.0.1:0", "--data-dir", os.path.join(work, f"{name}-data"),
-             *args],
-            stdout=self.out,
-            stderr=self.err,
-        )
-        self.addr = None
-        until = time.monotonic() + START_TIMEOUT
-        while self.addr is None and time.monotonic() < until and self.proc.poll() is None:
-            self.out.seek(0)
-            for line in self.out.read().splitlines():
-                if line.startswith("agentrt-server listening on "):
-                    self.addr = line.removeprefix("agentrt-server listening on ").strip()
-            if self.addr is None:
-                time.sleep(0.05)
-
-    def stderr(self) -> str:
-        with open(self.log) as f:
-            return f.read()[-2000:]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.out.close()
-        self.err.close()
 
 
 def main(argv: list[str]) -> int:
