@@ -400,16 +400,6 @@ pub struct Prepared {
     tls: Option<Arc<tls::ServerTls>>,
 }
 
-/// Aborts the task when dropped, so a helper task ends with the scope that
-/// owns it, whichever way that scope returns.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Sets the health services for a running server: `readiness` and the
 /// overall `""` follow `ready`; `liveness` is SERVING for as long as the
 /// process serves at all — a drain must not look like a dead process to a
@@ -527,7 +517,7 @@ impl Prepared {
                 set_health(&readiness, false).await;
             }
         });
-        let _drain_watch = AbortOnDrop(drain_watch);
+        let _drain_watch = tokio_util::task::AbortOnDropHandle::new(drain_watch);
         tracing::info!(
             addr = %addr.map_or_else(|| "unknown".to_owned(), |a| a.to_string()),
             default_model = %config.default_model,

@@ -122,7 +122,9 @@ async fn serve(config: Config, metrics: Option<prometheus::Registry>) -> ExitCod
         (Some(addr), Some(registry)) => match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => Some((
                 l.local_addr().ok(),
-                AbortOnDrop(tokio::spawn(prometheus::serve(l, registry))),
+                tokio_util::task::AbortOnDropHandle::new(tokio::spawn(prometheus::serve(
+                    l, registry,
+                ))),
             )),
             Err(err) => {
                 eprintln!("agentrt-server: cannot listen on {addr} (metrics_listen): {err}");
@@ -157,14 +159,5 @@ async fn serve(config: Config, metrics: Option<prometheus::Registry>) -> ExitCod
             eprintln!("agentrt-server: {err}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// Stops the metrics listener when `serve` returns.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
