@@ -4,9 +4,9 @@
 //!
 //! The environment is read only through [`Cli`] (clap's `env` support) and
 //! through `api_key_env`/`key_env` lookups done by `ServerBuilder` with an
-//! injected lookup function, so tests never mutate the process environment
-//! ([`Config::load`], the binary's path, also resolves `key_env` against the
-//! real environment, so a missing variable stops it before it binds).
+//! injected lookup function, so tests never mutate the process environment.
+//! Key files, key variables and TLS files are read once, by
+//! `ServerBuilder::prepare`, which the binary runs before it binds a port.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -417,7 +417,6 @@ impl Config {
         };
         let config = file.with_overrides(cli);
         config.validate()?;
-        config.check_files()?;
         Ok(config)
     }
 

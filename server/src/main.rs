@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use agentrt_server::config::Command;
 use agentrt_server::telemetry::{OtelEnv, Telemetry, prometheus};
-use agentrt_server::{Cli, Config};
+use agentrt_server::{Cli, Config, ServerError};
 use clap::Parser as _;
 
 async fn shutdown_signal() {
@@ -110,6 +110,22 @@ fn main() -> ExitCode {
 }
 
 async fn serve(config: Config, metrics: Option<prometheus::Registry>) -> ExitCode {
+    // Everything that can fail at start-up (the config's files and keys, a
+    // bad model, a provider, the store) fails here, before any port is
+    // bound and so before the "listening" line: a script or an operator
+    // waiting for that line never sees it for a server about to exit.
+    let prepared = match agentrt_server::ServerBuilder::new(config).prepare().await {
+        Ok(p) => p,
+        Err(err) => {
+            eprintln!("agentrt-server: {err}");
+            // A configuration error exits 2, as one found by Config::load.
+            return match err {
+                ServerError::Config(_) => ExitCode::from(2),
+                _ => ExitCode::FAILURE,
+            };
+        }
+    };
+    let config = prepared.config();
     let listener = match tokio::net::TcpListener::bind(config.listen).await {
         Ok(l) => l,
         Err(err) => {
@@ -132,17 +148,6 @@ async fn serve(config: Config, metrics: Option<prometheus::Registry>) -> ExitCod
             }
         },
         _ => None,
-    };
-    // Everything that can fail at start-up (a bad model, a provider, the
-    // store) fails here, before the "listening" line: a script or an
-    // operator waiting for that line never sees it for a server that is
-    // about to exit.
-    let prepared = match agentrt_server::ServerBuilder::new(config).prepare().await {
-        Ok(p) => p,
-        Err(err) => {
-            eprintln!("agentrt-server: {err}");
-            return ExitCode::FAILURE;
-        }
     };
     if let Ok(addr) = listener.local_addr() {
         // One stable line on stdout, so scripts and tests that start the

@@ -326,15 +326,6 @@ impl Config {
             )
         })
     }
-
-    /// What [`Config::load`] checks besides [`Config::validate`], before
-    /// any port is bound: every API key can be read from its file or
-    /// variable, and the TLS files load.
-    pub(super) fn check_files(&self) -> Result<(), ConfigError> {
-        self.auth.resolve_keys(&|name| std::env::var(name).ok())?;
-        crate::tls::ServerTls::from_settings(&self.tls)?;
-        Ok(())
-    }
 }
 
 #[cfg(test)]
