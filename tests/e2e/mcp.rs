@@ -1,5 +1,5 @@
 //! Server tools from an MCP server: the stdio test server of
-//! `server/runtime/examples/mcp_test_server.rs` (rmcp), configured as
+//! `crates/runtime/examples/mcp_test_server.rs` (rmcp), configured as
 //! `[[mcp_servers]] name = "test"`, against the scripted OpenAI fake.
 //!
 //! The MCP server reports what it sees (start, cancellations) by appending
