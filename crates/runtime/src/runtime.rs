@@ -170,6 +170,10 @@ pub struct ChatInput {
     pub max_output_tokens: Option<u32>,
 }
 
+/// How long `shutdown` waits for cancelled title jobs to end (they end at
+/// their next poll).
+const CANCELLED_JOBS_WAIT: Duration = Duration::from_secs(1);
+
 /// The model selection a runner was built with; a turn asking for another
 /// one rebuilds the session's runner.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -282,7 +286,15 @@ pub(crate) struct Inner {
     deleting: Mutex<HashMap<String, usize>>,
     /// The resolved `fast_model`.
     fast: Option<compact::FastModel>,
+    /// Turn tasks and the prestart tasks of their first model requests:
+    /// `drain` and `shutdown` wait for them.
     tasks: TaskTracker,
+    /// Work that outlives the call or turn that started it — title jobs
+    /// and the idle-runner reaper: `shutdown` waits for it too (after the
+    /// turns, which start the title jobs), within the same bound.
+    jobs: TaskTracker,
+    /// Cancels the title jobs still running at shutdown's hard limit.
+    cancel_jobs: CancellationToken,
     /// No new turns: draining or shutting down.
     closed: AtomicBool,
     draining: watch::Sender<bool>,
@@ -413,6 +425,8 @@ impl Runtime {
                 deleting: Mutex::new(HashMap::new()),
                 fast,
                 tasks: TaskTracker::new(),
+                jobs: TaskTracker::new(),
+                cancel_jobs: CancellationToken::new(),
                 closed: AtomicBool::new(false),
                 draining: watch::Sender::new(false),
                 background: CancellationToken::new(),
@@ -767,13 +781,20 @@ impl Runtime {
     /// Stops admitting turns, gives live turns `grace` to finish, cancels the
     /// rest (outcome CANCELED, reason SHUTDOWN, partial output stored), waits
     /// for them (bounded by `hard_limit` more), and flushes the store.
+    ///
+    /// The title jobs finished turns started are waited for within the same
+    /// bound (`grace` plus `hard_limit` from the call); one still running then
+    /// is cancelled. Nothing the runtime spawned is left running when this
+    /// returns, so every span it opened is closed.
     pub async fn shutdown(&self, grace: Duration, hard_limit: Duration) {
         let inner = &self.inner;
+        let started = tokio::time::Instant::now();
         self.stop_admitting();
         inner.background.cancel();
         // Watchers waiting for a next turn that will never come end now.
         lock(&inner.waiters).clear();
         inner.tasks.close();
+        inner.jobs.close();
         if tokio::time::timeout(grace, inner.tasks.wait())
             .await
             .is_err()
@@ -791,6 +812,20 @@ impl Runtime {
                 .is_err()
             {
                 tracing::error!("live turns did not end within the hard limit");
+            }
+        }
+        // Every turn has ended (or is past saving): no job starts after this.
+        let left = grace
+            .saturating_add(hard_limit)
+            .saturating_sub(started.elapsed());
+        if tokio::time::timeout(left, inner.jobs.wait()).await.is_err() {
+            tracing::warn!("title jobs did not end within the hard limit; cancelling them");
+            inner.cancel_jobs.cancel();
+            if tokio::time::timeout(CANCELLED_JOBS_WAIT, inner.jobs.wait())
+                .await
+                .is_err()
+            {
+                tracing::error!("cancelled title jobs did not end");
             }
         }
         inner.toolbox.close().await;

@@ -36,12 +36,13 @@ fn require_admin(who: &Principal) -> Result<(), RuntimeError> {
 }
 
 /// Closes runners idle past the timeout, every `reap_interval`, until the
-/// runtime shuts down.
+/// runtime shuts down (or is dropped). A job of the runtime's: shutdown
+/// waits for it to end.
 pub(crate) fn spawn_reaper(runtime: &Runtime) {
     let weak = std::sync::Arc::downgrade(&runtime.inner);
     let stop = runtime.inner.background.clone();
     let every = runtime.inner.config.reap_interval;
-    tokio::spawn(async move {
+    runtime.inner.jobs.spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;

@@ -220,7 +220,9 @@ fn spawn(
         .and_then(|c| c.take_for(session, &user));
     let session = session.clone();
     let span = first.span.clone();
-    let handle = tokio::spawn(tracing::Instrument::instrument(
+    // Tracked with the turns: shutdown and drain wait for it.
+    let tracker = inner.tasks.clone();
+    let handle = tracker.spawn(tracing::Instrument::instrument(
         async move {
             let context = match cached {
                 Some(messages) => Ok(Context::from_messages(messages)),
