@@ -320,7 +320,7 @@ impl Runtime {
         who: &Principal,
         session_id: &str,
     ) -> Result<CompactionReport, RuntimeError> {
-        super::sessions::validate_session_id("session_id", session_id)?;
+        crate::limits::validate_session_id("session_id", session_id)?;
         let inner = &self.inner;
         if inner.closed.load(std::sync::atomic::Ordering::Acquire) {
             return Err(RuntimeError::Unavailable(

@@ -31,7 +31,7 @@ impl Runtime {
         after_seq: u64,
         wait_for_turn: bool,
     ) -> Result<Option<TurnStream>, RuntimeError> {
-        super::sessions::validate_session_id("session_id", session_id)?;
+        crate::limits::validate_session_id("session_id", session_id)?;
         let session = self.owned_session(who, session_id).await?;
         if let Some(stream) = self.attach_if_live_from(&session, after_seq) {
             return Ok(Some(stream));
@@ -93,7 +93,7 @@ impl Runtime {
         who: &Principal,
         session_id: &str,
     ) -> Result<bool, RuntimeError> {
-        super::sessions::validate_session_id("session_id", session_id)?;
+        crate::limits::validate_session_id("session_id", session_id)?;
         let session = self.owned_session(who, session_id).await?;
         match self
             .cancel_live(&session, CancelReason::Stopped, STOP_WAIT)
@@ -115,7 +115,7 @@ impl Runtime {
         who: &Principal,
         session_id: &str,
     ) -> Result<SessionStatus, RuntimeError> {
-        super::sessions::validate_session_id("session_id", session_id)?;
+        crate::limits::validate_session_id("session_id", session_id)?;
         let session = self.owned_session(who, session_id).await?;
         Ok(match self.live_of(&session) {
             Some(turn) => SessionStatus {
@@ -138,7 +138,7 @@ impl Runtime {
         session_id: &str,
         force: bool,
     ) -> Result<bool, RuntimeError> {
-        super::sessions::validate_session_id("session_id", session_id)?;
+        crate::limits::validate_session_id("session_id", session_id)?;
         let session = self.owned_session(who, session_id).await?;
         if force {
             self.cancel_live(&session, CancelReason::Stopped, STOP_WAIT)

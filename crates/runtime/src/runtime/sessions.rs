@@ -9,7 +9,9 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 use super::Runtime;
 use crate::error::RuntimeError;
-use crate::limits::{MAX_ID_BYTES, MAX_TEXT_FIELD_BYTES, check_model_name, check_short};
+use crate::limits::{
+    MAX_ID_BYTES, MAX_TEXT_FIELD_BYTES, check_model_name, check_short, validate_session_id,
+};
 use crate::store::{CreateOutcome, HistoryQuery, ListCursor, ListQuery};
 use crate::types::{CancelReason, Message, NewSession, Principal, Session, SessionUpdate};
 
@@ -28,7 +30,6 @@ const HISTORY_MAX: usize = 1_000;
 /// page stays under 4 MiB too.
 pub(crate) const PAGE_BYTES: usize = 2 << 20;
 /// Upper bounds on caller-supplied session fields.
-const MAX_ID_LEN: usize = 128;
 const MAX_FIELD_BYTES: usize = MAX_TEXT_FIELD_BYTES;
 const MAX_METADATA_ENTRIES: usize = 64;
 /// Longest page tokens: a history token is a seq, a listing token the
@@ -54,25 +55,6 @@ pub struct HistoryPage {
     pub messages: Vec<Message>,
     /// Empty when there are no more messages.
     pub next_page_token: String,
-}
-
-/// Session ids are 1–128 characters of `[A-Za-z0-9._:-]`, so they are safe in
-/// store keys, logs and URLs.
-pub(crate) fn validate_session_id(field: &str, id: &str) -> Result<(), RuntimeError> {
-    if id.is_empty() {
-        return Err(RuntimeError::invalid(field, "is required"));
-    }
-    if id.len() > MAX_ID_LEN
-        || !id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
-    {
-        return Err(RuntimeError::invalid(
-            field,
-            format!("must be 1-{MAX_ID_LEN} characters of A-Z a-z 0-9 . _ : -"),
-        ));
-    }
-    Ok(())
 }
 
 fn check_len(field: &str, value: &str) -> Result<(), RuntimeError> {

@@ -162,7 +162,7 @@ impl Runtime {
         content: String,
         is_error: bool,
     ) -> Result<(), RuntimeError> {
-        super::sessions::validate_session_id("session_id", session_id)?;
+        crate::limits::validate_session_id("session_id", session_id)?;
         if call_id.is_empty() {
             return Err(RuntimeError::invalid("call_id", "is required"));
         }
