@@ -2,21 +2,16 @@
 //! session), the per-session runner cache, and shutdown. The turn body is in
 //! `runtime::turn`; session registry calls are in `sessions`.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use tokio::sync::{mpsc, watch};
 use tracing::Instrument as _;
 
 use crate::error::RuntimeError;
-use crate::events::{Phase, TurnEvent};
+use crate::events::TurnEvent;
 use crate::hub::{ReplayLimits, TurnHub};
-use crate::model::{ModelProvider, Models};
+use crate::model::Models;
 use crate::store::Store;
 use crate::toolbox::Toolbox;
 use crate::types::{
@@ -28,10 +23,13 @@ mod admin;
 mod compact;
 mod context_cache;
 mod control;
+mod lifecycle;
 mod prestart;
 mod recovery;
 mod replay;
+mod runners;
 mod sessions;
+mod slots;
 mod spans;
 mod stream;
 mod title;
@@ -39,6 +37,10 @@ mod toolrun;
 mod tools;
 mod turn;
 mod validate;
+
+use lifecycle::Lifecycle;
+use runners::{RunnerKey, Runners};
+use slots::{Claim, LiveTurn, Slots};
 
 pub use admin::RuntimeStats;
 pub use compact::{CompactionReport, load_context};
@@ -170,92 +172,6 @@ pub struct ChatInput {
     pub max_output_tokens: Option<u32>,
 }
 
-/// How long `shutdown` waits for cancelled title jobs to end (they end at
-/// their next poll).
-const CANCELLED_JOBS_WAIT: Duration = Duration::from_secs(1);
-
-/// The model selection a runner was built with; a turn asking for another
-/// one rebuilds the session's runner.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct RunnerKey {
-    model: String,
-    thinking: Option<ThinkingLevel>,
-    /// The session incarnation: a session created again under the same id
-    /// never inherits the old one's runner (or its cached context).
-    incarnation: String,
-}
-
-/// A session's cached, resolved model selection and server tools. A turn
-/// keeps the `Arc` it was admitted with, so replacing the cache entry never
-/// affects it.
-#[derive(Debug)]
-pub(crate) struct Runner {
-    key: RunnerKey,
-    owner: String,
-    provider: Arc<dyn ModelProvider>,
-    provider_model: String,
-    last_used: Mutex<Instant>,
-    /// The toolbox's tools, listed when the runner was built.
-    tools: Vec<crate::model::ToolSpec>,
-    /// The toolbox generation of `tools`.
-    tools_generation: u64,
-    /// The session's context after its last turn, when long.
-    context: Mutex<Option<context_cache::CachedContext>>,
-}
-
-/// A turn in flight, as seen by admission, stop and watchers.
-#[derive(Debug)]
-pub(crate) struct LiveTurn {
-    pub(crate) turn_id: String,
-    /// The session incarnation the turn runs in: a lookup by session id
-    /// sees the turn only for that incarnation.
-    pub(crate) incarnation: String,
-    pub(crate) request_id: Option<String>,
-    pub(crate) started_at: SystemTime,
-    pub(crate) hub: Arc<TurnHub>,
-    pub(crate) cancel: CancellationToken,
-    /// Set (before `cancel` fires) by [`LiveTurn::cancel`]: a check per
-    /// relayed event without the token's lock.
-    cancelled: AtomicBool,
-    cancel_reason: Mutex<Option<CancelReason>>,
-    phase: AtomicU8,
-    /// Caller-executed tool calls waiting for `SubmitToolResult`.
-    pub(crate) pending_tools: Mutex<tools::Pending>,
-    /// Cancelled when the turn task has ended (whatever the outcome).
-    pub(crate) done: CancellationToken,
-}
-
-impl LiveTurn {
-    pub(crate) fn phase(&self) -> Phase {
-        Phase::from_u8(self.phase.load(Ordering::Relaxed))
-    }
-
-    pub(crate) fn set_phase(&self, phase: Phase) {
-        self.phase.store(phase as u8, Ordering::Relaxed);
-    }
-
-    /// Cancels the turn; the first reason wins.
-    pub(crate) fn cancel(&self, reason: CancelReason) {
-        {
-            let mut slot = self.cancel_reason.lock().unwrap_or_else(|p| p.into_inner());
-            if slot.is_none() {
-                *slot = Some(reason);
-            }
-        }
-        self.cancelled.store(true, Ordering::Release);
-        self.cancel.cancel();
-    }
-
-    /// Whether [`LiveTurn::cancel`] was called; lock-free.
-    pub(crate) fn is_cancelled(&self) -> bool {
-        self.cancelled.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn cancel_reason(&self) -> Option<CancelReason> {
-        *self.cancel_reason.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
 /// The model selection used when neither the call nor the session names
 /// one; changed at run time by `SetDefaultModel`.
 #[derive(Debug, Clone)]
@@ -264,6 +180,8 @@ struct Defaults {
     thinking: Option<ThinkingLevel>,
 }
 
+/// The runtime's shared state, split by what it protects: each owner has
+/// its own lock (or none), and no code holds two of them at once.
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub(crate) config: RuntimeConfig,
@@ -271,42 +189,14 @@ pub(crate) struct Inner {
     pub(crate) store: Arc<dyn Store>,
     models: Models,
     pub(crate) toolbox: Arc<Toolbox>,
-    live: Mutex<HashMap<String, Arc<LiveTurn>>>,
-    /// `Subscribe(wait_for_turn)` callers by session id, each with the
-    /// incarnation it waits in; told when that incarnation's next turn is
-    /// admitted, or that the session was deleted.
-    waiters: Mutex<HashMap<String, Vec<Waiter>>>,
-    runners: Mutex<HashMap<String, Arc<Runner>>>,
-    /// Sessions a `CompactSession` call is compacting (busy for `Chat`).
-    /// Locked only while holding `live`.
-    compacting: Mutex<HashSet<String>>,
-    /// Session ids a `DeleteSession` is deleting, with how many calls are
-    /// at it: no turn is admitted and no session of that id created until
-    /// they are done. Locked only while holding `live`.
-    deleting: Mutex<HashMap<String, usize>>,
     /// The resolved `fast_model`.
     fast: Option<compact::FastModel>,
-    /// Turn tasks and the prestart tasks of their first model requests:
-    /// `drain` and `shutdown` wait for them.
-    tasks: TaskTracker,
-    /// Work that outlives the call or turn that started it — title jobs
-    /// and the idle-runner reaper: `shutdown` waits for it too (after the
-    /// turns, which start the title jobs), within the same bound.
-    jobs: TaskTracker,
-    /// Cancels the title jobs still running at shutdown's hard limit.
-    cancel_jobs: CancellationToken,
-    /// No new turns: draining or shutting down.
-    closed: AtomicBool,
-    draining: watch::Sender<bool>,
-    /// Stops background tasks (the reaper).
-    background: CancellationToken,
-    started: Instant,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        self.background.cancel();
-    }
+    /// Each session's live turn, compaction, delete and waiting watchers.
+    pub(crate) slots: Arc<Slots>,
+    /// Each session's runner, and the byte budget of their contexts.
+    pub(crate) runners: Runners,
+    /// Admitting, draining, closed; and every task the runtime spawns.
+    pub(crate) lifecycle: Lifecycle,
 }
 
 /// The runtime core. Cheap to clone (an `Arc`).
@@ -315,27 +205,11 @@ pub struct Runtime {
     pub(crate) inner: Arc<Inner>,
 }
 
+/// Locks `m`, also after a panic interrupted a previous holder: every
+/// critical section of the runtime is a few map operations or assignments
+/// that leave the value consistent, and none awaits.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section here is a few map operations that leave the map
-    // consistent even if a panic interrupted a previous holder.
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// How a `Subscribe(wait_for_turn)` caller is woken.
-pub(crate) type Wake = Result<Arc<LiveTurn>, WaitEnded>;
-
-/// Why a waiting watcher's wait ended without a turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WaitEnded {
-    /// The session was deleted.
-    SessionDeleted,
-}
-
-/// A `Subscribe(wait_for_turn)` caller.
-#[derive(Debug)]
-pub(crate) struct Waiter {
-    pub(crate) incarnation: String,
-    pub(crate) tx: oneshot::Sender<Wake>,
 }
 
 /// What [`Runtime::cancel_live`] found.
@@ -347,29 +221,6 @@ pub(crate) enum Cancelled {
     Ended,
     /// The turn was cancelled but had not ended when the wait was over.
     StillEnding,
-}
-
-/// Frees the session's live slot when dropped — on every path out of a turn,
-/// panics included.
-#[derive(Debug)]
-pub(crate) struct BusyGuard {
-    inner: Arc<Inner>,
-    session_id: String,
-    live: Arc<LiveTurn>,
-}
-
-impl Drop for BusyGuard {
-    fn drop(&mut self) {
-        let mut live = lock(&self.inner.live);
-        if live
-            .get(&self.session_id)
-            .is_some_and(|l| Arc::ptr_eq(l, &self.live))
-        {
-            live.remove(&self.session_id);
-        }
-        drop(live);
-        self.live.done.cancel();
-    }
 }
 
 impl Runtime {
@@ -418,19 +269,10 @@ impl Runtime {
                 store,
                 models,
                 toolbox,
-                live: Mutex::new(HashMap::new()),
-                waiters: Mutex::new(HashMap::new()),
-                runners: Mutex::new(HashMap::new()),
-                compacting: Mutex::new(HashSet::new()),
-                deleting: Mutex::new(HashMap::new()),
                 fast,
-                tasks: TaskTracker::new(),
-                jobs: TaskTracker::new(),
-                cancel_jobs: CancellationToken::new(),
-                closed: AtomicBool::new(false),
-                draining: watch::Sender::new(false),
-                background: CancellationToken::new(),
-                started: Instant::now(),
+                slots: Arc::default(),
+                runners: Runners::default(),
+                lifecycle: Lifecycle::new(),
             }),
         };
         admin::spawn_reaper(&runtime);
@@ -447,7 +289,7 @@ impl Runtime {
             .with_description("Session runners cached in memory")
             .with_callback(move |observer| {
                 if let Some(inner) = weak.upgrade() {
-                    observer.observe(lock(&inner.runners).len() as u64, &[]);
+                    observer.observe(inner.runners.len() as u64, &[]);
                 }
             })
             .build();
@@ -466,17 +308,17 @@ impl Runtime {
 
     /// Time since [`Runtime::open`].
     pub fn uptime(&self) -> Duration {
-        self.inner.started.elapsed()
+        self.inner.lifecycle.uptime()
     }
 
     /// Number of live turns.
     pub fn live_turns(&self) -> usize {
-        lock(&self.inner.live).len()
+        self.inner.slots.live_count()
     }
 
     /// Number of cached runners.
     pub fn cached_runners(&self) -> usize {
-        lock(&self.inner.runners).len()
+        self.inner.runners.len()
     }
 
     /// Admits and starts a turn. On `Ok` the user message is durable and the
@@ -491,11 +333,7 @@ impl Runtime {
         input: ChatInput,
     ) -> Result<TurnStream, RuntimeError> {
         let inner = &self.inner;
-        if inner.closed.load(Ordering::Acquire) {
-            return Err(RuntimeError::Unavailable(
-                "the server is draining or shutting down",
-            ));
-        }
+        inner.lifecycle.admitting()?;
         let checked = validate::chat_input(&input, &inner.config)?;
         let session = self.owned_session(who, &input.session_id).await?;
         if let Some(rid) = &input.request_id
@@ -517,8 +355,15 @@ impl Runtime {
             thinking: input.thinking.or(defaults.thinking),
             incarnation: session.incarnation.clone(),
         };
-        let runner = self
-            .runner_for(&session.id, &session.owner, key, model_field)
+        let runner = inner
+            .runners
+            .runner_for(
+                &inner.models,
+                &inner.toolbox,
+                (&session.id, &session.owner),
+                key,
+                model_field,
+            )
             .await?;
         let offered = toolrun::offered(&runner, input.extra_tools, &input.excluded_tools)?;
         let reservation = toolrun::admit_model(&runner, &offered, input.max_output_tokens)?;
@@ -529,49 +374,16 @@ impl Runtime {
 
         let turn_id = crate::types::new_id();
         let admitted_at = Instant::now();
-        let live = Arc::new(LiveTurn {
-            turn_id: turn_id.clone(),
-            incarnation: session.incarnation.clone(),
-            request_id: input.request_id.clone(),
-            started_at: SystemTime::now(),
-            hub: Arc::new(TurnHub::new(inner.config.replay)),
-            cancel: CancellationToken::new(),
-            cancelled: AtomicBool::new(false),
-            cancel_reason: Mutex::new(None),
-            phase: AtomicU8::new(Phase::Starting as u8),
-            pending_tools: Mutex::new(tools::Pending::default()),
-            done: CancellationToken::new(),
-        });
-        let guard = {
-            let mut map = lock(&inner.live);
-            if lock(&inner.deleting).contains_key(&session.id) {
-                return Err(RuntimeError::SessionNotFound);
-            }
-            if let Some(busy) = map.get(&session.id) {
-                if busy.incarnation != session.incarnation {
-                    // A turn of a deleted session with this id is still
-                    // ending: it is nobody's business here, not even its id.
-                    return Err(RuntimeError::Unavailable(
-                        "an earlier session with this id is still shutting down; retry shortly",
-                    ));
-                }
-                // A concurrent retry of the same request joins the turn.
-                if busy.request_id.is_some() && busy.request_id == input.request_id {
-                    return Ok(TurnStream::attached(session.id.clone(), busy, 0));
-                }
-                return Err(RuntimeError::SessionBusy {
-                    turn_id: busy.turn_id.clone(),
-                });
-            }
-            if lock(&inner.compacting).contains(&session.id) {
-                return Err(RuntimeError::SessionCompacting);
-            }
-            map.insert(session.id.clone(), Arc::clone(&live));
-            BusyGuard {
-                inner: Arc::clone(inner),
-                session_id: session.id.clone(),
-                live: Arc::clone(&live),
-            }
+        let live = Arc::new(LiveTurn::new(
+            turn_id.clone(),
+            session.incarnation.clone(),
+            input.request_id.clone(),
+            TurnHub::new(inner.config.replay),
+        ));
+        let guard = match inner.slots.claim_turn(&session, &live)? {
+            Claim::Claimed(slot) => slot,
+            // A concurrent retry of the same request joins the turn.
+            Claim::Joined(busy) => return Ok(TurnStream::attached(session.id.clone(), &busy, 0)),
         };
 
         let record = TurnRecord {
@@ -661,9 +473,9 @@ impl Runtime {
             admitted_at,
         );
         inner
-            .tasks
-            .spawn(tracing::Instrument::instrument(turn.run(emitter), span));
-        self.wake_waiters(&session, &live);
+            .lifecycle
+            .spawn_turn(tracing::Instrument::instrument(turn.run(emitter), span));
+        inner.slots.wake_waiters(&session, &live);
         Ok(TurnStream::own(
             session.id,
             turn_id,
@@ -717,30 +529,7 @@ impl Runtime {
 
     /// The live turn of `session` — of this incarnation only.
     pub(crate) fn live_of(&self, session: &crate::types::Session) -> Option<Arc<LiveTurn>> {
-        lock(&self.inner.live)
-            .get(&session.id)
-            .filter(|t| t.incarnation == session.incarnation)
-            .cloned()
-    }
-
-    /// Wakes the watchers waiting for `session`'s next turn. Waiters of an
-    /// earlier incarnation (none should be left: delete ends them) are
-    /// dropped, never handed the turn.
-    fn wake_waiters(&self, session: &crate::types::Session, live: &Arc<LiveTurn>) {
-        let waiting = lock(&self.inner.waiters).remove(&session.id);
-        for waiter in waiting.into_iter().flatten() {
-            if waiter.incarnation == session.incarnation {
-                let _ = waiter.tx.send(Ok(Arc::clone(live)));
-            }
-        }
-    }
-
-    /// Ends every watcher waiting for a turn of session `session_id`.
-    pub(crate) fn end_waiters(&self, session_id: &str, why: WaitEnded) {
-        let waiting = lock(&self.inner.waiters).remove(session_id);
-        for waiter in waiting.into_iter().flatten() {
-            let _ = waiter.tx.send(Err(why));
-        }
+        self.inner.slots.live_of(session)
     }
 
     /// The session if it exists and belongs to `who`.
@@ -773,11 +562,6 @@ impl Runtime {
         }
     }
 
-    /// Evicts the session's cached runner.
-    pub(crate) fn evict_runner(&self, session_id: &str) {
-        lock(&self.inner.runners).remove(session_id);
-    }
-
     /// Stops admitting turns, gives live turns `grace` to finish, cancels the
     /// rest (outcome CANCELED, reason SHUTDOWN, partial output stored), waits
     /// for them (bounded by `hard_limit` more), and flushes the store.
@@ -788,46 +572,22 @@ impl Runtime {
     /// returns, so every span it opened is closed.
     pub async fn shutdown(&self, grace: Duration, hard_limit: Duration) {
         let inner = &self.inner;
-        let started = tokio::time::Instant::now();
         self.stop_admitting();
-        inner.background.cancel();
         // Watchers waiting for a next turn that will never come end now.
-        lock(&inner.waiters).clear();
-        inner.tasks.close();
-        inner.jobs.close();
-        if tokio::time::timeout(grace, inner.tasks.wait())
-            .await
-            .is_err()
-        {
-            let live: Vec<_> = lock(&inner.live).values().cloned().collect();
-            tracing::warn!(
-                live_turns = live.len(),
-                "grace period over, cancelling live turns"
-            );
-            for turn in live {
-                turn.cancel(CancelReason::Shutdown);
-            }
-            if tokio::time::timeout(hard_limit, inner.tasks.wait())
-                .await
-                .is_err()
-            {
-                tracing::error!("live turns did not end within the hard limit");
-            }
-        }
-        // Every turn has ended (or is past saving): no job starts after this.
-        let left = grace
-            .saturating_add(hard_limit)
-            .saturating_sub(started.elapsed());
-        if tokio::time::timeout(left, inner.jobs.wait()).await.is_err() {
-            tracing::warn!("title jobs did not end within the hard limit; cancelling them");
-            inner.cancel_jobs.cancel();
-            if tokio::time::timeout(CANCELLED_JOBS_WAIT, inner.jobs.wait())
-                .await
-                .is_err()
-            {
-                tracing::error!("cancelled title jobs did not end");
-            }
-        }
+        inner.slots.clear_waiters();
+        inner
+            .lifecycle
+            .wind_down(grace, hard_limit, || {
+                let live = inner.slots.live_turns();
+                tracing::warn!(
+                    live_turns = live.len(),
+                    "grace period over, cancelling live turns"
+                );
+                for turn in live {
+                    turn.cancel(CancelReason::Shutdown);
+                }
+            })
+            .await;
         inner.toolbox.close().await;
         if let Err(err) = inner.store.flush().await {
             tracing::error!(error = %err, "final store flush failed");
@@ -836,20 +596,19 @@ impl Runtime {
 
     /// True once draining or shutdown started.
     pub fn is_closed(&self) -> bool {
-        self.inner.closed.load(Ordering::Acquire)
+        self.inner.lifecycle.is_closed()
     }
 
     /// Refuses new turns from now on (UNAVAILABLE) and reports the runtime
     /// as draining. Call it before telling anyone the server is draining,
     /// so that nobody who saw NOT_SERVING can still get a turn admitted.
     pub fn stop_admitting(&self) {
-        self.inner.closed.store(true, Ordering::Release);
-        self.inner.draining.send_replace(true);
+        self.inner.lifecycle.stop_admitting();
     }
 
     /// Watches the draining flag (readiness follows it).
     pub fn draining(&self) -> watch::Receiver<bool> {
-        self.inner.draining.subscribe()
+        self.inner.lifecycle.draining()
     }
 }
 

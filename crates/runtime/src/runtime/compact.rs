@@ -297,18 +297,6 @@ fn covered(context: &Context, cut: usize) -> u64 {
     u64::try_from(cut).unwrap_or(u64::MAX) + u64::from(context.summary.is_some())
 }
 
-/// Clears the session's compaction slot when dropped.
-struct CompactingGuard<'a> {
-    inner: &'a Inner,
-    session_id: String,
-}
-
-impl Drop for CompactingGuard<'_> {
-    fn drop(&mut self) {
-        lock(&self.inner.compacting).remove(&self.session_id);
-    }
-}
-
 impl Runtime {
     /// Compacts the session now, whatever its size, keeping the last
     /// `keep_tail` user turns (fewer when that leaves nothing to
@@ -322,35 +310,9 @@ impl Runtime {
     ) -> Result<CompactionReport, RuntimeError> {
         crate::limits::validate_session_id("session_id", session_id)?;
         let inner = &self.inner;
-        if inner.closed.load(std::sync::atomic::Ordering::Acquire) {
-            return Err(RuntimeError::Unavailable(
-                "the server is draining or shutting down",
-            ));
-        }
+        inner.lifecycle.admitting()?;
         let session = self.owned_session(who, session_id).await?;
-        let _guard = {
-            let live = lock(&inner.live);
-            if lock(&inner.deleting).contains_key(session_id) {
-                return Err(RuntimeError::SessionNotFound);
-            }
-            if let Some(turn) = live.get(session_id) {
-                if turn.incarnation != session.incarnation {
-                    return Err(RuntimeError::Unavailable(
-                        "an earlier session with this id is still shutting down; retry shortly",
-                    ));
-                }
-                return Err(RuntimeError::SessionBusy {
-                    turn_id: turn.turn_id.clone(),
-                });
-            }
-            if !lock(&inner.compacting).insert(session_id.to_owned()) {
-                return Err(RuntimeError::SessionCompacting);
-            }
-            CompactingGuard {
-                inner,
-                session_id: session_id.to_owned(),
-            }
-        };
+        let _slot = inner.slots.claim_compaction(&session)?;
         // Re-read under the slot: a turn may have ended (and compacted)
         // between the first read and taking the slot.
         let session = inner

@@ -25,8 +25,9 @@ use std::task::{Context as TaskContext, Poll};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use super::Inner;
 use super::compact::Context;
-use super::{Inner, Runner};
+use super::runners::Runner;
 use crate::error::RuntimeError;
 use crate::model::{ModelError, ModelRequest, ModelStream, Reservation, ToolSpec};
 use crate::store::StoreError;
@@ -213,20 +214,17 @@ fn spawn(
     durable: oneshot::Receiver<()>,
 ) -> Prestart {
     let (tx, loaded) = oneshot::channel();
-    let (inner, runner) = (Arc::clone(inner), Arc::clone(runner));
+    let (shared, runner) = (Arc::clone(inner), Arc::clone(runner));
     // The runner's cached context, when it is exactly the store's.
-    let cached = super::lock(&runner.context)
-        .take()
-        .and_then(|c| c.take_for(session, &user));
+    let cached = runner.take_context(session, &user);
     let session = session.clone();
     let span = first.span.clone();
     // Tracked with the turns: shutdown and drain wait for it.
-    let tracker = inner.tasks.clone();
-    let handle = tracker.spawn(tracing::Instrument::instrument(
+    let handle = inner.lifecycle.spawn_turn(tracing::Instrument::instrument(
         async move {
             let context = match cached {
                 Some(messages) => Ok(Context::from_messages(messages)),
-                None => Context::load(inner.store.as_ref(), &session)
+                None => Context::load(shared.store.as_ref(), &session)
                     .await
                     .map(|mut context| {
                         context.tail.push(user);
@@ -241,7 +239,7 @@ fn spawn(
                 }
             };
             if let Some(tokens) =
-                context.over_budget(system_prompt.as_deref(), &inner.config.compaction)
+                context.over_budget(system_prompt.as_deref(), &shared.config.compaction)
             {
                 let _ = tx.send(Ok(Loaded::NeedsCompaction { context, tokens }));
                 return None;

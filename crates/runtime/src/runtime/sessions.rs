@@ -8,6 +8,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 use super::Runtime;
+use super::slots::{Holder, WaitEnded};
 use crate::error::RuntimeError;
 use crate::limits::{
     MAX_ID_BYTES, MAX_TEXT_FIELD_BYTES, check_model_name, check_short, validate_session_id,
@@ -116,42 +117,6 @@ fn decode_cursor(token: &str) -> Result<ListCursor, RuntimeError> {
         last_active_at: UNIX_EPOCH + Duration::from_micros(micros),
         id: id.to_owned(),
     })
-}
-
-/// Holds a session id for a `DeleteSession` call while it runs (see
-/// `Inner::deleting`).
-struct DeleteReservation<'a> {
-    runtime: &'a Runtime,
-    session_id: String,
-}
-
-impl<'a> DeleteReservation<'a> {
-    fn take(runtime: &'a Runtime, session_id: &str) -> Self {
-        // Under the live lock, like every reader of `deleting`: a turn is
-        // either admitted before this (and is stopped by the delete) or sees
-        // the reservation and is refused.
-        let _live = super::lock(&runtime.inner.live);
-        *super::lock(&runtime.inner.deleting)
-            .entry(session_id.to_owned())
-            .or_default() += 1;
-        Self {
-            runtime,
-            session_id: session_id.to_owned(),
-        }
-    }
-}
-
-impl Drop for DeleteReservation<'_> {
-    fn drop(&mut self) {
-        let _live = super::lock(&self.runtime.inner.live);
-        let mut deleting = super::lock(&self.runtime.inner.deleting);
-        if let Some(n) = deleting.get_mut(&self.session_id) {
-            *n -= 1;
-            if *n == 0 {
-                deleting.remove(&self.session_id);
-            }
-        }
-    }
 }
 
 impl Runtime {
@@ -272,14 +237,11 @@ impl Runtime {
     /// a live turn of an earlier incarnation (a live turn while no session
     /// has the id): it is not created again until they are done.
     async fn id_still_in_use(&self, id: &str) -> Result<bool, RuntimeError> {
-        let live = {
-            let live = super::lock(&self.inner.live);
-            if super::lock(&self.inner.deleting).contains_key(id) {
-                return Ok(true);
-            }
-            live.contains_key(id)
-        };
-        Ok(live && self.inner.store.get_session(id).await?.is_none())
+        Ok(match self.inner.slots.holder(id) {
+            Holder::Delete => true,
+            Holder::Turn => self.inner.store.get_session(id).await?.is_none(),
+            Holder::Nobody => false,
+        })
     }
 
     /// Deletes the session with its history. Admission of new turns (and
@@ -295,8 +257,10 @@ impl Runtime {
     ) -> Result<bool, RuntimeError> {
         validate_session_id("session_id", session_id)?;
         let session = self.owned_session(who, session_id).await?;
-        let _reserved = DeleteReservation::take(self, session_id);
-        self.end_waiters(session_id, super::WaitEnded::SessionDeleted);
+        let _reserved = self.inner.slots.reserve_delete(session_id);
+        self.inner
+            .slots
+            .end_waiters(session_id, WaitEnded::SessionDeleted);
         match self
             .cancel_live(&session, CancelReason::SessionDeleted, DELETE_STOP_WAIT)
             .await
@@ -308,7 +272,7 @@ impl Runtime {
                 ));
             }
         }
-        self.evict_runner(session_id);
+        self.inner.runners.remove(session_id);
         Ok(self
             .inner
             .store

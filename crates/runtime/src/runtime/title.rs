@@ -59,8 +59,8 @@ pub fn extract_title(text: &str) -> Option<String> {
 }
 
 /// Sets the session's title in the background from its first user message
-/// (and, with a fast model, the first answer). A job of the runtime's:
-/// shutdown waits for it, and cancels it at its hard limit.
+/// (and, with a fast model, the first answer). A job of the runtime's
+/// lifecycle: shutdown waits for it, and cancels it at its hard limit.
 pub(super) fn spawn(inner: Arc<Inner>, session_id: String, incarnation: String, answer: String) {
     // Its own span, a child of the turn's (which it may outlive).
     let span = tracing::info_span!(
@@ -68,15 +68,9 @@ pub(super) fn spawn(inner: Arc<Inner>, session_id: String, incarnation: String, 
         otel.name = "agentrt.title",
         { crate::telemetry::semconv::GEN_AI_CONVERSATION_ID } = %session_id,
     );
-    let (jobs, cancel) = (inner.jobs.clone(), inner.cancel_jobs.clone());
-    jobs.spawn(tracing::Instrument::instrument(
-        async move {
-            tokio::select! {
-                biased;
-                () = cancel.cancelled() => tracing::debug!("title job cancelled by shutdown"),
-                () = set_title(&inner, &session_id, &incarnation, &answer) => {}
-            }
-        },
+    let runtime = Arc::clone(&inner);
+    runtime.lifecycle.spawn_job(tracing::Instrument::instrument(
+        async move { set_title(&inner, &session_id, &incarnation, &answer).await },
         span,
     ));
 }

@@ -5,61 +5,16 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::Arc;
 
 use tokio::sync::{Semaphore, oneshot};
 
+use super::runners::Runner;
 use super::tools::ToolOutput;
 use super::turn::ToolCallRequest;
-use super::{Runner, RunnerKey, Runtime, lock};
 use crate::error::{FieldViolation, RuntimeError};
 use crate::model::{Reservation, ToolSpec};
 use crate::toolbox::{ToolCallInfo, ToolKind, ToolOutcome, Toolbox};
-
-impl Runtime {
-    /// The session's cached runner, or a new one when the model selection
-    /// changed or the toolbox's tools did (a new runner lists them again,
-    /// which also reconnects sources that lost their connection).
-    pub(super) async fn runner_for(
-        &self,
-        session_id: &str,
-        owner: &str,
-        key: RunnerKey,
-        model_field: &str,
-    ) -> Result<Arc<Runner>, RuntimeError> {
-        let toolbox = &self.inner.toolbox;
-        if let Some(r) = lock(&self.inner.runners).get(session_id)
-            && r.key == key
-            && !toolbox.is_stale(r.tools_generation)
-        {
-            *lock(&r.last_used) = Instant::now();
-            return Ok(Arc::clone(r));
-        }
-        let (provider, provider_model) = self
-            .inner
-            .models
-            .resolve(&key.model)
-            .map_err(|e| RuntimeError::unknown_model(model_field, &e))?;
-        let listing = if toolbox.is_empty() {
-            crate::toolbox::Listing::default()
-        } else {
-            toolbox.list().await
-        };
-        let runner = Arc::new(Runner {
-            key,
-            owner: owner.to_owned(),
-            provider,
-            provider_model,
-            last_used: Mutex::new(Instant::now()),
-            tools: listing.tools,
-            tools_generation: listing.generation,
-            context: Mutex::new(None),
-        });
-        lock(&self.inner.runners).insert(session_id.to_owned(), Arc::clone(&runner));
-        Ok(runner)
-    }
-}
 
 /// The tools offered to the model for one call: the runner's server tools
 /// and the caller's, minus the excluded names. A caller tool may not take

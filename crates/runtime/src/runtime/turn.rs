@@ -11,10 +11,12 @@ use std::time::{Duration, Instant, SystemTime};
 use futures::{FutureExt as _, StreamExt as _};
 use tokio::sync::mpsc;
 
+use super::Inner;
 use super::prestart::{FirstStep, Loaded};
+use super::runners::Runner;
+use super::slots::{LiveTurn, TurnSlot};
 use super::toolrun::{self, Route};
 use super::tools::{self, ToolOutput};
-use super::{BusyGuard, Inner, LiveTurn, Runner};
 use crate::events::{
     ErrorCode, EventKind, Phase, StepKind, ToolStatus, ToolUse, TurnEvent, TurnOutcome,
 };
@@ -283,7 +285,7 @@ pub(crate) struct Turn {
     pub(crate) record: TurnRecord,
     pub(crate) user_message: Message,
     pub(crate) system_prompt: Option<String>,
-    pub(crate) guard: Option<BusyGuard>,
+    pub(crate) guard: Option<TurnSlot>,
     pub(crate) started: Instant,
     pub(crate) deadline: Option<tokio::time::Instant>,
     /// Tools offered to the model (the runner's server tools and the
@@ -1053,7 +1055,7 @@ impl Turn {
                 })
                 .await;
         }
-        *super::lock(&self.runner.last_used) = Instant::now();
+        self.runner.touch();
         // Free the session before the caller sees the end, so a caller that
         // starts its next turn on `TurnFinished` is never told it is busy.
         drop(self.guard.take());
@@ -1138,8 +1140,7 @@ impl Turn {
             return;
         }
         let messages = Arc::unwrap_or_clone(std::mem::take(&mut self.context));
-        *super::lock(&self.runner.context) =
-            super::context_cache::CachedContext::keep(&self.session, next_seq, messages);
+        self.runner.keep_context(&self.session, next_seq, messages);
     }
 }
 
