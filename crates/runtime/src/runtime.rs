@@ -21,10 +21,12 @@ use crate::types::{
 
 mod admin;
 mod compact;
-mod context_cache;
+mod context {
+    //! A turn's context (its module file comes with the next commit).
+    pub(crate) mod cache;
+}
 mod control;
 mod lifecycle;
-mod prestart;
 mod recovery;
 mod replay;
 mod runners;
@@ -33,7 +35,6 @@ mod slots;
 mod spans;
 mod stream;
 mod title;
-mod toolrun;
 mod tools;
 mod turn;
 mod validate;
@@ -365,8 +366,8 @@ impl Runtime {
                 model_field,
             )
             .await?;
-        let offered = toolrun::offered(&runner, input.extra_tools, &input.excluded_tools)?;
-        let reservation = toolrun::admit_model(&runner, &offered, input.max_output_tokens)?;
+        let offered = turn::tools::offered(&runner, input.extra_tools, &input.excluded_tools)?;
+        let reservation = turn::tools::admit_model(&runner, &offered, input.max_output_tokens)?;
         let system_overridden = input.system_override.is_some();
         let system_prompt = input
             .system_override
@@ -410,14 +411,14 @@ impl Runtime {
         let first_chat = spans::chat(&span, &runner.key.model);
         // On failure the guard frees the slot and the hub is closed for any
         // retry that already joined: a rejected admission leaves no trace.
-        let begun = prestart::begin(
+        let begun = turn::prestart::begin(
             inner,
             &runner,
             &session,
             record.clone(),
             user_message,
             system_prompt.clone(),
-            prestart::FirstRequest {
+            turn::prestart::FirstRequest {
                 tools: offered.clone(),
                 max_output_tokens: input.max_output_tokens,
                 reservation,
@@ -426,7 +427,7 @@ impl Runtime {
         )
         .instrument(span.clone())
         .await;
-        let prestart::Begun {
+        let turn::prestart::Begun {
             session,
             user: stored_user,
             prestart,

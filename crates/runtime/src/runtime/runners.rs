@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::context_cache::{Budget, CachedContext};
+use super::context::cache::{Budget, CachedContext};
 use super::lock;
 use crate::error::RuntimeError;
 use crate::model::{ModelProvider, Models, ToolSpec};

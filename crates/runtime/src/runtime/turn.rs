@@ -12,11 +12,14 @@ use futures::{FutureExt as _, StreamExt as _};
 use tokio::sync::mpsc;
 
 use super::Inner;
-use super::prestart::{FirstStep, Loaded};
 use super::runners::Runner;
 use super::slots::{LiveTurn, TurnSlot};
-use super::toolrun::{self, Route};
-use super::tools::{self, ToolOutput};
+use super::tools::ToolOutput;
+use prestart::{FirstStep, Loaded};
+use tools::Route;
+
+pub(crate) mod prestart;
+pub(crate) mod tools;
 use crate::events::{
     ErrorCode, EventKind, Phase, StepKind, ToolStatus, ToolUse, TurnEvent, TurnOutcome,
 };
@@ -301,7 +304,7 @@ pub(crate) struct Turn {
     /// The step whose FINISH follows the final answer's `message_stored`.
     pub(crate) open_step: Option<u32>,
     /// The context load and first model request started during admission.
-    pub(crate) prestart: Option<super::prestart::Prestart>,
+    pub(crate) prestart: Option<prestart::Prestart>,
     /// The session as read at admission.
     pub(crate) session: crate::types::Session,
     /// What the model is sent: loaded once (see `prepare_context`), then
@@ -591,21 +594,21 @@ impl Turn {
         // Server calls of this step share the parallelism limit.
         let permits = Arc::new(toolbox.permits());
         let mut results: Vec<Option<ToolOutput>> = vec![None; calls.len()];
-        let mut waits = FuturesUnordered::<toolrun::ToolWait>::new();
+        let mut waits = FuturesUnordered::<tools::ToolWait>::new();
         for (i, call) in calls.iter().enumerate() {
             emitter
                 .emit(EventKind::ToolUse(Box::new(ToolUse {
                     call_id: call.id.clone(),
                     tool_name: call.name.clone(),
                     status: ToolStatus::Running,
-                    input_summary: tools::input_summary(&call.arguments_json),
+                    input_summary: super::tools::input_summary(&call.arguments_json),
                     arguments_json: call.arguments_json.clone(),
                     detail: String::new(),
                     content: String::new(),
                 })))
                 .await;
-            match toolrun::route(&toolbox, &self.runner, &self.tools, call).await {
-                Route::Server => waits.push(toolrun::server_call(
+            match tools::route(&toolbox, &self.runner, &self.tools, call).await {
+                Route::Server => waits.push(tools::server_call(
                     Arc::clone(&toolbox),
                     Arc::clone(&permits),
                     i,
@@ -621,7 +624,7 @@ impl Turn {
                             arguments_json,
                         })
                         .await;
-                    waits.push(toolrun::caller_result(
+                    waits.push(tools::caller_result(
                         Arc::clone(&toolbox),
                         i,
                         call.clone(),
@@ -706,9 +709,9 @@ impl Turn {
                 } else {
                     ToolStatus::Done
                 },
-                input_summary: tools::input_summary(&call.arguments_json),
+                input_summary: super::tools::input_summary(&call.arguments_json),
                 arguments_json: call.arguments_json,
-                detail: tools::result_detail(&output.content),
+                detail: super::tools::result_detail(&output.content),
                 content: output.content,
             })))
             .await;

@@ -25,11 +25,11 @@ use std::task::{Context as TaskContext, Poll};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::Inner;
-use super::compact::Context;
-use super::runners::Runner;
 use crate::error::RuntimeError;
 use crate::model::{ModelError, ModelRequest, ModelStream, Reservation, ToolSpec};
+use crate::runtime::Inner;
+use crate::runtime::compact::Context;
+use crate::runtime::runners::Runner;
 use crate::store::StoreError;
 use crate::types::{Message, NewMessage, Session, TurnRecord};
 

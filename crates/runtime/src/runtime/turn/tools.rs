@@ -9,17 +9,17 @@ use std::sync::Arc;
 
 use tokio::sync::{Semaphore, oneshot};
 
-use super::runners::Runner;
-use super::tools::ToolOutput;
-use super::turn::ToolCallRequest;
+use super::ToolCallRequest;
 use crate::error::{FieldViolation, RuntimeError};
 use crate::model::{Reservation, ToolSpec};
+use crate::runtime::runners::Runner;
+use crate::runtime::tools::ToolOutput;
 use crate::toolbox::{ToolCallInfo, ToolKind, ToolOutcome, Toolbox};
 
 /// The tools offered to the model for one call: the runner's server tools
 /// and the caller's, minus the excluded names. A caller tool may not take
 /// a server tool's name.
-pub(super) fn offered(
+pub(crate) fn offered(
     runner: &Runner,
     extra: Vec<ToolSpec>,
     excluded: &[String],
@@ -39,7 +39,7 @@ pub(super) fn offered(
         return Err(RuntimeError::InvalidArgument(violations));
     }
     let all = runner.tools.iter().cloned().chain(extra).collect();
-    Ok(super::tools::offered(all, excluded))
+    Ok(crate::runtime::tools::offered(all, excluded))
 }
 
 /// Whether the runner's model can take this turn: a model that cannot call
@@ -49,7 +49,7 @@ pub(super) fn offered(
 /// than admitting it into a long wait. The capacity it reserves for the
 /// first step (if the provider bounds its queue) is returned, to go with
 /// the first request; dropping it gives it back.
-pub(super) fn admit_model(
+pub(crate) fn admit_model(
     runner: &Runner,
     offered: &[ToolSpec],
     max_output_tokens: Option<u32>,
@@ -178,7 +178,7 @@ pub(super) fn server_call(
     call: ToolCallRequest,
     capture_content: bool,
 ) -> ToolWait {
-    let span = super::spans::execute_tool(&call.name, &call.id, "extension");
+    let span = crate::runtime::spans::execute_tool(&call.name, &call.id, "extension");
     if capture_content {
         span.record(
             crate::telemetry::semconv::GEN_AI_TOOL_CALL_ARGUMENTS,
@@ -190,7 +190,7 @@ pub(super) fn server_call(
         async move {
             let outcome = toolbox.run(info(&call, ToolKind::Server), &permits).await;
             if outcome.is_error {
-                super::spans::failed(&traced, "tool_error");
+                crate::runtime::spans::failed(&traced, "tool_error");
             }
             (index, output(outcome))
         },
@@ -205,7 +205,7 @@ pub(super) fn caller_result(
     call: ToolCallRequest,
     rx: oneshot::Receiver<ToolOutput>,
 ) -> ToolWait {
-    let span = super::spans::execute_tool(&call.name, &call.id, "function");
+    let span = crate::runtime::spans::execute_tool(&call.name, &call.id, "function");
     Box::pin(tracing::Instrument::instrument(
         async move {
             let outcome = match rx.await {
@@ -217,7 +217,7 @@ pub(super) fn caller_result(
             };
             let outcome = toolbox.after(info(&call, ToolKind::Caller), outcome).await;
             if outcome.is_error {
-                super::spans::failed(&tracing::Span::current(), "tool_error");
+                crate::runtime::spans::failed(&tracing::Span::current(), "tool_error");
             }
             (index, output(outcome))
         },
