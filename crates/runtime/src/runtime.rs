@@ -20,13 +20,12 @@ use crate::types::{
 };
 
 mod admin;
+mod admission;
 mod compact;
-mod context {
-    //! A turn's context (its module file comes with the next commit).
-    pub(crate) mod cache;
-}
+mod context;
 mod control;
 mod lifecycle;
+mod models;
 mod recovery;
 mod replay;
 mod runners;
@@ -40,11 +39,14 @@ mod turn;
 mod validate;
 
 use lifecycle::Lifecycle;
+use models::Selection;
 use runners::{RunnerKey, Runners};
 use slots::{Claim, LiveTurn, Slots};
+use turn::prestart;
 
 pub use admin::RuntimeStats;
-pub use compact::{CompactionReport, load_context};
+pub use compact::CompactionReport;
+pub use context::load_context;
 pub use control::SessionStatus;
 pub use sessions::{HistoryPage, SessionList};
 pub use stream::TurnStream;
@@ -173,25 +175,15 @@ pub struct ChatInput {
     pub max_output_tokens: Option<u32>,
 }
 
-/// The model selection used when neither the call nor the session names
-/// one; changed at run time by `SetDefaultModel`.
-#[derive(Debug, Clone)]
-struct Defaults {
-    model: String,
-    thinking: Option<ThinkingLevel>,
-}
-
 /// The runtime's shared state, split by what it protects: each owner has
 /// its own lock (or none), and no code holds two of them at once.
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub(crate) config: RuntimeConfig,
-    defaults: Mutex<Defaults>,
     pub(crate) store: Arc<dyn Store>,
-    models: Models,
+    /// The model registry, the default selection and the fast model.
+    pub(crate) models: Selection,
     pub(crate) toolbox: Arc<Toolbox>,
-    /// The resolved `fast_model`.
-    fast: Option<compact::FastModel>,
     /// Each session's live turn, compaction, delete and waiting watchers.
     pub(crate) slots: Arc<Slots>,
     /// Each session's runner, and the byte budget of their contexts.
@@ -243,34 +235,14 @@ impl Runtime {
         models: Models,
         toolbox: Arc<Toolbox>,
     ) -> Result<Self, RuntimeError> {
-        models
-            .resolve(&config.default_model)
-            .map_err(|e| RuntimeError::unknown_model("default_model", &e))?;
-        let fast = match &config.fast_model {
-            Some(name) => {
-                let (provider, provider_model) = models
-                    .resolve(name)
-                    .map_err(|e| RuntimeError::unknown_model("fast_model", &e))?;
-                Some(compact::FastModel {
-                    provider,
-                    provider_model,
-                    name: name.clone(),
-                })
-            }
-            None => None,
-        };
+        let models = Selection::new(models, &config)?;
         recovery::recover(store.as_ref()).await?;
         let runtime = Self {
             inner: Arc::new(Inner {
-                defaults: Mutex::new(Defaults {
-                    model: config.default_model.clone(),
-                    thinking: config.default_thinking,
-                }),
                 config,
                 store,
                 models,
                 toolbox,
-                fast,
                 slots: Arc::default(),
                 runners: Runners::default(),
                 lifecycle: Lifecycle::new(),
@@ -345,15 +317,13 @@ impl Runtime {
         if session.archived {
             return Err(RuntimeError::SessionArchived);
         }
-        let defaults = lock(&inner.defaults).clone();
-        let (model, model_field) = match input.model.as_deref().filter(|m| !m.is_empty()) {
-            Some(m) => (m.to_owned(), "model"),
-            None if !session.model.is_empty() => (session.model.clone(), "session.model"),
-            None => (defaults.model, "default_model"),
-        };
+        let (model, thinking, model_field) =
+            inner
+                .models
+                .for_turn(input.model.as_deref(), input.thinking, &session);
         let key = RunnerKey {
             model,
-            thinking: input.thinking.or(defaults.thinking),
+            thinking,
             incarnation: session.incarnation.clone(),
         };
         let runner = inner
@@ -366,8 +336,8 @@ impl Runtime {
                 model_field,
             )
             .await?;
-        let offered = turn::tools::offered(&runner, input.extra_tools, &input.excluded_tools)?;
-        let reservation = turn::tools::admit_model(&runner, &offered, input.max_output_tokens)?;
+        let offered = admission::offered(&runner, input.extra_tools, &input.excluded_tools)?;
+        let reservation = admission::admit_model(&runner, &offered, input.max_output_tokens)?;
         let system_overridden = input.system_override.is_some();
         let system_prompt = input
             .system_override
@@ -411,14 +381,14 @@ impl Runtime {
         let first_chat = spans::chat(&span, &runner.key.model);
         // On failure the guard frees the slot and the hub is closed for any
         // retry that already joined: a rejected admission leaves no trace.
-        let begun = turn::prestart::begin(
+        let begun = prestart::begin(
             inner,
             &runner,
             &session,
             record.clone(),
             user_message,
             system_prompt.clone(),
-            turn::prestart::FirstRequest {
+            prestart::FirstRequest {
                 tools: offered.clone(),
                 max_output_tokens: input.max_output_tokens,
                 reservation,
@@ -427,7 +397,7 @@ impl Runtime {
         )
         .instrument(span.clone())
         .await;
-        let turn::prestart::Begun {
+        let prestart::Begun {
             session,
             user: stored_user,
             prestart,

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Runtime, lock};
+use super::Runtime;
 use crate::error::RuntimeError;
 use crate::types::{Principal, ThinkingLevel};
 
@@ -99,14 +99,7 @@ impl Runtime {
     ) -> Result<String, RuntimeError> {
         require_admin(who)?;
         crate::limits::check_model_name("model", model)?;
-        self.inner
-            .models
-            .resolve(model)
-            .map_err(|e| RuntimeError::unknown_model("model", &e))?;
-        let mut defaults = lock(&self.inner.defaults);
-        let previous = std::mem::replace(&mut defaults.model, model.to_owned());
-        defaults.thinking = thinking;
-        Ok(previous)
+        self.inner.models.set_defaults(model, thinking, "model")
     }
 
     /// Stops admitting turns and waits, at most `timeout`, until none is
@@ -129,7 +122,7 @@ impl Runtime {
             sessions_stored: self.inner.store.count_sessions().await?,
             uptime: self.uptime(),
             draining: self.is_closed(),
-            default_model: lock(&self.inner.defaults).model.clone(),
+            default_model: self.inner.models.defaults().model,
         })
     }
 }

@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 
 use super::context::cache::{Budget, CachedContext};
 use super::lock;
+use super::models::{Resolved, Selection};
 use crate::error::RuntimeError;
-use crate::model::{ModelProvider, Models, ToolSpec};
+use crate::model::ToolSpec;
 use crate::toolbox::{Listing, Toolbox};
 use crate::types::{Message, Session, ThinkingLevel};
 
@@ -36,8 +37,8 @@ pub(crate) struct RunnerKey {
 pub(crate) struct Runner {
     pub(crate) key: RunnerKey,
     pub(crate) owner: String,
-    pub(crate) provider: Arc<dyn ModelProvider>,
-    pub(crate) provider_model: String,
+    /// `key.model`, resolved.
+    pub(crate) model: Resolved,
     /// The toolbox's tools, listed when the runner was built.
     pub(crate) tools: Vec<ToolSpec>,
     /// The toolbox generation of `tools`.
@@ -95,7 +96,7 @@ impl Runners {
     /// `model_field` names the field an unknown model came from.
     pub(crate) async fn runner_for(
         &self,
-        models: &Models,
+        models: &Selection,
         toolbox: &Toolbox,
         (session_id, owner): (&str, &str),
         key: RunnerKey,
@@ -110,9 +111,7 @@ impl Runners {
             runner.touch();
             return Ok(Arc::clone(runner));
         }
-        let (provider, provider_model) = models
-            .resolve(&key.model)
-            .map_err(|e| RuntimeError::unknown_model(model_field, &e))?;
+        let model = models.resolve(&key.model, model_field)?;
         let listing = if toolbox.is_empty() {
             Listing::default()
         } else {
@@ -121,8 +120,7 @@ impl Runners {
         let runner = Arc::new(Runner {
             key,
             owner: owner.to_owned(),
-            provider,
-            provider_model,
+            model,
             tools: listing.tools,
             tools_generation: listing.generation,
             built: Instant::now(),

@@ -139,10 +139,7 @@ impl Runtime {
         check_metadata(&new.metadata)?;
         check_model_name("model", &new.model)?;
         if !new.model.is_empty() {
-            self.inner
-                .models
-                .resolve(&new.model)
-                .map_err(|e| RuntimeError::unknown_model("model", &e))?;
+            self.inner.models.resolve(&new.model, "model")?;
         }
         new.owner.clone_from(&who.user_id);
         if let Some(id) = &new.id
@@ -221,10 +218,7 @@ impl Runtime {
             check_model_name("model", model)?;
         }
         if let Some(model) = update.model.as_deref().filter(|m| !m.is_empty()) {
-            self.inner
-                .models
-                .resolve(model)
-                .map_err(|e| RuntimeError::unknown_model("model", &e))?;
+            self.inner.models.resolve(model, "model")?;
         }
         if let Some(m) = &update.metadata {
             check_metadata(m)?;

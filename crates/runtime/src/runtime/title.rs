@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures::StreamExt as _;
 
 use super::Inner;
-use super::compact::FastModel;
+use super::models::Resolved;
 use crate::compaction::clip;
 use crate::model::{ModelEvent, ModelRequest};
 use crate::types::{Message, Role, flatten_text};
@@ -86,7 +86,7 @@ async fn set_title(inner: &Inner, session_id: &str, incarnation: &str, answer: &
     };
     let Some(first) = first else { return };
     let mut title = None;
-    if let Some(fast) = &inner.fast {
+    if let Some(fast) = inner.models.fast() {
         title = from_model(fast, &first, answer).await;
     }
     let Some(title) = title.or_else(|| extract_title(&first)) else {
@@ -110,7 +110,7 @@ fn first_user_text(page: &[Message]) -> Option<String> {
 }
 
 /// Asks the fast model for a title; `None` when it fails or says nothing.
-async fn from_model(fast: &FastModel, first: &str, answer: &str) -> Option<String> {
+async fn from_model(fast: &Resolved, first: &str, answer: &str) -> Option<String> {
     let prompt = format!(
         "User: {}\n\nAssistant: {}",
         clip(first, TITLE_INPUT_CHARS),

@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 use crate::error::RuntimeError;
 use crate::model::{ModelError, ModelRequest, ModelStream, Reservation, ToolSpec};
 use crate::runtime::Inner;
-use crate::runtime::compact::Context;
+use crate::runtime::context::Context;
 use crate::runtime::runners::Runner;
 use crate::store::StoreError;
 use crate::types::{Message, NewMessage, Session, TurnRecord};
@@ -246,7 +246,7 @@ fn spawn(
             }
             let messages = Arc::new(context.into_messages());
             let request = ModelRequest {
-                model: runner.provider_model.clone(),
+                model: runner.model.provider_model.clone(),
                 system_prompt,
                 messages: Arc::clone(&messages),
                 thinking: runner.key.thinking,
@@ -257,7 +257,7 @@ fn spawn(
             if durable.await.is_err() || tx.send(Ok(Loaded::Sent(messages))).is_err() {
                 return None;
             }
-            Some(runner.provider.stream(request).await)
+            Some(runner.model.provider.stream(request).await)
         },
         span,
     ));

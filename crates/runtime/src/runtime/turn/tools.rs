@@ -1,118 +1,47 @@
-//! Server tools inside the runtime: a session's runner lists the toolbox's
-//! tools when it is built, admission merges them with the call's own tools,
-//! and the tool phase routes each call to the toolbox or to the caller,
-//! through the toolbox's hooks either way.
+//! The tool phase of a turn: after a model step that called tools, store
+//! the calls, route each to the toolbox (server tools) or to the caller
+//! (announced with a `ToolCall` event, answered by `SubmitToolResult`),
+//! through the toolbox's hooks either way, wait for the results — bounded
+//! by cancellation and the deadline — and store one result per call.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use futures::StreamExt as _;
 use tokio::sync::{Semaphore, oneshot};
 
-use super::ToolCallRequest;
-use crate::error::{FieldViolation, RuntimeError};
-use crate::model::{Reservation, ToolSpec};
+use super::emitter::Emitter;
+use super::step::{StepEnd, StepOutput, ToolCallRequest};
+use super::{TIMEOUT_NOTICE, Turn, store_failed, until};
+use crate::events::{ErrorCode, EventKind, Phase, ToolStatus, ToolUse, TurnOutcome};
+use crate::model::ToolSpec;
 use crate::runtime::runners::Runner;
-use crate::runtime::tools::ToolOutput;
+use crate::runtime::tools::{input_summary, result_detail};
 use crate::toolbox::{ToolCallInfo, ToolKind, ToolOutcome, Toolbox};
+use crate::types::{CancelReason, ContentBlock, NewMessage, Role, StopReason};
 
-/// The tools offered to the model for one call: the runner's server tools
-/// and the caller's, minus the excluded names. A caller tool may not take
-/// a server tool's name.
-pub(crate) fn offered(
-    runner: &Runner,
-    extra: Vec<ToolSpec>,
-    excluded: &[String],
-) -> Result<Vec<ToolSpec>, RuntimeError> {
-    let violations: Vec<_> = extra
-        .iter()
-        .enumerate()
-        .filter(|(_, t)| runner.tools.iter().any(|s| s.name == t.name))
-        .map(|(i, t)| {
-            FieldViolation::new(
-                format!("extra_tools[{i}].name"),
-                format!("{:?} is the name of a server tool", t.name),
-            )
-        })
-        .collect();
-    if !violations.is_empty() {
-        return Err(RuntimeError::InvalidArgument(violations));
-    }
-    let all = runner.tools.iter().cloned().chain(extra).collect();
-    Ok(crate::runtime::tools::offered(all, excluded))
-}
-
-/// Whether the runner's model can take this turn: a model that cannot call
-/// tools is not offered any (the caller learns why instead of the model
-/// silently ignoring them), `max_output_tokens` is within the provider's
-/// maximum, and a provider whose queue is full refuses the turn now rather
-/// than admitting it into a long wait. The capacity it reserves for the
-/// first step (if the provider bounds its queue) is returned, to go with
-/// the first request; dropping it gives it back.
-pub(crate) fn admit_model(
-    runner: &Runner,
-    offered: &[ToolSpec],
-    max_output_tokens: Option<u32>,
-) -> Result<Option<Reservation>, RuntimeError> {
-    if !offered.is_empty() && !runner.provider.supports_tools(&runner.provider_model) {
-        let field = if runner.tools.is_empty() {
-            "extra_tools"
-        } else {
-            "model"
-        };
-        return Err(RuntimeError::invalid(
-            field,
-            format!(
-                "model {} cannot call tools, and this turn offers {} tool(s); remove extra_tools \
-                 (or exclude the server tools with excluded_tools), choose a model that can call \
-                 tools, or let the operator allow running it without tools",
-                runner.key.model,
-                offered.len()
-            ),
-        ));
-    }
-    if let Some(asked) = max_output_tokens {
-        let limit = runner
-            .provider
-            .max_output_tokens_limit(&runner.provider_model);
-        if asked == 0 {
-            return Err(RuntimeError::invalid(
-                "max_output_tokens",
-                "must be at least 1 (leave it unset for the model's default)",
-            ));
-        }
-        if let Some(limit) = limit.filter(|limit| asked > *limit) {
-            return Err(RuntimeError::invalid(
-                "max_output_tokens",
-                format!(
-                    "{asked} is more than the maximum of {limit} for model {}",
-                    runner.key.model
-                ),
-            ));
-        }
-    }
-    runner
-        .provider
-        .reserve(&runner.provider_model)
-        .map_err(|_| {
-            RuntimeError::ResourceExhausted(
-                "the model is busy: too many turns are queued for it; retry later",
-            )
-        })
+/// How a tool phase ended.
+enum ToolsEnd {
+    /// Every result is stored; the loop goes on.
+    Done,
+    Cancelled(CancelReason),
+    TimedOut,
+    StoreFailed,
 }
 
 /// Where a tool call goes.
-pub(super) enum Route {
+enum Route {
     /// To the toolbox (hooks and limits applied there).
     Server,
     /// To the caller, with these arguments (after the hooks).
     Caller(String),
     /// Nowhere: this is its result (denied, or not an offered tool).
-    Done(ToolOutput),
+    Done(ToolOutcome),
 }
 
 /// A tool call in flight: its index in the step and its result.
-pub(super) type ToolWait = Pin<Box<dyn Future<Output = (usize, ToolOutput)> + Send>>;
+type ToolWait = Pin<Box<dyn Future<Output = (usize, ToolOutcome)> + Send>>;
 
 fn info<'a>(call: &'a ToolCallRequest, kind: ToolKind) -> ToolCallInfo<'a> {
     ToolCallInfo {
@@ -123,28 +52,21 @@ fn info<'a>(call: &'a ToolCallRequest, kind: ToolKind) -> ToolCallInfo<'a> {
     }
 }
 
-fn output(outcome: ToolOutcome) -> ToolOutput {
-    ToolOutput {
-        content: outcome.content,
-        is_error: outcome.is_error,
-    }
-}
-
 /// Decides where `call` goes; for caller tools the before-call hooks run
 /// here, so a denied call is never announced. A call whose arguments are
 /// not a JSON object goes nowhere: its result is an error telling the model
 /// so, and neither a server tool nor the caller sees it.
-pub(super) async fn route(
+async fn route(
     toolbox: &Toolbox,
     runner: &Runner,
     offered: &[ToolSpec],
     call: &ToolCallRequest,
 ) -> Route {
     if !offered.iter().any(|t| t.name == call.name) {
-        return Route::Done(ToolOutput::error(format!("unknown tool {:?}", call.name)));
+        return Route::Done(ToolOutcome::error(format!("unknown tool {:?}", call.name)));
     }
     if let Some(problem) = invalid_arguments(&call.arguments_json) {
-        return Route::Done(ToolOutput::error(format!(
+        return Route::Done(ToolOutcome::error(format!(
             "the call was not executed: its arguments {problem}; call {:?} again with its \
              arguments as a JSON object matching its parameters",
             call.name
@@ -156,7 +78,7 @@ pub(super) async fn route(
     let info = info(call, ToolKind::Caller);
     match toolbox.before(info).await {
         Ok(arguments) => Route::Caller(arguments),
-        Err(denied) => Route::Done(output(toolbox.after(info, denied).await)),
+        Err(denied) => Route::Done(toolbox.after(info, denied).await),
     }
 }
 
@@ -171,7 +93,7 @@ fn invalid_arguments(arguments_json: &str) -> Option<String> {
 }
 
 /// Runs a server tool call; dropping the future cancels it.
-pub(super) fn server_call(
+fn server_call(
     toolbox: Arc<Toolbox>,
     permits: Arc<Semaphore>,
     index: usize,
@@ -192,219 +114,211 @@ pub(super) fn server_call(
             if outcome.is_error {
                 crate::runtime::spans::failed(&traced, "tool_error");
             }
-            (index, output(outcome))
+            (index, outcome)
         },
         span,
     ))
 }
 
 /// Waits for a caller tool's result and runs the after-call hooks on it.
-pub(super) fn caller_result(
+fn caller_result(
     toolbox: Arc<Toolbox>,
     index: usize,
     call: ToolCallRequest,
-    rx: oneshot::Receiver<ToolOutput>,
+    rx: oneshot::Receiver<ToolOutcome>,
 ) -> ToolWait {
     let span = crate::runtime::spans::execute_tool(&call.name, &call.id, "function");
     Box::pin(tracing::Instrument::instrument(
         async move {
-            let outcome = match rx.await {
-                Ok(o) => ToolOutcome {
-                    content: o.content,
-                    is_error: o.is_error,
-                },
-                Err(_) => ToolOutcome::error("the tool call was abandoned"),
-            };
+            let outcome = rx
+                .await
+                .unwrap_or_else(|_| ToolOutcome::error("the tool call was abandoned"));
             let outcome = toolbox.after(info(&call, ToolKind::Caller), outcome).await;
             if outcome.is_error {
                 crate::runtime::spans::failed(&tracing::Span::current(), "tool_error");
             }
-            (index, output(outcome))
+            (index, outcome)
         },
         span,
     ))
 }
 
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    use async_trait::async_trait;
-    use futures::StreamExt as _;
-
-    use crate::error::RuntimeError;
-    use crate::events::EventKind;
-    use crate::model::{
-        ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream, Models, NoCapacity,
-        Reservation,
-    };
-    use crate::runtime::{ChatInput, Runtime, RuntimeConfig};
-    use crate::store::{MemoryStore, Store};
-    use crate::types::{ContentBlock, NewSession, Principal};
-
-    /// One unit of [`Queue`]'s capacity, given back when dropped.
-    #[derive(Debug)]
-    struct Slot(Arc<AtomicUsize>);
-
-    impl Drop for Slot {
-        fn drop(&mut self) {
-            self.0.fetch_sub(1, Ordering::SeqCst);
+impl Turn {
+    /// Stores the assistant message with its tool calls, runs the calls and
+    /// stores their results. `None` when the loop should go on.
+    pub(super) async fn tool_step(
+        &mut self,
+        output: &mut StepOutput,
+        emitter: &mut Emitter,
+    ) -> Option<(TurnOutcome, Option<(ErrorCode, String)>)> {
+        if let Some(usage) = output.usage {
+            emitter
+                .emit(EventKind::Usage {
+                    usage,
+                    model: self.record.model.clone(),
+                })
+                .await;
+        }
+        if !self
+            .store_partial(output, StopReason::ToolUse, emitter)
+            .await
+        {
+            return Some(store_failed());
+        }
+        match self
+            .run_tools(std::mem::take(&mut output.tool_calls), emitter)
+            .await
+        {
+            ToolsEnd::Done => None,
+            ToolsEnd::Cancelled(reason) => {
+                self.record.cancel_reason = Some(reason);
+                Some((TurnOutcome::Canceled, None))
+            }
+            ToolsEnd::TimedOut => {
+                self.store_timeout_notice(emitter).await;
+                Some((TurnOutcome::TimedOut, None))
+            }
+            ToolsEnd::StoreFailed => Some(store_failed()),
         }
     }
 
-    /// A provider with a bounded queue, like the local model: a step holds
-    /// one of `capacity` slots while its stream lives (the stream never
-    /// finishes), taken at admission when reserved, else at `stream()`,
-    /// which then fails when none is left.
-    #[derive(Debug)]
-    struct Queue {
-        capacity: usize,
-        taken: Arc<AtomicUsize>,
-        refused_in_stream: AtomicUsize,
-    }
+    /// Announces the calls, waits (concurrently) for their results, bounded
+    /// by cancellation and the deadline, and stores every call's result in
+    /// call order — calls left without one get an error result, so each
+    /// call in history has exactly one result.
+    async fn run_tools(&mut self, calls: Vec<ToolCallRequest>, emitter: &mut Emitter) -> ToolsEnd {
+        use futures::stream::FuturesUnordered;
 
-    impl Queue {
-        fn take(&self) -> Option<Slot> {
-            let before = self.taken.fetch_add(1, Ordering::SeqCst);
-            let slot = Slot(Arc::clone(&self.taken));
-            (before < self.capacity).then_some(slot)
-        }
-
-        fn taken(&self) -> usize {
-            self.taken.load(Ordering::SeqCst)
-        }
-    }
-
-    #[async_trait]
-    impl ModelProvider for Queue {
-        async fn stream(&self, mut request: ModelRequest) -> Result<ModelStream, ModelError> {
-            let slot = match request
-                .reservation
-                .take()
-                .and_then(Reservation::slot::<Slot>)
-            {
-                Some(slot) => slot,
-                None => match self.take() {
-                    Some(slot) => Arc::new(slot),
-                    None => {
-                        self.refused_in_stream.fetch_add(1, Ordering::SeqCst);
-                        return Err(ModelError::RateLimited("the queue is full".into()));
-                    }
-                },
-            };
-            let first = futures::stream::iter([Ok(ModelEvent::TextDelta("working".into()))]);
-            // Holds the slot until the turn drops the stream.
-            let rest = futures::stream::once(async move {
-                let _slot = slot;
-                std::future::pending::<()>().await;
-                Err(ModelError::Truncated("unreachable".into()))
-            });
-            Ok(Box::pin(first.chain(rest)))
-        }
-
-        fn has_capacity(&self, _model: &str) -> bool {
-            self.taken() < self.capacity
-        }
-
-        fn reserve(&self, _model: &str) -> Result<Option<Reservation>, NoCapacity> {
-            self.take()
-                .map(|slot| Some(Reservation::new(slot)))
-                .ok_or(NoCapacity)
-        }
-    }
-
-    fn say(session_id: &str) -> ChatInput {
-        ChatInput {
-            session_id: session_id.to_owned(),
-            content: vec![ContentBlock::text("hello")],
-            model: Some("queue/m".to_owned()),
-            ..ChatInput::default()
-        }
-    }
-
-    #[tokio::test]
-    async fn a_burst_over_the_providers_queue_is_refused_at_admission_with_nothing_stored() {
-        let store = Arc::new(MemoryStore::new());
-        let queue = Arc::new(Queue {
-            capacity: 2,
-            taken: Arc::new(AtomicUsize::new(0)),
-            refused_in_stream: AtomicUsize::new(0),
-        });
-        let mut models = Models::with_builtin();
-        models.insert("queue", Arc::clone(&queue) as Arc<dyn ModelProvider>);
-        let rt = Runtime::open(
-            RuntimeConfig::default(),
-            Arc::clone(&store) as Arc<dyn Store>,
-            models,
-        )
-        .await
-        .unwrap();
-        let who = Principal::local();
-        let mut sessions = Vec::new();
-        for _ in 0..5 {
-            let id = rt
-                .create_session(&who, NewSession::default())
-                .await
-                .unwrap()
-                .id;
-            sessions.push(id);
-        }
-
-        // All five at once: each checks the queue before any request is sent.
-        let results =
-            futures::future::join_all(sessions.iter().map(|id| rt.chat(&who, say(id)))).await;
-        let mut admitted = Vec::new();
-        let mut refused = Vec::new();
-        for (id, result) in sessions.iter().zip(results) {
-            match result {
-                Ok(stream) => admitted.push((id.clone(), stream)),
-                Err(RuntimeError::ResourceExhausted(_)) => refused.push(id.clone()),
-                Err(other) => panic!("unexpected {other:?}"),
+        self.live.set_phase(Phase::Tool);
+        let toolbox = Arc::clone(&self.inner.toolbox);
+        // Server calls of this step share the parallelism limit.
+        let permits = Arc::new(toolbox.permits());
+        let mut results: Vec<Option<ToolOutcome>> = vec![None; calls.len()];
+        let mut waits = FuturesUnordered::<ToolWait>::new();
+        for (i, call) in calls.iter().enumerate() {
+            emitter
+                .emit(EventKind::ToolUse(Box::new(ToolUse {
+                    call_id: call.id.clone(),
+                    tool_name: call.name.clone(),
+                    status: ToolStatus::Running,
+                    input_summary: input_summary(&call.arguments_json),
+                    arguments_json: call.arguments_json.clone(),
+                    detail: String::new(),
+                    content: String::new(),
+                })))
+                .await;
+            match route(&toolbox, &self.runner, &self.tools, call).await {
+                Route::Server => waits.push(server_call(
+                    Arc::clone(&toolbox),
+                    Arc::clone(&permits),
+                    i,
+                    call.clone(),
+                    self.inner.config.capture_content,
+                )),
+                Route::Caller(arguments_json) => {
+                    let rx = crate::runtime::lock(&self.live.pending_tools).wait_for(&call.id);
+                    emitter
+                        .emit(EventKind::ToolCall {
+                            call_id: call.id.clone(),
+                            name: call.name.clone(),
+                            arguments_json,
+                        })
+                        .await;
+                    waits.push(caller_result(Arc::clone(&toolbox), i, call.clone(), rx));
+                }
+                Route::Done(output) => results[i] = Some(output),
             }
         }
-        assert_eq!(
-            (admitted.len(), refused.len()),
-            (2, 3),
-            "exactly the queue's capacity is admitted"
-        );
-        for id in &refused {
-            assert!(
-                store.history(id, 0, 10, true).await.unwrap().is_empty(),
-                "a refused turn stores nothing"
-            );
-        }
-        // The admitted turns are running: each relays its first delta.
-        for (_, stream) in &mut admitted {
-            loop {
-                let event = stream.next().await.expect("the turn is live");
-                if matches!(event.kind, EventKind::Text(_)) {
+        let cancel = self.live.cancel.clone();
+        let mut end = ToolsEnd::Done;
+        while !waits.is_empty() {
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => {
+                    end = match self.cancelled() {
+                        StepEnd::TimedOut => ToolsEnd::TimedOut,
+                        StepEnd::Cancelled(reason) => ToolsEnd::Cancelled(reason),
+                        _ => ToolsEnd::Cancelled(CancelReason::Stopped),
+                    };
                     break;
+                }
+                () = until(self.deadline) => {
+                    end = ToolsEnd::TimedOut;
+                    break;
+                }
+                Some((i, output)) = waits.next() => results[i] = Some(output),
+                () = tokio::time::sleep_until(emitter.heartbeat_due()) => {
+                    let waiting = calls
+                        .iter()
+                        .zip(&results)
+                        .find(|(_, r)| r.is_none())
+                        .map(|(c, _)| c.name.clone());
+                    emitter.emit(EventKind::Heartbeat { phase: Phase::Tool, tool: waiting }).await;
                 }
             }
         }
-        assert_eq!(queue.refused_in_stream.load(Ordering::SeqCst), 0);
-        assert_eq!(queue.taken(), 2);
+        // Dropping unfinished server calls cancels them (MCP sends
+        // `notifications/cancelled`).
+        drop(waits);
+        crate::runtime::lock(&self.live.pending_tools).clear();
+        let missing = match end {
+            ToolsEnd::TimedOut => "the turn reached its time limit before this tool call finished",
+            _ => "the tool call was cancelled",
+        };
+        for (call, result) in calls.into_iter().zip(results) {
+            let output = result.unwrap_or_else(|| ToolOutcome::error(missing));
+            if !self.store_tool_result(call, output, emitter).await {
+                return ToolsEnd::StoreFailed;
+            }
+        }
+        end
+    }
 
-        // Stopping a turn drops its stream and with it its slot.
-        let (stopped_id, stopped) = admitted.remove(0);
-        assert!(rt.stop_session(&who, &stopped_id).await.unwrap());
-        let _: Vec<_> = stopped.collect().await;
-        assert_eq!(queue.taken(), 1);
-
-        // A slot reserved for a turn that is then refused (its session is
-        // busy) is given back.
-        let busy = rt.chat(&who, say(&admitted[0].0)).await;
-        assert!(
-            matches!(busy, Err(RuntimeError::SessionBusy { .. })),
-            "{busy:?}"
+    /// Stores one tool result, then announces it (DONE/ERROR): a result is
+    /// durable before anyone is told it exists.
+    async fn store_tool_result(
+        &mut self,
+        call: ToolCallRequest,
+        output: ToolOutcome,
+        emitter: &mut Emitter,
+    ) -> bool {
+        let message = NewMessage::new(
+            &self.record.turn_id,
+            Role::Tool,
+            vec![ContentBlock::ToolResult {
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                content: output.content.clone(),
+                is_error: output.is_error,
+            }],
         );
-        assert_eq!(queue.taken(), 1);
+        if !self.store(message, emitter).await {
+            return false;
+        }
+        emitter
+            .emit(EventKind::ToolUse(Box::new(ToolUse {
+                call_id: call.id,
+                tool_name: call.name,
+                status: if output.is_error {
+                    ToolStatus::Error
+                } else {
+                    ToolStatus::Done
+                },
+                input_summary: input_summary(&call.arguments_json),
+                arguments_json: call.arguments_json,
+                detail: result_detail(&output.content),
+                content: output.content,
+            })))
+            .await;
+        true
+    }
 
-        // So the freed slot admits a refused session's next turn.
-        let mut again = rt.chat(&who, say(&refused[0])).await.unwrap();
-        while !matches!(again.next().await.unwrap().kind, EventKind::Text(_)) {}
-        assert_eq!(queue.taken(), 2);
-        assert_eq!(queue.refused_in_stream.load(Ordering::SeqCst), 0);
+    async fn store_timeout_notice(&mut self, emitter: &mut Emitter) {
+        let notice = NewMessage::new(
+            &self.record.turn_id,
+            Role::Notice,
+            vec![ContentBlock::text(TIMEOUT_NOTICE)],
+        );
+        self.store(notice, emitter).await;
     }
 }
