@@ -1,23 +1,30 @@
-//! [`Runtime`]: admission of turns, the live-turn registry (one turn per
-//! session), the per-session runner cache, and shutdown. The turn body is in
-//! `runtime::turn`; session registry calls are in `sessions`.
+//! [`Runtime`]: the core's API over shared state split by what it protects.
+//! Each concern has its own module:
+//!
+//! - `admission`: [`Runtime::chat`] — validate, resolve the session, plan,
+//!   begin — and `validate`, its checks of the request;
+//! - `turn`: a turn's task, from its first event to its `TurnFinished`;
+//! - `context`: what a turn sends the model, and its cache between turns;
+//! - `compact`, `title`: the summaries and titles turns leave behind;
+//! - `slots`: which session runs a turn, is compacted or deleted, and who
+//!   waits for its next turn; `runners`: the runner cache; `models`: which
+//!   model runs what; `lifecycle`: draining, shutdown and every task;
+//! - `control`, `sessions`, `tools`, `admin`: the other calls of the API;
+//!   `stream`, `replay`: the turn streams they return; `recovery`,
+//!   `spans`: start-up repair and the turn's spans.
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
-use tracing::Instrument as _;
 
 use crate::error::RuntimeError;
 use crate::events::TurnEvent;
-use crate::hub::{ReplayLimits, TurnHub};
+use crate::hub::ReplayLimits;
 use crate::model::Models;
 use crate::store::Store;
 use crate::toolbox::Toolbox;
-use crate::types::{
-    CancelReason, ContentBlock, NewMessage, Principal, Role, ThinkingLevel, TurnRecord, TurnStatus,
-    Usage,
-};
+use crate::types::{CancelReason, ContentBlock, Principal, ThinkingLevel};
 
 mod admin;
 mod admission;
@@ -40,9 +47,8 @@ mod validate;
 
 use lifecycle::Lifecycle;
 use models::Selection;
-use runners::{RunnerKey, Runners};
-use slots::{Claim, LiveTurn, Slots};
-use turn::prestart;
+use runners::Runners;
+use slots::{LiveTurn, Slots};
 
 pub use admin::RuntimeStats;
 pub use compact::CompactionReport;
@@ -292,210 +298,6 @@ impl Runtime {
     /// Number of cached runners.
     pub fn cached_runners(&self) -> usize {
         self.inner.runners.len()
-    }
-
-    /// Admits and starts a turn. On `Ok` the user message is durable and the
-    /// stream's first event is `TurnStarted`; on `Err` nothing was stored.
-    ///
-    /// With a `request_id` this session already admitted, nothing runs: the
-    /// stream attaches to that turn while it is live, or replays its stored
-    /// outcome.
-    pub async fn chat(
-        &self,
-        who: &Principal,
-        input: ChatInput,
-    ) -> Result<TurnStream, RuntimeError> {
-        let inner = &self.inner;
-        inner.lifecycle.admitting()?;
-        let checked = validate::chat_input(&input, &inner.config)?;
-        let session = self.owned_session(who, &input.session_id).await?;
-        if let Some(rid) = &input.request_id
-            && let Some(existing) = self.existing_turn(&session, rid).await?
-        {
-            return Ok(existing);
-        }
-        if session.archived {
-            return Err(RuntimeError::SessionArchived);
-        }
-        let (model, thinking, model_field) =
-            inner
-                .models
-                .for_turn(input.model.as_deref(), input.thinking, &session);
-        let key = RunnerKey {
-            model,
-            thinking,
-            incarnation: session.incarnation.clone(),
-        };
-        let runner = inner
-            .runners
-            .runner_for(
-                &inner.models,
-                &inner.toolbox,
-                (&session.id, &session.owner),
-                key,
-                model_field,
-            )
-            .await?;
-        let offered = admission::offered(&runner, input.extra_tools, &input.excluded_tools)?;
-        let reservation = admission::admit_model(&runner, &offered, input.max_output_tokens)?;
-        let system_overridden = input.system_override.is_some();
-        let system_prompt = input
-            .system_override
-            .or_else(|| (!session.system_prompt.is_empty()).then(|| session.system_prompt.clone()));
-
-        let turn_id = crate::types::new_id();
-        let admitted_at = Instant::now();
-        let live = Arc::new(LiveTurn::new(
-            turn_id.clone(),
-            session.incarnation.clone(),
-            input.request_id.clone(),
-            TurnHub::new(inner.config.replay),
-        ));
-        let guard = match inner.slots.claim_turn(&session, &live)? {
-            Claim::Claimed(slot) => slot,
-            // A concurrent retry of the same request joins the turn.
-            Claim::Joined(busy) => return Ok(TurnStream::attached(session.id.clone(), &busy, 0)),
-        };
-
-        let record = TurnRecord {
-            turn_id: turn_id.clone(),
-            session_id: session.id.clone(),
-            status: TurnStatus::Running,
-            started_at: live.started_at,
-            finished_at: None,
-            model: runner.key.model.clone(),
-            thinking: runner.key.thinking,
-            system_overridden,
-            usage: Usage::default(),
-            user_message_seq: 0,
-            error: None,
-            cancel_reason: None,
-            request_id: input.request_id.clone(),
-            incarnation: session.incarnation.clone(),
-        };
-        let user_message = NewMessage::new(&turn_id, Role::User, input.content);
-        // The turn's span, a child of the caller's (the RPC span), carried
-        // explicitly into the spawned turn; its first model step's span is
-        // made here because that request starts during admission.
-        let span = spans::invoke_agent(&session, &turn_id, &runner.key.model);
-        let first_chat = spans::chat(&span, &runner.key.model);
-        // On failure the guard frees the slot and the hub is closed for any
-        // retry that already joined: a rejected admission leaves no trace.
-        let begun = prestart::begin(
-            inner,
-            &runner,
-            &session,
-            record.clone(),
-            user_message,
-            system_prompt.clone(),
-            prestart::FirstRequest {
-                tools: offered.clone(),
-                max_output_tokens: input.max_output_tokens,
-                reservation,
-                span: first_chat.clone(),
-            },
-        )
-        .instrument(span.clone())
-        .await;
-        let prestart::Begun {
-            session,
-            user: stored_user,
-            prestart,
-        } = match begun {
-            Ok(begun) => begun,
-            Err(e) => {
-                live.hub.abort();
-                return Err(e);
-            }
-        };
-        let (tx, rx) = mpsc::channel(inner.config.event_buffer.max(1));
-        let turn = turn::Turn {
-            inner: Arc::clone(inner),
-            live: Arc::clone(&live),
-            runner,
-            record: TurnRecord {
-                user_message_seq: stored_user.seq,
-                ..record
-            },
-            user_message: stored_user,
-            system_prompt,
-            guard: Some(guard),
-            started: admitted_at,
-            deadline: checked.deadline_from(admitted_at),
-            tools: offered,
-            max_steps: checked.max_steps,
-            max_output_tokens: input.max_output_tokens,
-            usage: Usage::default(),
-            final_message: None,
-            open_step: None,
-            prestart: Some(prestart),
-            session: session.clone(),
-            context: Arc::default(),
-            compacted: false,
-            store_failed: false,
-            first_chat: Some(first_chat),
-            _live_metric: crate::telemetry::metrics::LiveGuard::turn(),
-        };
-        let emitter = turn::Emitter::new(
-            Arc::clone(&live),
-            tx,
-            &inner.config,
-            input.on_disconnect,
-            admitted_at,
-        );
-        inner
-            .lifecycle
-            .spawn_turn(tracing::Instrument::instrument(turn.run(emitter), span));
-        inner.slots.wake_waiters(&session, &live);
-        Ok(TurnStream::own(
-            session.id,
-            turn_id,
-            rx,
-            live,
-            input.on_disconnect,
-        ))
-    }
-
-    /// The turn a request id already started in this session, as a stream:
-    /// attached while live, replayed from the store once finished.
-    async fn existing_turn(
-        &self,
-        session: &crate::types::Session,
-        request_id: &str,
-    ) -> Result<Option<TurnStream>, RuntimeError> {
-        if let Some(stream) = self.attach_if_live(session, Some(request_id)) {
-            return Ok(Some(stream));
-        }
-        let Some(record) = self
-            .inner
-            .store
-            .find_turn_by_request(&session.id, request_id)
-            .await?
-        else {
-            return Ok(None);
-        };
-        if record.status == TurnStatus::Running
-            && let Some(stream) = self.attach_if_live(session, Some(request_id))
-        {
-            return Ok(Some(stream));
-        }
-        Ok(Some(
-            replay::replay_turn(self.inner.store.as_ref(), record).await?,
-        ))
-    }
-
-    /// A watcher stream on the session's live turn (only the one started
-    /// with `request_id`, when given).
-    fn attach_if_live(
-        &self,
-        session: &crate::types::Session,
-        request_id: Option<&str>,
-    ) -> Option<TurnStream> {
-        let turn = self.live_of(session)?;
-        if request_id.is_some() && turn.request_id.as_deref() != request_id {
-            return None;
-        }
-        Some(TurnStream::attached(session.id.clone(), &turn, 0))
     }
 
     /// The live turn of `session` — of this incarnation only.

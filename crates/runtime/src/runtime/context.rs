@@ -14,6 +14,7 @@ const CONTEXT_PAGE: usize = 1_000;
 /// Contexts of at most this many messages are read on the calling thread
 /// (a few tens of microseconds) instead of a blocking thread's hand-off.
 const INLINE_CONTEXT: u64 = 64;
+
 /// A conversation's context: the latest summary and the uncompacted tail
 /// (summaries excluded), oldest first.
 #[derive(Debug, Default)]
@@ -99,6 +100,7 @@ impl Context {
         out
     }
 
+    /// The context's estimated size in tokens, with `system_prompt`.
     pub(crate) fn estimate(&self, system_prompt: Option<&str>) -> u64 {
         compaction::estimate_context(system_prompt, self.summary.as_ref(), &self.tail)
     }
@@ -119,8 +121,7 @@ pub async fn load_context(
 mod tests {
     use super::*;
     use crate::store::SledStore;
-    use crate::types::NewSession;
-    use crate::types::{ContentBlock, NewMessage};
+    use crate::types::{ContentBlock, NewMessage, NewSession};
 
     #[tokio::test]
     async fn a_compacted_long_session_loads_only_summary_and_tail() {

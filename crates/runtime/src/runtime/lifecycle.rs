@@ -27,8 +27,7 @@ use crate::error::RuntimeError;
 const CANCELLED_JOBS_WAIT: Duration = Duration::from_secs(1);
 
 /// The refusal of anything new once draining started.
-pub(crate) const CLOSED: RuntimeError =
-    RuntimeError::Unavailable("the server is draining or shutting down");
+const CLOSED: RuntimeError = RuntimeError::Unavailable("the server is draining or shutting down");
 
 /// See the module docs.
 #[derive(Debug)]

@@ -34,10 +34,10 @@ pub(super) struct StepOutput {
 
 /// A tool call the model made in a step.
 #[derive(Debug, Clone)]
-pub(crate) struct ToolCallRequest {
-    pub(crate) id: String,
-    pub(crate) name: String,
-    pub(crate) arguments_json: String,
+pub(super) struct ToolCallRequest {
+    pub(super) id: String,
+    pub(super) name: String,
+    pub(super) arguments_json: String,
 }
 
 impl StepOutput {
@@ -331,11 +331,7 @@ impl Turn {
     }
 
     /// The step's assistant message, unless the step produced nothing.
-    pub(super) fn assistant_message(
-        &self,
-        output: &StepOutput,
-        reason: StopReason,
-    ) -> Option<NewMessage> {
+    fn assistant_message(&self, output: &StepOutput, reason: StopReason) -> Option<NewMessage> {
         let content = output.content();
         if content.is_empty() {
             return None;
