@@ -46,8 +46,8 @@ pub struct FieldViolation {
 
 impl FieldViolation {
     /// A violation of `field`. Both texts are clipped
-    /// ([`MAX_FIELD_CHARS`](crate::MAX_FIELD_CHARS),
-    /// [`MAX_DESCRIPTION_CHARS`](crate::MAX_DESCRIPTION_CHARS)) and
+    /// ([`MAX_FIELD_CHARS`],
+    /// [`MAX_DESCRIPTION_CHARS`]) and
     /// their control characters escaped: a description may echo caller
     /// input, which must not grow the error or break its line.
     pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
@@ -77,7 +77,7 @@ fn clean(text: String, chars: usize) -> String {
     }
 }
 
-/// At most [`MAX_VIOLATIONS`](crate::MAX_VIOLATIONS) of
+/// At most [`MAX_VIOLATIONS`] of
 /// `violations`, each within its bounds, then — when some were left out —
 /// one more saying how many: what an error may carry, however many fields
 /// were wrong.

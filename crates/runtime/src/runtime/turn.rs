@@ -76,10 +76,10 @@ pub(crate) struct Turn {
     pub(crate) open_step: Option<u32>,
     /// The context load and first model request started during admission.
     pub(crate) prestart: Option<Prestart>,
-    /// The session as read at admission.
+    /// The session as admission re-read it under the slot.
     pub(crate) session: crate::types::Session,
-    /// What the model is sent: loaded once (see `prepare_context`), then
-    /// every message the turn stores is appended.
+    /// What the model is sent: loaded once (by the prestart task, or
+    /// compacted first), then every message the turn stores is appended.
     pub(crate) context: Arc<Vec<Message>>,
     /// The context was compacted (or truncated) during this turn.
     pub(crate) compacted: bool,

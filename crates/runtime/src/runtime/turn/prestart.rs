@@ -1,16 +1,15 @@
 //! The pre-start of a turn's first model request, during admission.
 //!
-//! Admission must not return before the user message is durable, and the
-//! model must not be called before then either (CONTRACT 3.3). Loading the
-//! context need not wait: once the session's slot is held nothing else
-//! writes to it, so its record (re-read under the slot) says exactly which
-//! messages precede the new one. So while admission writes the user
-//! message, a task started here loads that context — from the runner's
-//! cache, or from the store, on the calling thread when short — and, unless
-//! it needs compaction first, builds the model request; it sends the
-//! request once admission says the write is durable. If the write fails,
-//! admission is rejected and dropping the [`Prestart`] aborts the task
-//! before it called the model.
+//! The model must not be called before the turn's user message is durable
+//! (see `admission`), but loading the context need not wait: once the
+//! session's slot is held nothing else writes to it, so its record
+//! (re-read under the slot) says exactly which messages precede the new
+//! one. So while admission writes the user message, a task started here
+//! loads that context — from the runner's cache, or from the store, on the
+//! calling thread when short — and, unless it needs compaction first,
+//! builds the model request; it sends the request once admission says the
+//! write is durable. If the write fails, admission is rejected and dropping
+//! the [`Prestart`] aborts the task before it called the model.
 
 use std::future::Future;
 use std::pin::Pin;
