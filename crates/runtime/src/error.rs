@@ -1,10 +1,39 @@
 //! [`RuntimeError`]: every way a core call can fail before a turn starts.
 //! The gRPC adapter maps each variant to a status code in one exhaustive
 //! match; failures after admission travel inside the turn's event stream.
+//! It also owns the bounds on what an error carries back — however long the
+//! caller's input, an error about it stays short and on one line.
 
-use crate::limits;
 use crate::model::ModelLookupError;
 use crate::store::StoreError;
+
+/// Most field violations reported in one error; the rest are counted.
+pub const MAX_VIOLATIONS: usize = 10;
+/// Longest field path in a reported violation, in characters.
+pub const MAX_FIELD_CHARS: usize = 128;
+/// Longest description of a reported violation, in characters.
+pub const MAX_DESCRIPTION_CHARS: usize = 256;
+/// Longest echo of a caller's value inside a description, in characters.
+pub const MAX_ECHO_CHARS: usize = 40;
+
+/// `value` as it may appear in an error: at most `chars` characters (with
+/// `…` when cut), control characters escaped, so an echoed value can
+/// neither grow an error nor break its line.
+pub fn display_clip(value: &str, chars: usize) -> String {
+    let mut out = String::new();
+    for (i, c) in value.chars().enumerate() {
+        if i == chars {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
 
 /// One invalid field of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,8 +46,8 @@ pub struct FieldViolation {
 
 impl FieldViolation {
     /// A violation of `field`. Both texts are clipped
-    /// ([`MAX_FIELD_CHARS`](crate::limits::MAX_FIELD_CHARS),
-    /// [`MAX_DESCRIPTION_CHARS`](crate::limits::MAX_DESCRIPTION_CHARS)) and
+    /// ([`MAX_FIELD_CHARS`],
+    /// [`MAX_DESCRIPTION_CHARS`]) and
     /// their control characters escaped: a description may echo caller
     /// input, which must not grow the error or break its line.
     pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
@@ -33,8 +62,8 @@ impl FieldViolation {
     /// without [`FieldViolation::new`] (the fields are public).
     pub fn bounded(self) -> Self {
         Self {
-            field: clean(self.field, limits::MAX_FIELD_CHARS),
-            description: clean(self.description, limits::MAX_DESCRIPTION_CHARS),
+            field: clean(self.field, MAX_FIELD_CHARS),
+            description: clean(self.description, MAX_DESCRIPTION_CHARS),
         }
     }
 }
@@ -44,11 +73,11 @@ fn clean(text: String, chars: usize) -> String {
     if fine {
         text
     } else {
-        limits::display_clip(&text, chars)
+        display_clip(&text, chars)
     }
 }
 
-/// At most [`MAX_VIOLATIONS`](crate::limits::MAX_VIOLATIONS) of
+/// At most [`MAX_VIOLATIONS`] of
 /// `violations`, each within its bounds, then — when some were left out —
 /// one more saying how many: what an error may carry, however many fields
 /// were wrong.
@@ -56,7 +85,7 @@ pub fn capped_violations(violations: Vec<FieldViolation>) -> Vec<FieldViolation>
     let total = violations.len();
     let mut shown: Vec<FieldViolation> = violations
         .into_iter()
-        .take(limits::MAX_VIOLATIONS)
+        .take(MAX_VIOLATIONS)
         .map(FieldViolation::bounded)
         .collect();
     if total > shown.len() {
@@ -122,7 +151,7 @@ pub enum RuntimeError {
 pub fn describe(violations: &[FieldViolation]) -> String {
     let mut parts = violations
         .iter()
-        .take(limits::MAX_VIOLATIONS)
+        .take(MAX_VIOLATIONS)
         .map(|v| {
             let v = v.clone().bounded();
             if v.field.is_empty() {
@@ -132,11 +161,8 @@ pub fn describe(violations: &[FieldViolation]) -> String {
             }
         })
         .collect::<Vec<_>>();
-    if violations.len() > limits::MAX_VIOLATIONS {
-        parts.push(format!(
-            "and {} more",
-            violations.len() - limits::MAX_VIOLATIONS
-        ));
+    if violations.len() > MAX_VIOLATIONS {
+        parts.push(format!("and {} more", violations.len() - MAX_VIOLATIONS));
     }
     parts.join("; ")
 }
@@ -159,5 +185,19 @@ impl RuntimeError {
 
     pub(crate) fn unknown_model(field: &str, err: &ModelLookupError) -> Self {
         Self::invalid(field, err.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn echoed_values_are_clipped_and_escaped() {
+        assert_eq!(
+            display_clip("image/png\r\nX-Evil: 1", 12),
+            "image/png\\r\\nX…"
+        );
+        assert_eq!(display_clip("short", 40), "short");
     }
 }

@@ -32,4 +32,7 @@ pub mod toolbox;
 pub mod types;
 
 pub use error::RuntimeError;
-pub use runtime::{ChatInput, Runtime, RuntimeConfig};
+pub use runtime::{
+    ChatInput, CompactionReport, HistoryPage, OnDisconnect, Runtime, RuntimeConfig, RuntimeStats,
+    SessionList, SessionStatus, TurnStream, load_context,
+};

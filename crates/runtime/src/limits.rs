@@ -1,13 +1,20 @@
 //! Bounds on what a caller may send, in one place: every string and bytes
 //! field of every request has one, and an error about a field never grows
 //! with the caller's input. The transport adapter uses the same limits to
-//! refuse oversized tool schemas before it parses them.
+//! refuse oversized tool schemas before it parses them. The bounds on what
+//! an error carries back are the error type's ([`crate::error`]); they are
+//! re-exported here with the rest.
 
 use crate::error::{FieldViolation, RuntimeError};
+pub use crate::error::{
+    MAX_DESCRIPTION_CHARS, MAX_ECHO_CHARS, MAX_FIELD_CHARS, MAX_VIOLATIONS, display_clip,
+};
 
 /// Longest id-like string a caller sends: agent and project ids, tool names
 /// in `excluded_tools`, tool call and turn ids, user ids.
 pub const MAX_ID_BYTES: usize = 256;
+/// Longest session id.
+const MAX_SESSION_ID: usize = 128;
 /// Longest `provider/model` name.
 pub const MAX_MODEL_NAME: usize = 256;
 /// Longest free-text session field (title, system prompt) and the most
@@ -24,32 +31,24 @@ pub const MAX_SCHEMA_BYTES: usize = 16 << 10;
 pub const MAX_SCHEMAS_BYTES: usize = 256 << 10;
 /// Deepest nesting of objects and arrays in a tool's JSON schema.
 pub const MAX_SCHEMA_DEPTH: usize = 32;
-/// Most field violations reported in one error; the rest are counted.
-pub const MAX_VIOLATIONS: usize = 10;
-/// Longest field path in a reported violation, in characters.
-pub const MAX_FIELD_CHARS: usize = 128;
-/// Longest description of a reported violation, in characters.
-pub const MAX_DESCRIPTION_CHARS: usize = 256;
-/// Longest echo of a caller's value inside a description, in characters.
-pub const MAX_ECHO_CHARS: usize = 40;
 
-/// `value` as it may appear in an error: at most `chars` characters (with
-/// `…` when cut), control characters escaped, so an echoed value can
-/// neither grow an error nor break its line.
-pub fn display_clip(value: &str, chars: usize) -> String {
-    let mut out = String::new();
-    for (i, c) in value.chars().enumerate() {
-        if i == chars {
-            out.push('…');
-            break;
-        }
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
+/// Session ids are 1–128 characters of `[A-Za-z0-9._:-]`, so they are safe in
+/// store keys, logs and URLs.
+pub(crate) fn validate_session_id(field: &str, id: &str) -> Result<(), RuntimeError> {
+    if id.is_empty() {
+        return Err(RuntimeError::invalid(field, "is required"));
     }
-    out
+    if id.len() > MAX_SESSION_ID
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+    {
+        return Err(RuntimeError::invalid(
+            field,
+            format!("must be 1-{MAX_SESSION_ID} characters of A-Z a-z 0-9 . _ : -"),
+        ));
+    }
+    Ok(())
 }
 
 /// `value` is at most `max` bytes.
@@ -166,15 +165,6 @@ mod tests {
         assert_eq!(nesting_depth(r#"{"a":[{"b":"[[[{"}]}"#, 10), 3);
         assert_eq!(nesting_depth(r#"{"a":"\"{{{"}"#, 10), 1);
         assert_eq!(nesting_depth(&"[".repeat(1000), 32), 33);
-    }
-
-    #[test]
-    fn echoed_values_are_clipped_and_escaped() {
-        assert_eq!(
-            display_clip("image/png\r\nX-Evil: 1", 12),
-            "image/png\\r\\nX…"
-        );
-        assert_eq!(display_clip("short", 40), "short");
     }
 
     #[test]

@@ -1,47 +1,58 @@
-//! [`Runtime`]: admission of turns, the live-turn registry (one turn per
-//! session), the per-session runner cache, and shutdown. The turn body is in
-//! `runtime::turn`; session registry calls are in `sessions`.
+//! [`Runtime`]: the core's API over shared state split by what it protects.
+//! Each concern has its own module:
+//!
+//! - `admission`: [`Runtime::chat`] — validate, resolve the session, plan,
+//!   begin — and `validate`, its checks of the request;
+//! - `turn`: a turn's task, from its first event to its `TurnFinished`;
+//! - `context`: what a turn sends the model, and its cache between turns;
+//! - `compact`, `title`: the summaries and titles turns leave behind;
+//! - `slots`: which session runs a turn, is compacted or deleted, and who
+//!   waits for its next turn; `runners`: the runner cache; `models`: which
+//!   model runs what; `lifecycle`: draining, shutdown and every task;
+//! - `control`, `sessions`, `tools`, `admin`: the other calls of the API;
+//!   `stream`, `replay`: the turn streams they return; `recovery`,
+//!   `spans`: start-up repair and the turn's spans.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-use tracing::Instrument as _;
+use tokio::sync::{mpsc, watch};
 
 use crate::error::RuntimeError;
-use crate::events::{Phase, TurnEvent};
-use crate::hub::{ReplayLimits, TurnHub};
-use crate::model::{ModelProvider, Models};
+use crate::events::TurnEvent;
+use crate::hub::ReplayLimits;
+use crate::model::Models;
 use crate::store::Store;
 use crate::toolbox::Toolbox;
-use crate::types::{
-    CancelReason, ContentBlock, NewMessage, Principal, Role, ThinkingLevel, TurnRecord, TurnStatus,
-    Usage,
-};
+use crate::types::{CancelReason, ContentBlock, Principal, ThinkingLevel};
 
 mod admin;
+mod admission;
 mod compact;
-mod context_cache;
+mod context;
 mod control;
-mod prestart;
+mod lifecycle;
+mod models;
 mod recovery;
 mod replay;
+mod runners;
 mod sessions;
+mod slots;
 mod spans;
 mod stream;
 mod title;
-mod toolrun;
 mod tools;
 mod turn;
 mod validate;
 
+use lifecycle::Lifecycle;
+use models::Selection;
+use runners::Runners;
+use slots::{LiveTurn, Slots};
+
 pub use admin::RuntimeStats;
-pub use compact::{CompactionReport, load_context};
+pub use compact::CompactionReport;
+pub use context::load_context;
 pub use control::SessionStatus;
 pub use sessions::{HistoryPage, SessionList};
 pub use stream::TurnStream;
@@ -170,131 +181,21 @@ pub struct ChatInput {
     pub max_output_tokens: Option<u32>,
 }
 
-/// The model selection a runner was built with; a turn asking for another
-/// one rebuilds the session's runner.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct RunnerKey {
-    model: String,
-    thinking: Option<ThinkingLevel>,
-    /// The session incarnation: a session created again under the same id
-    /// never inherits the old one's runner (or its cached context).
-    incarnation: String,
-}
-
-/// A session's cached, resolved model selection and server tools. A turn
-/// keeps the `Arc` it was admitted with, so replacing the cache entry never
-/// affects it.
-#[derive(Debug)]
-pub(crate) struct Runner {
-    key: RunnerKey,
-    owner: String,
-    provider: Arc<dyn ModelProvider>,
-    provider_model: String,
-    last_used: Mutex<Instant>,
-    /// The toolbox's tools, listed when the runner was built.
-    tools: Vec<crate::model::ToolSpec>,
-    /// The toolbox generation of `tools`.
-    tools_generation: u64,
-    /// The session's context after its last turn, when long.
-    context: Mutex<Option<context_cache::CachedContext>>,
-}
-
-/// A turn in flight, as seen by admission, stop and watchers.
-#[derive(Debug)]
-pub(crate) struct LiveTurn {
-    pub(crate) turn_id: String,
-    /// The session incarnation the turn runs in: a lookup by session id
-    /// sees the turn only for that incarnation.
-    pub(crate) incarnation: String,
-    pub(crate) request_id: Option<String>,
-    pub(crate) started_at: SystemTime,
-    pub(crate) hub: Arc<TurnHub>,
-    pub(crate) cancel: CancellationToken,
-    /// Set (before `cancel` fires) by [`LiveTurn::cancel`]: a check per
-    /// relayed event without the token's lock.
-    cancelled: AtomicBool,
-    cancel_reason: Mutex<Option<CancelReason>>,
-    phase: AtomicU8,
-    /// Caller-executed tool calls waiting for `SubmitToolResult`.
-    pub(crate) pending_tools: Mutex<tools::Pending>,
-    /// Cancelled when the turn task has ended (whatever the outcome).
-    pub(crate) done: CancellationToken,
-}
-
-impl LiveTurn {
-    pub(crate) fn phase(&self) -> Phase {
-        Phase::from_u8(self.phase.load(Ordering::Relaxed))
-    }
-
-    pub(crate) fn set_phase(&self, phase: Phase) {
-        self.phase.store(phase as u8, Ordering::Relaxed);
-    }
-
-    /// Cancels the turn; the first reason wins.
-    pub(crate) fn cancel(&self, reason: CancelReason) {
-        {
-            let mut slot = self.cancel_reason.lock().unwrap_or_else(|p| p.into_inner());
-            if slot.is_none() {
-                *slot = Some(reason);
-            }
-        }
-        self.cancelled.store(true, Ordering::Release);
-        self.cancel.cancel();
-    }
-
-    /// Whether [`LiveTurn::cancel`] was called; lock-free.
-    pub(crate) fn is_cancelled(&self) -> bool {
-        self.cancelled.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn cancel_reason(&self) -> Option<CancelReason> {
-        *self.cancel_reason.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// The model selection used when neither the call nor the session names
-/// one; changed at run time by `SetDefaultModel`.
-#[derive(Debug, Clone)]
-struct Defaults {
-    model: String,
-    thinking: Option<ThinkingLevel>,
-}
-
+/// The runtime's shared state, split by what it protects: each owner has
+/// its own lock (or none), and no code holds two of them at once.
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub(crate) config: RuntimeConfig,
-    defaults: Mutex<Defaults>,
     pub(crate) store: Arc<dyn Store>,
-    models: Models,
+    /// The model registry, the default selection and the fast model.
+    pub(crate) models: Selection,
     pub(crate) toolbox: Arc<Toolbox>,
-    live: Mutex<HashMap<String, Arc<LiveTurn>>>,
-    /// `Subscribe(wait_for_turn)` callers by session id, each with the
-    /// incarnation it waits in; told when that incarnation's next turn is
-    /// admitted, or that the session was deleted.
-    waiters: Mutex<HashMap<String, Vec<Waiter>>>,
-    runners: Mutex<HashMap<String, Arc<Runner>>>,
-    /// Sessions a `CompactSession` call is compacting (busy for `Chat`).
-    /// Locked only while holding `live`.
-    compacting: Mutex<HashSet<String>>,
-    /// Session ids a `DeleteSession` is deleting, with how many calls are
-    /// at it: no turn is admitted and no session of that id created until
-    /// they are done. Locked only while holding `live`.
-    deleting: Mutex<HashMap<String, usize>>,
-    /// The resolved `fast_model`.
-    fast: Option<compact::FastModel>,
-    tasks: TaskTracker,
-    /// No new turns: draining or shutting down.
-    closed: AtomicBool,
-    draining: watch::Sender<bool>,
-    /// Stops background tasks (the reaper).
-    background: CancellationToken,
-    started: Instant,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        self.background.cancel();
-    }
+    /// Each session's live turn, compaction, delete and waiting watchers.
+    pub(crate) slots: Arc<Slots>,
+    /// Each session's runner, and the byte budget of their contexts.
+    pub(crate) runners: Runners,
+    /// Admitting, draining, closed; and every task the runtime spawns.
+    pub(crate) lifecycle: Lifecycle,
 }
 
 /// The runtime core. Cheap to clone (an `Arc`).
@@ -303,27 +204,11 @@ pub struct Runtime {
     pub(crate) inner: Arc<Inner>,
 }
 
+/// Locks `m`, also after a panic interrupted a previous holder: every
+/// critical section of the runtime is a few map operations or assignments
+/// that leave the value consistent, and none awaits.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section here is a few map operations that leave the map
-    // consistent even if a panic interrupted a previous holder.
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// How a `Subscribe(wait_for_turn)` caller is woken.
-pub(crate) type Wake = Result<Arc<LiveTurn>, WaitEnded>;
-
-/// Why a waiting watcher's wait ended without a turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WaitEnded {
-    /// The session was deleted.
-    SessionDeleted,
-}
-
-/// A `Subscribe(wait_for_turn)` caller.
-#[derive(Debug)]
-pub(crate) struct Waiter {
-    pub(crate) incarnation: String,
-    pub(crate) tx: oneshot::Sender<Wake>,
 }
 
 /// What [`Runtime::cancel_live`] found.
@@ -335,29 +220,6 @@ pub(crate) enum Cancelled {
     Ended,
     /// The turn was cancelled but had not ended when the wait was over.
     StillEnding,
-}
-
-/// Frees the session's live slot when dropped — on every path out of a turn,
-/// panics included.
-#[derive(Debug)]
-pub(crate) struct BusyGuard {
-    inner: Arc<Inner>,
-    session_id: String,
-    live: Arc<LiveTurn>,
-}
-
-impl Drop for BusyGuard {
-    fn drop(&mut self) {
-        let mut live = lock(&self.inner.live);
-        if live
-            .get(&self.session_id)
-            .is_some_and(|l| Arc::ptr_eq(l, &self.live))
-        {
-            live.remove(&self.session_id);
-        }
-        drop(live);
-        self.live.done.cancel();
-    }
 }
 
 impl Runtime {
@@ -379,44 +241,17 @@ impl Runtime {
         models: Models,
         toolbox: Arc<Toolbox>,
     ) -> Result<Self, RuntimeError> {
-        models
-            .resolve(&config.default_model)
-            .map_err(|e| RuntimeError::unknown_model("default_model", &e))?;
-        let fast = match &config.fast_model {
-            Some(name) => {
-                let (provider, provider_model) = models
-                    .resolve(name)
-                    .map_err(|e| RuntimeError::unknown_model("fast_model", &e))?;
-                Some(compact::FastModel {
-                    provider,
-                    provider_model,
-                    name: name.clone(),
-                })
-            }
-            None => None,
-        };
+        let models = Selection::new(models, &config)?;
         recovery::recover(store.as_ref()).await?;
         let runtime = Self {
             inner: Arc::new(Inner {
-                defaults: Mutex::new(Defaults {
-                    model: config.default_model.clone(),
-                    thinking: config.default_thinking,
-                }),
                 config,
                 store,
                 models,
                 toolbox,
-                live: Mutex::new(HashMap::new()),
-                waiters: Mutex::new(HashMap::new()),
-                runners: Mutex::new(HashMap::new()),
-                compacting: Mutex::new(HashSet::new()),
-                deleting: Mutex::new(HashMap::new()),
-                fast,
-                tasks: TaskTracker::new(),
-                closed: AtomicBool::new(false),
-                draining: watch::Sender::new(false),
-                background: CancellationToken::new(),
-                started: Instant::now(),
+                slots: Arc::default(),
+                runners: Runners::default(),
+                lifecycle: Lifecycle::new(),
             }),
         };
         admin::spawn_reaper(&runtime);
@@ -433,7 +268,7 @@ impl Runtime {
             .with_description("Session runners cached in memory")
             .with_callback(move |observer| {
                 if let Some(inner) = weak.upgrade() {
-                    observer.observe(lock(&inner.runners).len() as u64, &[]);
+                    observer.observe(inner.runners.len() as u64, &[]);
                 }
             })
             .build();
@@ -452,281 +287,22 @@ impl Runtime {
 
     /// Time since [`Runtime::open`].
     pub fn uptime(&self) -> Duration {
-        self.inner.started.elapsed()
+        self.inner.lifecycle.uptime()
     }
 
     /// Number of live turns.
     pub fn live_turns(&self) -> usize {
-        lock(&self.inner.live).len()
+        self.inner.slots.live_count()
     }
 
     /// Number of cached runners.
     pub fn cached_runners(&self) -> usize {
-        lock(&self.inner.runners).len()
-    }
-
-    /// Admits and starts a turn. On `Ok` the user message is durable and the
-    /// stream's first event is `TurnStarted`; on `Err` nothing was stored.
-    ///
-    /// With a `request_id` this session already admitted, nothing runs: the
-    /// stream attaches to that turn while it is live, or replays its stored
-    /// outcome.
-    pub async fn chat(
-        &self,
-        who: &Principal,
-        input: ChatInput,
-    ) -> Result<TurnStream, RuntimeError> {
-        let inner = &self.inner;
-        if inner.closed.load(Ordering::Acquire) {
-            return Err(RuntimeError::Unavailable(
-                "the server is draining or shutting down",
-            ));
-        }
-        let checked = validate::chat_input(&input, &inner.config)?;
-        let session = self.owned_session(who, &input.session_id).await?;
-        if let Some(rid) = &input.request_id
-            && let Some(existing) = self.existing_turn(&session, rid).await?
-        {
-            return Ok(existing);
-        }
-        if session.archived {
-            return Err(RuntimeError::SessionArchived);
-        }
-        let defaults = lock(&inner.defaults).clone();
-        let (model, model_field) = match input.model.as_deref().filter(|m| !m.is_empty()) {
-            Some(m) => (m.to_owned(), "model"),
-            None if !session.model.is_empty() => (session.model.clone(), "session.model"),
-            None => (defaults.model, "default_model"),
-        };
-        let key = RunnerKey {
-            model,
-            thinking: input.thinking.or(defaults.thinking),
-            incarnation: session.incarnation.clone(),
-        };
-        let runner = self
-            .runner_for(&session.id, &session.owner, key, model_field)
-            .await?;
-        let offered = toolrun::offered(&runner, input.extra_tools, &input.excluded_tools)?;
-        let reservation = toolrun::admit_model(&runner, &offered, input.max_output_tokens)?;
-        let system_overridden = input.system_override.is_some();
-        let system_prompt = input
-            .system_override
-            .or_else(|| (!session.system_prompt.is_empty()).then(|| session.system_prompt.clone()));
-
-        let turn_id = crate::types::new_id();
-        let admitted_at = Instant::now();
-        let live = Arc::new(LiveTurn {
-            turn_id: turn_id.clone(),
-            incarnation: session.incarnation.clone(),
-            request_id: input.request_id.clone(),
-            started_at: SystemTime::now(),
-            hub: Arc::new(TurnHub::new(inner.config.replay)),
-            cancel: CancellationToken::new(),
-            cancelled: AtomicBool::new(false),
-            cancel_reason: Mutex::new(None),
-            phase: AtomicU8::new(Phase::Starting as u8),
-            pending_tools: Mutex::new(tools::Pending::default()),
-            done: CancellationToken::new(),
-        });
-        let guard = {
-            let mut map = lock(&inner.live);
-            if lock(&inner.deleting).contains_key(&session.id) {
-                return Err(RuntimeError::SessionNotFound);
-            }
-            if let Some(busy) = map.get(&session.id) {
-                if busy.incarnation != session.incarnation {
-                    // A turn of a deleted session with this id is still
-                    // ending: it is nobody's business here, not even its id.
-                    return Err(RuntimeError::Unavailable(
-                        "an earlier session with this id is still shutting down; retry shortly",
-                    ));
-                }
-                // A concurrent retry of the same request joins the turn.
-                if busy.request_id.is_some() && busy.request_id == input.request_id {
-                    return Ok(TurnStream::attached(session.id.clone(), busy, 0));
-                }
-                return Err(RuntimeError::SessionBusy {
-                    turn_id: busy.turn_id.clone(),
-                });
-            }
-            if lock(&inner.compacting).contains(&session.id) {
-                return Err(RuntimeError::SessionCompacting);
-            }
-            map.insert(session.id.clone(), Arc::clone(&live));
-            BusyGuard {
-                inner: Arc::clone(inner),
-                session_id: session.id.clone(),
-                live: Arc::clone(&live),
-            }
-        };
-
-        let record = TurnRecord {
-            turn_id: turn_id.clone(),
-            session_id: session.id.clone(),
-            status: TurnStatus::Running,
-            started_at: live.started_at,
-            finished_at: None,
-            model: runner.key.model.clone(),
-            thinking: runner.key.thinking,
-            system_overridden,
-            usage: Usage::default(),
-            user_message_seq: 0,
-            error: None,
-            cancel_reason: None,
-            request_id: input.request_id.clone(),
-            incarnation: session.incarnation.clone(),
-        };
-        let user_message = NewMessage::new(&turn_id, Role::User, input.content);
-        // The turn's span, a child of the caller's (the RPC span), carried
-        // explicitly into the spawned turn; its first model step's span is
-        // made here because that request starts during admission.
-        let span = spans::invoke_agent(&session, &turn_id, &runner.key.model);
-        let first_chat = spans::chat(&span, &runner.key.model);
-        // On failure the guard frees the slot and the hub is closed for any
-        // retry that already joined: a rejected admission leaves no trace.
-        let begun = prestart::begin(
-            inner,
-            &runner,
-            &session,
-            record.clone(),
-            user_message,
-            system_prompt.clone(),
-            prestart::FirstRequest {
-                tools: offered.clone(),
-                max_output_tokens: input.max_output_tokens,
-                reservation,
-                span: first_chat.clone(),
-            },
-        )
-        .instrument(span.clone())
-        .await;
-        let prestart::Begun {
-            session,
-            user: stored_user,
-            prestart,
-        } = match begun {
-            Ok(begun) => begun,
-            Err(e) => {
-                live.hub.abort();
-                return Err(e);
-            }
-        };
-        let (tx, rx) = mpsc::channel(inner.config.event_buffer.max(1));
-        let turn = turn::Turn {
-            inner: Arc::clone(inner),
-            live: Arc::clone(&live),
-            runner,
-            record: TurnRecord {
-                user_message_seq: stored_user.seq,
-                ..record
-            },
-            user_message: stored_user,
-            system_prompt,
-            guard: Some(guard),
-            started: admitted_at,
-            deadline: checked.deadline_from(admitted_at),
-            tools: offered,
-            max_steps: checked.max_steps,
-            max_output_tokens: input.max_output_tokens,
-            usage: Usage::default(),
-            final_message: None,
-            open_step: None,
-            prestart: Some(prestart),
-            session: session.clone(),
-            context: Arc::default(),
-            compacted: false,
-            store_failed: false,
-            first_chat: Some(first_chat),
-            _live_metric: crate::telemetry::metrics::LiveGuard::turn(),
-        };
-        let emitter = turn::Emitter::new(
-            Arc::clone(&live),
-            tx,
-            &inner.config,
-            input.on_disconnect,
-            admitted_at,
-        );
-        inner
-            .tasks
-            .spawn(tracing::Instrument::instrument(turn.run(emitter), span));
-        self.wake_waiters(&session, &live);
-        Ok(TurnStream::own(
-            session.id,
-            turn_id,
-            rx,
-            live,
-            input.on_disconnect,
-        ))
-    }
-
-    /// The turn a request id already started in this session, as a stream:
-    /// attached while live, replayed from the store once finished.
-    async fn existing_turn(
-        &self,
-        session: &crate::types::Session,
-        request_id: &str,
-    ) -> Result<Option<TurnStream>, RuntimeError> {
-        if let Some(stream) = self.attach_if_live(session, Some(request_id)) {
-            return Ok(Some(stream));
-        }
-        let Some(record) = self
-            .inner
-            .store
-            .find_turn_by_request(&session.id, request_id)
-            .await?
-        else {
-            return Ok(None);
-        };
-        if record.status == TurnStatus::Running
-            && let Some(stream) = self.attach_if_live(session, Some(request_id))
-        {
-            return Ok(Some(stream));
-        }
-        Ok(Some(
-            replay::replay_turn(self.inner.store.as_ref(), record).await?,
-        ))
-    }
-
-    /// A watcher stream on the session's live turn (only the one started
-    /// with `request_id`, when given).
-    fn attach_if_live(
-        &self,
-        session: &crate::types::Session,
-        request_id: Option<&str>,
-    ) -> Option<TurnStream> {
-        let turn = self.live_of(session)?;
-        if request_id.is_some() && turn.request_id.as_deref() != request_id {
-            return None;
-        }
-        Some(TurnStream::attached(session.id.clone(), &turn, 0))
+        self.inner.runners.len()
     }
 
     /// The live turn of `session` — of this incarnation only.
     pub(crate) fn live_of(&self, session: &crate::types::Session) -> Option<Arc<LiveTurn>> {
-        lock(&self.inner.live)
-            .get(&session.id)
-            .filter(|t| t.incarnation == session.incarnation)
-            .cloned()
-    }
-
-    /// Wakes the watchers waiting for `session`'s next turn. Waiters of an
-    /// earlier incarnation (none should be left: delete ends them) are
-    /// dropped, never handed the turn.
-    fn wake_waiters(&self, session: &crate::types::Session, live: &Arc<LiveTurn>) {
-        let waiting = lock(&self.inner.waiters).remove(&session.id);
-        for waiter in waiting.into_iter().flatten() {
-            if waiter.incarnation == session.incarnation {
-                let _ = waiter.tx.send(Ok(Arc::clone(live)));
-            }
-        }
-    }
-
-    /// Ends every watcher waiting for a turn of session `session_id`.
-    pub(crate) fn end_waiters(&self, session_id: &str, why: WaitEnded) {
-        let waiting = lock(&self.inner.waiters).remove(session_id);
-        for waiter in waiting.into_iter().flatten() {
-            let _ = waiter.tx.send(Err(why));
-        }
+        self.inner.slots.live_of(session)
     }
 
     /// The session if it exists and belongs to `who`.
@@ -759,40 +335,32 @@ impl Runtime {
         }
     }
 
-    /// Evicts the session's cached runner.
-    pub(crate) fn evict_runner(&self, session_id: &str) {
-        lock(&self.inner.runners).remove(session_id);
-    }
-
     /// Stops admitting turns, gives live turns `grace` to finish, cancels the
     /// rest (outcome CANCELED, reason SHUTDOWN, partial output stored), waits
     /// for them (bounded by `hard_limit` more), and flushes the store.
+    ///
+    /// The title jobs finished turns started are waited for within the same
+    /// bound (`grace` plus `hard_limit` from the call); one still running then
+    /// is cancelled. Nothing the runtime spawned is left running when this
+    /// returns, so every span it opened is closed.
     pub async fn shutdown(&self, grace: Duration, hard_limit: Duration) {
         let inner = &self.inner;
         self.stop_admitting();
-        inner.background.cancel();
         // Watchers waiting for a next turn that will never come end now.
-        lock(&inner.waiters).clear();
-        inner.tasks.close();
-        if tokio::time::timeout(grace, inner.tasks.wait())
-            .await
-            .is_err()
-        {
-            let live: Vec<_> = lock(&inner.live).values().cloned().collect();
-            tracing::warn!(
-                live_turns = live.len(),
-                "grace period over, cancelling live turns"
-            );
-            for turn in live {
-                turn.cancel(CancelReason::Shutdown);
-            }
-            if tokio::time::timeout(hard_limit, inner.tasks.wait())
-                .await
-                .is_err()
-            {
-                tracing::error!("live turns did not end within the hard limit");
-            }
-        }
+        inner.slots.clear_waiters();
+        inner
+            .lifecycle
+            .wind_down(grace, hard_limit, || {
+                let live = inner.slots.live_turns();
+                tracing::warn!(
+                    live_turns = live.len(),
+                    "grace period over, cancelling live turns"
+                );
+                for turn in live {
+                    turn.cancel(CancelReason::Shutdown);
+                }
+            })
+            .await;
         inner.toolbox.close().await;
         if let Err(err) = inner.store.flush().await {
             tracing::error!(error = %err, "final store flush failed");
@@ -801,20 +369,19 @@ impl Runtime {
 
     /// True once draining or shutdown started.
     pub fn is_closed(&self) -> bool {
-        self.inner.closed.load(Ordering::Acquire)
+        self.inner.lifecycle.is_closed()
     }
 
     /// Refuses new turns from now on (UNAVAILABLE) and reports the runtime
     /// as draining. Call it before telling anyone the server is draining,
     /// so that nobody who saw NOT_SERVING can still get a turn admitted.
     pub fn stop_admitting(&self) {
-        self.inner.closed.store(true, Ordering::Release);
-        self.inner.draining.send_replace(true);
+        self.inner.lifecycle.stop_admitting();
     }
 
     /// Watches the draining flag (readiness follows it).
     pub fn draining(&self) -> watch::Receiver<bool> {
-        self.inner.draining.subscribe()
+        self.inner.lifecycle.draining()
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Runtime, lock};
+use super::Runtime;
 use crate::error::RuntimeError;
 use crate::types::{Principal, ThinkingLevel};
 
@@ -36,12 +36,13 @@ fn require_admin(who: &Principal) -> Result<(), RuntimeError> {
 }
 
 /// Closes runners idle past the timeout, every `reap_interval`, until the
-/// runtime shuts down.
+/// runtime shuts down (or is dropped). A job of the runtime's: shutdown
+/// waits for it to end.
 pub(crate) fn spawn_reaper(runtime: &Runtime) {
     let weak = std::sync::Arc::downgrade(&runtime.inner);
-    let stop = runtime.inner.background.clone();
+    let stop = runtime.inner.lifecycle.background();
     let every = runtime.inner.config.reap_interval;
-    tokio::spawn(async move {
+    runtime.inner.lifecycle.spawn_job(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
@@ -63,15 +64,10 @@ impl Runtime {
     /// Closes runners unused for longer than the idle timeout at `now`,
     /// except those whose session has a live turn. Returns how many.
     pub fn reap_idle_runners(&self, now: Instant) -> usize {
-        let idle_for = self.inner.config.runner_idle_timeout;
-        let live = lock(&self.inner.live);
-        let mut runners = lock(&self.inner.runners);
-        let before = runners.len();
-        runners.retain(|session_id, runner| {
-            live.contains_key(session_id)
-                || now.saturating_duration_since(*lock(&runner.last_used)) < idle_for
-        });
-        before - runners.len()
+        let busy = self.inner.slots.busy_sessions();
+        self.inner
+            .runners
+            .reap(now, self.inner.config.runner_idle_timeout, &busy)
     }
 
     /// Closes cached runners (all, or `user_id`'s). A live turn keeps its
@@ -85,10 +81,7 @@ impl Runtime {
         if let Some(user) = user_id {
             crate::limits::check_short("user_id", user, crate::limits::MAX_ID_BYTES)?;
         }
-        let mut runners = lock(&self.inner.runners);
-        let before = runners.len();
-        runners.retain(|_, r| user_id.is_some_and(|u| r.owner != u));
-        Ok(before - runners.len())
+        Ok(self.inner.runners.reset(user_id))
     }
 
     /// Marks every runner for rebuild before its next turn.
@@ -106,14 +99,7 @@ impl Runtime {
     ) -> Result<String, RuntimeError> {
         require_admin(who)?;
         crate::limits::check_model_name("model", model)?;
-        self.inner
-            .models
-            .resolve(model)
-            .map_err(|e| RuntimeError::unknown_model("model", &e))?;
-        let mut defaults = lock(&self.inner.defaults);
-        let previous = std::mem::replace(&mut defaults.model, model.to_owned());
-        defaults.thinking = thinking;
-        Ok(previous)
+        self.inner.models.set_defaults(model, thinking, "model")
     }
 
     /// Stops admitting turns and waits, at most `timeout`, until none is
@@ -121,22 +107,14 @@ impl Runtime {
     pub async fn drain(&self, who: &Principal, timeout: Duration) -> Result<usize, RuntimeError> {
         require_admin(who)?;
         self.stop_admitting();
-        self.inner.tasks.close();
-        let _ = tokio::time::timeout(timeout, self.inner.tasks.wait()).await;
+        self.inner.lifecycle.wait_turns(timeout).await;
         Ok(self.live_turns())
     }
 
     /// Runtime-wide numbers.
     pub async fn stats(&self, who: &Principal) -> Result<RuntimeStats, RuntimeError> {
         require_admin(who)?;
-        let (live_turns, watching) = {
-            let live = lock(&self.inner.live);
-            (
-                live.len(),
-                live.values().map(|t| t.hub.watcher_count()).sum::<usize>(),
-            )
-        };
-        let waiting: usize = lock(&self.inner.waiters).values().map(Vec::len).sum();
+        let (live_turns, watching, waiting) = self.inner.slots.counts();
         Ok(RuntimeStats {
             live_turns,
             cached_runners: self.cached_runners(),
@@ -144,7 +122,7 @@ impl Runtime {
             sessions_stored: self.inner.store.count_sessions().await?,
             uptime: self.uptime(),
             draining: self.is_closed(),
-            default_model: lock(&self.inner.defaults).model.clone(),
+            default_model: self.inner.models.defaults().model,
         })
     }
 }

@@ -2,9 +2,8 @@
 
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::oneshot;
-
-use super::{Cancelled, Runtime, TurnStream, lock};
+use super::slots::Next;
+use super::{Cancelled, Runtime, TurnStream};
 use crate::error::RuntimeError;
 use crate::events::Phase;
 use crate::types::{CancelReason, Principal};
@@ -31,7 +30,7 @@ impl Runtime {
         after_seq: u64,
         wait_for_turn: bool,
     ) -> Result<Option<TurnStream>, RuntimeError> {
-        super::sessions::validate_session_id("session_id", session_id)?;
+        crate::limits::validate_session_id("session_id", session_id)?;
         let session = self.owned_session(who, session_id).await?;
         if let Some(stream) = self.attach_if_live_from(&session, after_seq) {
             return Ok(Some(stream));
@@ -39,42 +38,19 @@ impl Runtime {
         if !wait_for_turn {
             return Ok(None);
         }
-        if self.is_closed() {
-            return Err(RuntimeError::Unavailable(
-                "the server is draining or shutting down",
-            ));
-        }
-        let (tx, rx) = oneshot::channel();
+        self.inner.lifecycle.admitting()?;
+        match self
+            .inner
+            .slots
+            .wait_for_turn(&session, self.inner.config.max_waiters_per_session)?
         {
-            let mut waiters = lock(&self.inner.waiters);
-            // Re-check under the waiters lock: admission publishes the live
-            // turn before waking waiters, so a turn admitted since the check
-            // above is seen here or wakes us.
-            if let Some(stream) = self.attach_if_live_from(&session, after_seq) {
-                return Ok(Some(stream));
-            }
-            // Likewise a delete ends the waiters after it reserved the id:
-            // one that started meanwhile must not wait on a deleted session.
-            if lock(&self.inner.deleting).contains_key(session_id) {
-                return Err(RuntimeError::SessionNotFound);
-            }
-            let list = waiters.entry(session_id.to_owned()).or_default();
-            list.retain(|w| !w.tx.is_closed());
-            if list.len() >= self.inner.config.max_waiters_per_session {
-                return Err(RuntimeError::ResourceExhausted(
-                    "too many callers are waiting for this session's next turn",
-                ));
-            }
-            list.push(super::Waiter {
-                incarnation: session.incarnation,
-                tx,
-            });
+            Next::Live(turn) => Ok(Some(TurnStream::attached(
+                session.id.clone(),
+                &turn,
+                after_seq,
+            ))),
+            Next::Waiting(rx) => Ok(Some(TurnStream::waiting(session.id, rx, after_seq))),
         }
-        Ok(Some(TurnStream::waiting(
-            session_id.to_owned(),
-            rx,
-            after_seq,
-        )))
     }
 
     fn attach_if_live_from(
@@ -93,7 +69,7 @@ impl Runtime {
         who: &Principal,
         session_id: &str,
     ) -> Result<bool, RuntimeError> {
-        super::sessions::validate_session_id("session_id", session_id)?;
+        crate::limits::validate_session_id("session_id", session_id)?;
         let session = self.owned_session(who, session_id).await?;
         match self
             .cancel_live(&session, CancelReason::Stopped, STOP_WAIT)
@@ -115,7 +91,7 @@ impl Runtime {
         who: &Principal,
         session_id: &str,
     ) -> Result<SessionStatus, RuntimeError> {
-        super::sessions::validate_session_id("session_id", session_id)?;
+        crate::limits::validate_session_id("session_id", session_id)?;
         let session = self.owned_session(who, session_id).await?;
         Ok(match self.live_of(&session) {
             Some(turn) => SessionStatus {
@@ -138,12 +114,12 @@ impl Runtime {
         session_id: &str,
         force: bool,
     ) -> Result<bool, RuntimeError> {
-        super::sessions::validate_session_id("session_id", session_id)?;
+        crate::limits::validate_session_id("session_id", session_id)?;
         let session = self.owned_session(who, session_id).await?;
         if force {
             self.cancel_live(&session, CancelReason::Stopped, STOP_WAIT)
                 .await;
         }
-        Ok(lock(&self.inner.runners).remove(session_id).is_some())
+        Ok(self.inner.runners.remove(session_id))
     }
 }

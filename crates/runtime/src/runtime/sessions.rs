@@ -8,8 +8,11 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 use super::Runtime;
+use super::slots::{Holder, WaitEnded};
 use crate::error::RuntimeError;
-use crate::limits::{MAX_ID_BYTES, MAX_TEXT_FIELD_BYTES, check_model_name, check_short};
+use crate::limits::{
+    MAX_ID_BYTES, MAX_TEXT_FIELD_BYTES, check_model_name, check_short, validate_session_id,
+};
 use crate::store::{CreateOutcome, HistoryQuery, ListCursor, ListQuery};
 use crate::types::{CancelReason, Message, NewSession, Principal, Session, SessionUpdate};
 
@@ -28,7 +31,6 @@ const HISTORY_MAX: usize = 1_000;
 /// page stays under 4 MiB too.
 pub(crate) const PAGE_BYTES: usize = 2 << 20;
 /// Upper bounds on caller-supplied session fields.
-const MAX_ID_LEN: usize = 128;
 const MAX_FIELD_BYTES: usize = MAX_TEXT_FIELD_BYTES;
 const MAX_METADATA_ENTRIES: usize = 64;
 /// Longest page tokens: a history token is a seq, a listing token the
@@ -54,25 +56,6 @@ pub struct HistoryPage {
     pub messages: Vec<Message>,
     /// Empty when there are no more messages.
     pub next_page_token: String,
-}
-
-/// Session ids are 1–128 characters of `[A-Za-z0-9._:-]`, so they are safe in
-/// store keys, logs and URLs.
-pub(crate) fn validate_session_id(field: &str, id: &str) -> Result<(), RuntimeError> {
-    if id.is_empty() {
-        return Err(RuntimeError::invalid(field, "is required"));
-    }
-    if id.len() > MAX_ID_LEN
-        || !id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
-    {
-        return Err(RuntimeError::invalid(
-            field,
-            format!("must be 1-{MAX_ID_LEN} characters of A-Z a-z 0-9 . _ : -"),
-        ));
-    }
-    Ok(())
 }
 
 fn check_len(field: &str, value: &str) -> Result<(), RuntimeError> {
@@ -136,42 +119,6 @@ fn decode_cursor(token: &str) -> Result<ListCursor, RuntimeError> {
     })
 }
 
-/// Holds a session id for a `DeleteSession` call while it runs (see
-/// `Inner::deleting`).
-struct DeleteReservation<'a> {
-    runtime: &'a Runtime,
-    session_id: String,
-}
-
-impl<'a> DeleteReservation<'a> {
-    fn take(runtime: &'a Runtime, session_id: &str) -> Self {
-        // Under the live lock, like every reader of `deleting`: a turn is
-        // either admitted before this (and is stopped by the delete) or sees
-        // the reservation and is refused.
-        let _live = super::lock(&runtime.inner.live);
-        *super::lock(&runtime.inner.deleting)
-            .entry(session_id.to_owned())
-            .or_default() += 1;
-        Self {
-            runtime,
-            session_id: session_id.to_owned(),
-        }
-    }
-}
-
-impl Drop for DeleteReservation<'_> {
-    fn drop(&mut self) {
-        let _live = super::lock(&self.runtime.inner.live);
-        let mut deleting = super::lock(&self.runtime.inner.deleting);
-        if let Some(n) = deleting.get_mut(&self.session_id) {
-            *n -= 1;
-            if *n == 0 {
-                deleting.remove(&self.session_id);
-            }
-        }
-    }
-}
-
 impl Runtime {
     /// Creates a session owned by `who`. With a client-chosen id the call
     /// is idempotent for the same owner; another owner gets
@@ -192,10 +139,7 @@ impl Runtime {
         check_metadata(&new.metadata)?;
         check_model_name("model", &new.model)?;
         if !new.model.is_empty() {
-            self.inner
-                .models
-                .resolve(&new.model)
-                .map_err(|e| RuntimeError::unknown_model("model", &e))?;
+            self.inner.models.resolve(&new.model, "model")?;
         }
         new.owner.clone_from(&who.user_id);
         if let Some(id) = &new.id
@@ -274,10 +218,7 @@ impl Runtime {
             check_model_name("model", model)?;
         }
         if let Some(model) = update.model.as_deref().filter(|m| !m.is_empty()) {
-            self.inner
-                .models
-                .resolve(model)
-                .map_err(|e| RuntimeError::unknown_model("model", &e))?;
+            self.inner.models.resolve(model, "model")?;
         }
         if let Some(m) = &update.metadata {
             check_metadata(m)?;
@@ -290,14 +231,11 @@ impl Runtime {
     /// a live turn of an earlier incarnation (a live turn while no session
     /// has the id): it is not created again until they are done.
     async fn id_still_in_use(&self, id: &str) -> Result<bool, RuntimeError> {
-        let live = {
-            let live = super::lock(&self.inner.live);
-            if super::lock(&self.inner.deleting).contains_key(id) {
-                return Ok(true);
-            }
-            live.contains_key(id)
-        };
-        Ok(live && self.inner.store.get_session(id).await?.is_none())
+        Ok(match self.inner.slots.holder(id) {
+            Holder::Delete => true,
+            Holder::Turn => self.inner.store.get_session(id).await?.is_none(),
+            Holder::Nobody => false,
+        })
     }
 
     /// Deletes the session with its history. Admission of new turns (and
@@ -313,8 +251,10 @@ impl Runtime {
     ) -> Result<bool, RuntimeError> {
         validate_session_id("session_id", session_id)?;
         let session = self.owned_session(who, session_id).await?;
-        let _reserved = DeleteReservation::take(self, session_id);
-        self.end_waiters(session_id, super::WaitEnded::SessionDeleted);
+        let _reserved = self.inner.slots.reserve_delete(session_id);
+        self.inner
+            .slots
+            .end_waiters(session_id, WaitEnded::SessionDeleted);
         match self
             .cancel_live(&session, CancelReason::SessionDeleted, DELETE_STOP_WAIT)
             .await
@@ -326,7 +266,7 @@ impl Runtime {
                 ));
             }
         }
-        self.evict_runner(session_id);
+        self.inner.runners.remove(session_id);
         Ok(self
             .inner
             .store

@@ -12,7 +12,8 @@ use std::time::SystemTime;
 use futures::Stream;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{EventRx, LiveTurn, OnDisconnect, WaitEnded, Wake};
+use super::slots::{LiveTurn, WaitEnded, Wake};
+use super::{EventRx, OnDisconnect};
 use crate::events::{EventKind, TurnEvent};
 use crate::hub::TurnHub;
 use crate::types::CancelReason;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures::StreamExt as _;
 
 use super::Inner;
-use super::compact::FastModel;
+use super::models::Resolved;
 use crate::compaction::clip;
 use crate::model::{ModelEvent, ModelRequest};
 use crate::types::{Message, Role, flatten_text};
@@ -59,7 +59,8 @@ pub fn extract_title(text: &str) -> Option<String> {
 }
 
 /// Sets the session's title in the background from its first user message
-/// (and, with a fast model, the first answer).
+/// (and, with a fast model, the first answer). A job of the runtime's
+/// lifecycle: shutdown waits for it, and cancels it at its hard limit.
 pub(super) fn spawn(inner: Arc<Inner>, session_id: String, incarnation: String, answer: String) {
     // Its own span, a child of the turn's (which it may outlive).
     let span = tracing::info_span!(
@@ -67,34 +68,38 @@ pub(super) fn spawn(inner: Arc<Inner>, session_id: String, incarnation: String, 
         otel.name = "agentrt.title",
         { crate::telemetry::semconv::GEN_AI_CONVERSATION_ID } = %session_id,
     );
-    tokio::spawn(tracing::Instrument::instrument(
-        async move {
-            let first = match inner.store.history(&session_id, 0, FIRST_PAGE, true).await {
-                Ok(page) => first_user_text(&page),
-                Err(err) => {
-                    tracing::warn!(error = %err, "reading the first message for a title failed");
-                    return;
-                }
-            };
-            let Some(first) = first else { return };
-            let mut title = None;
-            if let Some(fast) = &inner.fast {
-                title = from_model(fast, &first, &answer).await;
-            }
-            let Some(title) = title.or_else(|| extract_title(&first)) else {
-                return;
-            };
-            match inner
-                .store
-                .set_title_if_empty(&session_id, &incarnation, &title)
-                .await
-            {
-                Ok(set) => tracing::debug!(set, "session title"),
-                Err(err) => tracing::warn!(error = %err, "storing the session title failed"),
-            }
-        },
+    let runtime = Arc::clone(&inner);
+    runtime.lifecycle.spawn_job(tracing::Instrument::instrument(
+        async move { set_title(&inner, &session_id, &incarnation, &answer).await },
         span,
     ));
+}
+
+/// The title job's body.
+async fn set_title(inner: &Inner, session_id: &str, incarnation: &str, answer: &str) {
+    let first = match inner.store.history(session_id, 0, FIRST_PAGE, true).await {
+        Ok(page) => first_user_text(&page),
+        Err(err) => {
+            tracing::warn!(error = %err, "reading the first message for a title failed");
+            return;
+        }
+    };
+    let Some(first) = first else { return };
+    let mut title = None;
+    if let Some(fast) = inner.models.fast() {
+        title = from_model(fast, &first, answer).await;
+    }
+    let Some(title) = title.or_else(|| extract_title(&first)) else {
+        return;
+    };
+    match inner
+        .store
+        .set_title_if_empty(session_id, incarnation, &title)
+        .await
+    {
+        Ok(set) => tracing::debug!(set, "session title"),
+        Err(err) => tracing::warn!(error = %err, "storing the session title failed"),
+    }
 }
 
 fn first_user_text(page: &[Message]) -> Option<String> {
@@ -105,7 +110,7 @@ fn first_user_text(page: &[Message]) -> Option<String> {
 }
 
 /// Asks the fast model for a title; `None` when it fails or says nothing.
-async fn from_model(fast: &FastModel, first: &str, answer: &str) -> Option<String> {
+async fn from_model(fast: &Resolved, first: &str, answer: &str) -> Option<String> {
     let prompt = format!(
         "User: {}\n\nAssistant: {}",
         clip(first, TITLE_INPUT_CHARS),
@@ -143,7 +148,127 @@ async fn from_model(fast: &FastModel, first: &str, answer: &str) -> Option<Strin
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use async_trait::async_trait;
+    use futures::StreamExt as _;
+    use tokio::sync::{Semaphore, mpsc};
+
     use super::*;
+    use crate::model::{ModelError, ModelProvider, ModelStream, Models};
+    use crate::runtime::{ChatInput, Runtime, RuntimeConfig};
+    use crate::store::{MemoryStore, Store};
+    use crate::types::{ContentBlock, NewSession, Principal, StopReason};
+
+    /// A fast model that says when it is asked for a title, answers only
+    /// once released, and notes when its request is dropped unanswered.
+    #[derive(Debug)]
+    struct Gate {
+        asked: mpsc::Sender<()>,
+        release: Semaphore,
+        dropped: AtomicBool,
+    }
+
+    /// Sets its flag when dropped before it is disarmed.
+    struct Dropped<'a>(Option<&'a AtomicBool>);
+
+    impl Drop for Dropped<'_> {
+        fn drop(&mut self) {
+            if let Some(flag) = self.0 {
+                flag.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+
+    #[async_trait]
+    impl ModelProvider for Gate {
+        async fn stream(&self, _request: ModelRequest) -> Result<ModelStream, ModelError> {
+            let mut dropped = Dropped(Some(&self.dropped));
+            let _ = self.asked.try_send(());
+            let _permit = self.release.acquire().await;
+            dropped.0 = None;
+            Ok(Box::pin(futures::stream::iter([
+                Ok(ModelEvent::TextDelta("Named by the model".into())),
+                Ok(ModelEvent::Finished(StopReason::Stop)),
+            ])))
+        }
+    }
+
+    /// A runtime whose fast model is a [`Gate`], with one finished turn in
+    /// an untitled session whose title job has asked the gate.
+    async fn titling() -> (Runtime, Arc<MemoryStore>, Arc<Gate>, String) {
+        let (asked, mut was_asked) = mpsc::channel(4);
+        let gate = Arc::new(Gate {
+            asked,
+            release: Semaphore::new(0),
+            dropped: AtomicBool::new(false),
+        });
+        let mut models = Models::with_builtin();
+        models.insert("gate", Arc::clone(&gate) as Arc<dyn ModelProvider>);
+        let store = Arc::new(MemoryStore::new());
+        let config = RuntimeConfig {
+            fast_model: Some("gate/titles".into()),
+            ..RuntimeConfig::default()
+        };
+        let rt = Runtime::open(config, Arc::clone(&store) as Arc<dyn Store>, models)
+            .await
+            .unwrap();
+        let who = Principal::local();
+        let id = rt
+            .create_session(&who, NewSession::default())
+            .await
+            .unwrap()
+            .id;
+        let input = ChatInput {
+            session_id: id.clone(),
+            content: vec![ContentBlock::text("plan a trip")],
+            ..ChatInput::default()
+        };
+        let events: Vec<_> = rt.chat(&who, input).await.unwrap().collect().await;
+        assert!(events.last().unwrap().is_final());
+        was_asked
+            .recv()
+            .await
+            .expect("the title job asks the fast model");
+        (rt, store, gate, id)
+    }
+
+    #[tokio::test]
+    async fn shutdown_waits_for_a_title_job_in_flight() {
+        let (rt, store, gate, id) = titling().await;
+        let shutdown = tokio::spawn({
+            let rt = rt.clone();
+            async move {
+                rt.shutdown(Duration::from_secs(60), Duration::from_secs(60))
+                    .await;
+            }
+        });
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            !shutdown.is_finished(),
+            "shutdown returned while a title job was running"
+        );
+        gate.release.add_permits(1);
+        shutdown.await.unwrap();
+        let session = store.get_session(&id).await.unwrap().unwrap();
+        assert_eq!(session.title, "Named by the model");
+        assert!(!gate.dropped.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_title_job_still_running_at_the_hard_limit_is_cancelled() {
+        let (rt, store, gate, id) = titling().await;
+        rt.shutdown(Duration::from_secs(1), Duration::from_secs(2))
+            .await;
+        assert!(
+            gate.dropped.load(Ordering::SeqCst),
+            "the title job was not cancelled before shutdown returned"
+        );
+        let session = store.get_session(&id).await.unwrap().unwrap();
+        assert_eq!(session.title, "");
+    }
 
     #[test]
     fn short_text_is_kept_with_whitespace_collapsed() {

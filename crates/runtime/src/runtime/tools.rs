@@ -10,39 +10,25 @@ use super::{Runtime, lock};
 use crate::error::{FieldViolation, RuntimeError};
 use crate::limits::{MAX_ID_BYTES, MAX_TOOLS, check_short};
 use crate::model::ToolSpec;
+use crate::toolbox::ToolOutcome;
 use crate::types::Principal;
+
 /// Longest tool description.
 const MAX_DESCRIPTION: usize = 4 << 10;
 /// Longest input summary and result detail in events.
 const SUMMARY_CHARS: usize = 80;
 const DETAIL_CHARS: usize = 120;
 
-/// A tool result, from the caller or made up by the runtime (errors).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ToolOutput {
-    pub(crate) content: String,
-    pub(crate) is_error: bool,
-}
-
-impl ToolOutput {
-    pub(crate) fn error(content: impl Into<String>) -> Self {
-        Self {
-            content: content.into(),
-            is_error: true,
-        }
-    }
-}
-
 /// Calls of one turn waiting for their result, and those already answered
 /// (so a second submit is told ALREADY_EXISTS rather than "unknown").
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
-    waiting: HashMap<String, oneshot::Sender<ToolOutput>>,
+    waiting: HashMap<String, oneshot::Sender<ToolOutcome>>,
     answered: HashSet<String>,
 }
 
 impl Pending {
-    pub(crate) fn wait_for(&mut self, call_id: &str) -> oneshot::Receiver<ToolOutput> {
+    pub(crate) fn wait_for(&mut self, call_id: &str) -> oneshot::Receiver<ToolOutcome> {
         let (tx, rx) = oneshot::channel();
         self.waiting.insert(call_id.to_owned(), tx);
         rx
@@ -162,7 +148,7 @@ impl Runtime {
         content: String,
         is_error: bool,
     ) -> Result<(), RuntimeError> {
-        super::sessions::validate_session_id("session_id", session_id)?;
+        crate::limits::validate_session_id("session_id", session_id)?;
         if call_id.is_empty() {
             return Err(RuntimeError::invalid("call_id", "is required"));
         }
@@ -194,7 +180,7 @@ impl Runtime {
                 "the turn is not waiting for a result of that call",
             ))?;
         pending.answered.insert(call_id.to_owned());
-        tx.send(ToolOutput { content, is_error })
+        tx.send(ToolOutcome { content, is_error })
             .map_err(|_| RuntimeError::FailedPrecondition("the turn stopped waiting for that call"))
     }
 }

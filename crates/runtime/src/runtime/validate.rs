@@ -38,7 +38,7 @@ pub(super) fn chat_input(
     input: &ChatInput,
     config: &RuntimeConfig,
 ) -> Result<Checked, RuntimeError> {
-    super::sessions::validate_session_id("session_id", &input.session_id)?;
+    crate::limits::validate_session_id("session_id", &input.session_id)?;
     validate_content(&input.content, config.max_input_bytes)?;
     if let Some(system) = &input.system_override
         && system.len() > config.max_input_bytes

@@ -1,21 +1,15 @@
-//! Admission: storing the turn's user message while its context is loaded
-//! and its first model request is built.
+//! The pre-start of a turn's first model request, during admission.
 //!
-//! Admission must not return before the user message is durable, and the
-//! model must not be called before then either (CONTRACT 3.3): a sled
-//! transaction plus a device flush, together ~0.1–0.6 ms here. Loading the
-//! context need not wait: once the session's slot is held nothing else
-//! writes to it, so its record (re-read under the slot) says exactly which
-//! messages precede the new one. A task loads that context — from the
-//! runner's cache, or from the store, on the calling thread when short —
-//! and, unless it needs compaction first, builds the model request, while
-//! admission writes the user message (after yielding to the task once:
-//! the store's transaction, then its flush on the store's flusher, shared
-//! with other writers). Once the write is durable admission lets the task send the
-//! request; if the write fails, admission is rejected and dropping the
-//! [`Prestart`] aborts the task before it called the model. Nothing is
-//! acknowledged before the flush: the turn emits `turn_started` and the
-//! user message's `message_stored` only after admission returned.
+//! The model must not be called before the turn's user message is durable
+//! (see `admission`), but loading the context need not wait: once the
+//! session's slot is held nothing else writes to it, so its record
+//! (re-read under the slot) says exactly which messages precede the new
+//! one. So while admission writes the user message, a task started here
+//! loads that context — from the runner's cache, or from the store, on the
+//! calling thread when short — and, unless it needs compaction first,
+//! builds the model request; it sends the request once admission says the
+//! write is durable. If the write fails, admission is rejected and dropping
+//! the [`Prestart`] aborts the task before it called the model.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -25,12 +19,12 @@ use std::task::{Context as TaskContext, Poll};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::compact::Context;
-use super::{Inner, Runner};
-use crate::error::RuntimeError;
 use crate::model::{ModelError, ModelRequest, ModelStream, Reservation, ToolSpec};
+use crate::runtime::Inner;
+use crate::runtime::context::Context;
+use crate::runtime::runners::Runner;
 use crate::store::StoreError;
-use crate::types::{Message, NewMessage, Session, TurnRecord};
+use crate::types::{Message, Session};
 
 /// The loaded context, as the prestart task found it.
 pub(crate) enum Loaded {
@@ -106,104 +100,11 @@ pub(crate) struct FirstRequest {
     pub(crate) span: tracing::Span,
 }
 
-/// An admitted turn's durable start.
-pub(crate) struct Begun {
-    /// The session as it was when the user message was stored (re-read
-    /// under the slot).
-    pub(crate) session: Session,
-    /// The stored, durable user message.
-    pub(crate) user: Message,
-    /// The context load and first model request, under way.
-    pub(crate) prestart: Prestart,
-}
-
-/// Stores the turn's record and user message durably (`record`'s
-/// `user_message_seq` is overwritten), with the context load and first
-/// model request started alongside. The caller holds the session's slot.
-pub(crate) async fn begin(
-    inner: &Arc<Inner>,
-    runner: &Arc<Runner>,
-    admitted: &Session,
-    record: TurnRecord,
-    user_message: NewMessage,
-    system_prompt: Option<String>,
-    first: FirstRequest,
-) -> Result<Begun, RuntimeError> {
-    // Re-read under the slot: a turn may have ended (storing its answer, or
-    // compacting) between the admission's first read and taking the slot.
-    // From here on only this turn writes to the session.
-    let session = inner
-        .store
-        .get_session(&admitted.id)
-        .await?
-        .filter(|s| s.owner == admitted.owner)
-        .ok_or(RuntimeError::SessionNotFound)?;
-    let provisional = Message {
-        seq: session.next_seq,
-        body: user_message.clone(),
-        compacted: false,
-    };
-    let (go, durable) = oneshot::channel();
-    let prestart = spawn(
-        inner,
-        runner,
-        &session,
-        provisional,
-        system_prompt.clone(),
-        first.clone(),
-        durable,
-    );
-    // Let the task load the context and build the request while this one
-    // hands the write to a blocking thread and the flusher.
-    tokio::task::yield_now().await;
-    let user = inner.store.begin_turn(record, user_message).await?;
-    if user.seq == session.next_seq {
-        // Durable: the model may be called now (CONTRACT 3.3).
-        let _ = go.send(());
-        return Ok(Begun {
-            session,
-            user,
-            prestart,
-        });
-    }
-    // Something else wrote to the session although this turn holds its
-    // slot: start again from the store as it is now.
-    tracing::warn!(
-        session_id = %session.id,
-        expected = session.next_seq,
-        stored = user.seq,
-        "the session changed while its turn was being admitted; reloading its context"
-    );
-    drop(prestart);
-    let mut session = inner
-        .store
-        .get_session(&session.id)
-        .await?
-        .ok_or(RuntimeError::SessionNotFound)?;
-    session.next_seq = user.seq;
-    let (go, durable) = oneshot::channel();
-    let prestart = spawn(
-        inner,
-        runner,
-        &session,
-        user.clone(),
-        system_prompt,
-        first,
-        durable,
-    );
-    let _ = go.send(());
-    Ok(Begun {
-        session,
-        user,
-        prestart,
-    })
-}
-
 /// Starts loading `session`'s context (the messages before `user`, which
 /// must be its next seq) and, when it fits the budget, building the first
 /// model request of a turn, which is sent once `durable` fires (the user
 /// message is stored and flushed); never when it is dropped.
-fn spawn(
+pub(crate) fn spawn(
     inner: &Arc<Inner>,
     runner: &Arc<Runner>,
     session: &Session,
@@ -213,18 +114,17 @@ fn spawn(
     durable: oneshot::Receiver<()>,
 ) -> Prestart {
     let (tx, loaded) = oneshot::channel();
-    let (inner, runner) = (Arc::clone(inner), Arc::clone(runner));
+    let (shared, runner) = (Arc::clone(inner), Arc::clone(runner));
     // The runner's cached context, when it is exactly the store's.
-    let cached = super::lock(&runner.context)
-        .take()
-        .and_then(|c| c.take_for(session, &user));
+    let cached = runner.take_context(session, &user);
     let session = session.clone();
     let span = first.span.clone();
-    let handle = tokio::spawn(tracing::Instrument::instrument(
+    // Tracked with the turns: shutdown and drain wait for it.
+    let handle = inner.lifecycle.spawn_turn(tracing::Instrument::instrument(
         async move {
             let context = match cached {
                 Some(messages) => Ok(Context::from_messages(messages)),
-                None => Context::load(inner.store.as_ref(), &session)
+                None => Context::load(shared.store.as_ref(), &session)
                     .await
                     .map(|mut context| {
                         context.tail.push(user);
@@ -239,14 +139,14 @@ fn spawn(
                 }
             };
             if let Some(tokens) =
-                context.over_budget(system_prompt.as_deref(), &inner.config.compaction)
+                context.over_budget(system_prompt.as_deref(), &shared.config.compaction)
             {
                 let _ = tx.send(Ok(Loaded::NeedsCompaction { context, tokens }));
                 return None;
             }
             let messages = Arc::new(context.into_messages());
             let request = ModelRequest {
-                model: runner.provider_model.clone(),
+                model: runner.model.provider_model.clone(),
                 system_prompt,
                 messages: Arc::clone(&messages),
                 thinking: runner.key.thinking,
@@ -257,7 +157,7 @@ fn spawn(
             if durable.await.is_err() || tx.send(Ok(Loaded::Sent(messages))).is_err() {
                 return None;
             }
-            Some(runner.provider.stream(request).await)
+            Some(runner.model.provider.stream(request).await)
         },
         span,
     ));
@@ -276,6 +176,7 @@ mod tests {
     use futures::StreamExt as _;
 
     use super::*;
+    use crate::error::RuntimeError;
     use crate::events::EventKind;
     use crate::model::{ModelEvent, ModelProvider, Models};
     use crate::runtime::{ChatInput, Runtime, RuntimeConfig};

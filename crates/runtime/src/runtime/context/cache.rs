@@ -3,13 +3,15 @@
 //!
 //! Only contexts of at least [`MIN_CACHED_MESSAGES`] messages are kept
 //! (shorter ones are cheap to read, and idle sessions stay small), and all
-//! cached contexts together stay under [`CACHE_BUDGET_BYTES`]. A cached
+//! cached contexts of a runtime together stay under their [`Budget`]
+//! ([`CACHE_BUDGET_BYTES`]). A cached
 //! context is used only when it provably equals what the store holds: same
 //! session incarnation (and creation time), same compaction state, and the
 //! turn's user message got exactly the seq after the cached messages — all
 //! messages of a session are appended by its one live turn, so nothing can
 //! have been written in between.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::SystemTime;
 
@@ -20,8 +22,22 @@ pub(crate) const MIN_CACHED_MESSAGES: usize = 64;
 /// Upper bound of all cached contexts together (approximate bytes).
 pub(crate) const CACHE_BUDGET_BYTES: usize = 64 << 20;
 
-/// Approximate bytes held by all cached contexts.
-static CACHED_BYTES: AtomicUsize = AtomicUsize::new(0);
+/// The approximate bytes all cached contexts of one runtime hold, and the
+/// most they may.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    used: AtomicUsize,
+    limit: usize,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Self {
+            used: AtomicUsize::new(0),
+            limit: CACHE_BUDGET_BYTES,
+        }
+    }
+}
 
 /// A context as it stood after a turn.
 #[derive(Debug)]
@@ -34,11 +50,13 @@ pub(crate) struct CachedContext {
     next_seq: u64,
     messages: Vec<Message>,
     bytes: usize,
+    /// The budget `bytes` count against, given back when dropped.
+    budget: Arc<Budget>,
 }
 
 impl Drop for CachedContext {
     fn drop(&mut self) {
-        CACHED_BYTES.fetch_sub(self.bytes, Ordering::Relaxed);
+        self.budget.used.fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }
 
@@ -78,13 +96,18 @@ fn approx_bytes(messages: &[Message]) -> usize {
 impl CachedContext {
     /// Keeps `messages` (the context after a turn whose last stored
     /// message has seq `next_seq - 1`) if it is long enough and fits the
-    /// budget.
-    pub(crate) fn keep(session: &Session, next_seq: u64, messages: Vec<Message>) -> Option<Self> {
+    /// `budget`.
+    pub(crate) fn keep(
+        budget: &Arc<Budget>,
+        session: &Session,
+        next_seq: u64,
+        messages: Vec<Message>,
+    ) -> Option<Self> {
         if messages.len() < MIN_CACHED_MESSAGES {
             return None;
         }
         let bytes = approx_bytes(&messages);
-        let before = CACHED_BYTES.fetch_add(bytes, Ordering::Relaxed);
+        let before = budget.used.fetch_add(bytes, Ordering::Relaxed);
         let cached = Self {
             created_at: session.created_at,
             incarnation: session.incarnation.clone(),
@@ -93,9 +116,10 @@ impl CachedContext {
             next_seq,
             messages,
             bytes,
+            budget: Arc::clone(budget),
         };
         // Over the budget: dropping it gives the bytes back.
-        (before + bytes <= CACHE_BUDGET_BYTES).then_some(cached)
+        (before + bytes <= budget.limit).then_some(cached)
     }
 
     /// The context of a turn whose user message is `user` in `session` (as
@@ -154,23 +178,24 @@ mod tests {
 
     #[test]
     fn short_contexts_are_not_kept() {
-        assert!(CachedContext::keep(&session(), 11, messages(10)).is_none());
+        assert!(CachedContext::keep(&Arc::default(), &session(), 11, messages(10)).is_none());
     }
 
     #[test]
     fn a_kept_context_is_used_only_for_the_next_seq_of_the_same_session() {
         let s = session();
+        let budget = Arc::default();
         let user = Message {
             seq: 101,
             body: NewMessage::new("t2", Role::User, vec![ContentBlock::text("next")]),
             compacted: false,
         };
-        let kept = CachedContext::keep(&s, 101, messages(100)).unwrap();
+        let kept = CachedContext::keep(&budget, &s, 101, messages(100)).unwrap();
         let context = kept.take_for(&s, &user).unwrap();
         assert_eq!(context.len(), 101);
         assert_eq!(context.last().unwrap().seq, 101);
 
-        let kept = CachedContext::keep(&s, 101, messages(100)).unwrap();
+        let kept = CachedContext::keep(&budget, &s, 101, messages(100)).unwrap();
         let later = Message {
             seq: 102,
             ..user.clone()
@@ -180,12 +205,12 @@ mod tests {
             "a message was written in between"
         );
 
-        let kept = CachedContext::keep(&s, 101, messages(100)).unwrap();
+        let kept = CachedContext::keep(&budget, &s, 101, messages(100)).unwrap();
         let mut compacted = s.clone();
         compacted.compacted_through = 50;
         assert!(kept.take_for(&compacted, &user).is_none());
 
-        let kept = CachedContext::keep(&s, 101, messages(100)).unwrap();
+        let kept = CachedContext::keep(&budget, &s, 101, messages(100)).unwrap();
         let mut recreated = s;
         recreated.created_at += std::time::Duration::from_secs(1);
         assert!(kept.take_for(&recreated, &user).is_none());

@@ -1,0 +1,492 @@
+//! Admission of a turn: [`Runtime::chat`] as a short sequence — validate,
+//! resolve the session once, plan, begin — after which the turn runs in its
+//! own task (`turn`) and admission has nothing more to do with it.
+//!
+//! - *validate*: the request alone (`validate`), no side effect.
+//! - *resolve*: the session record, read once; a retried request id
+//!   attaches to its turn or replays it instead.
+//! - *plan*: every decision that needs no slot — the model and its runner,
+//!   the tools offered, the provider's capacity, the system prompt — into
+//!   a [`Plan`].
+//! - *begin*: take the session's slot, store the turn's record and user
+//!   message durably (the one re-read of the session record, under the
+//!   slot) while the first model request is pre-started, then spawn the
+//!   turn. A rejection at any point stores nothing and frees the slot.
+//!
+//! Admission must not return before the user message is durable, and the
+//! model must not be called before then either (CONTRACT 3.3): a sled
+//! transaction plus a device flush, together ~0.1–0.6 ms here. Admission
+//! yields to the prestart task once (so it loads the context and builds the
+//! request meanwhile), then writes: the store's transaction, then its flush
+//! on the store's flusher, shared with other writers. Nothing is
+//! acknowledged before the flush: the turn emits `turn_started` and the
+//! user message's `message_stored` only after admission returned.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument as _;
+
+use super::runners::{Runner, RunnerKey};
+use super::slots::{Claim, LiveTurn};
+use super::turn::prestart::{self, FirstRequest, Prestart};
+use super::turn::{Emitter, Turn};
+use super::validate::{self, Checked};
+use super::{ChatInput, Inner, Runtime, TurnStream, replay, spans};
+use crate::error::{FieldViolation, RuntimeError};
+use crate::hub::TurnHub;
+use crate::model::{Reservation, ToolSpec};
+use crate::types::{Message, NewMessage, Principal, Role, Session, TurnRecord, TurnStatus, Usage};
+
+/// What admission decided about a turn before taking its session's slot.
+struct Plan {
+    /// The request's checked limits.
+    checked: Checked,
+    /// The session's runner for the turn's model selection.
+    runner: Arc<Runner>,
+    /// Tools offered to the model: the runner's server tools and the
+    /// caller's, minus the excluded ones.
+    tools: Vec<ToolSpec>,
+    /// The capacity the provider set aside for the first step.
+    reservation: Option<Reservation>,
+    /// The call's system prompt, else the session's.
+    system_prompt: Option<String>,
+    /// The call replaced the session's system prompt.
+    system_overridden: bool,
+}
+
+impl Runtime {
+    /// Admits and starts a turn. On `Ok` the user message is durable and the
+    /// stream's first event is `TurnStarted`; on `Err` nothing was stored.
+    ///
+    /// With a `request_id` this session already admitted, nothing runs: the
+    /// stream attaches to that turn while it is live, or replays its stored
+    /// outcome.
+    pub async fn chat(
+        &self,
+        who: &Principal,
+        mut input: ChatInput,
+    ) -> Result<TurnStream, RuntimeError> {
+        self.inner.lifecycle.admitting()?;
+        let checked = validate::chat_input(&input, &self.inner.config)?;
+        // The session record's one read before the slot; `store_user`
+        // re-reads it under the slot.
+        let session = self.owned_session(who, &input.session_id).await?;
+        if let Some(rid) = &input.request_id
+            && let Some(existing) = self.existing_turn(&session, rid).await?
+        {
+            return Ok(existing);
+        }
+        let plan = self.plan(&session, &mut input, checked).await?;
+        self.begin(session, input, plan).await
+    }
+
+    /// The turn's decisions (see [`Plan`]); takes the call's extra tools
+    /// and system prompt out of `input`.
+    async fn plan(
+        &self,
+        session: &Session,
+        input: &mut ChatInput,
+        checked: Checked,
+    ) -> Result<Plan, RuntimeError> {
+        if session.archived {
+            return Err(RuntimeError::SessionArchived);
+        }
+        let inner = &self.inner;
+        let (model, thinking, model_field) =
+            inner
+                .models
+                .for_turn(input.model.as_deref(), input.thinking, session);
+        let key = RunnerKey {
+            model,
+            thinking,
+            incarnation: session.incarnation.clone(),
+        };
+        let runner = inner
+            .runners
+            .runner_for(
+                &inner.models,
+                &inner.toolbox,
+                (&session.id, &session.owner),
+                key,
+                model_field,
+            )
+            .await?;
+        let extra = std::mem::take(&mut input.extra_tools);
+        let tools = offered(&runner, extra, &input.excluded_tools)?;
+        let reservation = admit_model(&runner, &tools, input.max_output_tokens)?;
+        let system_overridden = input.system_override.is_some();
+        let system_prompt = input
+            .system_override
+            .take()
+            .or_else(|| (!session.system_prompt.is_empty()).then(|| session.system_prompt.clone()));
+        Ok(Plan {
+            checked,
+            runner,
+            tools,
+            reservation,
+            system_prompt,
+            system_overridden,
+        })
+    }
+
+    /// Takes the session's slot, stores the turn's start durably and spawns
+    /// the turn.
+    async fn begin(
+        &self,
+        session: Session,
+        input: ChatInput,
+        plan: Plan,
+    ) -> Result<TurnStream, RuntimeError> {
+        let inner = &self.inner;
+        let Plan {
+            checked,
+            runner,
+            tools,
+            reservation,
+            system_prompt,
+            system_overridden,
+        } = plan;
+        let turn_id = crate::types::new_id();
+        let admitted_at = Instant::now();
+        let live = Arc::new(LiveTurn::new(
+            turn_id.clone(),
+            session.incarnation.clone(),
+            input.request_id.clone(),
+            TurnHub::new(inner.config.replay),
+        ));
+        let slot = match inner.slots.claim_turn(&session, &live)? {
+            Claim::Claimed(slot) => slot,
+            // A concurrent retry of the same request joins the turn.
+            Claim::Joined(busy) => return Ok(TurnStream::attached(session.id.clone(), &busy, 0)),
+        };
+        let record = TurnRecord {
+            turn_id: turn_id.clone(),
+            session_id: session.id.clone(),
+            status: TurnStatus::Running,
+            started_at: live.started_at,
+            finished_at: None,
+            model: runner.key.model.clone(),
+            thinking: runner.key.thinking,
+            system_overridden,
+            usage: Usage::default(),
+            user_message_seq: 0,
+            error: None,
+            cancel_reason: None,
+            request_id: input.request_id,
+            incarnation: session.incarnation.clone(),
+        };
+        let user_message = NewMessage::new(&turn_id, Role::User, input.content);
+        // The turn's span, a child of the caller's (the RPC span), carried
+        // explicitly into the spawned turn; its first model step's span is
+        // made here because that request starts during admission.
+        let span = spans::invoke_agent(&session, &turn_id, &runner.key.model);
+        let first_chat = spans::chat(&span, &runner.key.model);
+        let first = FirstRequest {
+            tools: tools.clone(),
+            max_output_tokens: input.max_output_tokens,
+            reservation,
+            span: first_chat.clone(),
+        };
+        // On failure the slot is freed and the hub is closed for any retry
+        // that already joined: a rejected admission leaves no trace.
+        let begun = store_user(
+            inner,
+            &runner,
+            &session,
+            record.clone(),
+            user_message,
+            system_prompt.clone(),
+            first,
+        )
+        .instrument(span.clone())
+        .await;
+        let Begun {
+            session,
+            user,
+            prestart,
+        } = match begun {
+            Ok(begun) => begun,
+            Err(e) => {
+                live.hub.abort();
+                return Err(e);
+            }
+        };
+        let (tx, rx) = mpsc::channel(inner.config.event_buffer.max(1));
+        let turn = Turn {
+            inner: Arc::clone(inner),
+            live: Arc::clone(&live),
+            runner,
+            record: TurnRecord {
+                user_message_seq: user.seq,
+                ..record
+            },
+            user_message: user,
+            system_prompt,
+            guard: Some(slot),
+            started: admitted_at,
+            deadline: checked.deadline_from(admitted_at),
+            tools,
+            max_steps: checked.max_steps,
+            max_output_tokens: input.max_output_tokens,
+            usage: Usage::default(),
+            final_message: None,
+            open_step: None,
+            prestart: Some(prestart),
+            session: session.clone(),
+            context: Arc::default(),
+            compacted: false,
+            store_failed: false,
+            first_chat: Some(first_chat),
+            _live_metric: crate::telemetry::metrics::LiveGuard::turn(),
+        };
+        let emitter = Emitter::new(
+            Arc::clone(&live),
+            tx,
+            &inner.config,
+            input.on_disconnect,
+            admitted_at,
+        );
+        inner
+            .lifecycle
+            .spawn_turn(turn.run(emitter).instrument(span));
+        inner.slots.wake_waiters(&session, &live);
+        Ok(TurnStream::own(
+            session.id,
+            turn_id,
+            rx,
+            live,
+            input.on_disconnect,
+        ))
+    }
+
+    /// The turn a request id already started in this session, as a stream:
+    /// attached while live, replayed from the store once finished.
+    async fn existing_turn(
+        &self,
+        session: &Session,
+        request_id: &str,
+    ) -> Result<Option<TurnStream>, RuntimeError> {
+        if let Some(stream) = self.attach_if_live(session, request_id) {
+            return Ok(Some(stream));
+        }
+        let Some(record) = self
+            .inner
+            .store
+            .find_turn_by_request(&session.id, request_id)
+            .await?
+        else {
+            return Ok(None);
+        };
+        if record.status == TurnStatus::Running
+            && let Some(stream) = self.attach_if_live(session, request_id)
+        {
+            return Ok(Some(stream));
+        }
+        Ok(Some(
+            replay::replay_turn(self.inner.store.as_ref(), record).await?,
+        ))
+    }
+
+    /// A watcher stream on the session's live turn, when it is the one
+    /// started with `request_id`.
+    fn attach_if_live(&self, session: &Session, request_id: &str) -> Option<TurnStream> {
+        let turn = self.live_of(session)?;
+        if turn.request_id.as_deref() != Some(request_id) {
+            return None;
+        }
+        Some(TurnStream::attached(session.id.clone(), &turn, 0))
+    }
+}
+
+/// An admitted turn's durable start.
+struct Begun {
+    /// The session as it was when the user message was stored (re-read
+    /// under the slot).
+    session: Session,
+    /// The stored, durable user message.
+    user: Message,
+    /// The context load and first model request, under way.
+    prestart: Prestart,
+}
+
+/// Stores the turn's record and user message durably (`record`'s
+/// `user_message_seq` is overwritten), with the context load and first
+/// model request started alongside. The caller holds the session's slot.
+async fn store_user(
+    inner: &Arc<Inner>,
+    runner: &Arc<Runner>,
+    admitted: &Session,
+    record: TurnRecord,
+    user_message: NewMessage,
+    system_prompt: Option<String>,
+    first: FirstRequest,
+) -> Result<Begun, RuntimeError> {
+    // The one re-read of the session record that correctness needs: a turn
+    // may have ended (storing its answer, or compacting) between the
+    // admission's first read and taking the slot, so the first read's
+    // `next_seq` and compaction state may be stale. Under the slot nothing
+    // else writes to the session, so this read stays exact.
+    let session = inner
+        .store
+        .get_session(&admitted.id)
+        .await?
+        .filter(|s| s.owner == admitted.owner)
+        .ok_or(RuntimeError::SessionNotFound)?;
+    let provisional = Message {
+        seq: session.next_seq,
+        body: user_message.clone(),
+        compacted: false,
+    };
+    let (go, durable) = oneshot::channel();
+    let prestart = prestart::spawn(
+        inner,
+        runner,
+        &session,
+        provisional,
+        system_prompt.clone(),
+        first.clone(),
+        durable,
+    );
+    // Let the task load the context and build the request while this one
+    // hands the write to a blocking thread and the flusher.
+    tokio::task::yield_now().await;
+    let user = inner.store.begin_turn(record, user_message).await?;
+    if user.seq == session.next_seq {
+        // Durable: the model may be called now (CONTRACT 3.3).
+        let _ = go.send(());
+        return Ok(Begun {
+            session,
+            user,
+            prestart,
+        });
+    }
+    // Something else wrote to the session although this turn holds its
+    // slot (a store anomaly, never seen in the normal course): start again
+    // from the store as it is now — the only third read.
+    tracing::warn!(
+        session_id = %session.id,
+        expected = session.next_seq,
+        stored = user.seq,
+        "the session changed while its turn was being admitted; reloading its context"
+    );
+    drop(prestart);
+    let mut session = inner
+        .store
+        .get_session(&session.id)
+        .await?
+        .ok_or(RuntimeError::SessionNotFound)?;
+    session.next_seq = user.seq;
+    let (go, durable) = oneshot::channel();
+    let prestart = prestart::spawn(
+        inner,
+        runner,
+        &session,
+        user.clone(),
+        system_prompt,
+        first,
+        durable,
+    );
+    let _ = go.send(());
+    Ok(Begun {
+        session,
+        user,
+        prestart,
+    })
+}
+
+/// The tools offered to the model for one call: the runner's server tools
+/// and the caller's, minus the excluded names. A caller tool may not take
+/// a server tool's name.
+fn offered(
+    runner: &Runner,
+    extra: Vec<ToolSpec>,
+    excluded: &[String],
+) -> Result<Vec<ToolSpec>, RuntimeError> {
+    let violations: Vec<_> = extra
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| runner.tools.iter().any(|s| s.name == t.name))
+        .map(|(i, t)| {
+            FieldViolation::new(
+                format!("extra_tools[{i}].name"),
+                format!("{:?} is the name of a server tool", t.name),
+            )
+        })
+        .collect();
+    if !violations.is_empty() {
+        return Err(RuntimeError::InvalidArgument(violations));
+    }
+    let all = runner.tools.iter().cloned().chain(extra).collect();
+    Ok(super::tools::offered(all, excluded))
+}
+
+/// Whether the runner's model can take this turn: a model that cannot call
+/// tools is not offered any (the caller learns why instead of the model
+/// silently ignoring them), `max_output_tokens` is within the provider's
+/// maximum, and a provider whose queue is full refuses the turn now rather
+/// than admitting it into a long wait. The capacity it reserves for the
+/// first step (if the provider bounds its queue) is returned, to go with
+/// the first request; dropping it gives it back.
+fn admit_model(
+    runner: &Runner,
+    offered: &[ToolSpec],
+    max_output_tokens: Option<u32>,
+) -> Result<Option<Reservation>, RuntimeError> {
+    if !offered.is_empty()
+        && !runner
+            .model
+            .provider
+            .supports_tools(&runner.model.provider_model)
+    {
+        let field = if runner.tools.is_empty() {
+            "extra_tools"
+        } else {
+            "model"
+        };
+        return Err(RuntimeError::invalid(
+            field,
+            format!(
+                "model {} cannot call tools, and this turn offers {} tool(s); remove extra_tools \
+                 (or exclude the server tools with excluded_tools), choose a model that can call \
+                 tools, or let the operator allow running it without tools",
+                runner.key.model,
+                offered.len()
+            ),
+        ));
+    }
+    if let Some(asked) = max_output_tokens {
+        let limit = runner
+            .model
+            .provider
+            .max_output_tokens_limit(&runner.model.provider_model);
+        if asked == 0 {
+            return Err(RuntimeError::invalid(
+                "max_output_tokens",
+                "must be at least 1 (leave it unset for the model's default)",
+            ));
+        }
+        if let Some(limit) = limit.filter(|limit| asked > *limit) {
+            return Err(RuntimeError::invalid(
+                "max_output_tokens",
+                format!(
+                    "{asked} is more than the maximum of {limit} for model {}",
+                    runner.key.model
+                ),
+            ));
+        }
+    }
+    runner
+        .model
+        .provider
+        .reserve(&runner.model.provider_model)
+        .map_err(|_| {
+            RuntimeError::ResourceExhausted(
+                "the model is busy: too many turns are queued for it; retry later",
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,421 @@
+//! The live-turn slots: which session runs a turn, which one a
+//! `CompactSession` or `DeleteSession` call holds, and who waits for a
+//! session's next turn.
+//!
+//! One lock guards all four, because every decision here reads more than
+//! one of them — admission may take a slot only when no delete or
+//! compaction holds the session, a waiter may wait only when no turn is
+//! live and no delete runs — and one lock makes each such decision atomic
+//! with no lock order to keep. Every critical section is a few map
+//! operations; nothing is awaited while it is held.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use super::lock;
+use super::tools::Pending;
+use crate::error::RuntimeError;
+use crate::events::Phase;
+use crate::hub::TurnHub;
+use crate::types::{CancelReason, Session};
+
+/// A turn in flight, as seen by admission, stop and watchers.
+#[derive(Debug)]
+pub(crate) struct LiveTurn {
+    pub(crate) turn_id: String,
+    /// The session incarnation the turn runs in: a lookup by session id
+    /// sees the turn only for that incarnation.
+    pub(crate) incarnation: String,
+    pub(crate) request_id: Option<String>,
+    pub(crate) started_at: SystemTime,
+    pub(crate) hub: Arc<TurnHub>,
+    pub(crate) cancel: CancellationToken,
+    /// Set (before `cancel` fires) by [`LiveTurn::cancel`]: a check per
+    /// relayed event without the token's lock.
+    cancelled: AtomicBool,
+    cancel_reason: Mutex<Option<CancelReason>>,
+    phase: AtomicU8,
+    /// Caller-executed tool calls waiting for `SubmitToolResult`.
+    pub(crate) pending_tools: Mutex<Pending>,
+    /// Cancelled when the turn task has ended (whatever the outcome).
+    pub(crate) done: CancellationToken,
+}
+
+impl LiveTurn {
+    /// A turn about to be admitted, in phase `Starting`.
+    pub(crate) fn new(
+        turn_id: String,
+        incarnation: String,
+        request_id: Option<String>,
+        hub: TurnHub,
+    ) -> Self {
+        Self {
+            turn_id,
+            incarnation,
+            request_id,
+            started_at: SystemTime::now(),
+            hub: Arc::new(hub),
+            cancel: CancellationToken::new(),
+            cancelled: AtomicBool::new(false),
+            cancel_reason: Mutex::new(None),
+            phase: AtomicU8::new(Phase::Starting as u8),
+            pending_tools: Mutex::new(Pending::default()),
+            done: CancellationToken::new(),
+        }
+    }
+
+    pub(crate) fn phase(&self) -> Phase {
+        Phase::from_u8(self.phase.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn set_phase(&self, phase: Phase) {
+        self.phase.store(phase as u8, Ordering::Relaxed);
+    }
+
+    /// Cancels the turn; the first reason wins.
+    pub(crate) fn cancel(&self, reason: CancelReason) {
+        {
+            let mut slot = lock(&self.cancel_reason);
+            if slot.is_none() {
+                *slot = Some(reason);
+            }
+        }
+        self.cancelled.store(true, Ordering::Release);
+        self.cancel.cancel();
+    }
+
+    /// Whether [`LiveTurn::cancel`] was called; lock-free.
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn cancel_reason(&self) -> Option<CancelReason> {
+        *lock(&self.cancel_reason)
+    }
+}
+
+/// How a `Subscribe(wait_for_turn)` caller is woken.
+pub(crate) type Wake = Result<Arc<LiveTurn>, WaitEnded>;
+
+/// Why a waiting watcher's wait ended without a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WaitEnded {
+    /// The session was deleted.
+    SessionDeleted,
+}
+
+/// A `Subscribe(wait_for_turn)` caller.
+#[derive(Debug)]
+struct Waiter {
+    incarnation: String,
+    tx: oneshot::Sender<Wake>,
+}
+
+/// What the slots hold, under their one lock.
+#[derive(Debug, Default)]
+struct Table {
+    /// The live turn of each busy session.
+    live: HashMap<String, Arc<LiveTurn>>,
+    /// Sessions a `CompactSession` call is compacting (busy for `Chat`).
+    compacting: HashSet<String>,
+    /// Session ids a `DeleteSession` is deleting, with how many calls are
+    /// at it: no turn is admitted and no session of that id created until
+    /// they are done.
+    deleting: HashMap<String, usize>,
+    /// `Subscribe(wait_for_turn)` callers by session id, each with the
+    /// incarnation it waits in; told when that incarnation's next turn is
+    /// admitted, or that the session was deleted.
+    waiters: HashMap<String, Vec<Waiter>>,
+}
+
+/// The live-turn slots of every session (see the module docs).
+#[derive(Debug, Default)]
+pub(crate) struct Slots {
+    table: Mutex<Table>,
+}
+
+/// The refusal of a session id a turn of an earlier incarnation still holds.
+const EARLIER_INCARNATION: RuntimeError = RuntimeError::Unavailable(
+    "an earlier session with this id is still shutting down; retry shortly",
+);
+
+/// What [`Slots::claim_turn`] got.
+#[derive(Debug)]
+pub(crate) enum Claim {
+    /// The slot: the turn is live from now on until the guard is dropped.
+    Claimed(TurnSlot),
+    /// A concurrent retry of the same request already holds the slot: the
+    /// caller joins that turn.
+    Joined(Arc<LiveTurn>),
+}
+
+/// What a session id is held by, if anything (see [`Slots::holder`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Holder {
+    /// Nothing: the id is free here.
+    Nobody,
+    /// A `DeleteSession` call.
+    Delete,
+    /// A live turn (of whichever incarnation).
+    Turn,
+}
+
+/// What [`Slots::wait_for_turn`] found.
+#[derive(Debug)]
+pub(crate) enum Next {
+    /// A turn is live: watch it.
+    Live(Arc<LiveTurn>),
+    /// None is: this fires when the next one is admitted.
+    Waiting(oneshot::Receiver<Wake>),
+}
+
+impl Slots {
+    /// Takes `session`'s slot for `turn`. Refused while a delete or a
+    /// compaction holds the session or another turn is live in it — unless
+    /// that turn is the same request, which the caller then joins.
+    pub(crate) fn claim_turn(
+        self: &Arc<Self>,
+        session: &Session,
+        turn: &Arc<LiveTurn>,
+    ) -> Result<Claim, RuntimeError> {
+        let mut table = lock(&self.table);
+        if table.deleting.contains_key(&session.id) {
+            return Err(RuntimeError::SessionNotFound);
+        }
+        if let Some(busy) = table.live.get(&session.id) {
+            if busy.incarnation != session.incarnation {
+                // A turn of a deleted session with this id is still
+                // ending: it is nobody's business here, not even its id.
+                return Err(EARLIER_INCARNATION);
+            }
+            if busy.request_id.is_some() && busy.request_id == turn.request_id {
+                return Ok(Claim::Joined(Arc::clone(busy)));
+            }
+            return Err(RuntimeError::SessionBusy {
+                turn_id: busy.turn_id.clone(),
+            });
+        }
+        if table.compacting.contains(&session.id) {
+            return Err(RuntimeError::SessionCompacting);
+        }
+        table.live.insert(session.id.clone(), Arc::clone(turn));
+        Ok(Claim::Claimed(TurnSlot {
+            slots: Arc::clone(self),
+            session_id: session.id.clone(),
+            live: Arc::clone(turn),
+        }))
+    }
+
+    /// Takes `session`'s slot for a `CompactSession` call: refused while a
+    /// delete, a turn or another compaction holds it.
+    pub(crate) fn claim_compaction(
+        &self,
+        session: &Session,
+    ) -> Result<CompactionSlot<'_>, RuntimeError> {
+        let mut table = lock(&self.table);
+        if table.deleting.contains_key(&session.id) {
+            return Err(RuntimeError::SessionNotFound);
+        }
+        if let Some(turn) = table.live.get(&session.id) {
+            if turn.incarnation != session.incarnation {
+                return Err(EARLIER_INCARNATION);
+            }
+            return Err(RuntimeError::SessionBusy {
+                turn_id: turn.turn_id.clone(),
+            });
+        }
+        if !table.compacting.insert(session.id.clone()) {
+            return Err(RuntimeError::SessionCompacting);
+        }
+        Ok(CompactionSlot {
+            slots: self,
+            session_id: session.id.clone(),
+        })
+    }
+
+    /// Holds session id `session_id` for a `DeleteSession` call until the
+    /// guard is dropped: a turn is either admitted before this (and is
+    /// stopped by the delete) or sees the reservation and is refused.
+    pub(crate) fn reserve_delete(&self, session_id: &str) -> DeleteSlot<'_> {
+        *lock(&self.table)
+            .deleting
+            .entry(session_id.to_owned())
+            .or_default() += 1;
+        DeleteSlot {
+            slots: self,
+            session_id: session_id.to_owned(),
+        }
+    }
+
+    /// What holds session id `id`; a delete wins over a turn.
+    pub(crate) fn holder(&self, id: &str) -> Holder {
+        let table = lock(&self.table);
+        if table.deleting.contains_key(id) {
+            Holder::Delete
+        } else if table.live.contains_key(id) {
+            Holder::Turn
+        } else {
+            Holder::Nobody
+        }
+    }
+
+    /// The live turn of `session` — of this incarnation only.
+    pub(crate) fn live_of(&self, session: &Session) -> Option<Arc<LiveTurn>> {
+        lock(&self.table)
+            .live
+            .get(&session.id)
+            .filter(|t| t.incarnation == session.incarnation)
+            .cloned()
+    }
+
+    /// The live turn of `session` or, when none is, a wait for its next one
+    /// (at most `max_waiters` per session). Admission publishes a turn
+    /// before it wakes the waiters, both under this lock, so a turn
+    /// admitted meanwhile is either found here or wakes this waiter.
+    pub(crate) fn wait_for_turn(
+        &self,
+        session: &Session,
+        max_waiters: usize,
+    ) -> Result<Next, RuntimeError> {
+        let mut table = lock(&self.table);
+        if let Some(turn) = table
+            .live
+            .get(&session.id)
+            .filter(|t| t.incarnation == session.incarnation)
+        {
+            return Ok(Next::Live(Arc::clone(turn)));
+        }
+        // A delete ends the waiters after it reserved the id: one that
+        // started meanwhile must not wait on a deleted session.
+        if table.deleting.contains_key(&session.id) {
+            return Err(RuntimeError::SessionNotFound);
+        }
+        let list = table.waiters.entry(session.id.clone()).or_default();
+        list.retain(|w| !w.tx.is_closed());
+        if list.len() >= max_waiters {
+            return Err(RuntimeError::ResourceExhausted(
+                "too many callers are waiting for this session's next turn",
+            ));
+        }
+        let (tx, rx) = oneshot::channel();
+        list.push(Waiter {
+            incarnation: session.incarnation.clone(),
+            tx,
+        });
+        Ok(Next::Waiting(rx))
+    }
+
+    /// Wakes the watchers waiting for `session`'s next turn with `live`.
+    /// Waiters of an earlier incarnation (none should be left: delete ends
+    /// them) are dropped, never handed the turn.
+    pub(crate) fn wake_waiters(&self, session: &Session, live: &Arc<LiveTurn>) {
+        let waiting = lock(&self.table).waiters.remove(&session.id);
+        for waiter in waiting.into_iter().flatten() {
+            if waiter.incarnation == session.incarnation {
+                let _ = waiter.tx.send(Ok(Arc::clone(live)));
+            }
+        }
+    }
+
+    /// Ends every watcher waiting for a turn of session `session_id`.
+    pub(crate) fn end_waiters(&self, session_id: &str, why: WaitEnded) {
+        let waiting = lock(&self.table).waiters.remove(session_id);
+        for waiter in waiting.into_iter().flatten() {
+            let _ = waiter.tx.send(Err(why));
+        }
+    }
+
+    /// Ends every waiting watcher (shutdown: no next turn will come).
+    pub(crate) fn clear_waiters(&self) {
+        let waiting = std::mem::take(&mut lock(&self.table).waiters);
+        drop(waiting);
+    }
+
+    /// Number of live turns.
+    pub(crate) fn live_count(&self) -> usize {
+        lock(&self.table).live.len()
+    }
+
+    /// The live turns, e.g. to cancel them all.
+    pub(crate) fn live_turns(&self) -> Vec<Arc<LiveTurn>> {
+        lock(&self.table).live.values().cloned().collect()
+    }
+
+    /// The session ids with a live turn.
+    pub(crate) fn busy_sessions(&self) -> HashSet<String> {
+        lock(&self.table).live.keys().cloned().collect()
+    }
+
+    /// (live turns, watchers attached to them, watchers waiting for one).
+    pub(crate) fn counts(&self) -> (usize, usize, usize) {
+        let (live, waiting) = {
+            let table = lock(&self.table);
+            let waiting = table.waiters.values().map(Vec::len).sum();
+            (table.live.values().cloned().collect::<Vec<_>>(), waiting)
+        };
+        let watching = live.iter().map(|t| t.hub.watcher_count()).sum();
+        (live.len(), watching, waiting)
+    }
+}
+
+/// A session's slot held by its live turn; freed when dropped — on every
+/// path out of a turn, panics included.
+#[derive(Debug)]
+pub(crate) struct TurnSlot {
+    slots: Arc<Slots>,
+    session_id: String,
+    live: Arc<LiveTurn>,
+}
+
+impl Drop for TurnSlot {
+    fn drop(&mut self) {
+        {
+            let mut table = lock(&self.slots.table);
+            if table
+                .live
+                .get(&self.session_id)
+                .is_some_and(|l| Arc::ptr_eq(l, &self.live))
+            {
+                table.live.remove(&self.session_id);
+            }
+        }
+        self.live.done.cancel();
+    }
+}
+
+/// A session's slot held by a `CompactSession` call; freed when dropped.
+#[derive(Debug)]
+pub(crate) struct CompactionSlot<'a> {
+    slots: &'a Slots,
+    session_id: String,
+}
+
+impl Drop for CompactionSlot<'_> {
+    fn drop(&mut self) {
+        lock(&self.slots.table).compacting.remove(&self.session_id);
+    }
+}
+
+/// A session id held by a `DeleteSession` call; given back when dropped.
+#[derive(Debug)]
+pub(crate) struct DeleteSlot<'a> {
+    slots: &'a Slots,
+    session_id: String,
+}
+
+impl Drop for DeleteSlot<'_> {
+    fn drop(&mut self) {
+        let mut table = lock(&self.slots.table);
+        if let Some(n) = table.deleting.get_mut(&self.session_id) {
+            *n -= 1;
+            if *n == 0 {
+                table.deleting.remove(&self.session_id);
+            }
+        }
+    }
+}

@@ -1,0 +1,324 @@
+//! The tool phase of a turn: after a model step that called tools, store
+//! the calls, route each to the toolbox (server tools) or to the caller
+//! (announced with a `ToolCall` event, answered by `SubmitToolResult`),
+//! through the toolbox's hooks either way, wait for the results — bounded
+//! by cancellation and the deadline — and store one result per call.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::StreamExt as _;
+use tokio::sync::{Semaphore, oneshot};
+
+use super::emitter::Emitter;
+use super::step::{StepEnd, StepOutput, ToolCallRequest};
+use super::{TIMEOUT_NOTICE, Turn, store_failed, until};
+use crate::events::{ErrorCode, EventKind, Phase, ToolStatus, ToolUse, TurnOutcome};
+use crate::model::ToolSpec;
+use crate::runtime::runners::Runner;
+use crate::runtime::tools::{input_summary, result_detail};
+use crate::toolbox::{ToolCallInfo, ToolKind, ToolOutcome, Toolbox};
+use crate::types::{CancelReason, ContentBlock, NewMessage, Role, StopReason};
+
+/// How a tool phase ended.
+enum ToolsEnd {
+    /// Every result is stored; the loop goes on.
+    Done,
+    Cancelled(CancelReason),
+    TimedOut,
+    StoreFailed,
+}
+
+/// Where a tool call goes.
+enum Route {
+    /// To the toolbox (hooks and limits applied there).
+    Server,
+    /// To the caller, with these arguments (after the hooks).
+    Caller(String),
+    /// Nowhere: this is its result (denied, or not an offered tool).
+    Done(ToolOutcome),
+}
+
+/// A tool call in flight: its index in the step and its result.
+type ToolWait = Pin<Box<dyn Future<Output = (usize, ToolOutcome)> + Send>>;
+
+fn info<'a>(call: &'a ToolCallRequest, kind: ToolKind) -> ToolCallInfo<'a> {
+    ToolCallInfo {
+        call_id: &call.id,
+        name: &call.name,
+        arguments_json: &call.arguments_json,
+        kind,
+    }
+}
+
+/// Decides where `call` goes; for caller tools the before-call hooks run
+/// here, so a denied call is never announced. A call whose arguments are
+/// not a JSON object goes nowhere: its result is an error telling the model
+/// so, and neither a server tool nor the caller sees it.
+async fn route(
+    toolbox: &Toolbox,
+    runner: &Runner,
+    offered: &[ToolSpec],
+    call: &ToolCallRequest,
+) -> Route {
+    if !offered.iter().any(|t| t.name == call.name) {
+        return Route::Done(ToolOutcome::error(format!("unknown tool {:?}", call.name)));
+    }
+    if let Some(problem) = invalid_arguments(&call.arguments_json) {
+        return Route::Done(ToolOutcome::error(format!(
+            "the call was not executed: its arguments {problem}; call {:?} again with its \
+             arguments as a JSON object matching its parameters",
+            call.name
+        )));
+    }
+    if runner.tools.iter().any(|t| t.name == call.name) {
+        return Route::Server;
+    }
+    let info = info(call, ToolKind::Caller);
+    match toolbox.before(info).await {
+        Ok(arguments) => Route::Caller(arguments),
+        Err(denied) => Route::Done(toolbox.after(info, denied).await),
+    }
+}
+
+/// Why `arguments_json` cannot be a tool's arguments (tools take a JSON
+/// object), or `None` when it can.
+fn invalid_arguments(arguments_json: &str) -> Option<String> {
+    match serde_json::from_str::<serde_json::Value>(arguments_json) {
+        Ok(serde_json::Value::Object(_)) => None,
+        Ok(_) => Some("are valid JSON but not an object".to_owned()),
+        Err(e) => Some(format!("are not valid JSON ({e})")),
+    }
+}
+
+/// Runs a server tool call; dropping the future cancels it.
+fn server_call(
+    toolbox: Arc<Toolbox>,
+    permits: Arc<Semaphore>,
+    index: usize,
+    call: ToolCallRequest,
+    capture_content: bool,
+) -> ToolWait {
+    let span = crate::runtime::spans::execute_tool(&call.name, &call.id, "extension");
+    if capture_content {
+        span.record(
+            crate::telemetry::semconv::GEN_AI_TOOL_CALL_ARGUMENTS,
+            call.arguments_json.as_str(),
+        );
+    }
+    let traced = span.clone();
+    Box::pin(tracing::Instrument::instrument(
+        async move {
+            let outcome = toolbox.run(info(&call, ToolKind::Server), &permits).await;
+            if outcome.is_error {
+                crate::runtime::spans::failed(&traced, "tool_error");
+            }
+            (index, outcome)
+        },
+        span,
+    ))
+}
+
+/// Waits for a caller tool's result and runs the after-call hooks on it.
+fn caller_result(
+    toolbox: Arc<Toolbox>,
+    index: usize,
+    call: ToolCallRequest,
+    rx: oneshot::Receiver<ToolOutcome>,
+) -> ToolWait {
+    let span = crate::runtime::spans::execute_tool(&call.name, &call.id, "function");
+    Box::pin(tracing::Instrument::instrument(
+        async move {
+            let outcome = rx
+                .await
+                .unwrap_or_else(|_| ToolOutcome::error("the tool call was abandoned"));
+            let outcome = toolbox.after(info(&call, ToolKind::Caller), outcome).await;
+            if outcome.is_error {
+                crate::runtime::spans::failed(&tracing::Span::current(), "tool_error");
+            }
+            (index, outcome)
+        },
+        span,
+    ))
+}
+
+impl Turn {
+    /// Stores the assistant message with its tool calls, runs the calls and
+    /// stores their results. `None` when the loop should go on.
+    pub(super) async fn tool_step(
+        &mut self,
+        output: &mut StepOutput,
+        emitter: &mut Emitter,
+    ) -> Option<(TurnOutcome, Option<(ErrorCode, String)>)> {
+        if let Some(usage) = output.usage {
+            emitter
+                .emit(EventKind::Usage {
+                    usage,
+                    model: self.record.model.clone(),
+                })
+                .await;
+        }
+        if !self
+            .store_partial(output, StopReason::ToolUse, emitter)
+            .await
+        {
+            return Some(store_failed());
+        }
+        match self
+            .run_tools(std::mem::take(&mut output.tool_calls), emitter)
+            .await
+        {
+            ToolsEnd::Done => None,
+            ToolsEnd::Cancelled(reason) => {
+                self.record.cancel_reason = Some(reason);
+                Some((TurnOutcome::Canceled, None))
+            }
+            ToolsEnd::TimedOut => {
+                self.store_timeout_notice(emitter).await;
+                Some((TurnOutcome::TimedOut, None))
+            }
+            ToolsEnd::StoreFailed => Some(store_failed()),
+        }
+    }
+
+    /// Announces the calls, waits (concurrently) for their results, bounded
+    /// by cancellation and the deadline, and stores every call's result in
+    /// call order — calls left without one get an error result, so each
+    /// call in history has exactly one result.
+    async fn run_tools(&mut self, calls: Vec<ToolCallRequest>, emitter: &mut Emitter) -> ToolsEnd {
+        use futures::stream::FuturesUnordered;
+
+        self.live.set_phase(Phase::Tool);
+        let toolbox = Arc::clone(&self.inner.toolbox);
+        // Server calls of this step share the parallelism limit.
+        let permits = Arc::new(toolbox.permits());
+        let mut results: Vec<Option<ToolOutcome>> = vec![None; calls.len()];
+        let mut waits = FuturesUnordered::<ToolWait>::new();
+        for (i, call) in calls.iter().enumerate() {
+            emitter
+                .emit(EventKind::ToolUse(Box::new(ToolUse {
+                    call_id: call.id.clone(),
+                    tool_name: call.name.clone(),
+                    status: ToolStatus::Running,
+                    input_summary: input_summary(&call.arguments_json),
+                    arguments_json: call.arguments_json.clone(),
+                    detail: String::new(),
+                    content: String::new(),
+                })))
+                .await;
+            match route(&toolbox, &self.runner, &self.tools, call).await {
+                Route::Server => waits.push(server_call(
+                    Arc::clone(&toolbox),
+                    Arc::clone(&permits),
+                    i,
+                    call.clone(),
+                    self.inner.config.capture_content,
+                )),
+                Route::Caller(arguments_json) => {
+                    let rx = crate::runtime::lock(&self.live.pending_tools).wait_for(&call.id);
+                    emitter
+                        .emit(EventKind::ToolCall {
+                            call_id: call.id.clone(),
+                            name: call.name.clone(),
+                            arguments_json,
+                        })
+                        .await;
+                    waits.push(caller_result(Arc::clone(&toolbox), i, call.clone(), rx));
+                }
+                Route::Done(output) => results[i] = Some(output),
+            }
+        }
+        let cancel = self.live.cancel.clone();
+        let mut end = ToolsEnd::Done;
+        while !waits.is_empty() {
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => {
+                    end = match self.cancelled() {
+                        StepEnd::TimedOut => ToolsEnd::TimedOut,
+                        StepEnd::Cancelled(reason) => ToolsEnd::Cancelled(reason),
+                        _ => ToolsEnd::Cancelled(CancelReason::Stopped),
+                    };
+                    break;
+                }
+                () = until(self.deadline) => {
+                    end = ToolsEnd::TimedOut;
+                    break;
+                }
+                Some((i, output)) = waits.next() => results[i] = Some(output),
+                () = tokio::time::sleep_until(emitter.heartbeat_due()) => {
+                    let waiting = calls
+                        .iter()
+                        .zip(&results)
+                        .find(|(_, r)| r.is_none())
+                        .map(|(c, _)| c.name.clone());
+                    emitter.emit(EventKind::Heartbeat { phase: Phase::Tool, tool: waiting }).await;
+                }
+            }
+        }
+        // Dropping unfinished server calls cancels them (MCP sends
+        // `notifications/cancelled`).
+        drop(waits);
+        crate::runtime::lock(&self.live.pending_tools).clear();
+        let missing = match end {
+            ToolsEnd::TimedOut => "the turn reached its time limit before this tool call finished",
+            _ => "the tool call was cancelled",
+        };
+        for (call, result) in calls.into_iter().zip(results) {
+            let output = result.unwrap_or_else(|| ToolOutcome::error(missing));
+            if !self.store_tool_result(call, output, emitter).await {
+                return ToolsEnd::StoreFailed;
+            }
+        }
+        end
+    }
+
+    /// Stores one tool result, then announces it (DONE/ERROR): a result is
+    /// durable before anyone is told it exists.
+    async fn store_tool_result(
+        &mut self,
+        call: ToolCallRequest,
+        output: ToolOutcome,
+        emitter: &mut Emitter,
+    ) -> bool {
+        let message = NewMessage::new(
+            &self.record.turn_id,
+            Role::Tool,
+            vec![ContentBlock::ToolResult {
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                content: output.content.clone(),
+                is_error: output.is_error,
+            }],
+        );
+        if !self.store(message, emitter).await {
+            return false;
+        }
+        emitter
+            .emit(EventKind::ToolUse(Box::new(ToolUse {
+                call_id: call.id,
+                tool_name: call.name,
+                status: if output.is_error {
+                    ToolStatus::Error
+                } else {
+                    ToolStatus::Done
+                },
+                input_summary: input_summary(&call.arguments_json),
+                arguments_json: call.arguments_json,
+                detail: result_detail(&output.content),
+                content: output.content,
+            })))
+            .await;
+        true
+    }
+
+    async fn store_timeout_notice(&mut self, emitter: &mut Emitter) {
+        let notice = NewMessage::new(
+            &self.record.turn_id,
+            Role::Notice,
+            vec![ContentBlock::text(TIMEOUT_NOTICE)],
+        );
+        self.store(notice, emitter).await;
+    }
+}
