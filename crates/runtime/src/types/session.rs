@@ -106,10 +106,7 @@ impl Session {
             .last_turn
             .as_ref()
             .is_none_or(|last| last.turn_id == turn.turn_id);
-        if latest {
-            self.last_turn = Some(LastTurn::from(turn));
-        }
-        latest
+        self.record_turn_if(latest, turn)
     }
 
     /// Records the recovered state of `turn` when it is the latest turn;
@@ -119,8 +116,12 @@ impl Session {
             .last_turn
             .as_ref()
             .is_some_and(|last| last.turn_id == turn.turn_id);
+        self.record_turn_if(latest, turn)
+    }
+
+    fn record_turn_if(&mut self, latest: bool, turn: &TurnRecord) -> bool {
         if latest {
-            self.last_turn = Some(LastTurn::from(turn));
+            self.begin_turn(turn);
         }
         latest
     }
