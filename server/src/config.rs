@@ -175,7 +175,33 @@ pub const MAX_TOKENS_LIMIT_CEILING: u32 = 1_000_000;
 /// The largest `max_output_bytes` (64 MiB).
 pub const MAX_OUTPUT_BYTES_CEILING: usize = 64 << 20;
 
+impl From<MaxTokensParamConfig> for agentrt_runtime::model::openai::MaxTokensParam {
+    fn from(param: MaxTokensParamConfig) -> Self {
+        match param {
+            MaxTokensParamConfig::MaxTokens => Self::MaxTokens,
+            MaxTokensParamConfig::MaxCompletionTokens => Self::MaxCompletionTokens,
+        }
+    }
+}
+
 impl ProviderConfig {
+    /// The endpoint this entry configures, with `api_key` (resolved from
+    /// `api_key_env`), over the defaults of
+    /// [`agentrt_runtime::model::endpoint::EndpointConfig::new`].
+    pub fn endpoint(
+        &self,
+        api_key: Option<String>,
+    ) -> agentrt_runtime::model::endpoint::EndpointConfig {
+        let defaults = agentrt_runtime::model::endpoint::EndpointConfig::new(self.base_url.clone());
+        agentrt_runtime::model::endpoint::EndpointConfig {
+            api_key,
+            models: self.models.clone(),
+            idle_timeout: self.idle_timeout.unwrap_or(defaults.idle_timeout),
+            limits: self.output_limits(),
+            ..defaults
+        }
+    }
+
     /// The output limits this entry configures, over the defaults of
     /// [`agentrt_runtime::model::OutputLimits`].
     pub fn output_limits(&self) -> agentrt_runtime::model::OutputLimits {

@@ -29,7 +29,7 @@ use agentrt_proto::v1::agent_runtime_server::AgentRuntimeServer;
 use agentrt_proto::v1::runtime_admin_server::RuntimeAdminServer;
 use agentrt_proto::v1::session_service_server::SessionServiceServer;
 use agentrt_runtime::model::anthropic::{AnthropicConfig, AnthropicProvider};
-use agentrt_runtime::model::openai::{MaxTokensParam, OpenAiConfig, OpenAiProvider};
+use agentrt_runtime::model::openai::{OpenAiConfig, OpenAiProvider};
 use agentrt_runtime::model::retry::{RetryPolicy, RetryingProvider};
 use agentrt_runtime::model::{ModelProvider, Models};
 use agentrt_runtime::store::{SledStore, Store};
@@ -215,40 +215,19 @@ impl ServerBuilder {
             };
             let invalid =
                 |e: &dyn std::fmt::Display| ConfigError(format!("provider {:?}: {e}", p.name));
+            let endpoint = p.endpoint(api_key);
             let provider: Arc<dyn ModelProvider> = match p.kind {
-                ProviderKind::Anthropic => {
-                    let defaults = AnthropicConfig::new(p.base_url.clone());
-                    Arc::new(
-                        AnthropicProvider::new(AnthropicConfig {
-                            api_key,
-                            models: p.models.clone(),
-                            idle_timeout: p.idle_timeout.unwrap_or(defaults.idle_timeout),
-                            limits: p.output_limits(),
-                            ..defaults
-                        })
+                ProviderKind::Anthropic => Arc::new(
+                    AnthropicProvider::new(AnthropicConfig::new(endpoint))
                         .map_err(|e| invalid(&e))?,
-                    )
-                }
-                ProviderKind::Openai => {
-                    let defaults = OpenAiConfig::new(p.base_url.clone());
-                    let provider = OpenAiProvider::new(OpenAiConfig {
-                        api_key,
-                        models: p.models.clone(),
-                        idle_timeout: p.idle_timeout.unwrap_or(defaults.idle_timeout),
-                        limits: p.output_limits(),
-                        max_tokens_param: match p.max_tokens_param {
-                            None | Some(config::MaxTokensParamConfig::MaxTokens) => {
-                                MaxTokensParam::MaxTokens
-                            }
-                            Some(config::MaxTokensParamConfig::MaxCompletionTokens) => {
-                                MaxTokensParam::MaxCompletionTokens
-                            }
-                        },
-                        ..defaults
+                ),
+                ProviderKind::Openai => Arc::new(
+                    OpenAiProvider::new(OpenAiConfig {
+                        endpoint,
+                        max_tokens_param: p.max_tokens_param.map(Into::into).unwrap_or_default(),
                     })
-                    .map_err(|e| invalid(&e))?;
-                    Arc::new(provider)
-                }
+                    .map_err(|e| invalid(&e))?,
+                ),
             };
             // Every HTTP provider retries failures that happen before any
             // output (unreachable, 408/409/429/5xx) with backoff.

@@ -17,7 +17,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use agentrt_client::{ChatEvent, Client, proto};
-use agentrt_runtime::model::fake_openai::{finish_chunk, text_chunk, usage_chunk};
+use agentrt_testkit::fake_openai::{finish_chunk, text_chunk, usage_chunk};
 use futures::StreamExt as _;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::{TcpListener, TcpStream};

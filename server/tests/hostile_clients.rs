@@ -16,6 +16,7 @@ use agentrt_runtime::store::{
 use agentrt_runtime::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord};
 use agentrt_server::config::{ApiKeyConfig, AuthConfig};
 use agentrt_server::{Config, ServerBuilder};
+use agentrt_testkit::server::InProcessServer;
 use async_trait::async_trait;
 use bytes::Bytes;
 use tonic::Code;
@@ -28,7 +29,7 @@ const ADMIN_KEY: &str = "admin-key-0001";
 
 struct Running {
     addr: std::net::SocketAddr,
-    _stop: tokio::sync::oneshot::Sender<()>,
+    _server: InProcessServer,
     _dir: tempfile::TempDir,
 }
 
@@ -54,19 +55,14 @@ async fn start(edit: impl FnOnce(&mut Config), store: Option<Arc<dyn Store>>) ->
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(dir.path(), true);
     edit(&mut c);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let mut builder = ServerBuilder::new(c);
     if let Some(store) = store {
         builder = builder.store(store);
     }
-    tokio::spawn(builder.serve(listener, async {
-        let _ = stopped.await;
-    }));
+    let server = InProcessServer::start(builder).await;
     Running {
-        addr,
-        _stop: stop,
+        addr: server.addr(),
+        _server: server,
         _dir: dir,
     }
 }

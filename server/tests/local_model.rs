@@ -9,19 +9,16 @@ use std::time::Duration;
 
 use agentrt_client::{ChatEvent, Client, Error, proto};
 use agentrt_server::{Config, ServerBuilder};
+use agentrt_testkit::server::InProcessServer;
 use futures::StreamExt as _;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::Command;
 
-/// Serves `config` in this process; returns the URL and the stop handle.
-async fn serve(config: Config) -> (String, tokio::sync::oneshot::Sender<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(ServerBuilder::new(config).serve(listener, async {
-        let _ = stopped.await;
-    }));
-    (url, stop)
+/// Serves `config` in this process; returns the URL and the server, which
+/// stops when dropped.
+async fn serve(config: Config) -> (String, InProcessServer) {
+    let server = InProcessServer::start(ServerBuilder::new(config)).await;
+    (server.url(), server)
 }
 
 async fn connect(url: &str) -> Client {
@@ -47,7 +44,7 @@ fn local_config(data_dir: &Path, model: &Path) -> Config {
 
 #[tokio::test]
 async fn with_the_model_present_chat_streams_real_text_from_local_smollm2() {
-    let Some(model) = agentrt_local_model::testing::model_path() else {
+    let Some(model) = agentrt_testkit::local_model::model_path() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -86,7 +83,7 @@ async fn with_the_model_present_chat_streams_real_text_from_local_smollm2() {
 
 #[tokio::test]
 async fn stop_session_ends_local_generation_within_a_second() {
-    let Some(model) = agentrt_local_model::testing::model_path() else {
+    let Some(model) = agentrt_testkit::local_model::model_path() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -139,7 +136,7 @@ async fn stop_session_ends_local_generation_within_a_second() {
 
 #[tokio::test]
 async fn a_turn_offering_tools_to_the_local_model_is_invalid_argument_naming_it() {
-    let Some(model) = agentrt_local_model::testing::model_path() else {
+    let Some(model) = agentrt_testkit::local_model::model_path() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

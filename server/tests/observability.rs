@@ -13,9 +13,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use agentrt_client::{ChatEvent, Client};
-use agentrt_runtime::model::fake_openai::{
-    FakeOpenAi, FakeReply, finish_chunk, text_chunk, usage_chunk,
-};
+use agentrt_testkit::fake_openai::{FakeOpenAi, FakeReply, finish_chunk, text_chunk, usage_chunk};
 use futures::StreamExt as _;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};

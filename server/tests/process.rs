@@ -6,7 +6,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use agentrt_client::{ChatEvent, Client, Error, proto};
-use agentrt_runtime::model::fake_openai::{FakeOpenAi, FakeReply, finish_chunk, text_chunk};
+use agentrt_testkit::fake_openai::{FakeOpenAi, FakeReply, finish_chunk, text_chunk};
 use futures::StreamExt as _;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, Command};

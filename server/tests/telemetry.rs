@@ -16,13 +16,14 @@ use std::time::{Duration, Instant};
 
 use agentrt_client::{Client, proto};
 use agentrt_runtime::model::ToolSpec;
-use agentrt_runtime::model::fake_openai::{
-    FakeOpenAi, FakeReply, finish_chunk, sse_data, text_chunk, usage_chunk,
-};
 use agentrt_runtime::toolbox::{ToolError, ToolOutcome, ToolSource};
 use agentrt_server::config::LogFormat;
 use agentrt_server::telemetry::{OtelEnv, Telemetry};
 use agentrt_server::{Config, ServerBuilder};
+use agentrt_testkit::fake_openai::{
+    FakeOpenAi, FakeReply, finish_chunk, sse_data, text_chunk, usage_chunk,
+};
+use agentrt_testkit::server::InProcessServer;
 use async_trait::async_trait;
 use serde_json::json;
 
@@ -112,16 +113,10 @@ async fn a_tool_using_turn_exports_rpc_agent_chat_and_tool_spans_under_the_calle
     .unwrap();
     config.listen = "127.0.0.1:0".parse().unwrap();
     config.data_dir = dir.path().to_path_buf();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(
-        ServerBuilder::new(config)
-            .tool_source("local", Arc::new(Clock))
-            .serve(listener, async {
-                let _ = stopped.await;
-            }),
-    );
+    let server =
+        InProcessServer::start(ServerBuilder::new(config).tool_source("local", Arc::new(Clock)))
+            .await;
+    let url = server.url();
     let client = Client::connect(url).await.unwrap();
     let session = client
         .create_session(proto::CreateSessionRequest::default())
@@ -174,8 +169,7 @@ async fn a_tool_using_turn_exports_rpc_agent_chat_and_tool_spans_under_the_calle
             .unwrap();
         spans.extend(receiver.drain(Duration::from_millis(100)).await);
     }
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    server.stop().await;
 
     let by_prefix = |name: &str| -> Vec<&otlp::Got> {
         spans.iter().filter(|s| s.name.starts_with(name)).collect()
@@ -268,12 +262,8 @@ async fn a_tool_using_turn_exports_rpc_agent_chat_and_tool_spans_under_the_calle
     .unwrap();
     config.listen = "127.0.0.1:0".parse().unwrap();
     config.data_dir = dir.path().to_path_buf();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(ServerBuilder::new(config).serve(listener, async {
-        let _ = stopped.await;
-    }));
+    let server = InProcessServer::start(ServerBuilder::new(config)).await;
+    let url = server.url();
     let client = Client::connect(url).await.unwrap();
     let session = client
         .create_session(proto::CreateSessionRequest::default())
@@ -305,6 +295,5 @@ async fn a_tool_using_turn_exports_rpc_agent_chat_and_tool_spans_under_the_calle
             .unwrap();
         spans.extend(receiver.drain(Duration::from_millis(100)).await);
     }
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    server.stop().await;
 }

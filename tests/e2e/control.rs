@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use agentrt_client::{ChatEvent, Error, Event, proto};
-use agentrt_runtime::model::fake_openai::{FakeOpenAi, FakeReply, text_chunk};
+use agentrt_testkit::fake_openai::{FakeOpenAi, FakeReply, text_chunk};
 use futures::StreamExt as _;
 use tonic::Code;
 
@@ -417,7 +417,7 @@ async fn admin_calls_need_an_admin_and_default_model_changes_apply_to_the_next_t
         hanging(),
         FakeReply::sse(vec![
             text_chunk("b"),
-            agentrt_runtime::model::fake_openai::finish_chunk("stop"),
+            agentrt_testkit::fake_openai::finish_chunk("stop"),
         ]),
     ])
     .await;

@@ -5,20 +5,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use agentrt_client::{Client, proto};
-use agentrt_runtime::model::fake_openai::FakeOpenAi;
 use agentrt_runtime::model::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream};
 use agentrt_runtime::types::StopReason;
 use agentrt_server::config::{ApiKeyConfig, AuthConfig, ProviderConfig, ProviderKind};
 use agentrt_server::{Config, ServerBuilder};
+use agentrt_testkit::fake_openai::FakeOpenAi;
+use agentrt_testkit::gate::GateProvider;
+use agentrt_testkit::server::InProcessServer;
 use async_trait::async_trait;
-use tokio::sync::{Semaphore, oneshot};
-use tokio::task::JoinHandle;
+use tokio::sync::Semaphore;
 
-/// A server running in this process on an ephemeral loopback port.
+/// A server running in this process on an ephemeral loopback port, with
+/// the test providers registered.
 pub(crate) struct TestServer {
     pub(crate) url: String,
-    stop: Option<oneshot::Sender<()>>,
-    handle: Option<JoinHandle<Result<(), agentrt_server::ServerError>>>,
+    server: InProcessServer,
 }
 
 /// Test-only providers registered with every test server: `gate/*` waits
@@ -81,20 +82,14 @@ pub(crate) fn with_keys(mut config: Config, keys: &[(&str, &str)]) -> Config {
 impl TestServer {
     /// Starts a server with `config` and the test providers.
     pub(crate) async fn start_with(config: Config, providers: &Providers) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
         let builder = ServerBuilder::new(config)
             .model_provider("gate", providers.gate.clone())
             .model_provider("panic", Arc::new(PanicProvider::default()))
             .model_provider("flood", providers.flood.clone());
-        let handle = tokio::spawn(builder.serve(listener, async {
-            let _ = stopped.await;
-        }));
+        let server = InProcessServer::start(builder).await;
         Self {
-            url: format!("http://{addr}"),
-            stop: Some(stop),
-            handle: Some(handle),
+            url: server.url(),
+            server,
         }
     }
 
@@ -116,21 +111,8 @@ impl TestServer {
     }
 
     /// Drains and stops the server, waiting until the store is closed.
-    pub(crate) async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(handle) = self.handle.take() {
-            handle.await.unwrap().unwrap();
-        }
-    }
-}
-
-impl Drop for TestServer {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+    pub(crate) async fn stop(self) {
+        self.server.stop().await;
     }
 }
 
@@ -162,50 +144,6 @@ pub(crate) async fn new_session(client: &Client) -> String {
         .await
         .unwrap()
         .session_id
-}
-
-/// Streams "gated ", then waits for a permit, then "answer" and finishes:
-/// a turn that stays live until the test lets it go.
-#[derive(Debug)]
-pub(crate) struct GateProvider {
-    permits: Arc<Semaphore>,
-}
-
-impl Default for GateProvider {
-    fn default() -> Self {
-        Self {
-            permits: Arc::new(Semaphore::new(0)),
-        }
-    }
-}
-
-impl GateProvider {
-    pub(crate) fn release(&self, n: usize) {
-        self.permits.add_permits(n);
-    }
-}
-
-#[async_trait]
-impl ModelProvider for GateProvider {
-    async fn stream(&self, _request: ModelRequest) -> Result<ModelStream, ModelError> {
-        let permits = Arc::clone(&self.permits);
-        let stream = futures::stream::unfold(0u8, move |step| {
-            let permits = Arc::clone(&permits);
-            async move {
-                let item = match step {
-                    0 => ModelEvent::TextDelta("gated ".into()),
-                    1 => {
-                        permits.acquire().await.ok()?.forget();
-                        ModelEvent::TextDelta("answer".into())
-                    }
-                    2 => ModelEvent::Finished(StopReason::Stop),
-                    _ => return None,
-                };
-                Some((Ok(item), step + 1))
-            }
-        });
-        Ok(Box::pin(stream))
-    }
 }
 
 /// Emits one delta, then panics.

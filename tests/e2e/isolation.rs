@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use agentrt_client::{ChatEvent, Client, Error, proto};
 use agentrt_runtime::model::ToolSpec;
-use agentrt_runtime::model::fake_openai::{FakeOpenAi, FakeReply, finish_chunk, sse_data};
 use agentrt_runtime::toolbox::{ToolError, ToolOutcome, ToolSource};
 use agentrt_server::ServerBuilder;
+use agentrt_testkit::fake_openai::{FakeOpenAi, FakeReply, finish_chunk, sse_data};
+use agentrt_testkit::server::InProcessServer;
 use async_trait::async_trait;
 use futures::StreamExt as _;
 use serde_json::json;
-use tokio::sync::oneshot;
 use tonic::Code;
 
 use super::harness::{
@@ -102,24 +102,13 @@ impl agentrt_runtime::model::ModelProvider for Torrent {
 async fn torrent_server(
     dir: &std::path::Path,
     stalled_reader_timeout: Option<Duration>,
-) -> (String, oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+) -> InProcessServer {
     let mut config = keyed(dir);
     if let Some(t) = stalled_reader_timeout {
         config.stalled_reader_timeout = t;
     }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        ServerBuilder::new(config)
-            .model_provider("torrent", Arc::new(Torrent))
-            .serve(listener, async {
-                let _ = stopped.await;
-            })
-            .await
-            .unwrap();
-    });
-    (url, stop, server)
+    let builder = ServerBuilder::new(config).model_provider("torrent", Arc::new(Torrent));
+    InProcessServer::start(builder).await
 }
 
 fn torrent(session: &str) -> proto::ChatRequest {
@@ -194,7 +183,8 @@ async fn a_watcher_of_a_deleted_session_never_sees_the_next_owners_turn() {
 #[tokio::test]
 async fn a_turn_stuck_behind_a_stalled_caller_is_deleted_and_never_reaches_the_next_owner() {
     let dir = tempfile::tempdir().unwrap();
-    let (url, stop, server) = torrent_server(dir.path(), None).await;
+    let server = torrent_server(dir.path(), None).await;
+    let url = server.url();
     let alice = Client::builder(url.clone())
         .token(ALICE)
         .connect()
@@ -234,14 +224,14 @@ async fn a_turn_stuck_behind_a_stalled_caller_is_deleted_and_never_reaches_the_n
     assert!(history.iter().all(|m| !message_text(m).contains("www")));
     assert!(took < Duration::from_secs(4), "delete took {took:?}");
     drop(stalled);
-    let _ = stop.send(());
-    server.await.unwrap();
+    server.stop().await;
 }
 
 #[tokio::test]
 async fn stop_answers_stopped_only_once_the_turn_has_ended() {
     let dir = tempfile::tempdir().unwrap();
-    let (url, stop, server) = torrent_server(dir.path(), None).await;
+    let server = torrent_server(dir.path(), None).await;
+    let url = server.url();
     let alice = Client::builder(url.clone())
         .token(ALICE)
         .connect()
@@ -260,14 +250,14 @@ async fn stop_answers_stopped_only_once_the_turn_has_ended() {
     let session = alice.get_session("s").await.unwrap();
     let last = session.last_turn.expect("last turn");
     assert_eq!(last.outcome(), proto::TurnOutcome::Canceled);
-    let _ = stop.send(());
-    server.await.unwrap();
+    server.stop().await;
 }
 
 #[tokio::test]
 async fn a_caller_that_stops_reading_is_treated_as_gone() {
     let dir = tempfile::tempdir().unwrap();
-    let (url, stop, server) = torrent_server(dir.path(), Some(Duration::from_millis(500))).await;
+    let server = torrent_server(dir.path(), Some(Duration::from_millis(500))).await;
+    let url = server.url();
     let alice = Client::builder(url.clone())
         .token(ALICE)
         .connect()
@@ -295,8 +285,7 @@ async fn a_caller_that_stops_reading_is_treated_as_gone() {
             proto::CancelReason::ClientGone
         ))
     );
-    let _ = stop.send(());
-    server.await.unwrap();
+    server.stop().await;
 }
 
 #[tokio::test]
@@ -366,16 +355,10 @@ async fn a_panic_in_the_tool_phase_ends_the_turn_with_one_internal_outcome() {
     let mut config = base_config(dir.path());
     config.default_model = "mock/m".into();
     config.providers.push(mock_provider(&fake, None));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(
-        ServerBuilder::new(config)
-            .tool_source("local", Arc::new(Boom))
-            .serve(listener, async {
-                let _ = stopped.await;
-            }),
-    );
+    let server =
+        InProcessServer::start(ServerBuilder::new(config).tool_source("local", Arc::new(Boom)))
+            .await;
+    let url = server.url();
     let client = Client::connect(url).await.unwrap();
     create(&client, "s").await;
     let chat = client.chat("s", "call it").await.unwrap();
@@ -415,8 +398,7 @@ async fn a_panic_in_the_tool_phase_ends_the_turn_with_one_internal_outcome() {
     assert_eq!(results, 1, "{history:?}");
     // The session is free again.
     assert!(!client.session_status("s").await.unwrap().live);
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    server.stop().await;
 }
 
 #[tokio::test]

@@ -10,13 +10,12 @@ use std::time::Duration;
 
 use agentrt_client::{ChatEvent, Client, proto};
 use agentrt_runtime::model::ToolSpec;
-use agentrt_runtime::model::fake_anthropic::{self, FakeAnthropic};
-use agentrt_runtime::model::fake_openai::{
-    FakeOpenAi, FakeReply, finish_chunk, sse_data, text_chunk,
-};
 use agentrt_runtime::toolbox::{ToolError, ToolOutcome, ToolSource};
 use agentrt_server::config::{ProviderConfig, ProviderKind};
 use agentrt_server::{Config, ServerBuilder};
+use agentrt_testkit::fake_anthropic::{self, FakeAnthropic};
+use agentrt_testkit::fake_openai::{FakeOpenAi, FakeReply, finish_chunk, sse_data, text_chunk};
+use agentrt_testkit::server::InProcessServer;
 use async_trait::async_trait;
 use serde_json::json;
 use tonic::Code;
@@ -261,16 +260,10 @@ async fn tool_arguments_that_are_not_json_are_not_run_and_the_model_is_told() {
     config.default_model = "mock/m".into();
     config.providers.push(mock_provider(&fake, None));
     let probe = Arc::new(Probe::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(
-        ServerBuilder::new(config)
-            .tool_source("local", probe.clone())
-            .serve(listener, async {
-                let _ = stopped.await;
-            }),
-    );
+    let server =
+        InProcessServer::start(ServerBuilder::new(config).tool_source("local", probe.clone()))
+            .await;
+    let url = server.url();
     let client = Client::connect(url).await.unwrap();
     let session = new_session(&client).await;
 
@@ -353,8 +346,7 @@ async fn tool_arguments_that_are_not_json_are_not_run_and_the_model_is_told() {
         "{told:?}"
     );
     assert_eq!(message_text(history.last().unwrap()), "let me try again");
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    server.stop().await;
 }
 
 /// Streams `texts` after a `message_start` reporting `input_tokens`, then

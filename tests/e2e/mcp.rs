@@ -10,11 +10,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use agentrt_client::{ChatEvent, Error, Event, proto};
-use agentrt_runtime::model::fake_openai::{
-    FakeOpenAi, FakeReply, finish_chunk, sse_data, text_chunk,
-};
 use agentrt_server::Config;
 use agentrt_server::config::McpServerConfig;
+use agentrt_testkit::fake_openai::{FakeOpenAi, FakeReply, finish_chunk, sse_data, text_chunk};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt as _, BufReader, Lines};
 use tokio::net::unix::pipe;

@@ -2,7 +2,7 @@
 //! SSE server on loopback.
 
 use agentrt_client::{ChatEvent, proto};
-use agentrt_runtime::model::fake_openai::{
+use agentrt_testkit::fake_openai::{
     FakeOpenAi, FakeReply, finish_chunk, reasoning_chunk, slice_bytes, text_chunk, usage_chunk,
 };
 use tonic::Code;

@@ -7,14 +7,13 @@ use std::time::Duration;
 
 use agentrt_client::{ChatEvent, Client, proto};
 use agentrt_runtime::model::ToolSpec;
-use agentrt_runtime::model::fake_openai::{
-    FakeOpenAi, FakeReply, finish_chunk, sse_data, text_chunk,
-};
 use agentrt_runtime::toolbox::{ToolError, ToolOutcome, ToolSource};
 use agentrt_server::ServerBuilder;
+use agentrt_testkit::fake_openai::{FakeOpenAi, FakeReply, finish_chunk, sse_data, text_chunk};
+use agentrt_testkit::server::InProcessServer;
 use async_trait::async_trait;
 use serde_json::json;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc};
 
 use super::harness::{base_config, mock_provider, new_session, read_until, text_request};
 
@@ -72,16 +71,9 @@ async fn server_tools_run_while_a_caller_tool_is_awaited_and_results_keep_call_o
         started,
         release: Semaphore::new(0),
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(
-        ServerBuilder::new(config)
-            .tool_source("local", gate.clone())
-            .serve(listener, async {
-                let _ = stopped.await;
-            }),
-    );
+    let server =
+        InProcessServer::start(ServerBuilder::new(config).tool_source("local", gate.clone())).await;
+    let url = server.url();
     let client = Client::connect(url).await.unwrap();
     let session = new_session(&client).await;
 
@@ -133,6 +125,5 @@ async fn server_tools_run_while_a_caller_tool_is_awaited_and_results_keep_call_o
             ("call_2".to_owned(), "noon".to_owned())
         ]
     );
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    server.stop().await;
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use agentrt_client::{ChatEvent, Client, Error, Event, proto};
-use agentrt_runtime::model::fake_openai::{
+use agentrt_testkit::fake_openai::{
     FakeOpenAi, FakeReply, finish_chunk, sse_data, text_chunk, usage_chunk,
 };
 use serde_json::json;

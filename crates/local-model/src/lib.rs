@@ -25,8 +25,6 @@ pub mod fetch;
 pub mod load;
 pub mod prompt;
 pub mod provider;
-#[doc(hidden)]
-pub mod testing;
 pub mod threads;
 
 pub use provider::LocalProvider;

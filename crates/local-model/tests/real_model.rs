@@ -3,14 +3,14 @@
 //! between CPUs and quantizations.
 //!
 //! Without the file these tests skip loudly; with `CI=true` or
-//! `AGENTRT_REQUIRE_MODEL=1` they fail (see `agentrt_local_model::testing`).
+//! `AGENTRT_REQUIRE_MODEL=1` they fail (see `agentrt_testkit::local_model`).
 
 use std::time::{Duration, Instant};
 
 use agentrt_local_model::prompt::{self, ChatMessage};
-use agentrt_local_model::testing;
 use agentrt_runtime::model::{ModelError, ModelEvent, ModelProvider as _, ModelRequest};
 use agentrt_runtime::types::{ContentBlock, Message, NewMessage, Role, StopReason};
+use agentrt_testkit::local_model as testing;
 use futures::StreamExt as _;
 
 fn request(texts: &[(Role, &str)]) -> ModelRequest {

@@ -4,6 +4,8 @@
 //! - [`echo`]: `builtin/echo`, a deterministic offline demo/test model.
 //! - [`anthropic`]: Anthropic Messages streaming over HTTP.
 //! - [`openai`]: OpenAI-compatible Chat Completions streaming over HTTP.
+//! - [`endpoint`]: the settings both HTTP providers share
+//!   ([`endpoint::EndpointConfig`]) and their validation.
 //! - [`retry`]: retries with backoff in front of any HTTP provider.
 //! - [`sse`]: the Server-Sent Events parser the HTTP providers share.
 
@@ -21,16 +23,11 @@ use crate::types::{Message, StopReason, ThinkingLevel, Usage};
 
 pub mod anthropic;
 pub mod echo;
-#[doc(hidden)]
-pub mod fake_anthropic;
-#[doc(hidden)]
-pub mod fake_openai;
+pub mod endpoint;
 mod http;
 pub mod openai;
 pub mod retry;
 pub mod sse;
-#[cfg(test)]
-mod test_support;
 
 /// What a provider is asked to do: one model step.
 #[derive(Debug, Clone, Default)]

@@ -1,10 +1,13 @@
 //! Durable state behind the [`Store`] trait: sessions, messages, turn records.
 //!
 //! Two implementations: [`SledStore`] (the default, on disk) and
-//! [`MemoryStore`] (tests). Both pass the same contract suite
-//! ([`contract`]). Every write that returns `Ok` has been flushed to durable
-//! storage by the time it returns (for sled: `flush_async`), so the runtime
-//! may acknowledge it (`message_stored`).
+//! [`MemoryStore`] (tests). Both pass the same contract suite (the
+//! `agentrt-testkit` crate's `contract`, run by
+//! `crates/runtime/tests/store_contract.rs`), and both apply the session
+//! rules of the domain types (`types/session.rs`). Every write that returns
+//! `Ok` has been flushed to durable storage by the time it returns (for
+//! sled: `flush_async`), so the runtime may acknowledge it
+//! (`message_stored`).
 
 use std::time::SystemTime;
 
@@ -12,11 +15,12 @@ use async_trait::async_trait;
 
 use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord};
 
-pub mod contract;
 mod flusher;
 mod memory;
 mod size;
 mod sled_store;
+#[cfg(test)]
+pub(crate) mod testing;
 
 pub use memory::MemoryStore;
 pub use size::{message_wire_bytes, session_wire_bytes};
@@ -126,29 +130,31 @@ pub struct SessionPage {
     pub next: Option<ListCursor>,
 }
 
+impl ListQuery {
+    /// Whether `session` (one of the owner's, inside the cursor) belongs in
+    /// the listing: of the asked agent, and not archived unless asked.
+    pub(crate) fn admits(&self, session: &Session) -> bool {
+        self.agent_id
+            .as_ref()
+            .is_none_or(|agent| *agent == session.agent_id)
+            && (self.include_archived || !session.archived)
+    }
+}
+
 /// Checks the arguments of [`Store::store_compaction`] against the session.
 pub(crate) fn check_compaction(
-    session: &crate::types::Session,
+    session: &Session,
     summary: &NewMessage,
     through_seq: u64,
 ) -> Result<(), StoreError> {
-    let invalid = |why: String| StoreError::Backend(format!("invalid compaction: {why}"));
-    if summary.role != crate::types::Role::Summary {
-        return Err(invalid(format!("the summary has role {:?}", summary.role)));
-    }
-    if through_seq < session.compacted_through {
-        return Err(invalid(format!(
-            "through_seq {through_seq} is below compacted_through {}",
-            session.compacted_through
-        )));
-    }
-    if through_seq >= session.next_seq {
-        return Err(invalid(format!(
-            "through_seq {through_seq} is not below the summary's seq {}",
-            session.next_seq
-        )));
-    }
-    Ok(())
+    session
+        .check_compaction(summary, through_seq)
+        .map_err(|why| StoreError::Backend(format!("invalid compaction: {why}")))
+}
+
+/// The error of an append past the last seq.
+pub(crate) fn seq_exhausted() -> StoreError {
+    StoreError::Backend("seq space exhausted".to_owned())
 }
 
 /// Durable storage of sessions, history and turn records.

@@ -1,12 +1,16 @@
 //! Domain types shared by the store, the model providers and the runtime.
 //!
 //! These are plain Rust values (serde-serialisable for the store); the gRPC
-//! adapter converts them to and from the protobuf messages.
+//! adapter converts them to and from the protobuf messages. The rules the
+//! stores apply to session and turn records are methods of these types
+//! (in `types/session.rs`), so both stores share one copy of each.
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
+
+mod session;
 
 /// Who is calling: every call runs as a principal derived from credentials.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

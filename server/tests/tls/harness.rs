@@ -7,17 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentrt_client::{ChatEvent, Client, proto};
-use agentrt_runtime::model::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream};
-use agentrt_runtime::types::StopReason;
 use agentrt_server::config::{AuthConfig, TlsSettings};
 use agentrt_server::{Config, ServerBuilder};
-use async_trait::async_trait;
+pub(crate) use agentrt_testkit::gate::GateProvider as Gate;
+use agentrt_testkit::server::InProcessServer;
 use futures::StreamExt as _;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType,
 };
-use tokio::sync::{Semaphore, oneshot};
 
 /// A certificate authority made up for one test.
 pub(crate) struct Ca {
@@ -111,47 +109,10 @@ impl Files {
     }
 }
 
-/// Streams "gated ", waits for a permit, then "answer" and finishes.
-#[derive(Debug)]
-pub(crate) struct Gate {
-    pub(crate) permits: Arc<Semaphore>,
-}
-
-impl Default for Gate {
-    fn default() -> Self {
-        Self {
-            permits: Arc::new(Semaphore::new(0)),
-        }
-    }
-}
-
-#[async_trait]
-impl ModelProvider for Gate {
-    async fn stream(&self, _request: ModelRequest) -> Result<ModelStream, ModelError> {
-        let permits = Arc::clone(&self.permits);
-        let stream = futures::stream::unfold(0u8, move |step| {
-            let permits = Arc::clone(&permits);
-            async move {
-                let item = match step {
-                    0 => ModelEvent::TextDelta("gated ".into()),
-                    1 => {
-                        permits.acquire().await.ok()?.forget();
-                        ModelEvent::TextDelta("answer".into())
-                    }
-                    2 => ModelEvent::Finished(StopReason::Stop),
-                    _ => return None,
-                };
-                Some((Ok(item), step + 1))
-            }
-        });
-        Ok(Box::pin(stream))
-    }
-}
-
+/// The in-process server of a test, serving TLS.
 pub(crate) struct Running {
     pub(crate) addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    handle: tokio::task::JoinHandle<Result<(), agentrt_server::ServerError>>,
+    server: InProcessServer,
 }
 
 impl Running {
@@ -159,19 +120,8 @@ impl Running {
         format!("https://{}", self.addr)
     }
 
-    pub(crate) async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        (&mut self.handle).await.unwrap().unwrap();
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+    pub(crate) async fn stop(self) {
+        self.server.stop().await;
     }
 }
 
@@ -188,20 +138,14 @@ pub(crate) async fn start(
         auth,
         ..Config::default()
     };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
     let mut builder = ServerBuilder::new(config).env_lookup(|_| None);
     if let Some(gate) = gate {
         builder = builder.model_provider("gate", gate);
     }
-    let handle = tokio::spawn(builder.serve(listener, async {
-        let _ = stopped.await;
-    }));
+    let server = InProcessServer::start(builder).await;
     Running {
-        addr,
-        stop: Some(stop),
-        handle,
+        addr: server.addr(),
+        server,
     }
 }
 

@@ -61,7 +61,7 @@ async fn replaced_certificate_files_serve_the_next_connection_while_an_open_stre
         .await
         .expect("the last good certificate is kept after a failed reload");
 
-    gate.permits.add_permits(1);
+    gate.release(1);
     let (text, outcome) = finish(&mut events).await;
     assert_eq!(text, "answer");
     assert_eq!(outcome, proto::TurnOutcome::Success);

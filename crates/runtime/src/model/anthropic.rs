@@ -12,18 +12,17 @@
 //! [`ModelEvent::Usage`]), the whole at `message_delta`.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::fmt;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
-use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderName, HeaderValue};
+use reqwest::header::HeaderName;
 use serde_json::{Value, json};
 
-use super::http::{self, SseDecoder, truncated};
+use super::endpoint::{Endpoint, EndpointConfig, EndpointError};
+use super::http::{SseDecoder, truncated};
 use super::sse::SseEvent;
-use super::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream, OutputLimits};
+use super::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream};
 use crate::types::{ContentBlock, Role, StopReason, ThinkingLevel, Usage, flatten_text};
 
 /// The API version this provider speaks.
@@ -36,136 +35,33 @@ const MAX_TOOL_ARGUMENT_BYTES: usize = 1 << 20;
 const MAX_SIGNATURE_BYTES: usize = 1 << 20;
 
 /// Settings of one Anthropic Messages endpoint.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct AnthropicConfig {
-    /// The API root, e.g. `https://api.anthropic.com/v1`.
-    pub base_url: String,
-    /// Sent as `x-api-key`; empty counts as none.
-    pub api_key: Option<String>,
-    /// Model names served; `None` serves any name.
-    pub models: Option<Vec<String>>,
-    /// Bound on establishing the TCP/TLS connection.
-    pub connect_timeout: Duration,
-    /// Longest silence allowed while waiting for headers or between chunks.
-    pub idle_timeout: Duration,
-    /// How much a step may generate: the `max_tokens` of each request
-    /// (raised above the thinking budget when thinking is enabled).
-    pub limits: OutputLimits,
+    /// Where it is, the key (sent as `x-api-key`), the timeouts, the
+    /// models served, and the output limits: the `max_tokens` of each
+    /// request (raised above the thinking budget when thinking is enabled).
+    pub endpoint: EndpointConfig,
 }
 
 impl AnthropicConfig {
-    /// `base_url` with no key, no allow-list, a 10 s connect timeout, a
-    /// 60 s idle timeout and the default [`OutputLimits`] (`max_tokens`
-    /// 4096).
-    pub fn new(base_url: impl Into<String>) -> Self {
-        Self {
-            base_url: base_url.into(),
-            api_key: None,
-            models: None,
-            connect_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-            limits: OutputLimits::default(),
-        }
+    /// The settings of `endpoint`.
+    pub fn new(endpoint: EndpointConfig) -> Self {
+        Self { endpoint }
     }
-}
-
-impl fmt::Debug for AnthropicConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AnthropicConfig")
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .field("models", &self.models)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("idle_timeout", &self.idle_timeout)
-            .field("limits", &self.limits)
-            .finish()
-    }
-}
-
-/// Why an [`AnthropicConfig`] cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AnthropicConfigError {
-    /// `base_url` is not an http(s) URL without query or fragment.
-    #[error("invalid model base_url {url:?}: {reason}")]
-    InvalidBaseUrl {
-        /// The configured value.
-        url: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// The key contains bytes that cannot appear in an HTTP header.
-    #[error("the model api_key cannot be sent in an HTTP header")]
-    InvalidApiKey,
-    /// A zero timeout would fail every request.
-    #[error("model timeouts must be greater than zero")]
-    ZeroTimeout,
-    /// The output limits are inconsistent (e.g. `max_tokens` of zero, which
-    /// the API rejects).
-    #[error("{0}")]
-    Limits(String),
-    /// The HTTP client could not be built (e.g. no TLS roots).
-    #[error("could not build the HTTP client: {0}")]
-    Client(String),
 }
 
 /// A provider for one Anthropic Messages endpoint.
+#[derive(Debug)]
 pub struct AnthropicProvider {
-    client: reqwest::Client,
-    endpoint: reqwest::Url,
-    api_key: Option<HeaderValue>,
-    models: Option<Vec<String>>,
-    connect_timeout: Duration,
-    idle_timeout: Duration,
-    limits: OutputLimits,
-}
-
-impl fmt::Debug for AnthropicProvider {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AnthropicProvider")
-            .field("endpoint", &self.endpoint.as_str())
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .field("models", &self.models)
-            .field("idle_timeout", &self.idle_timeout)
-            .field("limits", &self.limits)
-            .finish_non_exhaustive()
-    }
+    endpoint: Endpoint,
 }
 
 impl AnthropicProvider {
     /// Validates `config` and builds the HTTP client.
-    pub fn new(config: AnthropicConfig) -> Result<Self, AnthropicConfigError> {
-        let invalid = |reason: String| AnthropicConfigError::InvalidBaseUrl {
-            url: config.base_url.clone(),
-            reason,
-        };
-        let endpoint = http::endpoint(&config.base_url, "messages").map_err(invalid)?;
-        if config.connect_timeout.is_zero() || config.idle_timeout.is_zero() {
-            return Err(AnthropicConfigError::ZeroTimeout);
-        }
-        config
-            .limits
-            .check()
-            .map_err(AnthropicConfigError::Limits)?;
-        let api_key = match config.api_key.as_deref().filter(|k| !k.is_empty()) {
-            Some(key) => {
-                let mut value =
-                    HeaderValue::from_str(key).map_err(|_| AnthropicConfigError::InvalidApiKey)?;
-                value.set_sensitive(true);
-                Some(value)
-            }
-            None => None,
-        };
-        let client = http::client(&endpoint, config.connect_timeout)
-            .map_err(AnthropicConfigError::Client)?;
-        Ok(Self {
-            client,
-            endpoint,
-            api_key,
-            models: config.models,
-            connect_timeout: config.connect_timeout,
-            idle_timeout: config.idle_timeout,
-            limits: config.limits,
-        })
+    pub fn new(config: AnthropicConfig) -> Result<Self, EndpointError> {
+        let key_header = HeaderName::from_static("x-api-key");
+        let endpoint = Endpoint::new(config.endpoint, "messages", key_header, str::to_owned)?;
+        Ok(Self { endpoint })
     }
 }
 
@@ -173,51 +69,29 @@ impl AnthropicProvider {
 impl ModelProvider for AnthropicProvider {
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
         let max_tokens = self
-            .limits
+            .endpoint
+            .limits()
             .tokens_for(&request.model, request.max_output_tokens);
         let body = serde_json::to_vec(&request_body(&request, max_tokens))
             .map_err(|e| ModelError::Rejected(format!("could not encode the request: {e}")))?;
-        let mut http = self
-            .client
-            .post(self.endpoint.clone())
-            .header(CONTENT_TYPE, "application/json")
-            .header(ACCEPT, "text/event-stream")
-            .header(
-                HeaderName::from_static("anthropic-version"),
-                ANTHROPIC_VERSION,
-            )
-            .body(body);
-        if let Some(key) = &self.api_key {
-            http = http.header(HeaderName::from_static("x-api-key"), key.clone());
-        }
-        // The `chat` span's W3C context, so the provider's side of the
-        // call joins the trace (nothing is added without telemetry).
-        let mut trace = reqwest::header::HeaderMap::new();
-        crate::telemetry::inject_trace_context(&mut trace);
-        if !trace.is_empty() {
-            http = http.headers(trace);
-        }
-        tracing::debug!(model = %request.model, endpoint = %self.endpoint, "starting anthropic message");
-        let response = http::send_for_stream(http, self.connect_timeout, self.idle_timeout).await?;
-        Ok(http::sse_stream(
-            response,
-            self.idle_timeout,
-            EventDecoder::default(),
-        ))
+        let http = self.endpoint.post(body).header(
+            HeaderName::from_static("anthropic-version"),
+            ANTHROPIC_VERSION,
+        );
+        tracing::debug!(model = %request.model, endpoint = %self.endpoint.url(), "starting anthropic message");
+        self.endpoint.stream(http, EventDecoder::default()).await
     }
 
     fn serves(&self, model: &str) -> bool {
-        self.models
-            .as_ref()
-            .is_none_or(|models| models.iter().any(|m| m == model))
+        self.endpoint.serves(model)
     }
 
     fn max_output_tokens_limit(&self, _model: &str) -> Option<u32> {
-        Some(self.limits.max_tokens_limit)
+        Some(self.endpoint.limits().max_tokens_limit)
     }
 
     fn max_step_output_bytes(&self, _model: &str) -> usize {
-        self.limits.max_output_bytes
+        self.endpoint.limits().max_output_bytes
     }
 }
 
@@ -660,325 +534,20 @@ fn block_index(data: &Value) -> Result<u64, ModelError> {
 
 #[cfg(test)]
 mod tests {
-    use futures::StreamExt as _;
     use serde_json::json;
 
     use super::*;
-    use crate::model::ToolSpec;
-    use crate::model::fake_anthropic::{
-        FakeAnthropic, FakeReply, block_stop, error_event, input_json_delta, message_delta,
-        message_start, message_stop, ping, signature_delta, slice_bytes, stream, text_delta,
-        text_start, thinking_delta, thinking_start, tool_use_start,
-    };
-    use crate::model::test_support::{self, GUARD, Item, message, run};
+    use crate::model::OutputLimits;
+    use crate::types::{Message, NewMessage};
 
-    fn config(fake: &FakeAnthropic) -> AnthropicConfig {
-        AnthropicConfig {
-            api_key: Some("sk-ant-test-secret".into()),
-            idle_timeout: Duration::from_secs(5),
-            ..AnthropicConfig::new(fake.base_url())
+    /// A stored-looking message (seq 1).
+    fn message(role: Role, content: Vec<ContentBlock>) -> Message {
+        let body = NewMessage::new("t", role, content);
+        Message {
+            seq: 1,
+            body,
+            compacted: false,
         }
-    }
-
-    fn request(text: &str) -> ModelRequest {
-        test_support::request("claude-test", text)
-    }
-
-    async fn run_script(reply: FakeReply) -> (FakeAnthropic, Result<Vec<Item>, ModelError>) {
-        let fake = FakeAnthropic::start(vec![reply]).await;
-        let provider = AnthropicProvider::new(config(&fake)).unwrap();
-        let result = run(&provider, request("hello")).await;
-        (fake, result)
-    }
-
-    fn ok_events(items: Vec<Item>) -> Vec<ModelEvent> {
-        items.into_iter().map(Result::unwrap).collect()
-    }
-
-    fn happy_body() -> Vec<u8> {
-        [
-            message_start(12, 4),
-            ping(),
-            thinking_start(0),
-            thinking_delta(0, "Thinking é"),
-            signature_delta(0, "sig-abc"),
-            block_stop(0),
-            text_start(1),
-            text_delta(1, "Hel"),
-            text_delta(1, ""),
-            text_delta(1, "lo 🎉"),
-            block_stop(1),
-            tool_use_start(2, "toolu_1", "ls"),
-            input_json_delta(2, ""),
-            input_json_delta(2, r#"{"pa"#),
-            input_json_delta(2, r#"th": "/tmp"}"#),
-            block_stop(2),
-            tool_use_start(3, "toolu_2", "pwd"),
-            block_stop(3),
-            message_delta("tool_use", 42),
-            message_stop(),
-        ]
-        .concat()
-    }
-
-    fn happy_events() -> Vec<ModelEvent> {
-        vec![
-            // The input is relayed at once, the output only once counted.
-            ModelEvent::Usage(Usage {
-                input_tokens: 16,
-                output_tokens: 0,
-                reasoning_tokens: 0,
-                cached_input_tokens: 4,
-            }),
-            ModelEvent::ReasoningDelta("Thinking é".into()),
-            ModelEvent::ThinkingSignature("sig-abc".into()),
-            ModelEvent::TextDelta("Hel".into()),
-            ModelEvent::TextDelta("lo 🎉".into()),
-            ModelEvent::ToolCall {
-                id: "toolu_1".into(),
-                name: "ls".into(),
-                arguments_json: r#"{"path": "/tmp"}"#.into(),
-            },
-            ModelEvent::ToolCall {
-                id: "toolu_2".into(),
-                name: "pwd".into(),
-                arguments_json: "{}".into(),
-            },
-            ModelEvent::Usage(Usage {
-                input_tokens: 16,
-                output_tokens: 42,
-                reasoning_tokens: 0,
-                cached_input_tokens: 4,
-            }),
-            ModelEvent::Finished(StopReason::ToolUse),
-        ]
-    }
-
-    #[tokio::test]
-    async fn relays_thinking_signature_text_tool_calls_and_usage() {
-        let (_fake, items) = run_script(stream(vec![happy_body()])).await;
-        assert_eq!(ok_events(items.unwrap()), happy_events());
-    }
-
-    #[tokio::test]
-    async fn one_byte_slices_give_the_same_events_as_whole_chunks() {
-        let (_fake, items) = run_script(stream(slice_bytes(&happy_body(), 1))).await;
-        assert_eq!(ok_events(items.unwrap()), happy_events());
-    }
-
-    #[tokio::test]
-    async fn stop_reasons_map() {
-        for (wire, expected) in [
-            ("end_turn", StopReason::Stop),
-            ("stop_sequence", StopReason::Stop),
-            ("max_tokens", StopReason::Length),
-            ("tool_use", StopReason::ToolUse),
-        ] {
-            let (_fake, items) =
-                run_script(stream(vec![message_delta(wire, 1), message_stop()])).await;
-            let events = ok_events(items.unwrap());
-            assert_eq!(events.last(), Some(&ModelEvent::Finished(expected)));
-        }
-    }
-
-    #[tokio::test]
-    async fn body_cut_before_message_stop_is_truncated() {
-        let (_fake, items) = run_script(stream(vec![
-            message_start(1, 0),
-            text_start(0),
-            text_delta(0, "par"),
-            block_stop(0),
-            message_delta("end_turn", 2),
-        ]))
-        .await;
-        let items = items.unwrap();
-        let usage = |output_tokens| {
-            ModelEvent::Usage(Usage {
-                input_tokens: 1,
-                output_tokens,
-                ..Usage::default()
-            })
-        };
-        assert_eq!(items.len(), 4, "{items:?}");
-        assert_eq!(items[0].as_ref().unwrap(), &usage(0));
-        assert_eq!(
-            items[1].as_ref().unwrap(),
-            &ModelEvent::TextDelta("par".into())
-        );
-        assert_eq!(items[2].as_ref().unwrap(), &usage(2));
-        assert!(
-            matches!(items[3], Err(ModelError::Truncated(_))),
-            "{items:?}"
-        );
-    }
-
-    #[tokio::test]
-    async fn tool_input_that_is_not_json_is_passed_on_for_the_runtime_to_refuse() {
-        let (_fake, items) = run_script(stream(vec![
-            tool_use_start(0, "toolu_1", "ls"),
-            input_json_delta(0, r#"{"path": "#),
-            block_stop(0),
-            message_stop(),
-        ]))
-        .await;
-        assert_eq!(
-            ok_events(items.unwrap()),
-            vec![
-                ModelEvent::ToolCall {
-                    id: "toolu_1".into(),
-                    name: "ls".into(),
-                    arguments_json: r#"{"path": "#.into(),
-                },
-                ModelEvent::Finished(StopReason::Stop),
-            ]
-        );
-    }
-
-    #[tokio::test]
-    async fn error_events_map_by_type() {
-        for (kind, check) in [
-            (
-                "overloaded_error",
-                (|e: &ModelError| matches!(e, ModelError::Unavailable(_)))
-                    as fn(&ModelError) -> bool,
-            ),
-            ("rate_limit_error", |e| {
-                matches!(e, ModelError::RateLimited(_))
-            }),
-            ("invalid_request_error", |e| {
-                matches!(e, ModelError::Malformed(_))
-            }),
-        ] {
-            let (_fake, items) = run_script(stream(vec![
-                text_start(0),
-                text_delta(0, "a"),
-                error_event(kind),
-                message_stop(),
-            ]))
-            .await;
-            let items = items.unwrap();
-            assert_eq!(items.len(), 2, "{items:?}");
-            let err = items[1].as_ref().unwrap_err();
-            assert!(check(err), "{kind}: {err:?}");
-            assert!(!format!("{err:?}").contains("upstream-error-secret"));
-        }
-    }
-
-    #[tokio::test]
-    async fn http_statuses_map_to_errors_without_body_or_key() {
-        for code in [529, 500, 503, 408, 409, 429, 401, 403, 400, 404] {
-            let (_fake, result) = run_script(FakeReply::Status {
-                code,
-                body: r#"{"type":"error","error":{"message":"upstream-body-secret"}}"#.into(),
-            })
-            .await;
-            let err = result.expect_err("a refusal must fail stream()");
-            let matches_kind = match code {
-                429 => matches!(err, ModelError::RateLimited(_)),
-                401 | 403 => matches!(err, ModelError::Unauthorized(_)),
-                408 | 409 | 500 | 503 | 529 => matches!(err, ModelError::Unavailable(_)),
-                _ => matches!(err, ModelError::Rejected(_)),
-            };
-            assert!(matches_kind, "HTTP {code} gave {err:?}");
-            let text = format!("{err} {err:?}");
-            assert!(
-                !text.contains("upstream-body-secret") && !text.contains("sk-ant"),
-                "{text}"
-            );
-        }
-    }
-
-    #[tokio::test]
-    async fn request_carries_headers_model_system_thinking_and_tools() {
-        let fake = FakeAnthropic::start(vec![stream(vec![message_stop()])]).await;
-        let provider = AnthropicProvider::new(config(&fake)).unwrap();
-        let mut req = request("what is up");
-        req.thinking = Some(ThinkingLevel::High);
-        req.tools = vec![ToolSpec {
-            name: "ls".into(),
-            description: "lists".into(),
-            parameters: json!({ "type": "object" }),
-        }];
-        run(&provider, req).await.unwrap();
-
-        let recorded = fake.requests();
-        assert_eq!(recorded.len(), 1);
-        let r = &recorded[0];
-        assert_eq!(
-            (r.method.as_str(), r.path.as_str()),
-            ("POST", "/v1/messages")
-        );
-        assert_eq!(r.header("x-api-key"), Some("sk-ant-test-secret"));
-        assert_eq!(r.header("anthropic-version"), Some("2023-06-01"));
-        assert_eq!(r.header("content-type"), Some("application/json"));
-        assert_eq!(r.header("authorization"), None);
-        assert_eq!(r.body["model"], "claude-test");
-        assert_eq!(r.body["stream"], true);
-        assert_eq!(r.body["system"], "be brief");
-        assert_eq!(
-            r.body["thinking"],
-            json!({ "type": "enabled", "budget_tokens": 16384 })
-        );
-        assert!(r.body["max_tokens"].as_u64().unwrap() > 16384);
-        assert_eq!(
-            r.body["tools"],
-            json!([{ "name": "ls", "description": "lists", "input_schema": { "type": "object" } }])
-        );
-        assert_eq!(
-            r.body["messages"],
-            json!([{ "role": "user", "content": [{ "type": "text", "text": "what is up" }] }])
-        );
-    }
-
-    #[tokio::test]
-    async fn thinking_signature_is_sent_back_in_the_next_request() {
-        let fake = FakeAnthropic::start(vec![stream(vec![message_stop()])]).await;
-        let provider = AnthropicProvider::new(AnthropicConfig::new(fake.base_url() + "/")).unwrap();
-        let mut req = request("first");
-        req.system_prompt = None;
-        std::sync::Arc::make_mut(&mut req.messages).push(message(
-            Role::Assistant,
-            vec![
-                ContentBlock::Thinking {
-                    thinking: "hmm".into(),
-                    signature: "sig-abc".into(),
-                },
-                ContentBlock::text("answer"),
-            ],
-        ));
-        std::sync::Arc::make_mut(&mut req.messages)
-            .push(message(Role::User, vec![ContentBlock::text("second")]));
-        run(&provider, req).await.unwrap();
-        let r = &fake.requests()[0];
-        assert_eq!(r.path, "/v1/messages");
-        assert_eq!(r.header("x-api-key"), None);
-        assert!(r.body.get("system").is_none() && r.body.get("thinking").is_none());
-        assert_eq!(r.body["max_tokens"], 4096);
-        assert_eq!(
-            r.body["messages"][1],
-            json!({ "role": "assistant", "content": [
-                { "type": "thinking", "thinking": "hmm", "signature": "sig-abc" },
-                { "type": "text", "text": "answer" },
-            ]})
-        );
-    }
-
-    #[tokio::test]
-    async fn dropping_the_stream_closes_the_connection() {
-        let fake = FakeAnthropic::start(vec![FakeReply::Sse {
-            chunks: vec![text_start(0), text_delta(0, "hi")],
-            done: false,
-            then_hang: true,
-        }])
-        .await;
-        let provider = AnthropicProvider::new(config(&fake)).unwrap();
-        let mut stream = provider.stream(request("hi")).await.unwrap();
-        let first = tokio::time::timeout(GUARD, stream.next()).await.unwrap();
-        assert_eq!(first.unwrap().unwrap(), ModelEvent::TextDelta("hi".into()));
-        drop(stream);
-        tokio::time::timeout(GUARD, fake.wait_clients_gone(1))
-            .await
-            .unwrap();
     }
 
     #[test]
@@ -1060,42 +629,44 @@ mod tests {
 
     #[test]
     fn config_is_validated_and_the_key_never_printed() {
-        let bad = |url: &str| AnthropicProvider::new(AnthropicConfig::new(url)).unwrap_err();
+        let bad = |url: &str| {
+            AnthropicProvider::new(AnthropicConfig::new(EndpointConfig::new(url))).unwrap_err()
+        };
         assert!(matches!(
             bad("ftp://x/v1"),
-            AnthropicConfigError::InvalidBaseUrl { .. }
+            EndpointError::InvalidBaseUrl { .. }
         ));
         assert!(matches!(
             bad("http://x/v1?a=b"),
-            AnthropicConfigError::InvalidBaseUrl { .. }
+            EndpointError::InvalidBaseUrl { .. }
         ));
-        let config = AnthropicConfig {
+        let config = AnthropicConfig::new(EndpointConfig {
             api_key: Some("sk-ant-test-secret".into()),
             models: Some(vec!["a".into()]),
-            ..AnthropicConfig::new("https://api.anthropic.com/v1")
-        };
+            ..EndpointConfig::new("https://api.anthropic.com/v1")
+        });
         assert!(!format!("{config:?}").contains("sk-ant"));
         let provider = AnthropicProvider::new(config).unwrap();
         assert!(!format!("{provider:?}").contains("sk-ant"));
         assert!(provider.serves("a") && !provider.serves("b"));
-        let zero = AnthropicConfig {
+        let zero = AnthropicConfig::new(EndpointConfig {
             limits: OutputLimits {
                 max_tokens: 0,
                 ..OutputLimits::default()
             },
-            ..AnthropicConfig::new("http://localhost:1/v1")
-        };
+            ..EndpointConfig::new("http://localhost:1/v1")
+        });
         assert!(matches!(
             AnthropicProvider::new(zero).unwrap_err(),
-            AnthropicConfigError::Limits(e) if e.contains("max_tokens")
+            EndpointError::Limits(e) if e.contains("max_tokens")
         ));
-        let bad_key = AnthropicConfig {
+        let bad_key = AnthropicConfig::new(EndpointConfig {
             api_key: Some("line\nbreak".into()),
-            ..AnthropicConfig::new("http://localhost:1/v1")
-        };
+            ..EndpointConfig::new("http://localhost:1/v1")
+        });
         assert_eq!(
             AnthropicProvider::new(bad_key).unwrap_err(),
-            AnthropicConfigError::InvalidApiKey
+            EndpointError::InvalidApiKey
         );
     }
 }

@@ -7,44 +7,34 @@
 //! `data: [DONE]` arrives: servers send usage after the finish reason, so a
 //! body that ends earlier is reported as truncated.
 //!
-//! Every request carries a `max_tokens` (see [`OutputLimits`]), and asks
+//! Every request carries a `max_tokens` (see
+//! [`OutputLimits`](super::OutputLimits)), and asks
 //! for usage with `stream_options.include_usage`, which servers send only
 //! at the end: a usage object is relayed as soon as it arrives, and for a
 //! step that ends earlier the runtime estimates the output tokens (see
 //! [`ModelEvent::Usage`]).
 
 use std::collections::VecDeque;
-use std::fmt;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
-use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use reqwest::header::AUTHORIZATION;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::http::SseDecoder;
-use super::http::{self, truncated};
+use super::endpoint::{Endpoint, EndpointConfig, EndpointError};
+use super::http::{SseDecoder, truncated};
 use super::sse::SseEvent;
-use super::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream, OutputLimits};
+use super::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream};
 use crate::types::{ContentBlock, Role, StopReason, ThinkingLevel, Usage, flatten_text};
 
 /// Settings of one OpenAI-compatible endpoint.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct OpenAiConfig {
-    /// The API root, e.g. `http://127.0.0.1:8080/v1`.
-    pub base_url: String,
-    /// Sent as `Authorization: Bearer <key>`; empty counts as none.
-    pub api_key: Option<String>,
-    /// Model names served; `None` serves any name.
-    pub models: Option<Vec<String>>,
-    /// Bound on establishing the TCP/TLS connection.
-    pub connect_timeout: Duration,
-    /// Longest silence allowed while waiting for headers or between chunks.
-    pub idle_timeout: Duration,
-    /// How much a step may generate.
-    pub limits: OutputLimits,
+    /// Where it is, the key (sent as `Authorization: Bearer <key>`), the
+    /// timeouts, the models served and the output limits.
+    pub endpoint: EndpointConfig,
     /// The request field the token budget goes in.
     pub max_tokens_param: MaxTokensParam,
 }
@@ -71,115 +61,30 @@ impl MaxTokensParam {
 }
 
 impl OpenAiConfig {
-    /// `base_url` with no key, no allow-list, a 10 s connect timeout, a
-    /// 60 s idle timeout and the default [`OutputLimits`] (`max_tokens`
-    /// 4096).
-    pub fn new(base_url: impl Into<String>) -> Self {
+    /// `endpoint` with the default [`MaxTokensParam`] (`max_tokens`).
+    pub fn new(endpoint: EndpointConfig) -> Self {
         Self {
-            base_url: base_url.into(),
-            api_key: None,
-            models: None,
-            connect_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-            limits: OutputLimits::default(),
+            endpoint,
             max_tokens_param: MaxTokensParam::default(),
         }
     }
 }
 
-impl fmt::Debug for OpenAiConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OpenAiConfig")
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .field("models", &self.models)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("idle_timeout", &self.idle_timeout)
-            .field("limits", &self.limits)
-            .field("max_tokens_param", &self.max_tokens_param)
-            .finish()
-    }
-}
-
-/// Why an [`OpenAiConfig`] cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum OpenAiConfigError {
-    /// `base_url` is not an http(s) URL without query or fragment.
-    #[error("invalid model base_url {url:?}: {reason}")]
-    InvalidBaseUrl {
-        /// The configured value.
-        url: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// The key contains bytes that cannot appear in an HTTP header.
-    #[error("the model api_key cannot be sent in an HTTP header")]
-    InvalidApiKey,
-    /// A zero timeout would fail every request.
-    #[error("model timeouts must be greater than zero")]
-    ZeroTimeout,
-    /// The output limits are inconsistent.
-    #[error("{0}")]
-    Limits(String),
-    /// The HTTP client could not be built (e.g. no TLS roots).
-    #[error("could not build the HTTP client: {0}")]
-    Client(String),
-}
-
 /// A provider for one OpenAI-compatible endpoint.
+#[derive(Debug)]
 pub struct OpenAiProvider {
-    client: reqwest::Client,
-    endpoint: reqwest::Url,
-    auth: Option<HeaderValue>,
-    models: Option<Vec<String>>,
-    connect_timeout: Duration,
-    idle_timeout: Duration,
-    limits: OutputLimits,
+    endpoint: Endpoint,
     max_tokens_param: MaxTokensParam,
-}
-
-impl fmt::Debug for OpenAiProvider {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OpenAiProvider")
-            .field("endpoint", &self.endpoint.as_str())
-            .field("api_key", &self.auth.as_ref().map(|_| "<redacted>"))
-            .field("models", &self.models)
-            .field("idle_timeout", &self.idle_timeout)
-            .finish_non_exhaustive()
-    }
 }
 
 impl OpenAiProvider {
     /// Validates `config` and builds the HTTP client.
-    pub fn new(config: OpenAiConfig) -> Result<Self, OpenAiConfigError> {
-        let invalid = |reason: String| OpenAiConfigError::InvalidBaseUrl {
-            url: config.base_url.clone(),
-            reason,
-        };
-        let endpoint = http::endpoint(&config.base_url, "chat/completions").map_err(invalid)?;
-        if config.connect_timeout.is_zero() || config.idle_timeout.is_zero() {
-            return Err(OpenAiConfigError::ZeroTimeout);
-        }
-        config.limits.check().map_err(OpenAiConfigError::Limits)?;
-        let auth = match config.api_key.as_deref().filter(|k| !k.is_empty()) {
-            Some(key) => {
-                let mut value = HeaderValue::from_str(&format!("Bearer {key}"))
-                    .map_err(|_| OpenAiConfigError::InvalidApiKey)?;
-                value.set_sensitive(true);
-                Some(value)
-            }
-            None => None,
-        };
-        let client =
-            http::client(&endpoint, config.connect_timeout).map_err(OpenAiConfigError::Client)?;
+    pub fn new(config: OpenAiConfig) -> Result<Self, EndpointError> {
+        let endpoint = Endpoint::new(config.endpoint, "chat/completions", AUTHORIZATION, |key| {
+            format!("Bearer {key}")
+        })?;
         Ok(Self {
-            client,
             endpoint,
-            auth,
-            models: config.models,
-            connect_timeout: config.connect_timeout,
-            idle_timeout: config.idle_timeout,
-            limits: config.limits,
             max_tokens_param: config.max_tokens_param,
         })
     }
@@ -189,49 +94,28 @@ impl OpenAiProvider {
 impl ModelProvider for OpenAiProvider {
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
         let max_tokens = self
-            .limits
+            .endpoint
+            .limits()
             .tokens_for(&request.model, request.max_output_tokens);
         let mut body = request_body(&request);
         body[self.max_tokens_param.field()] = json!(max_tokens);
         let body = serde_json::to_vec(&body)
             .map_err(|e| ModelError::Rejected(format!("could not encode the request: {e}")))?;
-        let mut http = self
-            .client
-            .post(self.endpoint.clone())
-            .header(CONTENT_TYPE, "application/json")
-            .header(ACCEPT, "text/event-stream")
-            .body(body);
-        if let Some(auth) = &self.auth {
-            http = http.header(AUTHORIZATION, auth.clone());
-        }
-        // The `chat` span's W3C context, so the provider's side of the
-        // call joins the trace (nothing is added without telemetry).
-        let mut trace = reqwest::header::HeaderMap::new();
-        crate::telemetry::inject_trace_context(&mut trace);
-        if !trace.is_empty() {
-            http = http.headers(trace);
-        }
-        tracing::debug!(model = %request.model, endpoint = %self.endpoint, "starting chat completion");
-        let response = http::send_for_stream(http, self.connect_timeout, self.idle_timeout).await?;
-        Ok(http::sse_stream(
-            response,
-            self.idle_timeout,
-            ChunkDecoder::default(),
-        ))
+        let http = self.endpoint.post(body);
+        tracing::debug!(model = %request.model, endpoint = %self.endpoint.url(), "starting chat completion");
+        self.endpoint.stream(http, ChunkDecoder::default()).await
     }
 
     fn serves(&self, model: &str) -> bool {
-        self.models
-            .as_ref()
-            .is_none_or(|models| models.iter().any(|m| m == model))
+        self.endpoint.serves(model)
     }
 
     fn max_output_tokens_limit(&self, _model: &str) -> Option<u32> {
-        Some(self.limits.max_tokens_limit)
+        Some(self.endpoint.limits().max_tokens_limit)
     }
 
     fn max_step_output_bytes(&self, _model: &str) -> usize {
-        self.limits.max_output_bytes
+        self.endpoint.limits().max_output_bytes
     }
 }
 
@@ -604,343 +488,19 @@ impl ChunkDecoder {
 
 #[cfg(test)]
 mod tests {
-    use futures::StreamExt as _;
     use serde_json::json;
 
     use super::*;
-    use crate::model::fake_openai::{
-        FakeOpenAi, FakeReply, finish_chunk, reasoning_chunk, slice_bytes, sse_data, text_chunk,
-    };
-    use crate::model::test_support::{self, GUARD, Item, message, run};
+    use crate::types::{Message, NewMessage};
 
-    fn config(fake: &FakeOpenAi) -> OpenAiConfig {
-        OpenAiConfig {
-            api_key: Some("sk-test-secret".into()),
-            idle_timeout: Duration::from_secs(5),
-            ..OpenAiConfig::new(fake.base_url())
+    /// A stored-looking message (seq 1).
+    fn message(role: Role, content: Vec<ContentBlock>) -> Message {
+        let body = NewMessage::new("t", role, content);
+        Message {
+            seq: 1,
+            body,
+            compacted: false,
         }
-    }
-
-    fn request(text: &str) -> ModelRequest {
-        test_support::request("gpt-test", text)
-    }
-
-    async fn run_script(reply: FakeReply) -> (FakeOpenAi, Result<Vec<Item>, ModelError>) {
-        let fake = FakeOpenAi::start(vec![reply]).await;
-        let provider = OpenAiProvider::new(config(&fake)).unwrap();
-        let result = run(&provider, request("hello")).await;
-        (fake, result)
-    }
-
-    fn happy_body() -> Vec<u8> {
-        let usage = json!({
-            "choices": [],
-            "usage": {
-                "prompt_tokens": 12, "completion_tokens": 7,
-                "completion_tokens_details": { "reasoning_tokens": 3 },
-                "prompt_tokens_details": { "cached_tokens": 4 },
-            },
-        });
-        [
-            b": keep-alive\n\n".to_vec(),
-            reasoning_chunk("Thinking é"),
-            text_chunk("Hel"),
-            text_chunk(""),
-            text_chunk("lo 🎉"),
-            finish_chunk("stop"),
-            sse_data(&usage),
-        ]
-        .concat()
-    }
-
-    fn happy_events() -> Vec<ModelEvent> {
-        vec![
-            ModelEvent::ReasoningDelta("Thinking é".into()),
-            ModelEvent::TextDelta("Hel".into()),
-            ModelEvent::TextDelta("lo 🎉".into()),
-            ModelEvent::Usage(Usage {
-                input_tokens: 12,
-                output_tokens: 7,
-                reasoning_tokens: 3,
-                cached_input_tokens: 4,
-            }),
-            ModelEvent::Finished(StopReason::Stop),
-        ]
-    }
-
-    fn ok_events(items: Vec<Item>) -> Vec<ModelEvent> {
-        items.into_iter().map(Result::unwrap).collect()
-    }
-
-    #[tokio::test]
-    async fn relays_text_reasoning_and_usage_then_finishes() {
-        let (_fake, items) = run_script(FakeReply::sse(vec![happy_body()])).await;
-        assert_eq!(ok_events(items.unwrap()), happy_events());
-    }
-
-    #[tokio::test]
-    async fn one_byte_slices_give_the_same_events_as_whole_chunks() {
-        let (_fake, items) = run_script(FakeReply::sse(slice_bytes(&happy_body(), 1))).await;
-        assert_eq!(ok_events(items.unwrap()), happy_events());
-    }
-
-    #[tokio::test]
-    async fn finish_reasons_map_to_stop_reasons() {
-        for (wire, expected) in [
-            ("length", StopReason::Length),
-            ("tool_calls", StopReason::ToolUse),
-            ("content_filter", StopReason::Stop),
-        ] {
-            let (_fake, items) = run_script(FakeReply::sse(vec![finish_chunk(wire)])).await;
-            assert_eq!(
-                ok_events(items.unwrap()),
-                vec![ModelEvent::Finished(expected)]
-            );
-        }
-    }
-
-    #[tokio::test]
-    async fn body_cut_before_done_is_truncated_after_the_partial_text() {
-        let (_fake, items) = run_script(FakeReply::Sse {
-            chunks: vec![text_chunk("par"), finish_chunk("stop")],
-            done: false,
-            then_hang: false,
-        })
-        .await;
-        let items = items.unwrap();
-        assert_eq!(items.len(), 2, "{items:?}");
-        assert_eq!(
-            items[0].as_ref().unwrap(),
-            &ModelEvent::TextDelta("par".into())
-        );
-        assert!(
-            matches!(items[1], Err(ModelError::Truncated(_))),
-            "{items:?}"
-        );
-    }
-
-    #[tokio::test]
-    async fn http_statuses_map_to_errors_without_body_or_key() {
-        for code in [500, 503, 408, 429, 401, 403, 400, 404] {
-            let (_fake, result) = run_script(FakeReply::Status {
-                code,
-                body: r#"{"error":{"message":"upstream-body-secret"}}"#.into(),
-            })
-            .await;
-            let err = result.expect_err("a refusal must fail stream()");
-            let matches_kind = match code {
-                429 => matches!(err, ModelError::RateLimited(_)),
-                401 | 403 => matches!(err, ModelError::Unauthorized(_)),
-                408 | 500 | 503 => matches!(err, ModelError::Unavailable(_)),
-                _ => matches!(err, ModelError::Rejected(_)),
-            };
-            assert!(matches_kind, "HTTP {code} gave {err:?}");
-            let text = format!("{err} {err:?}");
-            assert!(
-                !text.contains("upstream-body-secret") && !text.contains("sk-test"),
-                "{text}"
-            );
-        }
-    }
-
-    #[tokio::test]
-    async fn malformed_chunk_is_malformed_and_ends_the_stream() {
-        let (_fake, items) = run_script(FakeReply::sse(vec![
-            text_chunk("ok"),
-            b"data: {not json\n\n".to_vec(),
-            text_chunk("never"),
-        ]))
-        .await;
-        let items = items.unwrap();
-        assert_eq!(items.len(), 2, "{items:?}");
-        assert_eq!(
-            items[0].as_ref().unwrap(),
-            &ModelEvent::TextDelta("ok".into())
-        );
-        assert!(
-            matches!(items[1], Err(ModelError::Malformed(_))),
-            "{items:?}"
-        );
-    }
-
-    #[tokio::test]
-    async fn error_object_mid_stream_is_unavailable() {
-        let error = sse_data(&json!({ "error": { "message": "overloaded" } }));
-        let (_fake, items) = run_script(FakeReply::sse(vec![text_chunk("a"), error])).await;
-        let items = items.unwrap();
-        assert!(
-            matches!(items.last(), Some(Err(ModelError::Unavailable(_)))),
-            "{items:?}"
-        );
-        assert_eq!(items.len(), 2);
-    }
-
-    #[tokio::test]
-    async fn request_carries_model_flags_messages_and_bearer_token() {
-        let fake = FakeOpenAi::start(vec![FakeReply::sse(vec![finish_chunk("stop")])]).await;
-        let provider = OpenAiProvider::new(config(&fake)).unwrap();
-        let mut req = request("what is up");
-        req.thinking = Some(ThinkingLevel::XHigh);
-        run(&provider, req).await.unwrap();
-
-        let recorded = fake.requests();
-        assert_eq!(recorded.len(), 1);
-        let r = &recorded[0];
-        assert_eq!(
-            (r.method.as_str(), r.path.as_str()),
-            ("POST", "/v1/chat/completions")
-        );
-        assert_eq!(r.header("authorization"), Some("Bearer sk-test-secret"));
-        assert_eq!(r.body["model"], "gpt-test");
-        assert_eq!(r.body["stream"], true);
-        assert_eq!(r.body["stream_options"]["include_usage"], true);
-        assert_eq!(r.body["reasoning_effort"], "high");
-        assert_eq!(
-            r.body["messages"],
-            json!([
-                { "role": "system", "content": "be brief" },
-                { "role": "user", "content": "what is up" },
-            ])
-        );
-    }
-
-    #[tokio::test]
-    async fn max_tokens_is_the_calls_else_the_models_else_the_providers() {
-        let fake = FakeOpenAi::start(vec![FakeReply::sse(vec![finish_chunk("stop")])]).await;
-        let limits = OutputLimits {
-            max_tokens: 1000,
-            model_max_tokens: [("big".to_owned(), 3000)].into(),
-            ..OutputLimits::default()
-        };
-        let provider = OpenAiProvider::new(OpenAiConfig {
-            limits: limits.clone(),
-            ..config(&fake)
-        })
-        .unwrap();
-        run(&provider, request("a")).await.unwrap();
-        run(&provider, test_support::request("big", "b"))
-            .await
-            .unwrap();
-        let mut asked = request("c");
-        asked.max_output_tokens = Some(77);
-        run(&provider, asked).await.unwrap();
-        let sent: Vec<_> = fake
-            .requests()
-            .iter()
-            .map(|r| r.body["max_tokens"].clone())
-            .collect();
-        assert_eq!(sent, [json!(1000), json!(3000), json!(77)]);
-        assert_eq!(provider.max_output_tokens_limit("x"), Some(32_768));
-
-        let reasoning = OpenAiProvider::new(OpenAiConfig {
-            limits,
-            max_tokens_param: MaxTokensParam::MaxCompletionTokens,
-            ..config(&fake)
-        })
-        .unwrap();
-        run(&reasoning, request("d")).await.unwrap();
-        let last = fake.requests().pop().unwrap();
-        assert_eq!(last.body["max_completion_tokens"], 1000);
-        assert!(last.body.get("max_tokens").is_none());
-    }
-
-    #[tokio::test]
-    async fn usage_is_relayed_when_it_arrives_and_only_when_it_changed() {
-        let usage = |completion: u64| {
-            sse_data(&json!({
-                "choices": [{ "index": 0, "delta": { "content": "x" } }],
-                "usage": { "prompt_tokens": 9, "completion_tokens": completion },
-            }))
-        };
-        let (_fake, items) = run_script(FakeReply::sse(vec![usage(1), usage(1), usage(2)])).await;
-        let seen = |output_tokens| {
-            ModelEvent::Usage(Usage {
-                input_tokens: 9,
-                output_tokens,
-                ..Usage::default()
-            })
-        };
-        let text = || ModelEvent::TextDelta("x".into());
-        assert_eq!(
-            ok_events(items.unwrap()),
-            vec![
-                text(),
-                seen(1),
-                text(),
-                text(),
-                seen(2),
-                ModelEvent::Finished(StopReason::Stop)
-            ]
-        );
-    }
-
-    #[tokio::test]
-    async fn no_authorization_header_or_effort_when_not_configured() {
-        let fake = FakeOpenAi::start(vec![FakeReply::sse(vec![finish_chunk("stop")])]).await;
-        let provider = OpenAiProvider::new(OpenAiConfig::new(fake.base_url() + "/")).unwrap();
-        let mut req = request("hi");
-        req.thinking = Some(ThinkingLevel::None);
-        run(&provider, req).await.unwrap();
-        let r = &fake.requests()[0];
-        assert_eq!(r.path, "/v1/chat/completions");
-        assert_eq!(r.header("authorization"), None);
-        assert!(r.body.get("reasoning_effort").is_none());
-    }
-
-    #[tokio::test]
-    async fn silence_after_headers_is_unavailable_within_the_idle_timeout() {
-        let fake = FakeOpenAi::start(vec![FakeReply::Sse {
-            chunks: vec![],
-            done: false,
-            then_hang: true,
-        }])
-        .await;
-        let idle = Duration::from_millis(200);
-        let provider = OpenAiProvider::new(OpenAiConfig {
-            idle_timeout: idle,
-            ..config(&fake)
-        })
-        .unwrap();
-        let started = std::time::Instant::now();
-        let items = run(&provider, request("hi")).await.unwrap();
-        assert!(
-            matches!(items[..], [Err(ModelError::Unavailable(_))]),
-            "{items:?}"
-        );
-        assert!(started.elapsed() >= idle);
-        // Giving up must also hang up on the server.
-        tokio::time::timeout(GUARD, fake.wait_clients_gone(1))
-            .await
-            .unwrap();
-    }
-
-    #[tokio::test]
-    async fn dropping_the_stream_closes_the_connection() {
-        let fake = FakeOpenAi::start(vec![FakeReply::Sse {
-            chunks: vec![text_chunk("hi")],
-            done: false,
-            then_hang: true,
-        }])
-        .await;
-        let provider = OpenAiProvider::new(config(&fake)).unwrap();
-        let mut stream = provider.stream(request("hi")).await.unwrap();
-        let first = tokio::time::timeout(GUARD, stream.next()).await.unwrap();
-        assert_eq!(first.unwrap().unwrap(), ModelEvent::TextDelta("hi".into()));
-        assert_eq!(fake.clients_gone(), 0);
-        drop(stream);
-        tokio::time::timeout(GUARD, fake.wait_clients_gone(1))
-            .await
-            .unwrap();
-    }
-
-    #[tokio::test]
-    async fn unreachable_server_is_unavailable() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        drop(listener);
-        let provider = OpenAiProvider::new(OpenAiConfig::new(format!("http://{addr}/v1"))).unwrap();
-        let err = run(&provider, request("hi")).await.unwrap_err();
-        assert!(matches!(err, ModelError::Unavailable(_)), "{err:?}");
     }
 
     #[test]
@@ -1017,37 +577,42 @@ mod tests {
 
     #[test]
     fn config_is_validated_and_the_key_never_printed() {
-        let bad = |url: &str| OpenAiProvider::new(OpenAiConfig::new(url)).unwrap_err();
+        let bad = |url: &str| {
+            OpenAiProvider::new(OpenAiConfig::new(EndpointConfig::new(url))).unwrap_err()
+        };
         assert!(matches!(
             bad("ftp://x/v1"),
-            OpenAiConfigError::InvalidBaseUrl { .. }
+            EndpointError::InvalidBaseUrl { .. }
         ));
         assert!(matches!(
             bad("not a url"),
-            OpenAiConfigError::InvalidBaseUrl { .. }
+            EndpointError::InvalidBaseUrl { .. }
         ));
         assert!(matches!(
             bad("http://x/v1?a=b"),
-            OpenAiConfigError::InvalidBaseUrl { .. }
+            EndpointError::InvalidBaseUrl { .. }
         ));
-        let config = OpenAiConfig {
+        let config = OpenAiConfig::new(EndpointConfig {
             api_key: Some("sk-test-secret".into()),
             models: Some(vec!["a".into()]),
-            ..OpenAiConfig::new("https://api.example.com/v1")
-        };
+            ..EndpointConfig::new("https://api.example.com/v1")
+        });
         assert!(!format!("{config:?}").contains("sk-test"));
         let provider = OpenAiProvider::new(config).unwrap();
         assert!(!format!("{provider:?}").contains("sk-test"));
         assert!(provider.serves("a") && !provider.serves("b"));
-        let any = OpenAiProvider::new(OpenAiConfig::new("http://localhost:1/v1")).unwrap();
+        let any = OpenAiProvider::new(OpenAiConfig::new(EndpointConfig::new(
+            "http://localhost:1/v1",
+        )))
+        .unwrap();
         assert!(any.serves("whatever"));
-        let bad_key = OpenAiConfig {
+        let bad_key = OpenAiConfig::new(EndpointConfig {
             api_key: Some("line\nbreak".into()),
-            ..OpenAiConfig::new("http://localhost:1/v1")
-        };
+            ..EndpointConfig::new("http://localhost:1/v1")
+        });
         assert_eq!(
             OpenAiProvider::new(bad_key).unwrap_err(),
-            OpenAiConfigError::InvalidApiKey
+            EndpointError::InvalidApiKey
         );
     }
 }

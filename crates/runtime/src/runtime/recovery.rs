@@ -74,7 +74,7 @@ mod tests {
 
     use super::*;
     use crate::store::MemoryStore;
-    use crate::store::contract::{running_turn, text_message};
+    use crate::store::testing::{running_turn, text_message};
     use crate::types::{NewSession, TurnStatus};
 
     #[tokio::test]

@@ -1,5 +1,6 @@
 //! The in-memory [`Store`], for tests: the semantics of the sled store
-//! without durability.
+//! without durability. What each write does to a session record is the
+//! domain types' rules (`types/session.rs`), shared with the sled store.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -9,12 +10,10 @@ use async_trait::async_trait;
 
 use super::size::{Budget, message_wire_bytes, session_wire_bytes};
 use super::{
-    CreateOutcome, HistoryQuery, ListCursor, ListQuery, MessagePage, SessionPage, Store, StoreError,
+    CreateOutcome, HistoryQuery, ListCursor, ListQuery, MessagePage, SessionPage, Store,
+    StoreError, seq_exhausted,
 };
-use crate::types::{
-    LastTurn, Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord, TurnStatus,
-    new_id,
-};
+use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord, new_id};
 
 /// A [`Store`] that keeps everything in memory.
 #[derive(Debug, Default)]
@@ -58,72 +57,10 @@ impl MemoryStore {
 }
 
 impl Entry {
-    fn append(&mut self, new: NewMessage, now: SystemTime) -> Message {
-        let seq = self.session.next_seq;
-        self.session.next_seq += 1;
-        self.session.message_count += 1;
-        touch(&mut self.session, now);
-        let message = Message {
-            seq,
-            body: new,
-            compacted: false,
-        };
-        self.messages.insert(seq, message.clone());
-        message
-    }
-}
-
-/// Like the sled store: activity never moves backwards.
-fn touch(session: &mut Session, now: SystemTime) {
-    session.last_active_at = now.max(session.last_active_at);
-}
-
-/// A new session's record; shared with the sled store so both agree.
-pub(crate) fn session_record(id: String, new: NewSession, now: SystemTime) -> Session {
-    Session {
-        id,
-        owner: new.owner,
-        agent_id: new.agent_id,
-        project_id: new.project_id,
-        title: new.title,
-        model: new.model,
-        system_prompt: new.system_prompt,
-        metadata: new.metadata,
-        created_at: now,
-        last_active_at: now,
-        archived: false,
-        last_turn: None,
-        message_count: 0,
-        next_seq: 1,
-        compacted_through: 0,
-        summary_seq: 0,
-        incarnation: crate::types::new_id(),
-    }
-}
-
-/// Applies the fields set in `update`; shared with the sled store.
-pub(crate) fn apply_update(session: &mut Session, update: SessionUpdate) {
-    let SessionUpdate {
-        title,
-        model,
-        system_prompt,
-        metadata,
-        archived,
-    } = update;
-    if let Some(title) = title {
-        session.title = title;
-    }
-    if let Some(model) = model {
-        session.model = model;
-    }
-    if let Some(system_prompt) = system_prompt {
-        session.system_prompt = system_prompt;
-    }
-    if let Some(metadata) = metadata {
-        session.metadata = metadata;
-    }
-    if let Some(archived) = archived {
-        session.archived = archived;
+    fn append(&mut self, new: NewMessage, now: SystemTime) -> Result<Message, StoreError> {
+        let message = self.session.append(new, now).ok_or_else(seq_exhausted)?;
+        self.messages.insert(message.seq, message.clone());
+        Ok(message)
     }
 }
 
@@ -135,7 +72,7 @@ fn entry_as<'a>(
 ) -> Result<&'a mut Entry, StoreError> {
     sessions
         .get_mut(id)
-        .filter(|e| e.session.incarnation == incarnation)
+        .filter(|e| e.session.is_incarnation(incarnation))
         .ok_or(StoreError::SessionNotFound)
 }
 
@@ -152,7 +89,7 @@ impl Store for MemoryStore {
         if let Some(entry) = sessions.get(&id) {
             return Ok(CreateOutcome::Existing(entry.session.clone()));
         }
-        let session = session_record(id.clone(), new, SystemTime::now());
+        let session = new.into_session(id.clone(), SystemTime::now());
         let entry = Entry {
             session: session.clone(),
             messages: BTreeMap::new(),
@@ -175,9 +112,7 @@ impl Store for MemoryStore {
         let mut matching: Vec<&Session> = sessions
             .values()
             .map(|e| &e.session)
-            .filter(|s| s.owner == owner)
-            .filter(|s| query.include_archived || !s.archived)
-            .filter(|s| query.agent_id.as_ref().is_none_or(|a| *a == s.agent_id))
+            .filter(|s| s.owner == owner && query.admits(s))
             .filter(|s| {
                 query
                     .after
@@ -209,8 +144,8 @@ impl Store for MemoryStore {
         let mut sessions = self.lock();
         let entry = sessions.get_mut(id).ok_or(StoreError::SessionNotFound)?;
         let mut session = entry.session.clone();
-        apply_update(&mut session, update);
-        touch(&mut session, SystemTime::now());
+        session.apply(update);
+        session.touch(SystemTime::now());
         entry.session = session.clone();
         Ok(session)
     }
@@ -223,7 +158,7 @@ impl Store for MemoryStore {
         let mut sessions = self.lock();
         let matches = sessions
             .get(id)
-            .is_some_and(|e| incarnation.is_none_or(|i| e.session.incarnation == i));
+            .is_some_and(|e| incarnation.is_none_or(|i| e.session.is_incarnation(i)));
         Ok(matches && sessions.remove(id).is_some())
     }
 
@@ -241,9 +176,9 @@ impl Store for MemoryStore {
         }
         let mut sessions = self.lock();
         let entry = entry_as(&mut sessions, &turn.session_id, &turn.incarnation)?;
-        let message = entry.append(user_message, SystemTime::now());
+        let message = entry.append(user_message, SystemTime::now())?;
         turn.user_message_seq = message.seq;
-        entry.session.last_turn = Some(LastTurn::from(&turn));
+        entry.session.begin_turn(&turn);
         entry.turns.insert(turn.turn_id.clone(), turn);
         Ok(message)
     }
@@ -256,17 +191,13 @@ impl Store for MemoryStore {
     ) -> Result<Message, StoreError> {
         let mut sessions = self.lock();
         let entry = entry_as(&mut sessions, session_id, incarnation)?;
-        Ok(entry.append(message, SystemTime::now()))
+        entry.append(message, SystemTime::now())
     }
 
     async fn finish_turn(&self, turn: TurnRecord) -> Result<(), StoreError> {
         let mut sessions = self.lock();
         let entry = entry_as(&mut sessions, &turn.session_id, &turn.incarnation)?;
-        // An older turn finishing late must not hide the newer one.
-        let last = &mut entry.session.last_turn;
-        if last.as_ref().is_none_or(|l| l.turn_id == turn.turn_id) {
-            *last = Some(LastTurn::from(&turn));
-        }
+        entry.session.finish_turn(&turn);
         entry.turns.insert(turn.turn_id.clone(), turn);
         Ok(())
     }
@@ -289,12 +220,9 @@ impl Store for MemoryStore {
         request_id: &str,
     ) -> Result<Option<TurnRecord>, StoreError> {
         let sessions = self.lock();
-        Ok(sessions.get(session_id).and_then(|e| {
-            e.turns
-                .values()
-                .find(|t| t.request_id.as_deref() == Some(request_id))
-                .cloned()
-        }))
+        Ok(sessions
+            .get(session_id)
+            .and_then(|e| e.turns.values().find(|t| t.started_by(request_id)).cloned()))
     }
 
     async fn history_page(
@@ -346,9 +274,8 @@ impl Store for MemoryStore {
         let mut sessions = self.lock();
         let entry = entry_as(&mut sessions, session_id, incarnation)?;
         super::check_compaction(&entry.session, &summary, through_seq)?;
-        let stored = entry.append(summary, SystemTime::now());
-        entry.session.compacted_through = through_seq;
-        entry.session.summary_seq = stored.seq;
+        let stored = entry.append(summary, SystemTime::now())?;
+        entry.session.compacted(through_seq, stored.seq);
         Ok(stored)
     }
 
@@ -360,11 +287,7 @@ impl Store for MemoryStore {
     ) -> Result<bool, StoreError> {
         let mut sessions = self.lock();
         let entry = entry_as(&mut sessions, session_id, incarnation)?;
-        if !entry.session.title.is_empty() {
-            return Ok(false);
-        }
-        entry.session.title = title.to_owned();
-        Ok(true)
+        Ok(entry.session.set_title_if_empty(title))
     }
 
     async fn recover_interrupted(&self) -> Result<Vec<TurnRecord>, StoreError> {
@@ -373,16 +296,10 @@ impl Store for MemoryStore {
         let mut changed = Vec::new();
         for entry in sessions.values_mut() {
             for turn in entry.turns.values_mut() {
-                if turn.status != TurnStatus::Running {
-                    continue;
+                if turn.interrupt(now) {
+                    entry.session.recover_turn(turn);
+                    changed.push(turn.clone());
                 }
-                turn.status = TurnStatus::Interrupted;
-                turn.finished_at = Some(now);
-                let last = &mut entry.session.last_turn;
-                if last.as_ref().is_some_and(|l| l.turn_id == turn.turn_id) {
-                    *last = Some(LastTurn::from(&*turn));
-                }
-                changed.push(turn.clone());
             }
         }
         Ok(changed)
@@ -401,16 +318,14 @@ impl Store for MemoryStore {
 mod tests {
     use super::MemoryStore;
     use crate::store::Store;
-    use crate::store::contract;
-
-    crate::store_contract_tests!(MemoryStore::new());
+    use crate::store::testing;
 
     #[tokio::test]
     async fn compacted_messages_hidden_unless_asked() {
         let store = MemoryStore::new();
-        let session = contract::seed_history(&store, 4).await;
+        let session = testing::seed_history(&store, 4).await;
         store.mark_compacted(&session, 2);
-        contract::check_compacted_filter(&store, &session, &[2]).await;
+        testing::check_compacted_filter(&store, &session, &[2]).await;
         assert_eq!(store.count_sessions().await.expect("count"), 1);
     }
 }

@@ -53,14 +53,13 @@ use sled::transaction::{
 use sled::{Batch, IVec, Tree};
 
 use super::flusher::Flusher;
-use super::memory::{apply_update, session_record};
 use super::size::{Budget, message_wire_bytes, session_wire_bytes};
 use super::{
-    CreateOutcome, HistoryQuery, ListCursor, ListQuery, MessagePage, SessionPage, Store, StoreError,
+    CreateOutcome, HistoryQuery, ListCursor, ListQuery, MessagePage, SessionPage, Store,
+    StoreError, seq_exhausted,
 };
 use crate::types::{
-    LastTurn, Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord, TurnStatus,
-    new_id,
+    Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord, TurnStatus, new_id,
 };
 
 /// The version byte in front of every record.
@@ -193,6 +192,16 @@ impl SledStore {
         self.flusher.flush().await
     }
 
+    /// Ends a turn's write that began at `started`: records its duration
+    /// (the transaction, not the flush), then makes it durable.
+    async fn durable_write(&self, started: std::time::Instant) -> Result<(), StoreError> {
+        crate::telemetry::metrics::timed(
+            &crate::telemetry::metrics::get().store_write,
+            started.elapsed(),
+        );
+        self.flush_db().await
+    }
+
     /// Removes messages and turns stored under `id` (see the module doc).
     async fn purge_children(&self, id: &str) -> Result<(), StoreError> {
         let (messages, turns, prefix) = (self.messages.clone(), self.turns.clone(), child(id));
@@ -254,7 +263,7 @@ impl Store for SledStore {
             tracing::warn!(session_id = %id, "purging leftovers of an interrupted delete");
             self.purge_children(&id).await?;
         }
-        let session = session_record(id, new, SystemTime::now());
+        let session = new.into_session(id, SystemTime::now());
         let outcome = (&self.sessions, &self.activity)
             .transaction(|(s, a)| {
                 if let Some(existing) = session_tx(s, &session.id)? {
@@ -292,8 +301,9 @@ impl Store for SledStore {
             .transaction(|(s, a)| {
                 let mut session = session_tx(s, id)?.ok_or_else(not_found)?;
                 let old_index = activity_key(&session);
-                apply_update(&mut session, update.clone());
-                touch_tx(a, &mut session, old_index, now)?;
+                session.apply(update.clone());
+                session.touch(now);
+                reindex_tx(a, &session, old_index)?;
                 write_session_tx(s, &session)?;
                 Ok(session)
             })
@@ -316,7 +326,7 @@ impl Store for SledStore {
                 // A corrupt record must stay deletable; its index entry then
                 // dangles, and listing skips it.
                 match decode::<Session>(SESSIONS, id.as_bytes(), &raw) {
-                    Ok(session) if incarnation.is_some_and(|i| i != session.incarnation) => {
+                    Ok(session) if incarnation.is_some_and(|i| !session.is_incarnation(i)) => {
                         return Ok(false);
                     }
                     Ok(session) => {
@@ -365,16 +375,12 @@ impl Store for SledStore {
                 };
                 let key = turn_key(&record.session_id, &record.turn_id);
                 t.insert(key, encode(&record).map_err(TxError::Abort)?)?;
-                session.last_turn = Some(LastTurn::from(&record));
+                session.begin_turn(&record);
                 write_session_tx(s, &session)?;
                 Ok(message)
             })
             .map_err(tx_err)?;
-        crate::telemetry::metrics::timed(
-            &crate::telemetry::metrics::get().store_write,
-            write_started.elapsed(),
-        );
-        self.flush_db().await?;
+        self.durable_write(write_started).await?;
         Ok(message)
     }
 
@@ -394,11 +400,7 @@ impl Store for SledStore {
                 Ok(message)
             })
             .map_err(tx_err)?;
-        crate::telemetry::metrics::timed(
-            &crate::telemetry::metrics::get().store_write,
-            write_started.elapsed(),
-        );
-        self.flush_db().await?;
+        self.durable_write(write_started).await?;
         Ok(message)
     }
 
@@ -409,23 +411,13 @@ impl Store for SledStore {
             .transaction(|(s, t)| {
                 let mut session = session_as_tx(s, &turn.session_id, &turn.incarnation)?;
                 t.insert(turn_key(&turn.session_id, &turn.turn_id), record.clone())?;
-                // An older turn finishing late must not hide the newer one.
-                if session
-                    .last_turn
-                    .as_ref()
-                    .is_none_or(|l| l.turn_id == turn.turn_id)
-                {
-                    session.last_turn = Some(LastTurn::from(&turn));
+                if session.finish_turn(&turn) {
                     write_session_tx(s, &session)?;
                 }
                 Ok(())
             })
             .map_err(tx_err)?;
-        crate::telemetry::metrics::timed(
-            &crate::telemetry::metrics::get().store_write,
-            write_started.elapsed(),
-        );
-        self.flush_db().await
+        self.durable_write(write_started).await
     }
 
     async fn finish_turn_with(
@@ -454,23 +446,12 @@ impl Store for SledStore {
                     None => (session_as_tx(s, &turn.session_id, &turn.incarnation)?, None),
                 };
                 t.insert(turn_key(&turn.session_id, &turn.turn_id), record.clone())?;
-                // An older turn finishing late must not hide the newer one.
-                if session
-                    .last_turn
-                    .as_ref()
-                    .is_none_or(|l| l.turn_id == turn.turn_id)
-                {
-                    session.last_turn = Some(LastTurn::from(&turn));
-                }
+                session.finish_turn(&turn);
                 write_session_tx(s, &session)?;
                 Ok(stored)
             })
             .map_err(tx_err)?;
-        crate::telemetry::metrics::timed(
-            &crate::telemetry::metrics::get().store_write,
-            write_started.elapsed(),
-        );
-        self.flush_db().await?;
+        self.durable_write(write_started).await?;
         Ok(stored)
     }
 
@@ -503,7 +484,7 @@ impl Store for SledStore {
             for entry in turns.scan_prefix(&prefix) {
                 let (key, raw) = entry.map_err(|e| backend("scan", e))?;
                 let turn: TurnRecord = decode(TURNS, &key, &raw)?;
-                if turn.request_id.as_deref() == Some(request_id.as_str()) {
+                if turn.started_by(&request_id) {
                     return Ok(Some(turn));
                 }
             }
@@ -555,8 +536,7 @@ impl Store for SledStore {
                 super::check_compaction(&session, &summary, through_seq).map_err(TxError::Abort)?;
                 let (mut session, stored) =
                     append_tx(s, a, m, session_id, Some(incarnation), &summary, now)?;
-                session.compacted_through = through_seq;
-                session.summary_seq = stored.seq;
+                session.compacted(through_seq, stored.seq);
                 write_session_tx(s, &session)?;
                 Ok(stored)
             })
@@ -575,10 +555,9 @@ impl Store for SledStore {
             .sessions
             .transaction(|s| {
                 let mut session = session_as_tx(s, session_id, incarnation)?;
-                if !session.title.is_empty() {
+                if !session.set_title_if_empty(title) {
                     return Ok(false);
                 }
-                session.title = title.to_owned();
                 write_session_tx(s, &session)?;
                 Ok(true)
             })
@@ -688,11 +667,7 @@ fn list_blocking(
             tracing::debug!(session_id = %id, "skipping a stale activity index entry");
             continue;
         }
-        let agent_ok = query
-            .agent_id
-            .as_ref()
-            .is_none_or(|agent| *agent == session.agent_id);
-        if !agent_ok || (session.archived && !query.include_archived) {
+        if !query.admits(&session) {
             continue;
         }
         if page.sessions.len() == query.limit || !budget.admit(session_wire_bytes(&session)) {
@@ -725,7 +700,7 @@ fn recover_blocking(sessions: &Tree, turns: &Tree) -> Result<Vec<TurnRecord>, St
                 return Ok(None);
             };
             let mut turn: TurnRecord = decode(TURNS, &key, &raw).map_err(TxError::Abort)?;
-            if turn.status != TurnStatus::Running {
+            if !turn.interrupt(now) {
                 return Ok(None);
             }
             let Some(mut session) = session_tx(s, &turn.session_id)? else {
@@ -733,15 +708,8 @@ fn recover_blocking(sessions: &Tree, turns: &Tree) -> Result<Vec<TurnRecord>, St
                 t.remove(&key)?;
                 return Ok(None);
             };
-            turn.status = TurnStatus::Interrupted;
-            turn.finished_at = Some(now);
             t.insert(&key, encode(&turn).map_err(TxError::Abort)?)?;
-            if session
-                .last_turn
-                .as_ref()
-                .is_some_and(|l| l.turn_id == turn.turn_id)
-            {
-                session.last_turn = Some(LastTurn::from(&turn));
+            if session.recover_turn(&turn) {
                 write_session_tx(s, &session)?;
             }
             Ok(Some(turn))
@@ -768,32 +736,20 @@ fn append_tx(
         None => session_tx(s, session_id)?.ok_or_else(not_found)?,
     };
     let old_index = activity_key(&session);
-    let seq = session.next_seq;
-    let exhausted = || TxError::Abort(StoreError::Backend("seq space exhausted".to_owned()));
-    session.next_seq = seq.checked_add(1).ok_or_else(exhausted)?;
-    session.message_count = session.message_count.saturating_add(1);
-    let message = Message {
-        seq,
-        body: new.clone(),
-        compacted: false,
-    };
+    let message = session
+        .append(new.clone(), now)
+        .ok_or_else(|| TxError::Abort(seq_exhausted()))?;
     m.insert(
-        message_key(session_id, seq),
+        message_key(session_id, message.seq),
         encode(&message).map_err(TxError::Abort)?,
     )?;
-    touch_tx(a, &mut session, old_index, now)?;
+    reindex_tx(a, &session, old_index)?;
     Ok((session, message))
 }
 
-/// Activity never moves backwards, so a clock step back cannot reorder a
-/// session behind its own past.
-fn touch_tx(
-    a: &TransactionalTree,
-    session: &mut Session,
-    old_index: Vec<u8>,
-    now: SystemTime,
-) -> TxResult<()> {
-    session.last_active_at = now.max(session.last_active_at);
+/// Moves the session's listing index entry from `old_index` to where its
+/// (touched) `last_active_at` puts it.
+fn reindex_tx(a: &TransactionalTree, session: &Session, old_index: Vec<u8>) -> TxResult<()> {
     a.remove(old_index)?;
     a.insert(activity_key(session), IVec::default())?;
     Ok(())
@@ -811,7 +767,7 @@ fn session_tx(s: &TransactionalTree, id: &str) -> TxResult<Option<Session>> {
 /// The session `id` if it exists as `incarnation`; not found otherwise.
 fn session_as_tx(s: &TransactionalTree, id: &str, incarnation: &str) -> TxResult<Session> {
     session_tx(s, id)?
-        .filter(|session| session.incarnation == incarnation)
+        .filter(|session| session.is_incarnation(incarnation))
         .ok_or_else(not_found)
 }
 
@@ -929,15 +885,13 @@ fn index_nanos(at: SystemTime) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::contract::{self, running_turn, text_message};
+    use crate::store::testing::{self, running_turn, text_message};
     use crate::types::Role;
 
     fn open_temp() -> (SledStore, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("tempdir");
         (SledStore::open(dir.path().join("db")).expect("open"), dir)
     }
-
-    crate::store_contract_tests!(guarded: open_temp());
 
     fn user(turn_id: &str) -> NewMessage {
         text_message(turn_id, Role::User, "q")
@@ -954,10 +908,10 @@ mod tests {
     async fn reopen_keeps_sessions_and_messages() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = SledStore::open(dir.path().join("db")).expect("open");
-        let id = contract::seed_history(&store, 3).await;
+        let id = testing::seed_history(&store, 3).await;
         store
             .begin_turn(
-                running_turn(&id, &contract::incarnation(&store, &id).await, "t1"),
+                running_turn(&id, &testing::incarnation(&store, &id).await, "t1"),
                 user("t1"),
             )
             .await
@@ -984,7 +938,7 @@ mod tests {
         assert_eq!(store.recover_interrupted().await.expect("recover").len(), 1);
         assert_eq!(
             store
-                .append_message(&id, &contract::incarnation(&store, &id).await, user("t2"))
+                .append_message(&id, &testing::incarnation(&store, &id).await, user("t2"))
                 .await
                 .expect("append")
                 .seq,
@@ -995,11 +949,11 @@ mod tests {
     #[tokio::test]
     async fn garbage_values_are_corrupt() {
         let (store, _dir) = open_temp();
-        let broken = contract::seed_history(&store, 3).await;
-        let intact = contract::seed_history(&store, 3).await;
+        let broken = testing::seed_history(&store, 3).await;
+        let intact = testing::seed_history(&store, 3).await;
         store
             .begin_turn(
-                running_turn(&intact, &contract::incarnation(&store, &intact).await, "t1"),
+                running_turn(&intact, &testing::incarnation(&store, &intact).await, "t1"),
                 user("t1"),
             )
             .await
@@ -1060,7 +1014,7 @@ mod tests {
     #[tokio::test]
     async fn unknown_version_is_corrupt() {
         let (store, _dir) = open_temp();
-        let id = contract::seed_history(&store, 1).await;
+        let id = testing::seed_history(&store, 1).await;
         let session = store.get_session(&id).await.expect("get").expect("exists");
         let mut value = encode(&session).expect("encode");
         value[0] = RECORD_VERSION + 1;
@@ -1076,7 +1030,7 @@ mod tests {
     #[tokio::test]
     async fn compacted_messages_hidden_unless_asked() {
         let (store, _dir) = open_temp();
-        let id = contract::seed_history(&store, 5).await;
+        let id = testing::seed_history(&store, 5).await;
         for seq in [1, 3] {
             let mut message = store.history(&id, seq - 1, 1, true).await.expect("history");
             message[0].compacted = true;
@@ -1086,7 +1040,7 @@ mod tests {
                 .insert(message_key(&id, seq), value)
                 .expect("raw write");
         }
-        contract::check_compacted_filter(&store, &id, &[1, 3]).await;
+        testing::check_compacted_filter(&store, &id, &[1, 3]).await;
     }
 
     #[tokio::test]
@@ -1103,10 +1057,10 @@ mod tests {
     #[tokio::test]
     async fn orphans_of_an_interrupted_delete_stay_invisible() {
         let (store, _dir) = open_temp();
-        let id = contract::seed_history(&store, 2).await;
+        let id = testing::seed_history(&store, 2).await;
         store
             .begin_turn(
-                running_turn(&id, &contract::incarnation(&store, &id).await, "t1"),
+                running_turn(&id, &testing::incarnation(&store, &id).await, "t1"),
                 user("t1"),
             )
             .await
@@ -1148,7 +1102,7 @@ mod tests {
         );
         assert_eq!(
             store
-                .append_message(&id, &contract::incarnation(&store, &id).await, user("t2"))
+                .append_message(&id, &testing::incarnation(&store, &id).await, user("t2"))
                 .await
                 .expect("append")
                 .seq,
@@ -1159,8 +1113,8 @@ mod tests {
     #[tokio::test]
     async fn activity_index_has_one_current_entry_per_session() {
         let (store, _dir) = open_temp();
-        let a = contract::seed_history(&store, 3).await;
-        let b = contract::seed_history(&store, 1).await;
+        let a = testing::seed_history(&store, 3).await;
+        let b = testing::seed_history(&store, 1).await;
         let update = SessionUpdate {
             title: Some("t".to_owned()),
             ..SessionUpdate::default()
@@ -1168,12 +1122,12 @@ mod tests {
         store.update_session(&a, update).await.expect("update");
         store
             .begin_turn(
-                running_turn(&b, &contract::incarnation(&store, &b).await, "t1"),
+                running_turn(&b, &testing::incarnation(&store, &b).await, "t1"),
                 user("t1"),
             )
             .await
             .expect("begin");
-        let doomed = contract::seed_history(&store, 1).await;
+        let doomed = testing::seed_history(&store, 1).await;
         assert!(store.delete_session(&doomed, None).await.expect("delete"));
         let mut expected = Vec::new();
         for id in [&a, &b] {

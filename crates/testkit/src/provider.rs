@@ -1,20 +1,21 @@
-//! Helpers shared by the providers' unit tests.
+//! Driving a [`ModelProvider`] directly in a test: a request of one user
+//! message, and the whole stream collected under a time guard, so a
+//! provider that hangs fails the test instead of stalling it.
 
 use std::time::Duration;
 
+use agentrt_runtime::model::{ModelError, ModelEvent, ModelProvider, ModelRequest};
+use agentrt_runtime::types::{ContentBlock, Message, NewMessage, Role};
 use futures::StreamExt as _;
 
-use super::{ModelError, ModelEvent, ModelProvider, ModelRequest};
-use crate::types::{ContentBlock, Message, NewMessage, Role};
-
 /// Guards every wait so a bug fails the test instead of hanging it.
-pub(crate) const GUARD: Duration = Duration::from_secs(10);
+pub const GUARD: Duration = Duration::from_secs(10);
 
 /// One item of a model stream.
-pub(crate) type Item = Result<ModelEvent, ModelError>;
+pub type Item = Result<ModelEvent, ModelError>;
 
 /// A stored-looking message (seq 1).
-pub(crate) fn message(role: Role, content: Vec<ContentBlock>) -> Message {
+pub fn message(role: Role, content: Vec<ContentBlock>) -> Message {
     Message {
         seq: 1,
         body: NewMessage::new("t", role, content),
@@ -24,7 +25,7 @@ pub(crate) fn message(role: Role, content: Vec<ContentBlock>) -> Message {
 
 /// A request for `model` with the system prompt "be brief" and one user
 /// message `text`.
-pub(crate) fn request(model: &str, text: &str) -> ModelRequest {
+pub fn request(model: &str, text: &str) -> ModelRequest {
     ModelRequest {
         model: model.to_owned(),
         system_prompt: Some("be brief".into()),
@@ -37,7 +38,7 @@ pub(crate) fn request(model: &str, text: &str) -> ModelRequest {
 
 /// Starts `request` and collects the whole stream, each bounded by
 /// [`GUARD`].
-pub(crate) async fn run(
+pub async fn run(
     provider: &dyn ModelProvider,
     request: ModelRequest,
 ) -> Result<Vec<Item>, ModelError> {

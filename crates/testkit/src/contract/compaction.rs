@@ -1,8 +1,8 @@
 //! Contract checks for compaction records and titles.
 
 use super::{create_new, new_session, text_message};
-use crate::store::{Store, StoreError};
-use crate::types::{NewMessage, Role, flatten_text};
+use agentrt_runtime::store::{Store, StoreError};
+use agentrt_runtime::types::{NewMessage, Role, flatten_text};
 
 fn summary(text: &str) -> NewMessage {
     text_message("compaction", Role::Summary, text)

@@ -1,6 +1,7 @@
-//! A scripted stand-in for the Anthropic Messages API, for tests only.
+//! A scripted stand-in for the Anthropic Messages API: it fakes the
+//! upstream of the Anthropic provider, driven like [`crate::fake_openai`].
 //!
-//! The loopback server itself is [`FakeOpenAi`](super::fake_openai::FakeOpenAi)
+//! The loopback server itself is [`FakeOpenAi`](crate::fake_openai::FakeOpenAi)
 //! (it records requests and plays back raw body pieces, whatever the
 //! protocol); this module adds builders for Anthropic's named stream events.
 //! Anthropic streams have no `[DONE]` sentinel, so use [`stream`] (or
@@ -8,10 +9,10 @@
 
 use serde_json::{Value, json};
 
-pub use super::fake_openai::{FakeReply, RecordedRequest, slice_bytes};
+pub use crate::fake_openai::{FakeReply, RecordedRequest, slice_bytes};
 
 /// The loopback fake server (shared with the OpenAI fake).
-pub type FakeAnthropic = super::fake_openai::FakeOpenAi;
+pub type FakeAnthropic = crate::fake_openai::FakeOpenAi;
 
 /// A complete stream of `chunks` without any sentinel, then close.
 pub fn stream(chunks: Vec<Vec<u8>>) -> FakeReply {

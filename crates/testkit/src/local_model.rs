@@ -1,4 +1,5 @@
-//! Finding the real model file for tests (this crate's and the server's).
+//! Finding the real local model file for tests (the local model's and the
+//! server's), and loading it once per test binary.
 //!
 //! The file comes from `AGENTRT_TEST_MODEL` (a GGUF path), else
 //! `AGENTRT_TEST_MODEL_DIR` (a directory holding it), else the CI cache
@@ -10,8 +11,8 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use crate::load::LoadedModel;
-use crate::{DEFAULT_FILE, LocalModelConfig, LocalProvider};
+use agentrt_local_model::load::LoadedModel;
+use agentrt_local_model::{DEFAULT_FILE, LocalModelConfig, LocalProvider};
 
 /// The model file, if present.
 pub fn model_path() -> Option<PathBuf> {
@@ -55,7 +56,9 @@ pub fn model() -> Option<Arc<LoadedModel>> {
     MODEL
         .get_or_init(|| {
             let path = model_path()?;
-            Some(Arc::new(crate::load::load(&path).expect("the model loads")))
+            Some(Arc::new(
+                agentrt_local_model::load::load(&path).expect("the model loads"),
+            ))
         })
         .clone()
 }

@@ -1,8 +1,10 @@
 //! Contract checks for pages cut by bytes.
 
 use super::{append, create_new, new_session};
-use crate::store::{HistoryQuery, ListQuery, Store, message_wire_bytes, session_wire_bytes};
-use crate::types::{Message, NewSession};
+use agentrt_runtime::store::{
+    HistoryQuery, ListQuery, Store, message_wire_bytes, session_wire_bytes,
+};
+use agentrt_runtime::types::{Message, NewSession};
 
 /// Message bodies of very different sizes, so budgets fall at odd places.
 const BODIES: [usize; 8] = [10, 5_000, 200, 40_000, 1, 12_000, 3_000, 25_000];

@@ -1,21 +1,27 @@
-//! The behaviour every [`Store`] must have, as reusable checks.
+//! The behaviour every [`Store`] must have, as reusable checks: the one
+//! definition of what a store is, which the in-memory and the sled store
+//! (and any later one) must both pass.
 //!
 //! Each check takes a fresh, empty store and panics on a violation.
 //! [`store_contract_tests!`](crate::store_contract_tests) turns all of them
-//! into `#[tokio::test]`s for one implementation:
+//! into `#[tokio::test]`s for one implementation, in an integration test of
+//! the crate that owns the store (`crates/runtime/tests/store_contract.rs`):
 //!
 //! ```ignore
-//! agentrt_runtime::store_contract_tests!(MemoryStore::new());
+//! agentrt_testkit::store_contract_tests!(MemoryStore::new());
 //! // When something must outlive the store (a temporary directory):
-//! agentrt_runtime::store_contract_tests!(guarded: open_temp_store()); // -> (store, guard)
+//! agentrt_testkit::store_contract_tests!(guarded: open_temp_store()); // -> (store, guard)
 //! ```
+//!
+//! The helpers below ([`seed_history`], [`running_turn`], ...) build the
+//! records the checks use, for tests of a store of their own.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::{CreateOutcome, ListCursor, ListQuery, Store, StoreError};
-use crate::types::{
+use agentrt_runtime::store::{CreateOutcome, ListCursor, ListQuery, Store, StoreError};
+use agentrt_runtime::types::{
     CancelReason, ContentBlock, LastTurn, Message, NewMessage, NewSession, Role, Session,
     SessionUpdate, StopReason, ThinkingLevel, TurnRecord, TurnStatus, Usage, flatten_text,
 };
@@ -45,7 +51,7 @@ macro_rules! store_contract_tests {
         async fn concurrent_appends_are_contiguous() {
             let (store, _guard) = $make;
             let store = ::std::sync::Arc::new(store);
-            $crate::store::contract::concurrent_appends_are_contiguous(store).await;
+            $crate::contract::concurrent_appends_are_contiguous(store).await;
         }
     };
     ($make:expr) => {
@@ -61,7 +67,7 @@ macro_rules! __store_contract_test {
             #[tokio::test]
             async fn $name() {
                 let (store, _guard) = $make;
-                $crate::store::contract::$name(&store).await;
+                $crate::contract::$name(&store).await;
             }
         )+
     };
@@ -107,29 +113,6 @@ pub async fn seed_history(store: &dyn Store, count: usize) -> String {
         append(store, &id, &format!("message {i}")).await;
     }
     id
-}
-
-/// `history` hides the `compacted` seqs unless asked. There is no trait
-/// method to compact, so implementations mark them before calling this.
-pub async fn check_compacted_filter(store: &dyn Store, session_id: &str, compacted: &[u64]) {
-    let all = history(store, session_id).await;
-    let flagged = all.iter().filter(|m| m.compacted).map(|m| m.seq);
-    assert!(flagged.eq(compacted.iter().copied()));
-    let visible = store
-        .history(session_id, 0, usize::MAX, false)
-        .await
-        .expect("history");
-    let expected: Vec<&Message> = all.iter().filter(|m| !m.compacted).collect();
-    assert_eq!(visible.iter().collect::<Vec<_>>(), expected);
-    let limited = store
-        .history(session_id, 0, 2, false)
-        .await
-        .expect("history");
-    assert_eq!(
-        limited.len(),
-        2.min(expected.len()),
-        "the limit counts visible messages"
-    );
 }
 
 fn new_session(owner: &str, agent: &str) -> NewSession {

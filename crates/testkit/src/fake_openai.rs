@@ -1,5 +1,14 @@
-//! A scripted stand-in for an OpenAI-compatible Chat Completions server, for
-//! tests only (here and in the workspace's end-to-end tests).
+//! A scripted stand-in for an OpenAI-compatible Chat Completions server on
+//! a loopback port: it fakes the upstream of the HTTP providers, so their
+//! real code (connection, SSE parsing, error mapping, retries) runs in
+//! tests — the providers' own and the workspace's end-to-end tests.
+//!
+//! A test starts it with a script ([`FakeOpenAi::start`]), points a
+//! provider's `base_url` at [`FakeOpenAi::base_url`], and afterwards reads
+//! what was sent ([`FakeOpenAi::requests`]) or waits on what happened
+//! ([`FakeOpenAi::wait_requests`], [`FakeOpenAi::wait_clients_gone`]). The
+//! chunk builders below ([`text_chunk`], [`finish_chunk`], ...) write the
+//! script's bodies.
 //!
 //! It speaks just enough HTTP/1.1: it reads one request per connection
 //! (headers plus a `Content-Length` body), records it, answers with the next
@@ -269,7 +278,7 @@ async fn handle(mut socket: TcpStream, shared: Arc<Shared>, index: usize) {
 }
 
 async fn write_status(socket: &mut TcpStream, code: u16, headers: &[(String, String)], body: &str) {
-    let reason = reqwest::StatusCode::from_u16(code)
+    let reason = http::StatusCode::from_u16(code)
         .ok()
         .and_then(|s| s.canonical_reason())
         .unwrap_or("Status");
