@@ -8,8 +8,7 @@
 //!   tonic interceptor.
 //! - [`convert`]: protobuf ↔ domain conversions.
 //! - [`status`]: core errors → gRPC statuses (exhaustive).
-//! - [`session_service`], [`runtime_service`], [`admin_service`]: the thin
-//!   handlers.
+//! - [`services`]: the thin handlers, one file per proto service.
 //! - [`transport`]: the accept loop, connection and request limits, and the
 //!   catch-panic layer, between the listener and the handlers.
 //! - [`tls`]: the listener's TLS material (reloaded when its files change)
@@ -39,13 +38,11 @@ use agentrt_runtime::{Runtime, RuntimeConfig};
 use tokio::net::TcpListener;
 use tonic_health::ServingStatus;
 
-pub mod admin_service;
 pub mod auth;
 pub mod config;
 pub mod convert;
 pub mod local;
-pub mod runtime_service;
-pub mod session_service;
+pub mod services;
 pub mod status;
 pub mod telemetry;
 pub mod tls;
@@ -483,17 +480,17 @@ impl Prepared {
             // INVALID_ARGUMENT; tonic's own limit (OUT_OF_RANGE) is the same
             // number, so it never fires first.
             .add_service(tonic::service::interceptor::InterceptedService::new(
-                SessionServiceServer::new(session_service::Sessions::new(runtime.clone()))
+                SessionServiceServer::new(services::session_service::Sessions::new(runtime.clone()))
                     .max_decoding_message_size(max_request),
                 auth.interceptor(),
             ))
             .add_service(tonic::service::interceptor::InterceptedService::new(
-                AgentRuntimeServer::new(runtime_service::Turns::new(runtime.clone()))
+                AgentRuntimeServer::new(services::agent_runtime::Turns::new(runtime.clone()))
                     .max_decoding_message_size(max_request),
                 auth.interceptor(),
             ))
             .add_service(tonic::service::interceptor::InterceptedService::new(
-                RuntimeAdminServer::new(admin_service::Admin::new(runtime.clone()))
+                RuntimeAdminServer::new(services::runtime_admin::Admin::new(runtime.clone()))
                     .max_decoding_message_size(max_request),
                 auth.interceptor(),
             ));

@@ -7,12 +7,8 @@ use agentrt_runtime::Runtime;
 use tonic::{Request, Response, Status};
 
 use crate::auth::principal;
-
-/// Names the session on the RPC's span (declared empty by the server).
-pub(crate) fn record_session(id: &str) {
-    tracing::Span::current().record("session_id", id);
-}
 use crate::convert;
+use crate::services::record_session;
 use crate::status::from_runtime;
 
 /// The SessionService implementation.

@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::principal;
 use crate::convert;
-use crate::session_service::record_session;
+use crate::services::record_session;
 use crate::status::{from_runtime, trailing_status};
 
 /// The AgentRuntime implementation.
