@@ -11,6 +11,10 @@ pub mod agent_runtime;
 pub mod runtime_admin;
 pub mod session_service;
 
+pub use agent_runtime::{AgentRuntimeHandler, ChatEvents};
+pub use runtime_admin::RuntimeAdminHandler;
+pub use session_service::SessionServiceHandler;
+
 /// Names the session on the RPC's span (declared empty by the server).
 pub(crate) fn record_session(id: &str) {
     tracing::Span::current().record("session_id", id);

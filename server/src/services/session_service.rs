@@ -11,13 +11,13 @@ use crate::convert;
 use crate::services::record_session;
 use crate::status::from_runtime;
 
-/// The SessionService implementation.
+/// The `SessionService` implementation.
 #[derive(Debug, Clone)]
-pub struct Sessions {
+pub struct SessionServiceHandler {
     runtime: Runtime,
 }
 
-impl Sessions {
+impl SessionServiceHandler {
     /// Serves sessions of `runtime`.
     pub fn new(runtime: Runtime) -> Self {
         Self { runtime }
@@ -25,7 +25,7 @@ impl Sessions {
 }
 
 #[tonic::async_trait]
-impl SessionService for Sessions {
+impl SessionService for SessionServiceHandler {
     async fn create_session(
         &self,
         req: Request<pb::CreateSessionRequest>,
