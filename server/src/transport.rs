@@ -20,8 +20,8 @@
 //!   resetting the stream.
 //! - [`raise_fd_limit`]: the fd soft limit goes up to the hard limit.
 //!
-//! HTTP/2 stream and keepalive limits are set on tonic's builder in
-//! [`crate::ServerBuilder::serve`].
+//! HTTP/2 stream and keepalive limits are set on tonic's builder where
+//! the router is assembled (`serve.rs`, behind [`crate::Prepared::serve`]).
 
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
