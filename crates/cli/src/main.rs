@@ -2,8 +2,8 @@
 //! with live streamed output, show history.
 //!
 //! A binary crate of its own on the `agentrt-client` library: every call
-//! goes through its [`Client`](agentrt_client::Client) facade, so the
-//! library carries no command-line code.
+//! goes through its [`Client`] facade, so the library carries no
+//! command-line code.
 
 use std::io::Write as _;
 use std::process::ExitCode;

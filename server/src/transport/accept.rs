@@ -101,10 +101,10 @@ impl Io {
 
 /// What tonic puts in every request's extensions for a connection of
 /// ours: the addresses, and the verified client certificate when the
-/// connection is mTLS. [`RequestLimitsLayer`] also inserts the
-/// [`TcpConnectInfo`] and the [`ClientCertificate`] on their own, so
-/// `tonic::Request::remote_addr` works in the layers inside it and in the
-/// handlers.
+/// connection is mTLS. [`RequestLimitsLayer`](super::RequestLimitsLayer)
+/// also inserts the [`TcpConnectInfo`] and the [`ClientCertificate`] on
+/// their own, so `tonic::Request::remote_addr` works in the layers inside
+/// it and in the handlers.
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
     /// Local and remote address.
