@@ -1,6 +1,13 @@
 //! Conversions between the protobuf messages and the runtime's domain types.
 //! Decoding checks what protobuf cannot express (a missing oneof, an unknown
 //! enum value) and reports it as an invalid argument naming the field.
+//!
+//! Every enum is converted arm by arm, with no `_ =>` (the lint below): a
+//! new variant on either side must be mapped, not silently folded into
+//! another. A protobuf enum arrives as an `i32`; it is matched through its
+//! `TryFrom`, the unknown value being its own arm.
+
+#![deny(clippy::wildcard_enum_match_arm)]
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

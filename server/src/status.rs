@@ -1,6 +1,11 @@
 //! The one place where core errors become gRPC statuses. Every match here is
 //! exhaustive with no catch-all arm: a new error variant must force a
 //! decision about its status code.
+//!
+//! The lint below holds that rule: clippy refuses a `_ =>` arm over an
+//! enum in this module (the workspace allows one elsewhere).
+
+#![deny(clippy::wildcard_enum_match_arm)]
 
 use agentrt_runtime::RuntimeError;
 use agentrt_runtime::error::{FieldViolation, capped_violations, describe};

@@ -15,6 +15,8 @@ use agentrt_runtime::store::{CreateOutcome, SledStore, Store};
 use agentrt_runtime::types::{ContentBlock, NewMessage, NewSession, Role};
 use serde::Serialize;
 
+use crate::markdown::{num, table};
+
 /// Messages kept after the summary in the compacted case.
 const TAIL: u64 = 50;
 
@@ -114,8 +116,8 @@ pub(crate) async fn s9(dir: &std::path::Path, sizes: &[u64]) -> Result<Vec<Conte
     Ok(out)
 }
 
-/// The markdown table.
-pub(crate) fn table(rows: &[ContextLoad]) -> String {
+/// The S9 section of the report.
+pub(crate) fn markdown(rows: &[ContextLoad]) -> String {
     let rows: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
@@ -123,23 +125,24 @@ pub(crate) fn table(rows: &[ContextLoad]) -> String {
                 r.messages.to_string(),
                 format!(
                     "{} ms ({} messages)",
-                    crate::markdown::num(r.uncompacted_p50_ms),
+                    num(r.uncompacted_p50_ms),
                     r.uncompacted_context
                 ),
                 format!(
                     "{} ms ({} messages)",
-                    crate::markdown::num(r.compacted_p50_ms),
+                    num(r.compacted_p50_ms),
                     r.compacted_context
                 ),
             ]
         })
         .collect();
-    crate::markdown::table(
+    let body = table(
         &[
             "messages stored",
             "context load p50, uncompacted",
             "context load p50, compacted (summary + 50)",
         ],
         &rows,
-    )
+    );
+    format!("\n## S9 context load (sled, in process)\n\n{body}")
 }

@@ -1,19 +1,45 @@
 //! Persistence-bound scenarios: S6 durable short turns with the offline
 //! `builtin/echo` model, S7 idle capacity (memory per idle session, listing
-//! everything, restart to readiness on the same data dir).
+//! everything, restart to readiness on the same data dir), with their
+//! sections of the report.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentrt_client::{Client, proto};
 use futures::StreamExt as _;
+use serde::Serialize;
 
 use crate::driver::{Recorder, agentrt_turn, run_loops};
-use crate::report::{Load, S7};
+use crate::load::{Load, fail_note, lat3};
+use crate::markdown::{num, table};
 use crate::scenarios::{Env, Measure, create_session, create_sessions};
 use crate::server::Child;
 
 const ECHO: &str = "builtin/echo";
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct S7 {
+    pub(crate) sessions: usize,
+    /// Creating every session and running its echo turn.
+    pub(crate) fill_s: f64,
+    pub(crate) fill_turns_per_s: f64,
+    pub(crate) rss_startup_kb: u64,
+    pub(crate) rss_filled_kb: u64,
+    pub(crate) kb_per_idle_session: f64,
+    pub(crate) list_ms: f64,
+    pub(crate) list_pages: u64,
+    pub(crate) listed: u64,
+    pub(crate) drain_ms: f64,
+    pub(crate) drain_exit_ok: bool,
+    pub(crate) restart_listening_ms: f64,
+    pub(crate) restart_ready_ms: f64,
+    pub(crate) rss_restarted_kb: u64,
+    pub(crate) list_after_restart_ms: f64,
+    pub(crate) rss_after_list_kb: u64,
+    pub(crate) failures: u64,
+}
 
 /// S6: `n` sessions each running echo turns back to back.
 pub(crate) async fn s6(env: &Env) -> Result<Vec<Load>, String> {
@@ -171,4 +197,99 @@ pub(crate) async fn s7(env: &Env) -> Result<S7, String> {
     }
     again.terminate(Duration::from_secs(30)).await;
     Ok(out)
+}
+
+/// The S6 section of the report.
+pub(crate) fn markdown_s6(levels: &[Load]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "\n## S6 durable short turns (builtin/echo)\n");
+    let rows: Vec<_> = levels
+        .iter()
+        .map(|l| {
+            vec![
+                l.sessions.to_string(),
+                format!("{}{}", l.turns, fail_note(l.failures)),
+                num(l.turns_per_s),
+                lat3(&l.turn),
+                num(if l.turns > 0 {
+                    l.server_cpu_us as f64 / l.turns as f64
+                } else {
+                    0.0
+                }),
+                format!("{:.2} / {:.2}", l.server_cores, l.bench_cores),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &[
+            "sessions",
+            "turns",
+            "turns/s",
+            "turn p50 / p99 / p99.9 ms",
+            "server CPU µs/turn",
+            "cores server / bench",
+        ],
+        &rows,
+    ));
+    out
+}
+
+/// The S7 section of the report.
+pub(crate) fn markdown_s7(s7: &S7) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "\n## S7 idle capacity\n");
+    let rows = vec![
+        vec![
+            "sessions (one echo turn each)".into(),
+            s7.sessions.to_string(),
+        ],
+        vec![
+            "fill time / turns/s".into(),
+            format!("{} s / {}", num(s7.fill_s), num(s7.fill_turns_per_s)),
+        ],
+        vec![
+            "RSS start-up → filled".into(),
+            format!(
+                "{} → {} KB",
+                num(s7.rss_startup_kb as f64),
+                num(s7.rss_filled_kb as f64)
+            ),
+        ],
+        vec!["KB per idle session".into(), num(s7.kb_per_idle_session)],
+        vec![
+            "ListSessions all (pages)".into(),
+            format!(
+                "{} ms ({} pages, {} sessions)",
+                num(s7.list_ms),
+                s7.list_pages,
+                s7.listed
+            ),
+        ],
+        vec![
+            "SIGTERM → exit".into(),
+            format!("{} ms (exit ok: {})", num(s7.drain_ms), s7.drain_exit_ok),
+        ],
+        vec![
+            "restart: spawn → listening / → readiness SERVING".into(),
+            format!(
+                "{} ms / {} ms",
+                num(s7.restart_listening_ms),
+                num(s7.restart_ready_ms)
+            ),
+        ],
+        vec![
+            "RSS after restart / after listing all".into(),
+            format!(
+                "{} / {} KB",
+                num(s7.rss_restarted_kb as f64),
+                num(s7.rss_after_list_kb as f64)
+            ),
+        ],
+        vec![
+            "ListSessions all after restart".into(),
+            format!("{} ms", num(s7.list_after_restart_ms)),
+        ],
+    ];
+    out.push_str(&table(&["measure", "value"], &rows));
+    out
 }

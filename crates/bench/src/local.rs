@@ -15,6 +15,7 @@ use agentrt_client::{ChatEvent, Client, proto};
 use futures::StreamExt as _;
 use serde::Serialize;
 
+use crate::markdown::table;
 use crate::proc_stats::RssSampler;
 use crate::scenarios::Env;
 use crate::server::Child;
@@ -227,7 +228,7 @@ pub(crate) fn markdown(r: &LocalModel) -> String {
          (TTFT includes admission and storing the user message). \"Study\" is the \
          feasibility study's candle Q8_0, 1-thread row (2 vCPU).\n\n{}",
         r.model,
-        crate::markdown::table(&["metric", "measured", "study"], &rows)
+        table(&["metric", "measured", "study"], &rows)
     )
 }
 

@@ -17,6 +17,8 @@ mod context;
 mod driver;
 mod durable;
 mod fake;
+mod latency;
+mod load;
 mod local;
 mod markdown;
 mod otel;
@@ -35,7 +37,8 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 
 use crate::fake::{FakeServer, StreamParams};
-use crate::report::{Load, Report, Target};
+use crate::load::Load;
+use crate::report::{Report, Target};
 use crate::scenarios::{Env, Plan};
 use crate::server::ServerSpec;
 
@@ -188,7 +191,7 @@ fn machine() -> report::Machine {
 }
 
 /// The S2 level nearest to `n` sessions.
-fn s2_near(r: &Report, n: usize) -> Option<&report::S2Level> {
+fn s2_near(r: &Report, n: usize) -> Option<&latency::S2Level> {
     r.s2.iter().min_by_key(|l| l.sessions.abs_diff(n))
 }
 
@@ -399,7 +402,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
         }
     }
     if want("s1") {
-        match bounded("S1", limit, scenarios::s1(&env)).await {
+        match bounded("S1", limit, latency::s1(&env)).await {
             Ok(s) => {
                 note_failures("S1", &[&s.agentrt, &s.direct], &mut failures);
                 r.s1 = Some(s);
@@ -409,7 +412,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
     }
     if want("s2") {
         for &c in &env.plan.s2_levels {
-            match bounded(&format!("S2 c={c}"), limit, scenarios::s2_level(&env, c)).await {
+            match bounded(&format!("S2 c={c}"), limit, latency::s2_level(&env, c)).await {
                 Ok(l) => {
                     note_failures("S2", &[&l.agentrt, &l.direct, &l.echo], &mut failures);
                     r.s2.push(l);
@@ -516,7 +519,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
     r.failures = failures;
     r.targets = targets(&r);
     r.duration_s = started.elapsed().as_secs_f64();
-    let md = markdown::markdown(&r);
+    let md = report::markdown(&r);
     println!("{md}");
     if let Some(path) = &cli.markdown {
         std::fs::write(path, &md).map_err(|e| format!("write {}: {e}", path.display()))?;

@@ -20,8 +20,8 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use serde::Serialize;
 
 use crate::driver::{Recorder, connections_for};
+use crate::load::Load;
 use crate::markdown::{ms, num, table};
-use crate::report::Load;
 use crate::scenarios::{Env, Measure, agentrt_loops, create_sessions, nominal};
 
 /// S2 with telemetry off and on.

@@ -1,116 +1,20 @@
-//! Results: serializable records (the `--json` file); rendered by
-//! [`crate::markdown`].
+//! The report: every part's results in one serializable record (the
+//! `--json` file), the targets they are held against, and the markdown of
+//! the whole run. It only aggregates: each part's record and section are
+//! defined by the part's own module.
+
+use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::driver::{Hist, Totals};
-use crate::markdown::num;
-
-/// A latency distribution in microseconds.
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
-pub(crate) struct Lat {
-    pub(crate) count: u64,
-    pub(crate) p50_us: f64,
-    pub(crate) p99_us: f64,
-    pub(crate) p999_us: f64,
-    pub(crate) max_us: f64,
-    pub(crate) mean_us: f64,
-}
-
-impl Lat {
-    pub(crate) fn from_hist(h: &Hist) -> Self {
-        if h.is_empty() {
-            return Self::default();
-        }
-        let us = |v: u64| v as f64 / 1_000.0;
-        Self {
-            count: h.len(),
-            p50_us: us(h.value_at_quantile(0.50)),
-            p99_us: us(h.value_at_quantile(0.99)),
-            p999_us: us(h.value_at_quantile(0.999)),
-            max_us: us(h.max()),
-            mean_us: h.mean() / 1_000.0,
-        }
-    }
-}
-
-/// One measured load against one server process.
-#[derive(Debug, Clone, Default, Serialize)]
-pub(crate) struct Load {
-    pub(crate) label: String,
-    /// Concurrent sessions / streams / watchers.
-    pub(crate) sessions: usize,
-    pub(crate) turns: u64,
-    pub(crate) failures: u64,
-    pub(crate) first_failures: Vec<String>,
-    /// Events of any kind received by the bench clients.
-    pub(crate) events: u64,
-    /// Text tokens received.
-    pub(crate) tokens: u64,
-    /// Replay gaps / heartbeats seen.
-    pub(crate) gaps: u64,
-    pub(crate) elapsed_s: f64,
-    pub(crate) events_per_s: f64,
-    pub(crate) tokens_per_s: f64,
-    pub(crate) turns_per_s: f64,
-    /// Request sent → first text event.
-    pub(crate) ttfe: Lat,
-    /// Per token: received − emitted.
-    pub(crate) lag: Lat,
-    /// Request sent → the fake had the upstream request.
-    pub(crate) admission: Lat,
-    /// Fake's first emit → first text event received.
-    pub(crate) first_relay: Lat,
-    /// Request sent → stream end.
-    pub(crate) turn: Lat,
-    /// Server (or echo) process CPU over the run, µs (`/proc/<pid>/stat`).
-    pub(crate) server_cpu_us: u64,
-    /// Server CPU µs / events received.
-    pub(crate) cpu_us_per_event: f64,
-    /// Server CPU in cores (CPU time / wall time).
-    pub(crate) server_cores: f64,
-    /// The bench process (clients + fake) in cores.
-    pub(crate) bench_cores: f64,
-    /// Server `VmRSS` after start-up and warm-up, before the load (kB).
-    pub(crate) rss_startup_kb: u64,
-    /// Peak sampled `VmRSS` during the load (kB).
-    pub(crate) rss_peak_kb: u64,
-    /// `VmHWM` (peak since the process started) at the end (kB).
-    pub(crate) rss_hwm_kb: u64,
-    /// (peak − start-up) / sessions, kB.
-    pub(crate) rss_per_session_kb: f64,
-    /// Most threads the server process had during the load.
-    pub(crate) threads_peak: u64,
-}
-
-impl Load {
-    /// Fills the counts and latencies from `t`.
-    pub(crate) fn with_totals(mut self, t: &Totals, elapsed_s: f64) -> Self {
-        self.turns = t.turns;
-        self.failures = t.failures;
-        self.first_failures.clone_from(&t.first_failures);
-        self.events = t.events;
-        self.tokens = t.tokens;
-        self.gaps = t.gaps;
-        self.elapsed_s = elapsed_s;
-        let per_s = |n: u64| {
-            if elapsed_s > 0.0 {
-                n as f64 / elapsed_s
-            } else {
-                0.0
-            }
-        };
-        self.events_per_s = per_s(t.events);
-        self.tokens_per_s = per_s(t.tokens);
-        self.turns_per_s = per_s(t.turns);
-        self.ttfe = Lat::from_hist(&t.ttfe);
-        self.lag = Lat::from_hist(&t.lag);
-        self.admission = Lat::from_hist(&t.admission);
-        self.first_relay = Lat::from_hist(&t.first_relay);
-        self.turn = Lat::from_hist(&t.turn);
-        self
-    }
-}
+use crate::context::{self, ContextLoad};
+use crate::durable::{self, S7};
+use crate::latency::{self, S1, S2Level};
+use crate::load::Load;
+use crate::local::{self, LocalModel};
+use crate::markdown::{num, table};
+use crate::otel::{self, OtelCompare};
+use crate::saturation::{self, Baselines, S3, S4Level};
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct Machine {
@@ -119,89 +23,6 @@ pub(crate) struct Machine {
     pub(crate) memory: String,
     pub(crate) kernel: String,
     pub(crate) rustc: String,
-}
-
-#[derive(Debug, Clone, Default, Serialize)]
-pub(crate) struct Baselines {
-    /// Bare echo, 1 stream, 1 token, sequential calls: tonic's own TTFE.
-    pub(crate) echo_ttfe: Load,
-    /// Bare echo, many paced streams: the transport limit (events/s).
-    pub(crate) echo_saturation: Load,
-    /// Bare echo, unpaced streams (tonic batches events): informational.
-    pub(crate) echo_unpaced: Load,
-}
-
-#[derive(Debug, Clone, Default, Serialize)]
-pub(crate) struct S1 {
-    pub(crate) agentrt: Load,
-    pub(crate) direct: Load,
-    pub(crate) ttfe_overhead_p50_us: f64,
-    pub(crate) ttfe_overhead_p99_us: f64,
-}
-
-#[derive(Debug, Clone, Default, Serialize)]
-pub(crate) struct S2Level {
-    pub(crate) sessions: usize,
-    pub(crate) agentrt: Load,
-    pub(crate) direct: Load,
-    pub(crate) echo: Load,
-    pub(crate) ttfe_overhead_p50_us: f64,
-    pub(crate) ttfe_overhead_p99_us: f64,
-    /// agentrt CPU/event ÷ echo CPU/event.
-    pub(crate) cpu_ratio: f64,
-    /// agentrt lag p99 ÷ echo lag p99.
-    pub(crate) lag_ratio: f64,
-    /// agentrt KB/session ÷ echo KB/stream.
-    pub(crate) mem_ratio: f64,
-}
-
-#[derive(Debug, Clone, Default, Serialize)]
-pub(crate) struct S3 {
-    pub(crate) agentrt: Vec<Load>,
-    pub(crate) direct: Vec<Load>,
-    pub(crate) max_tokens_per_s: f64,
-    pub(crate) direct_max_tokens_per_s: f64,
-    /// ÷ the paced echo saturation (baseline a).
-    pub(crate) ratio_echo: f64,
-    /// ÷ the unpaced echo (same stream shape, tonic batching freely).
-    pub(crate) ratio_echo_unpaced: f64,
-    /// ÷ the fake read directly (baseline b).
-    pub(crate) ratio_direct: f64,
-    /// ÷ min(a, b).
-    pub(crate) throughput_ratio: f64,
-}
-
-#[derive(Debug, Clone, Default, Serialize)]
-pub(crate) struct S4Level {
-    pub(crate) watchers: usize,
-    /// The watchers' streams merged.
-    pub(crate) watch: Load,
-    /// The Chat caller's stream.
-    pub(crate) caller: Load,
-    /// Tokens delivered to watchers per second of streaming.
-    pub(crate) delivered_per_s: f64,
-}
-
-#[derive(Debug, Clone, Default, Serialize)]
-pub(crate) struct S7 {
-    pub(crate) sessions: usize,
-    /// Creating every session and running its echo turn.
-    pub(crate) fill_s: f64,
-    pub(crate) fill_turns_per_s: f64,
-    pub(crate) rss_startup_kb: u64,
-    pub(crate) rss_filled_kb: u64,
-    pub(crate) kb_per_idle_session: f64,
-    pub(crate) list_ms: f64,
-    pub(crate) list_pages: u64,
-    pub(crate) listed: u64,
-    pub(crate) drain_ms: f64,
-    pub(crate) drain_exit_ok: bool,
-    pub(crate) restart_listening_ms: f64,
-    pub(crate) restart_ready_ms: f64,
-    pub(crate) rss_restarted_kb: u64,
-    pub(crate) list_after_restart_ms: f64,
-    pub(crate) rss_after_list_kb: u64,
-    pub(crate) failures: u64,
 }
 
 /// A target beside its measured value.
@@ -262,21 +83,98 @@ pub(crate) struct Report {
     pub(crate) s6: Vec<Load>,
     pub(crate) s7: Option<S7>,
     /// S9 context load (sizes in messages).
-    pub(crate) s9: Vec<crate::context::ContextLoad>,
+    pub(crate) s9: Vec<ContextLoad>,
     /// The local model (`local` part).
-    pub(crate) local: Option<crate::local::LocalModel>,
+    pub(crate) local: Option<LocalModel>,
     /// Why the local part did not run.
     pub(crate) local_skipped: Option<String>,
     /// S2 with telemetry off and on (`otel` part).
-    pub(crate) otel: Option<crate::otel::OtelCompare>,
+    pub(crate) otel: Option<OtelCompare>,
     pub(crate) targets: Vec<Target>,
     pub(crate) failures: Vec<String>,
+}
+
+/// The whole report as markdown (stdout, `--markdown`, pasted into
+/// BENCHMARKS.md): the run, the targets, then each part's own section.
+pub(crate) fn markdown(r: &Report) -> String {
+    let mut out = String::new();
+    let m = &r.machine;
+    let _ = writeln!(
+        out,
+        "## Run\n\n{} run in {:.0} s: `{}`  \nserver `{}` (git {}), pinned to CPUs: {}  \n\
+         machine: {} CPUs ({}), {} RAM, {}, {}\n",
+        r.mode,
+        r.duration_s,
+        r.command,
+        r.server_binary,
+        r.git_commit,
+        r.server_cpus.as_deref().unwrap_or("no"),
+        m.nproc,
+        m.cpu_model,
+        m.memory,
+        m.kernel,
+        m.rustc
+    );
+    let _ = writeln!(out, "## Summary: targets ({} run)\n", r.mode);
+    let rows: Vec<Vec<String>> = r
+        .targets
+        .iter()
+        .map(|t| {
+            vec![
+                t.name.clone(),
+                t.target.clone(),
+                t.measured.clone(),
+                format!("{:.2}", t.ratio),
+                if t.met { "met" } else { "**missed**" }.to_owned(),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &["target", "bound", "measured", "measured ÷ bound", ""],
+        &rows,
+    ));
+    out.push_str(&saturation::markdown_baselines(&r.baselines));
+    if let Some(s1) = &r.s1 {
+        out.push_str(&latency::markdown_s1(s1));
+    }
+    if !r.s2.is_empty() {
+        out.push_str(&latency::markdown_s2(&r.s2));
+    }
+    if let Some(s3) = &r.s3 {
+        out.push_str(&saturation::markdown_s3(s3));
+    }
+    if !r.s4.is_empty() {
+        out.push_str(&saturation::markdown_s4(&r.s4));
+    }
+    if !r.s6.is_empty() {
+        out.push_str(&durable::markdown_s6(&r.s6));
+    }
+    if let Some(s7) = &r.s7 {
+        out.push_str(&durable::markdown_s7(s7));
+    }
+    if !r.s9.is_empty() {
+        out.push_str(&context::markdown(&r.s9));
+    }
+    if let Some(l) = &r.local {
+        let _ = writeln!(out, "\n{}", local::markdown(l));
+    } else if let Some(why) = &r.local_skipped {
+        let _ = writeln!(out, "\n## Local model (local/smollm2)\n\n{why}");
+    }
+    if let Some(o) = &r.otel {
+        let _ = writeln!(out, "\n{}", otel::markdown(o));
+    }
+    if !r.failures.is_empty() {
+        let _ = writeln!(out, "\n## Failures\n");
+        for f in &r.failures {
+            let _ = writeln!(out, "- {f}");
+        }
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::driver::new_hist;
 
     #[test]
     fn targets_compare_in_the_right_direction() {
@@ -290,15 +188,36 @@ mod tests {
     }
 
     #[test]
-    fn latencies_come_from_histograms_in_microseconds() {
-        let mut h = new_hist();
-        for v in 1..=1000u64 {
-            h.record(v * 1_000).unwrap();
-        }
-        let l = Lat::from_hist(&h);
-        assert_eq!(l.count, 1000);
-        assert!((l.p50_us - 500.0).abs() < 1.0, "{l:?}");
-        assert!((l.p99_us - 990.0).abs() < 1.0, "{l:?}");
-        assert_eq!(Lat::from_hist(&new_hist()), Lat::default());
+    fn the_report_renders_every_section_it_has() {
+        let r = Report {
+            mode: "smoke".into(),
+            targets: vec![Target::at_most("TTFE overhead p50 @100", 0.5, 0.3, "ms")],
+            s1: Some(S1 {
+                agentrt: Load {
+                    label: "agentrt".into(),
+                    sessions: 1,
+                    turns: 3,
+                    ..Load::default()
+                },
+                ..S1::default()
+            }),
+            s6: vec![Load {
+                sessions: 8,
+                turns: 100,
+                turns_per_s: 1234.0,
+                ..Load::default()
+            }],
+            failures: vec!["S2: boom".into()],
+            ..Report::default()
+        };
+        let md = markdown(&r);
+        assert!(
+            md.contains("| TTFE overhead p50 @100 | ≤ 0.500 ms | 0.300 ms | 0.60 | met |"),
+            "{md}"
+        );
+        assert!(md.contains("## S1 single session"));
+        assert!(md.contains("| 8 | 100 | 1,234 |"), "{md}");
+        assert!(md.contains("- S2: boom"));
+        assert!(!md.contains("## S3"));
     }
 }

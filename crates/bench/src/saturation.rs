@@ -1,21 +1,60 @@
 //! Throughput: the bare-echo baselines (TTFE floor, paced saturation,
 //! unpaced), S3 saturation with unpaced fake streams, and S4 fan-out to
-//! Subscribe watchers.
+//! Subscribe watchers, with their sections of the report.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
+
 use crate::driver::{
-    Recorder, agentrt_turn_with, connect_clients, connections_for, direct_stream, echo_call,
-    run_loops, watch_turn,
+    Recorder, agentrt_turn_with, connect_clients, connections_for, echo_call, watch_turn,
 };
 use crate::fake::StreamParams;
-use crate::proc_stats;
-use crate::report::{Baselines, Load, S3, S4Level};
+use crate::load::{LOAD_HEAD, Load, fail_note, lat3, load_row};
+use crate::markdown::{num, table};
 use crate::scenarios::{
-    Env, Measure, agentrt_loops, bench_only, create_session, create_sessions, echo_load,
+    Env, Measure, agentrt_loops, create_session, create_sessions, direct_load, echo_load,
 };
 use crate::server::Child;
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct Baselines {
+    /// Bare echo, 1 stream, 1 token, sequential calls: tonic's own TTFE.
+    pub(crate) echo_ttfe: Load,
+    /// Bare echo, many paced streams: the transport limit (events/s).
+    pub(crate) echo_saturation: Load,
+    /// Bare echo, unpaced streams (tonic batches events): informational.
+    pub(crate) echo_unpaced: Load,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct S3 {
+    pub(crate) agentrt: Vec<Load>,
+    pub(crate) direct: Vec<Load>,
+    pub(crate) max_tokens_per_s: f64,
+    pub(crate) direct_max_tokens_per_s: f64,
+    /// ÷ the paced echo saturation (baseline a).
+    pub(crate) ratio_echo: f64,
+    /// ÷ the unpaced echo (same stream shape, tonic batching freely).
+    pub(crate) ratio_echo_unpaced: f64,
+    /// ÷ the fake read directly (baseline b).
+    pub(crate) ratio_direct: f64,
+    /// ÷ min(a, b).
+    pub(crate) throughput_ratio: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct S4Level {
+    pub(crate) watchers: usize,
+    /// The watchers' streams merged.
+    pub(crate) watch: Load,
+    /// The Chat caller's stream.
+    pub(crate) caller: Load,
+    /// Tokens delivered to watchers per second of streaming.
+    pub(crate) delivered_per_s: f64,
+}
 
 /// Baseline (a): the bare tonic echo.
 pub(crate) async fn baselines(env: &Env) -> Result<Baselines, String> {
@@ -91,28 +130,10 @@ pub(crate) async fn s3(env: &Env, echo_saturation: f64, echo_unpaced: f64) -> Re
     let grace = plan.turn_limit + Duration::from_secs(5);
     let mut out = S3::default();
     for &n in &plan.s3_levels {
-        let rec = Arc::new(Recorder::default());
-        let bench0 = proc_stats::sample_self();
-        let elapsed = {
-            let (rec, fake, http, limit) = (
-                Arc::clone(&rec),
-                Arc::clone(&env.fake),
-                env.http.clone(),
-                plan.turn_limit,
-            );
-            run_loops(n, plan.s3_window, Duration::ZERO, grace, move |_| {
-                let (rec, fake, http) = (Arc::clone(&rec), Arc::clone(&fake), http.clone());
-                async move { rec.add(direct_stream(&http, &fake, p, limit).await) }
-            })
-            .await
-        };
-        out.direct.push(bench_only(
-            &format!("S3 direct c={n}"),
-            n,
-            &rec.take(),
-            elapsed,
-            bench0,
-        ));
+        let label = format!("S3 direct c={n}");
+        let windows = (plan.s3_window, Duration::ZERO);
+        out.direct
+            .push(direct_load(env, &label, n, p, windows).await);
     }
     let max_n = plan.s3_levels.iter().copied().max().unwrap_or(1);
     let run = env.fresh_server("s3", connections_for(max_n)).await?;
@@ -227,4 +248,70 @@ pub(crate) async fn s4(env: &Env) -> Result<Vec<S4Level>, String> {
     }
     run.server.terminate(Duration::from_secs(10)).await;
     Ok(out)
+}
+
+/// The baselines section of the report.
+pub(crate) fn markdown_baselines(b: &Baselines) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "\n## Baselines\n");
+    let rows: Vec<_> = [&b.echo_ttfe, &b.echo_saturation, &b.echo_unpaced]
+        .into_iter()
+        .filter(|l| l.turns > 0)
+        .map(load_row)
+        .collect();
+    out.push_str(&table(LOAD_HEAD, &rows));
+    out
+}
+
+/// The S3 section of the report.
+pub(crate) fn markdown_s3(s3: &S3) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n## S3 saturation (unpaced)\n\nmax {} tokens/s end to end; direct from the fake {} /s; \
+         ratio to paced echo (a) {:.2}, to unpaced echo {:.3}, to direct (b) {:.2}, \
+         to min(a, b) {:.2}.\n",
+        num(s3.max_tokens_per_s),
+        num(s3.direct_max_tokens_per_s),
+        s3.ratio_echo,
+        s3.ratio_echo_unpaced,
+        s3.ratio_direct,
+        s3.throughput_ratio
+    );
+    let rows: Vec<_> = s3.agentrt.iter().chain(&s3.direct).map(load_row).collect();
+    out.push_str(&table(LOAD_HEAD, &rows));
+    out
+}
+
+/// The S4 section of the report.
+pub(crate) fn markdown_s4(levels: &[S4Level]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "\n## S4 fan-out (one turn, N Subscribe watchers)\n");
+    let rows: Vec<_> = levels
+        .iter()
+        .map(|l| {
+            vec![
+                l.watchers.to_string(),
+                num(l.delivered_per_s),
+                lat3(&l.watch.lag),
+                lat3(&l.caller.lag),
+                l.watch.gaps.to_string(),
+                num(l.watch.cpu_us_per_event),
+                fail_note(l.watch.failures + l.caller.failures),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &[
+            "watchers",
+            "tokens/s delivered to watchers",
+            "watcher lag p50 / p99 / p99.9 ms",
+            "caller lag ms",
+            "gaps",
+            "server CPU µs/event",
+            "failures",
+        ],
+        &rows,
+    ));
+    out
 }

@@ -1,9 +1,11 @@
-//! The shared set-up of every scenario (the fake, fresh server processes,
-//! CPU/RSS measurement around a load) and the latency scenarios: S1 single
-//! session and S2 concurrency sweep.
+//! The shared set-up of every scenario: the run's sizes ([`Plan`]), the
+//! fake and the server binary ([`Env`]), fresh server processes with warmed
+//! clients, CPU/RSS measurement around a load ([`Measure`]), and the loads
+//! several scenarios run: reads straight from the fake, calls to the bare
+//! echo, paced agentrt turns.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agentrt_client::{Client, proto};
 use futures::StreamExt as _;
@@ -12,8 +14,8 @@ use crate::driver::{
     Recorder, Totals, agentrt_turn, connect_clients, connections_for, direct_stream, echo_call,
 };
 use crate::fake::{FakeServer, StreamParams};
+use crate::load::Load;
 use crate::proc_stats::{self, ProcSample, RssSampler};
-use crate::report::{Load, S1, S2Level};
 use crate::server::{Child, ServerSpec};
 
 /// Sizes of one run (full or smoke).
@@ -217,105 +219,28 @@ pub(crate) fn nominal(p: StreamParams) -> Duration {
     p.ttft + stream
 }
 
-/// S1: one session, sequential turns, each preceded by the same stream read
-/// directly from the fake (interleaved, so drift hits both alike).
-pub(crate) async fn s1(env: &Env) -> Result<S1, String> {
-    let p = env.plan.s1;
-    let run = env.fresh_server("s1", 1).await?;
-    let client = &run.clients[0];
-    create_session(client, "s1").await?;
-    let agentrt = Recorder::default();
-    let direct = Recorder::default();
-    let measure = Measure::begin(run.server.pid());
-    let bench0 = proc_stats::sample_self();
-    let start = Instant::now();
-    for _ in 0..env.plan.s1_turns {
-        direct.add(direct_stream(&env.http, &env.fake, p, env.plan.turn_limit).await);
-        agentrt
-            .add(agentrt_turn(client, "s1", Some((&env.fake, p)), "", env.plan.turn_limit).await);
-    }
-    let elapsed = start.elapsed();
-    let (a, d) = (agentrt.take(), direct.take());
-    let agentrt = measure
-        .end("S1 agentrt", 1, &a, elapsed, run.rss_startup_kb)
-        .await;
-    let direct = bench_only("S1 direct (fake via reqwest)", 1, &d, elapsed, bench0);
-    run.server.terminate(Duration::from_secs(10)).await;
-    Ok(S1 {
-        ttfe_overhead_p50_us: agentrt.ttfe.p50_us - direct.ttfe.p50_us,
-        ttfe_overhead_p99_us: agentrt.ttfe.p99_us - direct.ttfe.p99_us,
-        agentrt,
-        direct,
-    })
-}
-
-/// S2 at one concurrency: the same paced load read directly from the fake,
-/// through the bare echo, and through agentrt (fresh processes each).
-pub(crate) async fn s2_level(env: &Env, sessions: usize) -> Result<S2Level, String> {
-    let p = env.plan.s2;
-    let stagger = nominal(p);
-    let grace = env.plan.turn_limit + Duration::from_secs(5);
-    let side = env.plan.s2_side_window;
-
-    // Direct from the fake at the same concurrency.
+/// `sessions` loops reading paced streams `p` straight from the fake (no
+/// server process) for `window`, their starts spread over `stagger`.
+pub(crate) async fn direct_load(
+    env: &Env,
+    label: &str,
+    sessions: usize,
+    p: StreamParams,
+    (window, stagger): (Duration, Duration),
+) -> Load {
+    let limit = env.plan.turn_limit;
+    let grace = limit + Duration::from_secs(5);
     let rec = Arc::new(Recorder::default());
     let bench0 = proc_stats::sample_self();
     let elapsed = {
-        let (rec, fake, http, limit) = (
-            Arc::clone(&rec),
-            Arc::clone(&env.fake),
-            env.http.clone(),
-            env.plan.turn_limit,
-        );
-        crate::driver::run_loops(sessions, side, stagger, grace, move |_| {
+        let (rec, fake, http) = (Arc::clone(&rec), Arc::clone(&env.fake), env.http.clone());
+        crate::driver::run_loops(sessions, window, stagger, grace, move |_| {
             let (rec, fake, http) = (Arc::clone(&rec), Arc::clone(&fake), http.clone());
             async move { rec.add(direct_stream(&http, &fake, p, limit).await) }
         })
         .await
     };
-    let direct = bench_only(
-        &format!("S2 direct c={sessions}"),
-        sessions,
-        &rec.take(),
-        elapsed,
-        bench0,
-    );
-
-    // The bare echo with the same pacing.
-    let echo = echo_load(env, &format!("S2 echo c={sessions}"), sessions, p, side).await?;
-
-    // agentrt.
-    let run = env
-        .fresh_server(&format!("s2-{sessions}"), connections_for(sessions))
-        .await?;
-    let ids: Vec<String> = (0..sessions).map(|i| format!("s2-{i}")).collect();
-    create_sessions(&run.clients, &ids).await?;
-    let rec = Arc::new(Recorder::default());
-    let measure = Measure::begin(run.server.pid());
-    let windows = (env.plan.s2_window, stagger, grace);
-    let elapsed = agentrt_loops(env, &run.clients, ids, &rec, p, windows).await;
-    let agentrt = measure
-        .end(
-            &format!("S2 agentrt c={sessions}"),
-            sessions,
-            &rec.take(),
-            elapsed,
-            run.rss_startup_kb,
-        )
-        .await;
-    run.server.terminate(Duration::from_secs(10)).await;
-    let div = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
-    Ok(S2Level {
-        sessions,
-        ttfe_overhead_p50_us: agentrt.ttfe.p50_us - direct.ttfe.p50_us,
-        ttfe_overhead_p99_us: agentrt.ttfe.p99_us - direct.ttfe.p99_us,
-        cpu_ratio: div(agentrt.cpu_us_per_event, echo.cpu_us_per_event),
-        lag_ratio: div(agentrt.lag.p99_us, echo.lag.p99_us),
-        mem_ratio: div(agentrt.rss_per_session_kb, echo.rss_per_session_kb),
-        agentrt,
-        direct,
-        echo,
-    })
+    bench_only(label, sessions, &rec.take(), elapsed, bench0)
 }
 
 /// `sessions` loops of calls to a fresh bare echo process for `window`.

@@ -1,5 +1,9 @@
 //! `agentrt`: a small command-line client — create and list sessions, chat
 //! with live streamed output, show history.
+//!
+//! A binary crate of its own on the `agentrt-client` library: every call
+//! goes through its [`Client`] facade, so the library carries no
+//! command-line code.
 
 use std::io::Write as _;
 use std::process::ExitCode;

@@ -17,13 +17,13 @@ const DEFAULT_DRAIN: Duration = Duration::from_secs(30);
 /// Longest `Drain` wait accepted.
 const MAX_DRAIN: Duration = Duration::from_secs(3600);
 
-/// The RuntimeAdmin implementation.
+/// The `RuntimeAdmin` implementation.
 #[derive(Debug, Clone)]
-pub struct Admin {
+pub struct RuntimeAdminHandler {
     runtime: Runtime,
 }
 
-impl Admin {
+impl RuntimeAdminHandler {
     /// Administers `runtime`.
     pub fn new(runtime: Runtime) -> Self {
         Self { runtime }
@@ -35,7 +35,7 @@ fn count(n: usize) -> u32 {
 }
 
 #[tonic::async_trait]
-impl RuntimeAdmin for Admin {
+impl RuntimeAdmin for RuntimeAdminHandler {
     async fn reset_runners(
         &self,
         req: Request<pb::ResetRunnersRequest>,

@@ -15,16 +15,16 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::principal;
 use crate::convert;
-use crate::session_service::record_session;
+use crate::services::record_session;
 use crate::status::{from_runtime, trailing_status};
 
-/// The AgentRuntime implementation.
+/// The `AgentRuntime` implementation.
 #[derive(Debug, Clone)]
-pub struct Turns {
+pub struct AgentRuntimeHandler {
     runtime: Runtime,
 }
 
-impl Turns {
+impl AgentRuntimeHandler {
     /// Serves turns of `runtime`.
     pub fn new(runtime: Runtime) -> Self {
         Self { runtime }
@@ -99,7 +99,7 @@ impl Stream for ChatEvents {
 }
 
 #[tonic::async_trait]
-impl AgentRuntime for Turns {
+impl AgentRuntime for AgentRuntimeHandler {
     type ChatStream = ChatEvents;
     type SubscribeStream = ChatEvents;
 

@@ -7,21 +7,17 @@ use agentrt_runtime::Runtime;
 use tonic::{Request, Response, Status};
 
 use crate::auth::principal;
-
-/// Names the session on the RPC's span (declared empty by the server).
-pub(crate) fn record_session(id: &str) {
-    tracing::Span::current().record("session_id", id);
-}
 use crate::convert;
+use crate::services::record_session;
 use crate::status::from_runtime;
 
-/// The SessionService implementation.
+/// The `SessionService` implementation.
 #[derive(Debug, Clone)]
-pub struct Sessions {
+pub struct SessionServiceHandler {
     runtime: Runtime,
 }
 
-impl Sessions {
+impl SessionServiceHandler {
     /// Serves sessions of `runtime`.
     pub fn new(runtime: Runtime) -> Self {
         Self { runtime }
@@ -29,7 +25,7 @@ impl Sessions {
 }
 
 #[tonic::async_trait]
-impl SessionService for Sessions {
+impl SessionService for SessionServiceHandler {
     async fn create_session(
         &self,
         req: Request<pb::CreateSessionRequest>,

@@ -1,0 +1,310 @@
+//! [`ServerBuilder`]: everything that can fail before the server takes a
+//! call. [`ServerBuilder::prepare`] validates the config, loads the local
+//! model, builds the model providers and the toolbox, reads key and TLS
+//! files, opens the store and starts the runtime — all before the caller
+//! binds a port, so a bad config or model is reported first and a server
+//! about to exit never prints its "listening" line. The result is a
+//! [`Prepared`] server, which `serve.rs` runs.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use agentrt_runtime::model::anthropic::{AnthropicConfig, AnthropicProvider};
+use agentrt_runtime::model::openai::{OpenAiConfig, OpenAiProvider};
+use agentrt_runtime::model::retry::{RetryPolicy, RetryingProvider};
+use agentrt_runtime::model::{ModelProvider, Models};
+use agentrt_runtime::store::{SledStore, Store};
+use agentrt_runtime::toolbox::mcp::{McpSource, McpTarget};
+use agentrt_runtime::toolbox::{ToolPolicy, ToolSource, Toolbox};
+use agentrt_runtime::{Runtime, RuntimeConfig};
+use tokio::net::TcpListener;
+
+use crate::config::{Config, ConfigError, ProviderKind};
+use crate::error::ServerError;
+use crate::{auth, local, tls};
+
+type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// Builds a server from a [`Config`], optionally with extra model providers
+/// and tool sources (tests register scripted ones) and a store of the
+/// caller's choosing.
+#[derive(Clone)]
+pub struct ServerBuilder {
+    config: Config,
+    extra_models: Vec<(String, Arc<dyn ModelProvider>)>,
+    extra_tools: Vec<(String, Arc<dyn ToolSource>)>,
+    store: Option<Arc<dyn Store>>,
+    env: EnvLookup,
+}
+
+impl std::fmt::Debug for ServerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerBuilder")
+            .field("config", &self.config)
+            .field(
+                "extra_models",
+                &self.extra_models.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
+            .field(
+                "extra_tools",
+                &self.extra_tools.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// Starts the tool sources (MCP servers) by listing their tools once. One
+/// that fails is logged and its tools are absent; it is tried again when a
+/// session's runner is built.
+async fn start_tool_sources(toolbox: &Toolbox) {
+    if toolbox.is_empty() {
+        return;
+    }
+    let listing = toolbox.list().await;
+    let down = toolbox.unavailable();
+    for name in &down {
+        tracing::error!(
+            source = %name,
+            "MCP server / tool source failed to start; the server runs without its tools and retries when a session's runner is built"
+        );
+    }
+    tracing::info!(
+        sources = toolbox.source_names().len(),
+        unavailable = down.len(),
+        tools = listing.tools.len(),
+        "server tools listed"
+    );
+}
+
+impl ServerBuilder {
+    /// A builder over `config`.
+    pub fn new(config: Config) -> Self {
+        Self {
+            config,
+            extra_models: Vec::new(),
+            extra_tools: Vec::new(),
+            store: None,
+            env: Arc::new(|name| std::env::var(name).ok()),
+        }
+    }
+
+    /// Registers a model provider under `name` (the part before `/`).
+    pub fn model_provider(
+        mut self,
+        name: impl Into<String>,
+        provider: Arc<dyn ModelProvider>,
+    ) -> Self {
+        self.extra_models.push((name.into(), provider));
+        self
+    }
+
+    /// Registers a tool source whose tools are offered as `name__tool`,
+    /// beside the configured MCP servers.
+    pub fn tool_source(mut self, name: impl Into<String>, source: Arc<dyn ToolSource>) -> Self {
+        self.extra_tools.push((name.into(), source));
+        self
+    }
+
+    /// Uses `store` instead of opening sled in the data directory.
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Replaces the environment lookup used for `api_key_env`, `bearer_env`
+    /// and `key_env`.
+    pub fn env_lookup(
+        mut self,
+        env: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.env = Arc::new(env);
+        self
+    }
+
+    fn models(&self, local: Option<Arc<dyn ModelProvider>>) -> Result<Models, ConfigError> {
+        let mut models = Models::with_builtin();
+        if let Some(local) = local {
+            models.insert(agentrt_local_model::PROVIDER, local);
+        }
+        for p in &self.config.providers {
+            let api_key = match &p.api_key_env {
+                Some(var) => Some((self.env)(var).ok_or_else(|| {
+                    ConfigError(format!(
+                        "provider {:?}: environment variable {var} (api_key_env) is not set",
+                        p.name
+                    ))
+                })?),
+                None => None,
+            };
+            let invalid =
+                |e: &dyn std::fmt::Display| ConfigError(format!("provider {:?}: {e}", p.name));
+            let endpoint = p.endpoint(api_key);
+            let provider: Arc<dyn ModelProvider> = match p.kind {
+                ProviderKind::Anthropic => Arc::new(
+                    AnthropicProvider::new(AnthropicConfig::new(endpoint))
+                        .map_err(|e| invalid(&e))?,
+                ),
+                ProviderKind::Openai => Arc::new(
+                    OpenAiProvider::new(OpenAiConfig {
+                        endpoint,
+                        max_tokens_param: p.max_tokens_param.map(Into::into).unwrap_or_default(),
+                    })
+                    .map_err(|e| invalid(&e))?,
+                ),
+            };
+            // Every HTTP provider retries failures that happen before any
+            // output (unreachable, 408/409/429/5xx) with backoff.
+            let policy = RetryPolicy::with_max_retries(p.max_retries.unwrap_or(2));
+            models.insert(
+                p.name.clone(),
+                Arc::new(RetryingProvider::new(provider, policy)),
+            );
+        }
+        for (name, provider) in &self.extra_models {
+            models.insert(name.clone(), Arc::clone(provider));
+        }
+        Ok(models)
+    }
+
+    /// The configured MCP servers and the registered tool sources, under
+    /// the configured policy. Nothing is started yet.
+    fn toolbox(&self) -> Result<Toolbox, ConfigError> {
+        let t = &self.config.tools;
+        let mut toolbox = Toolbox::new();
+        toolbox.set_policy(ToolPolicy {
+            deny: t.deny.iter().cloned().collect(),
+            timeout: t.timeout,
+            timeouts: t.timeouts.clone(),
+            max_result_bytes: t.max_result_bytes,
+            max_parallel: t.max_parallel,
+        });
+        for m in &self.config.mcp_servers {
+            let target = match (&m.command, &m.url) {
+                (Some(command), _) => McpTarget::Stdio {
+                    command: command.clone(),
+                    args: m.args.clone(),
+                    env: m.env.clone(),
+                },
+                (None, url) => McpTarget::Http {
+                    url: url.clone().unwrap_or_default(),
+                    bearer: match &m.bearer_env {
+                        Some(var) => Some((self.env)(var).ok_or_else(|| {
+                            ConfigError(format!(
+                                "MCP server {:?}: environment variable {var} (bearer_env) is not set",
+                                m.name
+                            ))
+                        })?),
+                        None => None,
+                    },
+                },
+            };
+            let source = Arc::new(McpSource::new(m.name.clone(), target));
+            toolbox
+                .add_source(m.name.clone(), source)
+                .map_err(|e| ConfigError(format!("MCP server {:?}: {e}", m.name)))?;
+        }
+        for (name, source) in &self.extra_tools {
+            toolbox
+                .add_source(name.clone(), Arc::clone(source))
+                .map_err(|e| ConfigError(format!("tool source {name:?}: {e}")))?;
+        }
+        Ok(toolbox)
+    }
+
+    async fn open_store(&self) -> Result<Arc<dyn Store>, ServerError> {
+        if let Some(store) = &self.store {
+            return Ok(Arc::clone(store));
+        }
+        let path = self.config.data_dir.join("store");
+        let shown = path.display().to_string();
+        let cache_bytes = self.config.store_cache_mb.saturating_mul(1 << 20);
+        let opened = tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&path).map_err(|e| {
+                agentrt_runtime::store::StoreError::Backend(format!(
+                    "cannot create the directory: {e}"
+                ))
+            })?;
+            SledStore::open_with_cache(&path, cache_bytes)
+        })
+        .await
+        .map_err(|e| ServerError::Store {
+            path: shown.clone(),
+            source: agentrt_runtime::store::StoreError::Backend(e.to_string()),
+        })?;
+        let store = opened.map_err(|source| ServerError::Store {
+            path: shown,
+            source,
+        })?;
+        Ok(Arc::new(store))
+    }
+
+    /// Serves on `listener` until `shutdown` completes; then readiness turns
+    /// NOT_SERVING, new turns are refused, live turns get the grace period,
+    /// the rest are cancelled, the store is flushed and the server stops.
+    /// The same as [`ServerBuilder::prepare`] then [`Prepared::serve`].
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServerError> {
+        self.prepare().await?.serve(listener, shutdown).await
+    }
+
+    /// Everything that can fail before the server takes calls: validates
+    /// the config, loads the local model, builds the providers and tools,
+    /// opens the store and starts the runtime (which checks the default
+    /// model). The binary prints its "listening" line only after this
+    /// succeeded, so a bad model or provider is reported first.
+    pub async fn prepare(mut self) -> Result<Prepared, ServerError> {
+        self.config.validate()?;
+        let local_model = local::load(&self.config).await?;
+        self.config = local::effective(self.config, local_model.is_some())?;
+        let models = self.models(local_model.map(|m| m as Arc<dyn ModelProvider>))?;
+        let toolbox = Arc::new(self.toolbox()?);
+        // Keys and certificates are read here too, so a missing key file
+        // or a bad PEM stops start-up before the listening line.
+        let auth = auth::Authenticator::new(&self.config.auth, &*self.env)?;
+        let tls = tls::ServerTls::from_settings(&self.config.tls)?.map(Arc::new);
+        if let Some(warning) = self.config.open_access_warning() {
+            tracing::warn!("{warning}");
+        }
+        let store = self.open_store().await?;
+        let runtime_config = RuntimeConfig {
+            default_model: self.config.default_model.clone(),
+            heartbeat_interval: self.config.heartbeat_interval,
+            runner_idle_timeout: self.config.runner_idle_timeout,
+            turn_timeout: self.config.turn_timeout,
+            max_turn_timeout: self.config.max_turn_timeout,
+            stalled_reader_timeout: self.config.stalled_reader_timeout,
+            fast_model: self.config.fast_model.clone(),
+            compaction: self.config.compaction.to_runtime(),
+            capture_content: self.config.telemetry.capture_content,
+            ..RuntimeConfig::default()
+        };
+        start_tool_sources(&toolbox).await;
+        let runtime = Runtime::open_with_tools(runtime_config, store, models, toolbox).await?;
+        Ok(Prepared {
+            config: self.config,
+            runtime,
+            auth,
+            tls,
+        })
+    }
+}
+
+/// A server whose store is open and runtime started, not yet serving; see
+/// [`ServerBuilder::prepare`].
+#[derive(Debug)]
+pub struct Prepared {
+    pub(crate) config: Config,
+    pub(crate) runtime: Runtime,
+    pub(crate) auth: auth::Authenticator,
+    pub(crate) tls: Option<Arc<tls::ServerTls>>,
+}
+
+impl Prepared {
+    /// The effective configuration (after the local model's defaults).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+}

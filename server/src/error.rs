@@ -1,0 +1,31 @@
+//! [`ServerError`]: why the server could not start or stopped on its own.
+//! Start-up ([`crate::ServerBuilder::prepare`]) and serving
+//! ([`crate::Prepared::serve`]) share it, so the binary maps one type to
+//! its exit codes.
+
+use crate::config::ConfigError;
+
+/// Why the server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The configuration is unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The store could not be opened.
+    #[error("cannot open the store in {path}: {source}")]
+    Store {
+        /// The store directory.
+        path: String,
+        /// The cause.
+        source: agentrt_runtime::store::StoreError,
+    },
+    /// The runtime could not start.
+    #[error("cannot start the runtime: {0}")]
+    Runtime(#[from] agentrt_runtime::RuntimeError),
+    /// The gRPC transport failed.
+    #[error("transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// Reflection could not be built.
+    #[error("reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
