@@ -73,7 +73,7 @@ pub enum Error {
 }
 
 /// The metadata header naming the session of a session-scoped call
-/// (CONTRACT §7).
+/// (docs/contract.md §7).
 pub const SESSION_HEADER: &str = "x-agentrt-session";
 
 /// PEM read now or from a file at connect time.

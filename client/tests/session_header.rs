@@ -1,5 +1,5 @@
 //! Every session-scoped call of the client carries `x-agentrt-session`
-//! (CONTRACT §7), checked on the wire: a bare HTTP/2 server on loopback
+//! (docs/contract.md §7), checked on the wire: a bare HTTP/2 server on loopback
 //! records each request's path and header and answers UNIMPLEMENTED.
 
 use std::time::Duration;

@@ -625,6 +625,7 @@ fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration
 mod tests {
     use super::*;
 
+    /// The TOML shape docs/contract.md §6 promises always works.
     const CONTRACT_EXAMPLE: &str = r#"
 default_model = "mock/some-model"
 fast_model = "mock/some-small-model"

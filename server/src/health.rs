@@ -7,7 +7,7 @@
 //! phase (SERVING only while calls are admitted); [`LIVENESS`] is SERVING
 //! for as long as the process serves at all — a drain must not look like a
 //! dead process to a liveness probe, or the orchestrator would restart the
-//! pod mid-drain (CONTRACT §7).
+//! pod mid-drain (docs/contract.md §7).
 
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
@@ -20,7 +20,7 @@ use tonic_health::server::HealthReporter;
 pub const READINESS: &str = "readiness";
 
 /// The health service name that is SERVING while the process serves at
-/// all, including during a drain (CONTRACT §7): the one for liveness probes.
+/// all, including during a drain (docs/contract.md §7): the one for liveness probes.
 pub const LIVENESS: &str = "liveness";
 
 /// Where the server is in its life, as the health service reports it.

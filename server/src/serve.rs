@@ -1,5 +1,5 @@
 //! Serving a [`Prepared`] server, in the order the shutdown contract needs
-//! (CONTRACT §7): mount the services behind the transport's layers, accept
+//! (docs/contract.md §7): mount the services behind the transport's layers, accept
 //! on the caller's listener, report ready; when the caller's shutdown
 //! future completes, refuse new turns, report not ready, give live turns
 //! the grace period, cancel the rest, stop the transport — with a hard

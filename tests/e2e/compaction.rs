@@ -1,4 +1,4 @@
-//! Compaction (CONTRACT §3.6) and titles, end to end: a scripted fake
+//! Compaction (docs/contract.md §3.6) and titles, end to end: a scripted fake
 //! OpenAI-compatible upstream serves both the session's model and the fast
 //! model, so every request body the turn sends can be inspected.
 

@@ -1,4 +1,4 @@
-//! Compaction of long conversations (CONTRACT §3.6), the parts that need no
+//! Compaction of long conversations (docs/contract.md §3.6), the parts that need no
 //! runtime state: token estimates, where to cut, the summariser request and
 //! the truncation fallback. The runtime's side (events, the store write,
 //! the `CompactSession` call) is in `runtime/compact.rs`.

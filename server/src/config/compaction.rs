@@ -1,4 +1,4 @@
-//! The `[compaction]` table (CONTRACT §3.6).
+//! The `[compaction]` table (docs/contract.md §3.6).
 
 use std::time::Duration;
 

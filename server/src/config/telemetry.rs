@@ -1,5 +1,5 @@
 //! Telemetry settings that are ours: the Prometheus listener
-//! (`metrics_listen`, CONTRACT §7) and the `[telemetry]` table. Traces and
+//! (`metrics_listen`, docs/contract.md §7) and the `[telemetry]` table. Traces and
 //! OTLP metrics follow the standard `OTEL_*` environment instead (see
 //! [`crate::telemetry`]), so operators configure them as for any service.
 

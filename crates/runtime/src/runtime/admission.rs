@@ -14,7 +14,7 @@
 //!   turn. A rejection at any point stores nothing and frees the slot.
 //!
 //! Admission must not return before the user message is durable, and the
-//! model must not be called before then either (CONTRACT 3.3): a sled
+//! model must not be called before then either (docs/contract.md §3.3): a sled
 //! transaction plus a device flush, together ~0.1–0.6 ms here. Admission
 //! yields to the prestart task once (so it loads the context and builds the
 //! request meanwhile), then writes: the store's transaction, then its flush
@@ -354,7 +354,7 @@ async fn store_user(
     tokio::task::yield_now().await;
     let user = inner.store.begin_turn(record, user_message).await?;
     if user.seq == session.next_seq {
-        // Durable: the model may be called now (CONTRACT 3.3).
+        // Durable: the model may be called now (docs/contract.md §3.3).
         let _ = go.send(());
         return Ok(Begun {
             session,

@@ -355,7 +355,7 @@ impl Store for SledStore {
         user_message: NewMessage,
     ) -> Result<Message, StoreError> {
         let write_started = std::time::Instant::now();
-        // The model request waits for this write (CONTRACT 3.3), so the
+        // The model request waits for this write (docs/contract.md §3.3), so the
         // transaction runs right here and the flush on the flusher.
         let now = SystemTime::now();
         let message = (&self.sessions, &self.activity, &self.messages, &self.turns)

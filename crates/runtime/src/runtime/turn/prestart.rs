@@ -269,7 +269,7 @@ mod tests {
             assert_eq!(sent, expected, "turn {i}");
             assert_eq!(sent.last().unwrap(), &(2 * i - 1, format!("q{i}")));
         }
-        // CONTRACT 3.3: the user message is stored before the model is called.
+        // docs/contract.md §3.3: the user message is stored before the model is called.
         assert_eq!(*probe.stored_before_call.lock().unwrap(), [true; 4]);
     }
 
