@@ -10,7 +10,7 @@ use super::{Runtime, lock};
 use crate::error::{FieldViolation, RuntimeError};
 use crate::limits::{MAX_ID_BYTES, MAX_TOOLS, check_short};
 use crate::model::ToolSpec;
-use crate::toolbox::ToolOutcome;
+use crate::toolbox::{ToolOutcome, valid_tool_name};
 use crate::types::Principal;
 
 /// Longest tool description.
@@ -38,14 +38,6 @@ impl Pending {
     pub(crate) fn clear(&mut self) {
         self.waiting.clear();
     }
-}
-
-fn valid_tool_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// Checks `extra_tools` and `excluded_tools` of a Chat.

@@ -266,6 +266,18 @@ impl Turn {
         StepEnd::Cancelled(reason)
     }
 
+    /// The step's token usage as a `usage` event, when the provider sent one.
+    pub(super) async fn emit_usage(&self, output: &StepOutput, emitter: &mut Emitter) {
+        if let Some(usage) = output.usage {
+            emitter
+                .emit(EventKind::Usage {
+                    usage,
+                    model: self.record.model.clone(),
+                })
+                .await;
+        }
+    }
+
     /// Stores the step's assistant message as the outcome requires and
     /// decides the turn's outcome.
     pub(super) async fn conclude(
@@ -276,14 +288,7 @@ impl Turn {
     ) -> (TurnOutcome, Option<(ErrorCode, String)>) {
         match end {
             StepEnd::Finished(reason) => {
-                if let Some(usage) = output.usage {
-                    emitter
-                        .emit(EventKind::Usage {
-                            usage,
-                            model: self.record.model.clone(),
-                        })
-                        .await;
-                }
+                self.emit_usage(output, emitter).await;
                 // Stored with the turn record in one durable write.
                 self.final_message = self.assistant_message(output, reason);
                 (TurnOutcome::Success, None)

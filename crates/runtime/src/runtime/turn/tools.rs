@@ -151,14 +151,7 @@ impl Turn {
         output: &mut StepOutput,
         emitter: &mut Emitter,
     ) -> Option<(TurnOutcome, Option<(ErrorCode, String)>)> {
-        if let Some(usage) = output.usage {
-            emitter
-                .emit(EventKind::Usage {
-                    usage,
-                    model: self.record.model.clone(),
-                })
-                .await;
-        }
+        self.emit_usage(output, emitter).await;
         if !self
             .store_partial(output, StopReason::ToolUse, emitter)
             .await
