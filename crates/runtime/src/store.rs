@@ -100,6 +100,18 @@ pub struct HistoryQuery {
     pub include_compacted: bool,
 }
 
+impl HistoryQuery {
+    /// At most `limit` messages after `after_seq`, with no byte budget.
+    pub fn unbounded(after_seq: u64, limit: usize, include_compacted: bool) -> Self {
+        Self {
+            after_seq,
+            limit,
+            max_bytes: usize::MAX,
+            include_compacted,
+        }
+    }
+}
+
 /// One page of [`Store::history_page`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MessagePage {
@@ -273,12 +285,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         limit: usize,
         include_compacted: bool,
     ) -> Result<Vec<Message>, StoreError> {
-        let query = HistoryQuery {
-            after_seq,
-            limit,
-            max_bytes: usize::MAX,
-            include_compacted,
-        };
+        let query = HistoryQuery::unbounded(after_seq, limit, include_compacted);
         Ok(self.history_page(session_id, &query).await?.messages)
     }
 

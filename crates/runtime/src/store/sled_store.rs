@@ -510,12 +510,7 @@ impl Store for SledStore {
         after_seq: u64,
         limit: usize,
     ) -> Result<Vec<Message>, StoreError> {
-        let query = HistoryQuery {
-            after_seq,
-            limit,
-            max_bytes: usize::MAX,
-            include_compacted: false,
-        };
+        let query = HistoryQuery::unbounded(after_seq, limit, false);
         match self.history_scan(session_id, &query)? {
             Some(scan) => Ok(scan.run()?.messages),
             None => Ok(Vec::new()),
