@@ -53,6 +53,12 @@ pub fn from_runtime(err: RuntimeError) -> Status {
         RuntimeError::FailedPrecondition(why) => Status::failed_precondition(why),
         RuntimeError::AlreadyExists(why) => Status::already_exists(why),
         RuntimeError::ResourceExhausted(why) => Status::resource_exhausted(why),
+        // Reached only when the call could not be forwarded (the adapter
+        // forwards every call the core answers with `Elsewhere`).
+        RuntimeError::Elsewhere(lease) => Status::unavailable(format!(
+            "the session's live turn {} runs on replica {}, which cannot be reached from here; retry",
+            lease.turn_id, lease.replica_id
+        )),
         RuntimeError::Store(err) => from_store(err),
     }
 }
@@ -83,6 +89,19 @@ fn from_store(err: StoreError) -> Status {
         StoreError::Backend(_) => {
             tracing::error!(error = %err, "store failure");
             Status::unavailable("the store is unavailable; retry later")
+        }
+        StoreError::Unavailable(_) => {
+            tracing::warn!(error = %err, "store unreachable");
+            Status::unavailable("the database cannot be reached; retry later")
+        }
+        StoreError::Busy(lease) => from_runtime(RuntimeError::SessionBusy {
+            turn_id: lease.turn_id,
+        }),
+        StoreError::LeaseLost { .. } => {
+            tracing::warn!(error = %err, "lease lost");
+            Status::unavailable(
+                "this replica lost the session's lease; retry (another replica takes over)",
+            )
         }
     }
 }

@@ -5,7 +5,7 @@
 //! caller's input, an error about it stays short and on one line.
 
 use crate::model::ModelLookupError;
-use crate::store::StoreError;
+use crate::store::{Lease, StoreError};
 
 /// Most field violations reported in one error; the rest are counted.
 pub const MAX_VIOLATIONS: usize = 10;
@@ -142,6 +142,11 @@ pub enum RuntimeError {
     /// A bounded resource is full (e.g. too many waiting watchers).
     #[error("resource exhausted: {0}")]
     ResourceExhausted(&'static str),
+    /// The session's live turn runs on another replica (a shared store's
+    /// lease names it): the call must be sent to that replica, which the
+    /// gRPC adapter does over the cluster's internal service.
+    #[error("the session's live turn {} runs on replica {} at {}", .0.turn_id, .0.replica_id, .0.address)]
+    Elsewhere(Lease),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -44,7 +44,96 @@ pub enum StoreError {
     /// The storage engine failed (I/O, lock, ...).
     #[error("storage failure: {0}")]
     Backend(String),
+    /// The store cannot be reached now (a shared store's database is down
+    /// or its connection pool timed out). Nothing was written; the call may
+    /// be retried.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// [`Store::begin_turn`] on a shared store: another turn holds the
+    /// session's unexpired lease (cluster-wide busy). Nothing was written.
+    #[error("the session's lease is held by turn {} on replica {}", .0.turn_id, .0.replica_id)]
+    Busy(Lease),
+    /// A write for a turn whose lease this replica no longer holds (it
+    /// expired and may have been taken over). Nothing was written; the turn
+    /// must stop and store nothing more.
+    #[error("this replica no longer holds the lease of turn {turn_id}")]
+    LeaseLost {
+        /// The turn whose write was refused.
+        turn_id: String,
+    },
 }
+
+/// A session's lease in a store shared by several replicas: which replica
+/// runs the session's live turn, and until when it is trusted to.
+///
+/// Taken by [`Store::begin_turn`] in the transaction that stores the user
+/// message, renewed by its owner ([`Store::renew_leases`]) while the turn
+/// runs, released by [`Store::finish_turn`]. A lease past `expires_at`
+/// belongs to a replica presumed dead: the next `begin_turn` or
+/// [`Store::sweep_expired_leases`] interrupts its turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The owner replica's id ([`Store::replica_id`] of its store).
+    pub replica_id: String,
+    /// Where other replicas reach the owner's internal service.
+    pub address: String,
+    /// The live turn.
+    pub turn_id: String,
+    /// When the lease lapses unless renewed (the database's clock).
+    pub expires_at: SystemTime,
+}
+
+/// A live turn whose lease its replica renews.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LeaseKey {
+    /// The session.
+    pub session_id: String,
+    /// The turn holding the session's lease.
+    pub turn_id: String,
+}
+
+/// The result stored for a tool call whose turn ended without it: every
+/// tool call in history has exactly one result. Pure, so a store can use it
+/// inside its own transaction: for `turn`'s messages (any order, other
+/// turns' messages ignored), one `Tool` message per call without a result,
+/// saying `why`.
+pub fn open_call_results(turn_id: &str, messages: &[Message], why: &str) -> Vec<NewMessage> {
+    use crate::types::{ContentBlock, Role};
+    let mut calls = Vec::new();
+    let mut answered = std::collections::HashSet::new();
+    for m in messages.iter().filter(|m| m.body.turn_id == turn_id) {
+        for block in &m.body.content {
+            match block {
+                ContentBlock::ToolCall { id, name, .. } => calls.push((id.clone(), name.clone())),
+                ContentBlock::ToolResult { call_id, .. } => {
+                    answered.insert(call_id.clone());
+                }
+                _ => {}
+            }
+        }
+    }
+    calls
+        .into_iter()
+        .filter(|(id, _)| !answered.contains(id))
+        .map(|(call_id, name)| {
+            NewMessage::new(
+                turn_id,
+                Role::Tool,
+                vec![ContentBlock::ToolResult {
+                    call_id,
+                    name,
+                    content: why.to_owned(),
+                    is_error: true,
+                }],
+            )
+        })
+        .collect()
+}
+
+/// The tool result [`Store::recover_interrupted`] and
+/// [`Store::sweep_expired_leases`] store for a call a dead process never
+/// finished.
+pub const INTERRUPTED_TOOL: &str = "the server stopped before this tool call finished";
 
 /// Result of [`Store::create_session`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -339,4 +428,50 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Flushes everything to durable storage.
     async fn flush(&self) -> Result<(), StoreError>;
+
+    // --- Several replicas on one store -------------------------------------
+    //
+    // A store that one process owns (sled, memory) keeps the defaults: no
+    // leases, nothing to renew or sweep. A shared store (PostgreSQL) takes a
+    // session's lease in `begin_turn`, refuses a second live turn
+    // cluster-wide with `StoreError::Busy`, refuses writes of a turn whose
+    // lease lapsed with `StoreError::LeaseLost`, releases the lease in
+    // `finish_turn`, and in `recover_interrupted` interrupts only turns
+    // whose lease expired — never another live replica's.
+
+    /// The id of the replica this store writes leases for; `None` for a
+    /// store only one process uses (no leases).
+    fn replica_id(&self) -> Option<&str> {
+        None
+    }
+
+    /// The session's unexpired lease, if any (its live turn, on whichever
+    /// replica). Always `None` for a store without leases.
+    async fn lease(&self, session_id: &str) -> Result<Option<Lease>, StoreError> {
+        let _ = session_id;
+        Ok(None)
+    }
+
+    /// Extends this replica's leases of `turns` by the store's lease time;
+    /// returns the turn ids whose lease this replica no longer holds (those
+    /// turns must stop and store nothing more).
+    async fn renew_leases(&self, turns: &[LeaseKey]) -> Result<Vec<String>, StoreError> {
+        let _ = turns;
+        Ok(Vec::new())
+    }
+
+    /// Interrupts every turn whose lease expired: the record becomes
+    /// `Interrupted`, its tool calls without a result get an error result
+    /// (as start-up recovery does), the lease is released — one transaction
+    /// per turn. Returns the turns it changed. Safe to call from every
+    /// replica at once.
+    async fn sweep_expired_leases(&self) -> Result<Vec<TurnRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    /// Whether the store answers now (readiness). A store in this process
+    /// always does.
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }

@@ -13,6 +13,8 @@
 //! - [`provider`]: driving a `ModelProvider` directly, under a time guard.
 //! - [`gate`]: [`gate::GateProvider`], a provider whose reply the test
 //!   releases, for turns that must stay live.
+//! - [`pg`]: a real PostgreSQL for tests (a throwaway cluster from the
+//!   system's binaries, or `AGENTRT_TEST_PG_URL`), one database per test.
 //! - `server` (feature `server`): an in-process agentrt server on
 //!   `127.0.0.1:0`.
 //! - `local_model` (feature `local-model`): the real local model file for
@@ -27,6 +29,7 @@ pub mod fake_openai;
 pub mod gate;
 #[cfg(feature = "local-model")]
 pub mod local_model;
+pub mod pg;
 pub mod provider;
 #[cfg(feature = "server")]
 pub mod server;

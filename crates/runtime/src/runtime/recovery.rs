@@ -2,13 +2,9 @@
 //! INTERRUPTED, and tool calls they left without a result get an error
 //! result, so every tool call in history has exactly one result.
 
-use std::collections::HashSet;
-
-use crate::store::{Store, StoreError};
-use crate::types::{ContentBlock, NewMessage, Role, TurnRecord};
-
-/// The result stored for a call the previous process never finished.
-pub(crate) const INTERRUPTED_TOOL: &str = "the server stopped before this tool call finished";
+pub(crate) use crate::store::INTERRUPTED_TOOL;
+use crate::store::{Store, StoreError, open_call_results};
+use crate::types::TurnRecord;
 
 /// Messages read per interrupted turn (a turn's messages are contiguous).
 const TURN_READ_LIMIT: usize = 10_000;
@@ -33,35 +29,14 @@ pub(crate) async fn answer_open_calls(
     let messages = store
         .history(&turn.session_id, after, TURN_READ_LIMIT, true)
         .await?;
-    let mut calls = Vec::new();
-    let mut answered = HashSet::new();
-    for m in messages.iter().filter(|m| m.body.turn_id == turn.turn_id) {
-        for block in &m.body.content {
-            match block {
-                ContentBlock::ToolCall { id, name, .. } => calls.push((id.clone(), name.clone())),
-                ContentBlock::ToolResult { call_id, .. } => {
-                    answered.insert(call_id.clone());
-                }
-                _ => {}
-            }
-        }
-    }
-    for (call_id, name) in calls.into_iter().filter(|(id, _)| !answered.contains(id)) {
-        let result = NewMessage::new(
-            &turn.turn_id,
-            Role::Tool,
-            vec![ContentBlock::ToolResult {
-                call_id,
-                name,
-                content: why.to_owned(),
-                is_error: true,
-            }],
-        );
+    for result in open_call_results(&turn.turn_id, &messages, why) {
         match store
             .append_message(&turn.session_id, &turn.incarnation, result)
             .await
         {
-            Ok(_) | Err(StoreError::SessionNotFound) => {}
+            // Deleted meanwhile, or (shared store) answered by whoever
+            // interrupted the turn: nothing left to do.
+            Ok(_) | Err(StoreError::SessionNotFound | StoreError::LeaseLost { .. }) => {}
             Err(e) => return Err(e),
         }
     }
@@ -71,6 +46,8 @@ pub(crate) async fn answer_open_calls(
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
+    use crate::types::{ContentBlock, NewMessage, Role};
 
     use super::*;
     use crate::store::MemoryStore;
