@@ -5,7 +5,8 @@
 //! under `CI=true`).
 //!
 //! Modules: `schema` (migrations), `leases` (admission, expiry, takeover,
-//! sweeping, renewal), `outage` (a database that goes away, via `proxy`),
+//! sweeping, renewal), `registry` (input PostgreSQL refuses or bounds),
+//! `outage` (a database that goes away, via `proxy`),
 //! `measure` (the history query's plan; latencies, printed).
 
 use std::time::{Duration, Instant};
@@ -20,6 +21,7 @@ mod postgres {
     mod measure;
     mod outage;
     mod proxy;
+    mod registry;
     mod schema;
 
     pub(crate) use super::*;
