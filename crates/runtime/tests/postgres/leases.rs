@@ -283,7 +283,7 @@ async fn renewal_keeps_a_lease_and_reports_a_taken_over_turn() {
     let Some(db) = pg::database().await else {
         return;
     };
-    let ttl = Duration::from_millis(1000);
+    let ttl = Duration::from_millis(1500);
     let (a, b) = (store(&db, "a", ttl).await, store(&db, "b", ttl * 30).await);
     let (s, other) = (session(&a).await, session(&a).await);
     a.begin_turn(running(&s, "t1"), user("t1"))
