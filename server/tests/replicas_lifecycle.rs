@@ -218,3 +218,79 @@ async fn without_a_cluster_listener_calls_for_another_replicas_turn_are_unavaila
     clustered.server.stop().await;
     alone.server.stop().await;
 }
+
+#[tokio::test]
+async fn a_turn_whose_replica_cannot_renew_its_lease_stops_and_the_session_moves_on() {
+    let Some(db) = agentrt_testkit::pg::database().await else {
+        return;
+    };
+    let proxy = agentrt_testkit::tcp_proxy::TcpProxy::start(&db.addr).await;
+    let via_proxy = db.url.replace(&db.addr, &proxy.addr().to_string());
+    let gate = Arc::new(GateProvider::default());
+    let a = replica_with(&via_proxy, true, &gate_models(&gate), |c| {
+        c.store.lease_ttl_ms = Some(1_000);
+    })
+    .await;
+    let session = new_session(&a).await;
+    let mut turn = runtime(&a)
+        .await
+        .chat(chat(&session, "gate/x", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    until(&mut turn, is_text).await;
+
+    // No renewal can succeed: within about a lease time the turn stops,
+    // telling its caller why, and stores nothing more.
+    proxy.cut();
+    let (events, trailer) = drain(&mut turn).await;
+    assert_eq!(outcome(&events), Some(proto::TurnOutcome::Error));
+    let error = events
+        .iter()
+        .find_map(|e| match &e.kind {
+            Some(proto::chat_event::Kind::Error(e)) => Some(e.message.clone()),
+            _ => None,
+        })
+        .expect("an error event");
+    assert!(error.contains("lost the session's lease"), "{error}");
+    assert_eq!(trailer.map(|s| s.code()), Some(Code::Unavailable));
+
+    proxy.restore();
+    wait_readiness(&a, ServingStatus::Serving).await;
+    gate.release(1);
+    // The lapsed lease does not hold the session: the next turn is
+    // admitted, and history has the first turn's user message only.
+    let (events, trailer) = drain(
+        &mut runtime(&a)
+            .await
+            .chat(chat(&session, "gate/x", ""))
+            .await
+            .unwrap()
+            .into_inner(),
+    )
+    .await;
+    assert!(trailer.is_none(), "{trailer:?}");
+    assert_eq!(outcome(&events), Some(proto::TurnOutcome::Success));
+    let history = agentrt_client::proto::session_service_client::SessionServiceClient::new(
+        channel(a.server.url()).await,
+    )
+    .get_history(proto::GetHistoryRequest {
+        session_id: session.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .messages;
+    let roles: Vec<(u64, i32)> = history.iter().map(|m| (m.seq, m.role)).collect();
+    assert_eq!(
+        roles,
+        [
+            (1, proto::Role::User as i32),
+            (2, proto::Role::User as i32),
+            (3, proto::Role::Assistant as i32)
+        ],
+        "{history:?}"
+    );
+    a.server.stop().await;
+}
