@@ -214,7 +214,8 @@ impl Runtime {
             Ok(begun) => begun,
             Err(e) => {
                 live.hub.abort();
-                return Err(self.busy_elsewhere(&session, &record, e).await);
+                drop(slot);
+                return self.rejected(&session, &record, e).await;
             }
         };
         if inner.shared.is_some() {
@@ -301,6 +302,32 @@ impl Runtime {
         Ok(Some(
             replay::replay_turn(self.inner.store.as_ref(), record).await?,
         ))
+    }
+
+    /// What a failed `begin_turn` means for the caller (the slot is freed
+    /// already). On a shared store another replica may have admitted the
+    /// same request id between this admission's look-up and its write, and
+    /// even finished it: the store then refuses the duplicate, and the
+    /// caller gets that turn — joined or replayed — as a retry would.
+    /// Otherwise see [`Runtime::busy_elsewhere`].
+    async fn rejected(
+        &self,
+        session: &Session,
+        record: &TurnRecord,
+        err: RuntimeError,
+    ) -> Result<TurnStream, RuntimeError> {
+        if self.inner.shared.is_some()
+            && let RuntimeError::Store(StoreError::Backend(_)) = &err
+            && let Some(rid) = &record.request_id
+        {
+            match self.existing_turn(session, rid).await {
+                Ok(Some(existing)) => return Ok(existing),
+                Err(moved @ RuntimeError::Elsewhere(_)) => return Err(moved),
+                // Not that race: the store's own error stands.
+                Ok(None) | Err(_) => {}
+            }
+        }
+        Err(self.busy_elsewhere(session, record, err).await)
     }
 
     /// What a failed `begin_turn` means for the caller. On a shared store

@@ -46,6 +46,10 @@ struct Shared {
     begin_release: tokio::sync::Notify,
     /// Renewals report every turn lost (as for turns without a lease).
     lose_all: AtomicBool,
+    /// `find_turn_by_request` finds nothing once (another replica's
+    /// admission of the same request id lands after this look-up), and
+    /// `begin_turn` then refuses the duplicate request id as PostgreSQL does.
+    hide_request_once: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -88,6 +92,17 @@ impl Store for Shared {
         if self.hold_begin.load(Ordering::SeqCst) {
             self.begin_release.notified().await;
         }
+        if let Some(rid) = &turn.request_id
+            && let Some(earlier) = self
+                .inner
+                .find_turn_by_request(&turn.session_id, rid)
+                .await?
+        {
+            return Err(StoreError::Backend(format!(
+                "request id already started turn {} of this session",
+                earlier.turn_id
+            )));
+        }
         self.inner.begin_turn(turn, user_message).await
     }
     async fn append_message(
@@ -125,6 +140,9 @@ impl Store for Shared {
         session_id: &str,
         request_id: &str,
     ) -> Result<Option<TurnRecord>, StoreError> {
+        if self.hide_request_once.swap(false, Ordering::SeqCst) {
+            return Ok(None);
+        }
         self.inner
             .find_turn_by_request(session_id, request_id)
             .await
@@ -508,4 +526,36 @@ async fn a_turn_being_admitted_is_not_renewed_before_its_lease_is_committed() {
     store.begin_release.notify_one();
     let mut turn = admitting.await.unwrap().unwrap();
     assert_eq!(ending(&mut turn).await, (None, TurnOutcome::Success));
+}
+
+#[tokio::test]
+async fn a_request_another_replica_admitted_and_finished_meanwhile_is_replayed_not_an_error() {
+    let store = Arc::new(Shared::default());
+    let rt = runtime(&store, Duration::from_secs(60)).await;
+    let who = Principal::local();
+    let id = session(&rt).await;
+    // "Another replica" admitted and finished request r-1 ...
+    let mut first = input(&id, "builtin/echo");
+    first.request_id = Some("r-1".to_owned());
+    let mut done = rt.chat(&who, first).await.unwrap();
+    let first_turn = done.turn_id().to_owned();
+    assert_eq!(ending(&mut done).await.1, TurnOutcome::Success);
+    drop(done);
+    let stored = store.history(&id, 0, 100, true).await.unwrap().len();
+    // ... after this admission's look-up found nothing: the store refuses
+    // the duplicate, and the caller gets the earlier turn as a retry would.
+    store.hide_request_once.store(true, Ordering::SeqCst);
+    let mut retry = input(&id, "builtin/echo");
+    retry.request_id = Some("r-1".to_owned());
+    let mut replayed = rt
+        .chat(&who, retry)
+        .await
+        .expect("the earlier turn, not a store error");
+    assert_eq!(replayed.turn_id(), first_turn);
+    assert_eq!(ending(&mut replayed).await.1, TurnOutcome::Success);
+    assert_eq!(
+        store.history(&id, 0, 100, true).await.unwrap().len(),
+        stored,
+        "nothing stored twice"
+    );
 }
