@@ -51,7 +51,8 @@ pub struct Metrics {
     pub token_usage: Histogram<u64>,
     /// `gen_ai.client.operation.duration` (s) of a model step.
     pub operation_duration: Histogram<f64>,
-    /// `agentrt.turns` finished, by outcome.
+    /// `agentrt.turns` finished, by outcome (`interrupted`: turns of a dead
+    /// replica that the lease sweeper ended).
     pub turns: Counter<u64>,
     /// `agentrt.turns.live`: turns running now.
     pub live_turns: UpDownCounter<i64>,
