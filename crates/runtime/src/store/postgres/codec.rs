@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use deadpool_postgres::GenericClient;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio_postgres::Row;
+use tokio_postgres::{Row, Statement};
 use tokio_postgres::types::{FromSql, Json, ToSql};
 
 use super::error::pg_error;
@@ -366,16 +366,21 @@ impl<'a> SessionParams<'a> {
     }
 }
 
+/// `sql` prepared on `client` (once per connection: the statement cache).
+async fn prepared<C: GenericClient>(client: &C, sql: &str) -> Result<Statement, StoreError> {
+    client
+        .prepare_cached(sql)
+        .await
+        .map_err(|e| pg_error("prepare", &e))
+}
+
 /// Runs `sql` (prepared once per connection) and returns its rows.
 pub(super) async fn rows<C: GenericClient>(
     client: &C,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<Vec<Row>, StoreError> {
-    let statement = client
-        .prepare_cached(sql)
-        .await
-        .map_err(|e| pg_error("prepare", &e))?;
+    let statement = prepared(client, sql).await?;
     client
         .query(&statement, params)
         .await
@@ -388,10 +393,7 @@ pub(super) async fn row<C: GenericClient>(
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<Option<Row>, StoreError> {
-    let statement = client
-        .prepare_cached(sql)
-        .await
-        .map_err(|e| pg_error("prepare", &e))?;
+    let statement = prepared(client, sql).await?;
     client
         .query_opt(&statement, params)
         .await
@@ -404,10 +406,7 @@ pub(super) async fn execute<C: GenericClient>(
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<u64, StoreError> {
-    let statement = client
-        .prepare_cached(sql)
-        .await
-        .map_err(|e| pg_error("prepare", &e))?;
+    let statement = prepared(client, sql).await?;
     client
         .execute(&statement, params)
         .await
