@@ -15,6 +15,7 @@ use crate::local::{self, LocalModel};
 use crate::markdown::{num, table};
 use crate::otel::{self, OtelCompare};
 use crate::saturation::{self, Baselines, S3, S4Level};
+use crate::shared_store;
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct Machine {
@@ -90,6 +91,10 @@ pub(crate) struct Report {
     pub(crate) local_skipped: Option<String>,
     /// S2 with telemetry off and on (`otel` part).
     pub(crate) otel: Option<OtelCompare>,
+    /// PostgreSQL beside sled, and forwarding (`p10` part).
+    pub(crate) p10: Option<shared_store::P10>,
+    /// Why the p10 part did not run.
+    pub(crate) p10_skipped: Option<String>,
     pub(crate) targets: Vec<Target>,
     pub(crate) failures: Vec<String>,
 }
@@ -162,6 +167,11 @@ pub(crate) fn markdown(r: &Report) -> String {
     }
     if let Some(o) = &r.otel {
         let _ = writeln!(out, "\n{}", otel::markdown(o));
+    }
+    if let Some(p) = &r.p10 {
+        out.push_str(&shared_store::markdown(p));
+    } else if let Some(why) = &r.p10_skipped {
+        let _ = writeln!(out, "\n## P10: PostgreSQL and forwarding\n\nskipped: {why}");
     }
     if !r.failures.is_empty() {
         let _ = writeln!(out, "\n## Failures\n");

@@ -76,6 +76,9 @@ async fn sigkill_of_the_owner_lets_another_replica_take_the_session_after_the_le
             );
             seen[0].turn_id.clone()
         } else {
+            // Stop at the point, or once the last delta is out (deltas
+            // may arrive merged, so there can be fewer events than DELTAS).
+            let last = format!("d{} ", DELTAS - 1);
             let mut turn_id = String::new();
             for _ in 0..point {
                 let e = tokio::time::timeout(Duration::from_secs(10), events.next())
@@ -83,7 +86,10 @@ async fn sigkill_of_the_owner_lets_another_replica_take_the_session_after_the_le
                     .unwrap_or_else(|_| panic!("round {round}: the turn stalled early"))
                     .unwrap()
                     .unwrap();
-                turn_id = e.turn_id;
+                turn_id.clone_from(&e.turn_id);
+                if matches!(&e.kind, ChatEvent::Text(t) if t.ends_with(&last)) {
+                    break;
+                }
             }
             turn_id
         };
