@@ -157,6 +157,16 @@ async fn sigkill_of_the_owner_lets_another_replica_take_the_session_after_the_le
             said.as_deref().is_some_and(|m| m.contains("interrupted")),
             "round {round}: the retry replays the interruption, got {said:?}"
         );
+        // A replayed RUNNING record would have no end (duration zero); an
+        // INTERRUPTED one ended when its lapsed lease was taken over.
+        let lasted = replay.events.iter().find_map(|e| match e.kind {
+            ChatEvent::TurnFinished { duration, .. } => Some(duration),
+            _ => None,
+        });
+        assert!(
+            lasted.is_some_and(|d| d > Duration::ZERO),
+            "round {round}: the killed turn's record was not finished: {lasted:?}"
+        );
         assert!(
             !turn_id.is_empty() || point == 0 || with_tool,
             "round {round}: events carry the turn id"
