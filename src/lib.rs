@@ -6,7 +6,10 @@
 //!
 //! - [`v1`]: messages, `*_server` and `*_client` modules for
 //!   `SessionService` and `AgentRuntime`.
-//! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for server reflection.
+//! - [`cluster::v1`]: the replicas' internal service (`agentrt.cluster.v1`,
+//!   not part of the public contract).
+//! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for server reflection;
+//!   [`CLUSTER_FILE_DESCRIPTOR_SET`]: the internal service's.
 //! - [`codec`]: the codec the stubs use (prost, with a small encode buffer).
 
 pub mod codec;
@@ -21,6 +24,27 @@ pub mod codec;
 pub mod v1 {
     tonic::include_proto!("agentrt.v1");
 }
+
+/// The `agentrt.cluster.v1` package: the internal service replicas use to
+/// forward calls to the replica that owns a session's live turn. Not part of
+/// the public contract (see `proto/agentrt/cluster/v1/cluster.proto`).
+pub mod cluster {
+    /// Version 1 of the internal service.
+    #[allow(
+        missing_docs,
+        missing_debug_implementations,
+        unreachable_pub,
+        clippy::all
+    )]
+    pub mod v1 {
+        tonic::include_proto!("agentrt.cluster.v1");
+    }
+}
+
+/// Encoded `FileDescriptorSet` of `agentrt.cluster.v1` (and the files it
+/// imports), for the internal listener's RPC metrics and request limits.
+pub const CLUSTER_FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/cluster_descriptor.bin"));
 
 /// Encoded `FileDescriptorSet` of every `agentrt.v1` proto file (and the
 /// well-known types they import), for server reflection.

@@ -39,7 +39,7 @@ impl std::fmt::Debug for Authenticator {
 
 /// Compares without an early exit, so the time taken does not reveal how
 /// much of a guessed key was right.
-fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

@@ -19,9 +19,13 @@ use agentrt_runtime::toolbox::{ToolPolicy, ToolSource, Toolbox};
 use agentrt_runtime::{Runtime, RuntimeConfig};
 use tokio::net::TcpListener;
 
-use crate::config::{Config, ConfigError, ProviderKind};
+use crate::cluster::WireKey;
+use crate::config::{Config, ConfigError, ProviderKind, StoreKind, redact_url};
 use crate::error::ServerError;
 use crate::{auth, local, tls};
+
+/// How long connecting to the PostgreSQL store may take.
+const DATABASE_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
@@ -111,8 +115,8 @@ impl ServerBuilder {
         self
     }
 
-    /// Replaces the environment lookup used for `api_key_env`, `bearer_env`
-    /// and `key_env`.
+    /// Replaces the environment lookup used for `api_key_env`, `bearer_env`,
+    /// `key_env`, `[store] url_env` and `[cluster] key_env`.
     pub fn env_lookup(
         mut self,
         env: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
@@ -211,10 +215,48 @@ impl ServerBuilder {
         Ok(toolbox)
     }
 
-    async fn open_store(&self) -> Result<Arc<dyn Store>, ServerError> {
+    /// The store the config names: the one given to [`ServerBuilder::store`],
+    /// else sled in the data directory or the PostgreSQL database. A
+    /// database that cannot be reached fails start-up, naming the URL
+    /// without its password.
+    async fn open_store(&self, advertise: &str) -> Result<Arc<dyn Store>, ServerError> {
         if let Some(store) = &self.store {
             return Ok(Arc::clone(store));
         }
+        match self.config.store.kind {
+            StoreKind::Sled => self.open_sled().await,
+            StoreKind::Postgres => self.open_postgres(advertise).await,
+        }
+    }
+
+    async fn open_postgres(&self, advertise: &str) -> Result<Arc<dyn Store>, ServerError> {
+        use agentrt_runtime::store::{PgConfig, PostgresStore};
+        let settings = &self.config.store;
+        let url = settings.resolve_url(&*self.env)?;
+        let shown = redact_url(&url);
+        // Fresh per process: a restarted replica never mistakes its
+        // predecessor's leases for its own.
+        let replica_id = agentrt_runtime::types::new_id();
+        tracing::info!(
+            replica_id = %replica_id,
+            database = %shown,
+            advertise,
+            "opening the shared PostgreSQL store"
+        );
+        let store = PostgresStore::connect(PgConfig {
+            url,
+            pool_size: settings.pool_size(),
+            replica_id,
+            address: advertise.to_owned(),
+            lease_ttl: settings.lease_ttl(),
+            connect_timeout: DATABASE_CONNECT_TIMEOUT,
+        })
+        .await
+        .map_err(|source| ServerError::Database { url: shown, source })?;
+        Ok(Arc::new(store))
+    }
+
+    async fn open_sled(&self) -> Result<Arc<dyn Store>, ServerError> {
         let path = self.config.data_dir.join("store");
         let shown = path.display().to_string();
         let cache_bytes = self.config.store_cache_mb.saturating_mul(1 << 20);
@@ -236,6 +278,43 @@ impl ServerBuilder {
             source,
         })?;
         Ok(Arc::new(store))
+    }
+
+    /// The internal listener of `[cluster]`, bound, with the key read and
+    /// the advertised address settled.
+    async fn bind_cluster(&self) -> Result<Option<ClusterParts>, ServerError> {
+        let Some(settings) = &self.config.cluster else {
+            return Ok(None);
+        };
+        let key = settings.resolve_key(&*self.env)?;
+        let key = WireKey::new(&key).ok_or_else(|| {
+            ConfigError(format!(
+                "cluster.key_env: the key in {} must be printable ASCII without spaces",
+                settings.key_env.as_deref().unwrap_or_default()
+            ))
+        })?;
+        let listener =
+            TcpListener::bind(settings.listen)
+                .await
+                .map_err(|source| ServerError::Listen {
+                    what: "cluster.listen",
+                    addr: settings.listen,
+                    source,
+                })?;
+        let bound = listener
+            .local_addr()
+            .map_err(|source| ServerError::Listen {
+                what: "cluster.listen",
+                addr: settings.listen,
+                source,
+            })?;
+        let advertise = settings.advertise_for(bound)?;
+        Ok(Some(ClusterParts {
+            listener,
+            bound,
+            key,
+            advertise,
+        }))
     }
 
     /// Serves on `listener` until `shutdown` completes; then readiness turns
@@ -268,7 +347,11 @@ impl ServerBuilder {
         if let Some(warning) = self.config.open_access_warning() {
             tracing::warn!("{warning}");
         }
-        let store = self.open_store().await?;
+        let cluster = self.bind_cluster().await?;
+        let advertise = cluster
+            .as_ref()
+            .map_or(crate::cluster::NO_LISTENER, |c| c.advertise.as_str());
+        let store = self.open_store(advertise).await?;
         let runtime_config = RuntimeConfig {
             default_model: self.config.default_model.clone(),
             heartbeat_interval: self.config.heartbeat_interval,
@@ -279,6 +362,7 @@ impl ServerBuilder {
             fast_model: self.config.fast_model.clone(),
             compaction: self.config.compaction.to_runtime(),
             capture_content: self.config.telemetry.capture_content,
+            lease_ttl: self.config.store.lease_ttl(),
             ..RuntimeConfig::default()
         };
         start_tool_sources(&toolbox).await;
@@ -288,8 +372,18 @@ impl ServerBuilder {
             runtime,
             auth,
             tls,
+            cluster,
         })
     }
+}
+
+/// The internal listener of a `[cluster]` replica, ready to serve.
+#[derive(Debug)]
+pub(crate) struct ClusterParts {
+    pub(crate) listener: TcpListener,
+    pub(crate) bound: std::net::SocketAddr,
+    pub(crate) key: WireKey,
+    pub(crate) advertise: String,
 }
 
 /// A server whose store is open and runtime started, not yet serving; see
@@ -300,11 +394,22 @@ pub struct Prepared {
     pub(crate) runtime: Runtime,
     pub(crate) auth: auth::Authenticator,
     pub(crate) tls: Option<Arc<tls::ServerTls>>,
+    pub(crate) cluster: Option<ClusterParts>,
 }
 
 impl Prepared {
     /// The effective configuration (after the local model's defaults).
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// Where the internal cluster service listens (`[cluster]` only).
+    pub fn cluster_addr(&self) -> Option<std::net::SocketAddr> {
+        self.cluster.as_ref().map(|c| c.bound)
+    }
+
+    /// This replica's id on a shared store (`[store] kind = "postgres"`).
+    pub fn replica_id(&self) -> Option<&str> {
+        self.runtime.replica_id()
     }
 }

@@ -14,15 +14,19 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod cluster;
 mod compaction;
 mod local;
+mod store;
 mod telemetry;
 mod tls;
 mod tools;
 mod transport;
 
+pub use cluster::{ClusterKey, ClusterSettings};
 pub use compaction::CompactionSettings;
 pub use local::LocalModelSettings;
+pub use store::{StoreKind, StoreSettings, redact_url};
 pub use telemetry::TelemetrySettings;
 pub use tls::{MtlsConfig, ResolvedKey, TlsArgs, TlsSettings};
 pub use tools::{McpServerConfig, ToolsConfig};
@@ -74,6 +78,10 @@ pub struct Cli {
     /// Serve Prometheus metrics at `http://ADDR/metrics` (off by default).
     #[arg(long, env = "AGENTRT_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// The URL other replicas reach this one's internal service at
+    /// (overrides `[cluster] advertise`), e.g. `http://10.0.0.5:50052`.
+    #[arg(long, env = "AGENTRT_CLUSTER_ADVERTISE")]
+    pub cluster_advertise: Option<String>,
     /// What to do instead of serving.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -329,6 +337,9 @@ struct FileConfig {
     metrics_listen: Option<SocketAddr>,
     #[serde(default)]
     telemetry: TelemetrySettings,
+    #[serde(default)]
+    store: StoreSettings,
+    cluster: Option<ClusterSettings>,
 }
 
 /// The effective configuration.
@@ -390,6 +401,12 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
     /// The `[telemetry]` table.
     pub telemetry: TelemetrySettings,
+    /// The `[store]` table: sled (default) or a shared PostgreSQL.
+    pub store: StoreSettings,
+    /// The `[cluster]` table: the internal service between replicas.
+    /// Default: none (a PostgreSQL store is then used by this replica
+    /// alone; calls for turns of other replicas get UNAVAILABLE).
+    pub cluster: Option<ClusterSettings>,
 }
 
 impl Default for Config {
@@ -418,6 +435,8 @@ impl Default for Config {
             tls: TlsSettings::default(),
             metrics_listen: None,
             telemetry: TelemetrySettings::default(),
+            store: StoreSettings::default(),
+            cluster: None,
         }
     }
 }
@@ -441,6 +460,12 @@ impl Config {
             }
             None => Self::default(),
         };
+        if cli.cluster_advertise.is_some() && file.cluster.is_none() {
+            return Err(ConfigError(
+                "--cluster-advertise (AGENTRT_CLUSTER_ADVERTISE) is set but the config has no                  [cluster] table"
+                    .to_owned(),
+            ));
+        }
         let config = file.with_overrides(cli);
         config.validate()?;
         Ok(config)
@@ -480,6 +505,8 @@ impl Config {
             tls: file.tls,
             metrics_listen: file.metrics_listen,
             telemetry: file.telemetry,
+            store: file.store,
+            cluster: file.cluster,
         })
     }
 
@@ -509,6 +536,9 @@ impl Config {
         cli.tls.apply(&mut self.tls);
         if let Some(v) = cli.metrics_listen {
             self.metrics_listen = Some(v);
+        }
+        if let (Some(v), Some(cluster)) = (&cli.cluster_advertise, &mut self.cluster) {
+            cluster.advertise = Some(v.clone());
         }
         self
     }
@@ -576,6 +606,8 @@ impl Config {
         self.validate_local_model()?;
         self.validate_transport()?;
         self.validate_telemetry()?;
+        self.validate_store()?;
+        self.validate_cluster()?;
         Ok(())
     }
 }

@@ -19,6 +19,24 @@ pub enum ServerError {
         /// The cause.
         source: agentrt_runtime::store::StoreError,
     },
+    /// The PostgreSQL store could not be opened (`url` has no password).
+    #[error("cannot open the PostgreSQL store at {url}: {source}")]
+    Database {
+        /// The database URL, its password redacted.
+        url: String,
+        /// The cause.
+        source: agentrt_runtime::store::StoreError,
+    },
+    /// A listener the server binds itself could not be bound.
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Listen {
+        /// Which listener (the config key).
+        what: &'static str,
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
     /// The runtime could not start.
     #[error("cannot start the runtime: {0}")]
     Runtime(#[from] agentrt_runtime::RuntimeError),

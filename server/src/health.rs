@@ -9,6 +9,8 @@
 //! dead process to a liveness probe, or the orchestrator would restart the
 //! pod mid-drain (docs/contract.md §7).
 
+use std::sync::{Arc, Mutex};
+
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 use tonic_health::ServingStatus;
@@ -31,8 +33,13 @@ pub(crate) enum Phase {
     Starting,
     /// Calls are admitted: readiness SERVING.
     Serving,
+    /// The shared store (PostgreSQL) cannot be reached: readiness
+    /// NOT_SERVING (new Chats are refused), liveness SERVING; back to
+    /// [`Phase::Serving`] when it answers again.
+    StoreDown,
     /// An admin `Drain` or the shutdown began: readiness NOT_SERVING, so
-    /// the orchestrator stops routing here; liveness stays SERVING.
+    /// the orchestrator stops routing here; liveness stays SERVING. Final:
+    /// no later phase is reported.
     Draining,
 }
 
@@ -40,6 +47,8 @@ pub(crate) enum Phase {
 #[derive(Debug, Clone)]
 pub(crate) struct Health {
     reporter: HealthReporter,
+    /// The phase reported last; `Draining` is never left.
+    phase: Arc<Mutex<Phase>>,
 }
 
 impl Health {
@@ -47,16 +56,27 @@ impl Health {
     /// [`Phase::Starting`].
     pub(crate) async fn start() -> (Self, HealthServer<impl HealthService>) {
         let (reporter, service) = tonic_health::server::health_reporter();
-        let health = Self { reporter };
+        let health = Self {
+            reporter,
+            phase: Arc::new(Mutex::new(Phase::Starting)),
+        };
         health.set(Phase::Starting).await;
         (health, service)
     }
 
-    /// Reports `phase`.
+    /// Reports `phase` — unless the server is already draining, which it
+    /// never stops doing.
     pub(crate) async fn set(&self, phase: Phase) {
+        {
+            let mut now = self.phase.lock().unwrap_or_else(|p| p.into_inner());
+            if *now == Phase::Draining && phase != Phase::Draining {
+                return;
+            }
+            *now = phase;
+        }
         let ready = match phase {
             Phase::Serving => ServingStatus::Serving,
-            Phase::Starting | Phase::Draining => ServingStatus::NotServing,
+            Phase::Starting | Phase::StoreDown | Phase::Draining => ServingStatus::NotServing,
         };
         self.reporter.set_service_status("", ready).await;
         self.reporter.set_service_status(READINESS, ready).await;
@@ -66,6 +86,27 @@ impl Health {
                 .set_service_status(LIVENESS, ServingStatus::Serving)
                 .await;
         }
+    }
+
+    /// Follows whether the store answers ([`Phase::StoreDown`] while it
+    /// does not; [`Phase::Serving`] again when it does), until the returned
+    /// handle is dropped. Call it once serving.
+    pub(crate) fn follow_store(
+        &self,
+        mut reachable: watch::Receiver<bool>,
+    ) -> AbortOnDropHandle<()> {
+        let health = self.clone();
+        AbortOnDropHandle::new(tokio::spawn(async move {
+            loop {
+                let up = *reachable.borrow_and_update();
+                health
+                    .set(if up { Phase::Serving } else { Phase::StoreDown })
+                    .await;
+                if reachable.changed().await.is_err() {
+                    return;
+                }
+            }
+        }))
     }
 
     /// Turns [`Phase::Draining`] when the runtime starts draining (an admin

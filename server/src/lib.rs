@@ -17,6 +17,9 @@
 //!   ([`READINESS`], [`LIVENESS`]) is set there.
 //! - `error.rs`: [`ServerError`].
 //! - [`services`]: the thin handlers, one file per proto service.
+//! - `cluster.rs`: replicas on one PostgreSQL store — the internal
+//!   `agentrt.cluster.v1` service and the forwarding of calls to the
+//!   replica that owns a session's live turn.
 //! - [`convert`]: protobuf ↔ domain conversions.
 //! - [`status`]: core errors → gRPC statuses (exhaustive).
 //! - [`auth`]: bearer keys and client certificates → principals, as a
@@ -32,6 +35,7 @@
 //!   layer and the Prometheus endpoint.
 
 mod builder;
+mod cluster;
 mod error;
 mod health;
 mod serve;

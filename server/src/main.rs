@@ -149,6 +149,11 @@ async fn serve(config: Config, metrics: Option<prometheus::Registry>) -> ExitCod
         },
         _ => None,
     };
+    if let Some(addr) = prepared.cluster_addr() {
+        // Before the public line: whoever waits for that one can already
+        // read this.
+        println!("agentrt-server cluster service listening on {addr}");
+    }
     if let Ok(addr) = listener.local_addr() {
         // One stable line on stdout, so scripts and tests that start the
         // server on port 0 learn the address it got.

@@ -10,19 +10,23 @@
 //! two.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
+use agentrt_proto::cluster::v1::cluster_server::ClusterServer;
 use agentrt_proto::v1::agent_runtime_server::AgentRuntimeServer;
 use agentrt_proto::v1::runtime_admin_server::RuntimeAdminServer;
 use agentrt_proto::v1::session_service_server::SessionServiceServer;
 use agentrt_runtime::Runtime;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::Router;
 use tonic_health::pb::health_server::{Health as HealthService, HealthServer};
 use tower::layer::util::{Identity, Stack};
 
-use crate::builder::{Prepared, ServerBuilder};
+use crate::builder::{ClusterParts, Prepared, ServerBuilder};
+use crate::cluster::{ClusterHandler, Forwarder, key_check};
 use crate::config::Config;
 use crate::error::ServerError;
 use crate::health::{Health, Phase};
@@ -41,6 +45,13 @@ const SERVED: &[&[u8]] = &[
     tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
     tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
 ];
+
+/// The descriptor sets of the internal listener's one service.
+const CLUSTER_SERVED: &[&[u8]] = &[agentrt_proto::CLUSTER_FILE_DESCRIPTOR_SET];
+
+/// Bytes a forwarded call may add to the public request it carries (the
+/// principal and the envelope).
+const FORWARDING_OVERHEAD: usize = 4 << 10;
 
 /// The layers around every service, outermost last (as `Server::layer`
 /// stacks them).
@@ -71,40 +82,72 @@ impl Prepared {
             runtime,
             auth,
             tls,
+            cluster,
         } = self;
         let (health, health_service) = Health::start().await;
-        let router = router(&config, &runtime, &auth, health_service)?;
+        let max_forwarded = config
+            .transport
+            .max_request_bytes
+            .saturating_add(FORWARDING_OVERHEAD);
+        let forward = cluster
+            .as_ref()
+            .map(|c| Arc::new(Forwarder::new(c.key.clone(), max_forwarded)));
+        let router = router(&config, &runtime, &auth, health_service, forward)?;
 
         let addr = listener.local_addr().ok();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        // Both listeners stop when this is cancelled: after the runtime's
+        // shutdown, so forwarded calls for this replica's live turns are
+        // served until those turns end.
+        let stop = CancellationToken::new();
         // Our accept loop: connection caps, the handshake timeout, back-off
         // on accept errors, TCP_NODELAY and keepalive (transport.rs).
         let incoming = transport::incoming(listener, &config.transport, tls);
-        let mut server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
-            let _ = stop_rx.await;
+        let stopped = stop.clone();
+        let mut server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async move {
+            stopped.cancelled().await;
         }));
+        let mut internal = match cluster {
+            Some(parts) => Some(serve_cluster(&config, &runtime, parts, stop.clone())?),
+            None => None,
+        };
         health.set(Phase::Serving).await;
         // An admin Drain flips readiness too, so the orchestrator stops
-        // routing here before the process is told to stop. The watcher is
+        // routing here before the process is told to stop. The watchers are
         // aborted when serving ends.
         let _drain_watch = health.drain_on(runtime.draining());
+        let _store_watch = runtime
+            .replica_id()
+            .is_some()
+            .then(|| health.follow_store(runtime.store_reachable()));
         tracing::info!(
             addr = %addr.map_or_else(|| "unknown".to_owned(), |a| a.to_string()),
             default_model = %config.default_model,
             fast_model = config.fast_model.as_deref().unwrap_or(""),
+            replica_id = runtime.replica_id().unwrap_or(""),
             "agentrt-server serving"
         );
 
+        let internal_ended = async {
+            match internal.as_mut() {
+                Some(task) => task.await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             finished = &mut server => {
                 // The transport stopped on its own: report why.
                 runtime.shutdown(Duration::ZERO, HARD_STOP).await;
-                return match finished {
-                    Ok(result) => result.map_err(ServerError::from),
-                    Err(join) => Err(ServerError::Runtime(agentrt_runtime::RuntimeError::Unavailable(
-                        if join.is_panic() { "the transport task panicked" } else { "the transport task was cancelled" },
-                    ))),
-                };
+                stop.cancel();
+                return transport_ended(finished);
+            }
+            finished = internal_ended => {
+                tracing::error!("the internal cluster listener stopped on its own; shutting down");
+                runtime.stop_admitting();
+                health.set(Phase::Draining).await;
+                runtime.shutdown(Duration::ZERO, HARD_STOP).await;
+                stop.cancel();
+                let _ = tokio::time::timeout(HARD_STOP, &mut server).await;
+                return transport_ended(finished);
             }
             () = shutdown => {}
         }
@@ -117,8 +160,17 @@ impl Prepared {
         runtime.stop_admitting();
         health.set(Phase::Draining).await;
         runtime.shutdown(config.shutdown_grace, HARD_STOP).await;
-        let _ = stop_tx.send(());
-        match tokio::time::timeout(HARD_STOP, &mut server).await {
+        stop.cancel();
+        let public = tokio::time::timeout(HARD_STOP, &mut server).await;
+        if let Some(task) = internal.as_mut() {
+            match tokio::time::timeout(HARD_STOP, &mut *task).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(err))) => tracing::error!(error = %err, "the internal listener failed"),
+                Ok(Err(join)) => tracing::error!(error = %join, "internal listener task failed"),
+                Err(_) => task.abort(),
+            }
+        }
+        match public {
             Ok(Ok(result)) => result?,
             Ok(Err(join)) => tracing::error!(error = %join, "transport task failed"),
             Err(_) => {
@@ -131,6 +183,58 @@ impl Prepared {
     }
 }
 
+/// What a listener's task ended with.
+fn transport_ended(
+    finished: Result<Result<(), tonic::transport::Error>, tokio::task::JoinError>,
+) -> Result<(), ServerError> {
+    match finished {
+        Ok(result) => result.map_err(ServerError::from),
+        Err(join) => Err(ServerError::Runtime(
+            agentrt_runtime::RuntimeError::Unavailable(if join.is_panic() {
+                "the transport task panicked"
+            } else {
+                "the transport task was cancelled"
+            }),
+        )),
+    }
+}
+
+type ServeTask = tokio::task::JoinHandle<Result<(), tonic::transport::Error>>;
+
+/// Serves the internal `Cluster` service on its own listener until `stop`:
+/// only that service, behind the cluster key, under the public port's
+/// connection, stream and message limits (a forwarded call may be a few
+/// bytes larger than the public request it carries).
+fn serve_cluster(
+    config: &Config,
+    runtime: &Runtime,
+    parts: ClusterParts,
+    stop: CancellationToken,
+) -> Result<ServeTask, ServerError> {
+    let mut t = config.transport.clone();
+    t.max_request_bytes = t.max_request_bytes.saturating_add(FORWARDING_OVERHEAD);
+    let streaming = transport::streaming_request_paths(CLUSTER_SERVED);
+    let router = tonic::transport::Server::builder()
+        .max_concurrent_streams(t.max_concurrent_streams)
+        .concurrency_limit_per_connection(t.max_requests_per_connection)
+        .http2_keepalive_interval(Some(t.keepalive_interval))
+        .http2_keepalive_timeout(Some(t.keepalive_timeout))
+        .layer(telemetry::rpc::RpcLayer::new(
+            telemetry::rpc::known_methods(CLUSTER_SERVED),
+        ))
+        .layer(transport::CatchPanicLayer)
+        .layer(transport::RequestLimitsLayer::new(&t, streaming))
+        .add_service(InterceptedService::new(
+            ClusterServer::new(ClusterHandler::new(runtime.clone()))
+                .max_decoding_message_size(t.max_request_bytes),
+            key_check(parts.key),
+        ));
+    let incoming = transport::incoming(parts.listener, &t, None);
+    Ok(tokio::spawn(
+        router.serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await }),
+    ))
+}
+
 /// The gRPC router: the transport's layers around health, reflection and
 /// the three `agentrt.v1` services (each behind the authenticator).
 fn router(
@@ -138,6 +242,7 @@ fn router(
     runtime: &Runtime,
     auth: &auth::Authenticator,
     health_service: HealthServer<impl HealthService>,
+    forward: Option<Arc<Forwarder>>,
 ) -> Result<Router<Layers>, ServerError> {
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(agentrt_proto::FILE_DESCRIPTOR_SET)
@@ -178,8 +283,11 @@ fn router(
             auth.interceptor(),
         ))
         .add_service(InterceptedService::new(
-            AgentRuntimeServer::new(AgentRuntimeHandler::new(runtime.clone()))
-                .max_decoding_message_size(max_request),
+            AgentRuntimeServer::new(AgentRuntimeHandler::with_forwarder(
+                runtime.clone(),
+                forward,
+            ))
+            .max_decoding_message_size(max_request),
             auth.interceptor(),
         ))
         .add_service(InterceptedService::new(

@@ -9,6 +9,8 @@
 //! - `slots`: which session runs a turn, is compacted or deleted, and who
 //!   waits for its next turn; `runners`: the runner cache; `models`: which
 //!   model runs what; `lifecycle`: draining, shutdown and every task;
+//! - `leases`: what changes on a store shared by several replicas — lease
+//!   renewal, the sweeper of dead replicas' turns, the store's readiness;
 //! - `control`, `sessions`, `tools`, `admin`: the other calls of the API;
 //!   `stream`, `replay`: the turn streams they return; `recovery`,
 //!   `spans`: start-up repair and the turn's spans.
@@ -31,6 +33,7 @@ mod admission;
 mod compact;
 mod context;
 mod control;
+mod leases;
 mod lifecycle;
 mod models;
 mod recovery;
@@ -108,6 +111,12 @@ pub struct RuntimeConfig {
     /// the GenAI conventions' opt-in attributes. Default false: content
     /// may be personal data.
     pub capture_content: bool,
+    /// On a store shared by several replicas: how long a turn's session
+    /// lease lasts unless renewed. The live turns' leases are renewed every
+    /// third of it, expired leases swept every half of it, and a replica
+    /// that could not renew for this long stops its turns. Unused on a
+    /// single-node store. Default 10 s.
+    pub lease_ttl: Duration,
 }
 
 impl Default for RuntimeConfig {
@@ -129,6 +138,7 @@ impl Default for RuntimeConfig {
             max_turn_timeout: Duration::from_secs(24 * 3600),
             stalled_reader_timeout: Duration::from_secs(30),
             capture_content: false,
+            lease_ttl: Duration::from_secs(10),
         }
     }
 }
@@ -196,6 +206,8 @@ pub(crate) struct Inner {
     pub(crate) runners: Runners,
     /// Admitting, draining, closed; and every task the runtime spawns.
     pub(crate) lifecycle: Lifecycle,
+    /// The shared-store state: `None` on a store one process owns.
+    pub(crate) shared: Option<leases::Shared>,
 }
 
 /// The runtime core. Cheap to clone (an `Arc`).
@@ -243,8 +255,10 @@ impl Runtime {
     ) -> Result<Self, RuntimeError> {
         let models = Selection::new(models, &config)?;
         recovery::recover(store.as_ref()).await?;
+        let shared = store.replica_id().map(leases::Shared::new);
         let runtime = Self {
             inner: Arc::new(Inner {
+                shared,
                 config,
                 store,
                 models,
@@ -255,6 +269,7 @@ impl Runtime {
             }),
         };
         admin::spawn_reaper(&runtime);
+        leases::spawn_jobs(&runtime);
         // The gauges exist (at 0) before the first turn or watcher.
         let metrics = crate::telemetry::metrics::get();
         metrics.live_turns.add(0, &[]);

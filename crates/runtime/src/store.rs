@@ -1,13 +1,13 @@
 //! Durable state behind the [`Store`] trait: sessions, messages, turn records.
 //!
-//! Two implementations: [`SledStore`] (the default, on disk) and
-//! [`MemoryStore`] (tests). Both pass the same contract suite (the
-//! `agentrt-testkit` crate's `contract`, run by
-//! `crates/runtime/tests/store_contract.rs`), and both apply the session
+//! Three implementations: [`SledStore`] (the default, on disk, one
+//! process), [`PostgresStore`] (shared by several replicas, with session
+//! leases; `docs/postgres.md`) and [`MemoryStore`] (tests). All pass the
+//! same contract suite (the `agentrt-testkit` crate's `contract`, run by
+//! `crates/runtime/tests/store_contract.rs`), and all apply the session
 //! rules of the domain types (`types/session.rs`). Every write that returns
-//! `Ok` has been flushed to durable storage by the time it returns (for
-//! sled: `flush_async`), so the runtime may acknowledge it
-//! (`message_stored`).
+//! `Ok` is durable by the time it returns (sled: flushed; PostgreSQL:
+//! committed), so the runtime may acknowledge it (`message_stored`).
 
 use std::time::SystemTime;
 
@@ -17,12 +17,14 @@ use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, Turn
 
 mod flusher;
 mod memory;
+mod postgres;
 mod size;
 mod sled_store;
 #[cfg(test)]
 pub(crate) mod testing;
 
 pub use memory::MemoryStore;
+pub use postgres::{PgConfig, PostgresStore};
 pub use size::{message_wire_bytes, session_wire_bytes};
 pub use sled_store::SledStore;
 

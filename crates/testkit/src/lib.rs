@@ -15,6 +15,8 @@
 //!   releases, for turns that must stay live.
 //! - [`pg`]: a real PostgreSQL for tests (a throwaway cluster from the
 //!   system's binaries, or `AGENTRT_TEST_PG_URL`), one database per test.
+//! - [`tcp_proxy`]: a loopback TCP proxy a test cuts and restores (a
+//!   database that goes away and comes back).
 //! - `server` (feature `server`): an in-process agentrt server on
 //!   `127.0.0.1:0`.
 //! - `local_model` (feature `local-model`): the real local model file for
@@ -33,3 +35,4 @@ pub mod pg;
 pub mod provider;
 #[cfg(feature = "server")]
 pub mod server;
+pub mod tcp_proxy;

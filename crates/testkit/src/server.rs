@@ -11,7 +11,7 @@
 
 use std::net::SocketAddr;
 
-use agentrt_server::{ServerBuilder, ServerError};
+use agentrt_server::{Prepared, ServerBuilder, ServerError};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -19,6 +19,8 @@ use tokio::task::JoinHandle;
 #[derive(Debug)]
 pub struct InProcessServer {
     addr: SocketAddr,
+    cluster_addr: Option<SocketAddr>,
+    replica_id: Option<String>,
     stop: Option<oneshot::Sender<()>>,
     handle: Option<JoinHandle<Result<(), ServerError>>>,
 }
@@ -37,9 +39,50 @@ impl InProcessServer {
         }));
         Self {
             addr,
+            cluster_addr: None,
+            replica_id: None,
             stop: Some(stop),
             handle: Some(handle),
         }
+    }
+
+    /// Prepares `builder` (panicking with the server's message when that
+    /// fails), binds `127.0.0.1:0` and serves it there until stopped; the
+    /// internal cluster listener (`[cluster]`) and replica id are known.
+    pub async fn start_prepared(builder: ServerBuilder) -> Self {
+        let prepared: Prepared = builder
+            .prepare()
+            .await
+            .unwrap_or_else(|e| panic!("the test server did not start: {e}"));
+        let cluster_addr = prepared.cluster_addr();
+        let replica_id = prepared.replica_id().map(str::to_owned);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port for the test server");
+        let addr = listener.local_addr().expect("local address of the server");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let handle = tokio::spawn(prepared.serve(listener, async {
+            let _ = stopped.await;
+        }));
+        Self {
+            addr,
+            cluster_addr,
+            replica_id,
+            stop: Some(stop),
+            handle: Some(handle),
+        }
+    }
+
+    /// Where its internal cluster service listens (servers started with
+    /// [`InProcessServer::start_prepared`] and a `[cluster]` table).
+    pub fn cluster_addr(&self) -> Option<SocketAddr> {
+        self.cluster_addr
+    }
+
+    /// Its replica id on a shared store (servers started with
+    /// [`InProcessServer::start_prepared`]).
+    pub fn replica_id(&self) -> Option<&str> {
+        self.replica_id.as_deref()
     }
 
     /// The address it listens on.

@@ -3,17 +3,20 @@
 //! the trailing status the contract asks for.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use agentrt_proto::v1 as pb;
 use agentrt_proto::v1::agent_runtime_server::AgentRuntime;
-use agentrt_runtime::Runtime;
 use agentrt_runtime::events::{ErrorCode, EventKind};
 use agentrt_runtime::runtime::TurnStream;
+use agentrt_runtime::store::Lease;
+use agentrt_runtime::{Runtime, RuntimeError};
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::auth::principal;
+use crate::cluster::{Forwarder, owner_status};
 use crate::convert;
 use crate::services::record_session;
 use crate::status::{from_runtime, trailing_status};
@@ -22,19 +25,48 @@ use crate::status::{from_runtime, trailing_status};
 #[derive(Debug, Clone)]
 pub struct AgentRuntimeHandler {
     runtime: Runtime,
+    /// Sends calls for turns of other replicas to their owner (`[cluster]`).
+    forward: Option<Arc<Forwarder>>,
 }
 
 impl AgentRuntimeHandler {
     /// Serves turns of `runtime`.
     pub fn new(runtime: Runtime) -> Self {
-        Self { runtime }
+        Self {
+            runtime,
+            forward: None,
+        }
+    }
+
+    /// Serves turns of `runtime`, forwarding calls for turns of other
+    /// replicas with `forward`.
+    pub(crate) fn with_forwarder(runtime: Runtime, forward: Option<Arc<Forwarder>>) -> Self {
+        Self { runtime, forward }
     }
 }
 
-/// The Chat response stream: every turn event, then — when the outcome is
-/// not SUCCESS — the matching error status as the trailer.
+/// The Chat (and Subscribe) response stream: every turn event, then — when
+/// the outcome is not SUCCESS — the matching error status as the trailer;
+/// or, for a call forwarded to the replica owning the turn, that replica's
+/// events and trailer as they come.
 #[derive(Debug)]
-pub struct ChatEvents {
+pub struct ChatEvents(Source);
+
+#[derive(Debug)]
+enum Source {
+    /// A turn of this replica.
+    Local(LocalEvents),
+    /// The owner's stream; dropping it cancels the forwarded call.
+    Forwarded {
+        events: tonic::Streaming<pb::ChatEvent>,
+        lease: Lease,
+        done: bool,
+    },
+}
+
+/// A turn of this replica as events.
+#[derive(Debug)]
+struct LocalEvents {
     turn: Option<TurnStream>,
     error: Option<(ErrorCode, String)>,
     trailer: Option<Status>,
@@ -42,13 +74,22 @@ pub struct ChatEvents {
 }
 
 impl ChatEvents {
-    fn new(turn: Option<TurnStream>) -> Self {
-        Self {
+    pub(crate) fn new(turn: Option<TurnStream>) -> Self {
+        Self(Source::Local(LocalEvents {
             done: turn.is_none(),
             turn,
             error: None,
             trailer: None,
-        }
+        }))
+    }
+
+    /// The events of a call forwarded to `lease`'s owner.
+    pub(crate) fn forwarded(events: tonic::Streaming<pb::ChatEvent>, lease: Lease) -> Self {
+        Self(Source::Forwarded {
+            events,
+            lease,
+            done: false,
+        })
     }
 }
 
@@ -56,7 +97,31 @@ impl Stream for ChatEvents {
     type Item = Result<pb::ChatEvent, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
+        match &mut self.0 {
+            Source::Local(local) => local.poll_next(cx),
+            Source::Forwarded {
+                events,
+                lease,
+                done,
+            } => {
+                if *done {
+                    return Poll::Ready(None);
+                }
+                match Pin::new(events).poll_next(cx) {
+                    Poll::Ready(Some(Err(status))) => {
+                        *done = true;
+                        Poll::Ready(Some(Err(owner_status(lease, status))))
+                    }
+                    other => other,
+                }
+            }
+        }
+    }
+}
+
+impl LocalEvents {
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<pb::ChatEvent, Status>>> {
+        let this = self;
         let Some(turn) = this.turn.as_mut().filter(|_| !this.done) else {
             return Poll::Ready(this.trailer.take().map(Err));
         };
@@ -98,6 +163,18 @@ impl Stream for ChatEvents {
     }
 }
 
+impl AgentRuntimeHandler {
+    /// The forwarder and the owner's lease, for an error that says the turn
+    /// runs on another replica and a server that can forward; otherwise
+    /// the error's status.
+    fn forwarding(&self, err: RuntimeError) -> Result<(&Forwarder, Lease), Status> {
+        match (err, &self.forward) {
+            (RuntimeError::Elsewhere(lease), Some(forward)) => Ok((forward, lease)),
+            (err, _) => Err(from_runtime(err)),
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl AgentRuntime for AgentRuntimeHandler {
     type ChatStream = ChatEvents;
@@ -109,9 +186,22 @@ impl AgentRuntime for AgentRuntimeHandler {
     ) -> Result<Response<Self::ChatStream>, Status> {
         let who = principal(&req)?;
         let deadline = convert::grpc_deadline(req.metadata());
-        let input = convert::chat_input(req.into_inner(), deadline).map_err(from_runtime)?;
+        let request = req.into_inner();
+        // Kept only where a retry may join a turn on another replica.
+        let join =
+            (self.forward.is_some() && !request.request_id.is_empty()).then(|| request.clone());
+        let input = convert::chat_input(request, deadline).map_err(from_runtime)?;
         record_session(&input.session_id);
-        let turn = self.runtime.chat(&who, input).await.map_err(from_runtime)?;
+        let turn = match self.runtime.chat(&who, input).await {
+            Ok(turn) => turn,
+            Err(err) => {
+                let (forward, lease) = self.forwarding(err)?;
+                let join =
+                    join.ok_or_else(|| Status::internal("a forwarded Chat lost its request"))?;
+                let events = forward.join_chat(&lease, &who, join, deadline).await?;
+                return Ok(Response::new(ChatEvents::forwarded(events, lease)));
+            }
+        };
         Ok(Response::new(ChatEvents::new(Some(turn))))
     }
 
@@ -120,14 +210,21 @@ impl AgentRuntime for AgentRuntimeHandler {
         req: Request<pb::SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         let who = principal(&req)?;
+        let deadline = convert::grpc_deadline(req.metadata());
         let r = req.into_inner();
         record_session(&r.session_id);
-        let turn = self
+        match self
             .runtime
             .subscribe(&who, &r.session_id, r.after_seq, r.wait_for_turn)
             .await
-            .map_err(from_runtime)?;
-        Ok(Response::new(ChatEvents::new(turn)))
+        {
+            Ok(turn) => Ok(Response::new(ChatEvents::new(turn))),
+            Err(err) => {
+                let (forward, lease) = self.forwarding(err)?;
+                let events = forward.subscribe(&lease, &who, r, deadline).await?;
+                Ok(Response::new(ChatEvents::forwarded(events, lease)))
+            }
+        }
     }
 
     async fn stop_session(
@@ -135,14 +232,18 @@ impl AgentRuntime for AgentRuntimeHandler {
         req: Request<pb::StopSessionRequest>,
     ) -> Result<Response<pb::StopSessionResponse>, Status> {
         let who = principal(&req)?;
-        let id = req.into_inner().session_id;
-        record_session(&id);
-        let stopped = self
-            .runtime
-            .stop_session(&who, &id)
-            .await
-            .map_err(from_runtime)?;
-        Ok(Response::new(pb::StopSessionResponse { stopped }))
+        let deadline = convert::grpc_deadline(req.metadata());
+        let r = req.into_inner();
+        record_session(&r.session_id);
+        match self.runtime.stop_session(&who, &r.session_id).await {
+            Ok(stopped) => Ok(Response::new(pb::StopSessionResponse { stopped })),
+            Err(err) => {
+                let (forward, lease) = self.forwarding(err)?;
+                Ok(Response::new(
+                    forward.stop_session(&lease, &who, r, deadline).await?,
+                ))
+            }
+        }
     }
 
     async fn get_session_status(
@@ -150,14 +251,18 @@ impl AgentRuntime for AgentRuntimeHandler {
         req: Request<pb::GetSessionStatusRequest>,
     ) -> Result<Response<pb::SessionStatus>, Status> {
         let who = principal(&req)?;
-        let id = req.into_inner().session_id;
-        record_session(&id);
-        let status = self
-            .runtime
-            .session_status(&who, &id)
-            .await
-            .map_err(from_runtime)?;
-        Ok(Response::new(convert::session_status(status)))
+        let deadline = convert::grpc_deadline(req.metadata());
+        let r = req.into_inner();
+        record_session(&r.session_id);
+        match self.runtime.session_status(&who, &r.session_id).await {
+            Ok(status) => Ok(Response::new(convert::session_status(status))),
+            Err(err) => {
+                let (forward, lease) = self.forwarding(err)?;
+                Ok(Response::new(
+                    forward.session_status(&lease, &who, r, deadline).await?,
+                ))
+            }
+        }
     }
 
     async fn close_session(
@@ -165,14 +270,22 @@ impl AgentRuntime for AgentRuntimeHandler {
         req: Request<pb::CloseSessionRequest>,
     ) -> Result<Response<pb::CloseSessionResponse>, Status> {
         let who = principal(&req)?;
+        let deadline = convert::grpc_deadline(req.metadata());
         let r = req.into_inner();
         record_session(&r.session_id);
-        let closed = self
+        match self
             .runtime
             .close_session(&who, &r.session_id, r.force)
             .await
-            .map_err(from_runtime)?;
-        Ok(Response::new(pb::CloseSessionResponse { closed }))
+        {
+            Ok(closed) => Ok(Response::new(pb::CloseSessionResponse { closed })),
+            Err(err) => {
+                let (forward, lease) = self.forwarding(err)?;
+                Ok(Response::new(
+                    forward.close_session(&lease, &who, r, deadline).await?,
+                ))
+            }
+        }
     }
 
     async fn submit_tool_result(
@@ -180,9 +293,14 @@ impl AgentRuntime for AgentRuntimeHandler {
         req: Request<pb::SubmitToolResultRequest>,
     ) -> Result<Response<pb::SubmitToolResultResponse>, Status> {
         let who = principal(&req)?;
+        let deadline = convert::grpc_deadline(req.metadata());
         let r = req.into_inner();
         record_session(&r.session_id);
-        self.runtime
+        // The content goes to the core; it is kept only where the call may
+        // have to be forwarded.
+        let forwardable = self.forward.is_some().then(|| r.clone());
+        let submitted = self
+            .runtime
             .submit_tool_result(
                 &who,
                 &r.session_id,
@@ -191,9 +309,20 @@ impl AgentRuntime for AgentRuntimeHandler {
                 r.content,
                 r.is_error,
             )
-            .await
-            .map_err(from_runtime)?;
-        Ok(Response::new(pb::SubmitToolResultResponse {}))
+            .await;
+        match submitted {
+            Ok(()) => Ok(Response::new(pb::SubmitToolResultResponse {})),
+            Err(err) => {
+                let (forward, lease) = self.forwarding(err)?;
+                let r = forwardable
+                    .ok_or_else(|| Status::internal("a forwarded call lost its request"))?;
+                Ok(Response::new(
+                    forward
+                        .submit_tool_result(&lease, &who, r, deadline)
+                        .await?,
+                ))
+            }
+        }
     }
 
     async fn compact_session(

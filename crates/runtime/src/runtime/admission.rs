@@ -37,6 +37,7 @@ use super::{ChatInput, Inner, Runtime, TurnStream, replay, spans};
 use crate::error::{FieldViolation, RuntimeError};
 use crate::hub::TurnHub;
 use crate::model::{Reservation, ToolSpec};
+use crate::store::StoreError;
 use crate::types::{Message, NewMessage, Principal, Role, Session, TurnRecord, TurnStatus, Usage};
 
 /// What admission decided about a turn before taking its session's slot.
@@ -69,6 +70,9 @@ impl Runtime {
         mut input: ChatInput,
     ) -> Result<TurnStream, RuntimeError> {
         self.inner.lifecycle.admitting()?;
+        if let Some(shared) = &self.inner.shared {
+            shared.admitting()?;
+        }
         let checked = validate::chat_input(&input, &self.inner.config)?;
         // The session record's one read before the slot; `store_user`
         // re-reads it under the slot.
@@ -210,7 +214,7 @@ impl Runtime {
             Ok(begun) => begun,
             Err(e) => {
                 live.hub.abort();
-                return Err(e);
+                return Err(self.busy_elsewhere(&session, &record, e).await);
             }
         };
         let (tx, rx) = mpsc::channel(inner.config.event_buffer.max(1));
@@ -279,14 +283,56 @@ impl Runtime {
         else {
             return Ok(None);
         };
-        if record.status == TurnStatus::Running
-            && let Some(stream) = self.attach_if_live(session, request_id)
-        {
-            return Ok(Some(stream));
+        if record.status == TurnStatus::Running {
+            if let Some(stream) = self.attach_if_live(session, request_id) {
+                return Ok(Some(stream));
+            }
+            // Live on another replica: the adapter forwards the join there.
+            if let Some(lease) = self.lease_elsewhere(&session.id).await?
+                && lease.turn_id == record.turn_id
+            {
+                return Err(RuntimeError::Elsewhere(lease));
+            }
         }
         Ok(Some(
             replay::replay_turn(self.inner.store.as_ref(), record).await?,
         ))
+    }
+
+    /// What a failed `begin_turn` means for the caller. On a shared store
+    /// the session may be busy on another replica (`StoreError::Busy`):
+    /// SESSION_BUSY with that turn's id — unless the caller retries the
+    /// request that turn was started with, which then joins it there
+    /// ([`RuntimeError::Elsewhere`]). Nothing was stored either way.
+    async fn busy_elsewhere(
+        &self,
+        session: &Session,
+        record: &TurnRecord,
+        err: RuntimeError,
+    ) -> RuntimeError {
+        let RuntimeError::Store(StoreError::Busy(lease)) = err else {
+            return err;
+        };
+        let mine = self.replica_id() == Some(lease.replica_id.as_str());
+        if let Some(rid) = &record.request_id
+            && !mine
+        {
+            match self
+                .inner
+                .store
+                .find_turn_by_request(&session.id, rid)
+                .await
+            {
+                Ok(Some(started)) if started.turn_id == lease.turn_id => {
+                    return RuntimeError::Elsewhere(lease);
+                }
+                Ok(_) => {}
+                Err(e) => return e.into(),
+            }
+        }
+        RuntimeError::SessionBusy {
+            turn_id: lease.turn_id,
+        }
     }
 
     /// A watcher stream on the session's live turn, when it is the one

@@ -105,6 +105,13 @@ impl Runtime {
         inner.lifecycle.admitting()?;
         let session = self.owned_session(who, session_id).await?;
         let _slot = inner.slots.claim_compaction(&session)?;
+        // A turn live on another replica (a shared store) holds the session
+        // as a local one would.
+        if let Some(lease) = self.lease_elsewhere(session_id).await? {
+            return Err(RuntimeError::SessionBusy {
+                turn_id: lease.turn_id,
+            });
+        }
         // Re-read under the slot: a turn may have ended (and compacted)
         // between the first read and taking the slot.
         let session = inner

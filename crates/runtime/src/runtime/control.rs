@@ -35,6 +35,11 @@ impl Runtime {
         if let Some(stream) = self.attach_if_live_from(&session, after_seq) {
             return Ok(Some(stream));
         }
+        if let Some(lease) = self.lease_elsewhere(session_id).await? {
+            return Err(RuntimeError::Elsewhere(lease));
+        }
+        // Nothing is live anywhere: a wait for the next turn waits for one
+        // admitted on this replica only.
         if !wait_for_turn {
             return Ok(None);
         }
@@ -75,7 +80,10 @@ impl Runtime {
             .cancel_live(&session, CancelReason::Stopped, STOP_WAIT)
             .await
         {
-            Cancelled::NothingLive => Ok(false),
+            Cancelled::NothingLive => match self.lease_elsewhere(session_id).await? {
+                Some(lease) => Err(RuntimeError::Elsewhere(lease)),
+                None => Ok(false),
+            },
             Cancelled::Ended => Ok(true),
             // `stopped` means stopped: the turn is told and will end, but
             // saying so now would be a lie.
@@ -98,15 +106,21 @@ impl Runtime {
                 live: Some((turn.turn_id.clone(), turn.phase(), turn.started_at)),
                 watchers: turn.hub.watcher_count(),
             },
-            None => SessionStatus {
-                live: None,
-                watchers: 0,
+            None => match self.lease_elsewhere(session_id).await? {
+                Some(lease) => return Err(RuntimeError::Elsewhere(lease)),
+                None => SessionStatus {
+                    live: None,
+                    watchers: 0,
+                },
             },
         })
     }
 
     /// Evicts the session's cached runner; with `force` the live turn is
-    /// stopped first. A live turn keeps the selection it was admitted with.
+    /// stopped first. On a shared store, a session whose live turn runs on
+    /// another replica is answered there ([`RuntimeError::Elsewhere`] after
+    /// this replica's runner is evicted), as are `subscribe`,
+    /// `stop_session` and `session_status`. A live turn keeps the selection it was admitted with.
     /// `true` when a runner was cached.
     pub async fn close_session(
         &self,
@@ -116,6 +130,14 @@ impl Runtime {
     ) -> Result<bool, RuntimeError> {
         crate::limits::validate_session_id("session_id", session_id)?;
         let session = self.owned_session(who, session_id).await?;
+        if self.live_of(&session).is_none()
+            && let Some(lease) = self.lease_elsewhere(session_id).await?
+        {
+            // This replica's runner goes now; the owner evicts its own
+            // (and stops the turn with `force`) when the call reaches it.
+            self.inner.runners.remove(session_id);
+            return Err(RuntimeError::Elsewhere(lease));
+        }
         if force {
             self.cancel_live(&session, CancelReason::Stopped, STOP_WAIT)
                 .await;

@@ -44,6 +44,9 @@ pub(crate) struct LiveTurn {
     pub(crate) pending_tools: Mutex<Pending>,
     /// Cancelled when the turn task has ended (whatever the outcome).
     pub(crate) done: CancellationToken,
+    /// Set by [`LiveTurn::lose_lease`]: this replica no longer holds the
+    /// session's lease (a shared store), so the turn stores nothing more.
+    lease_lost: AtomicBool,
 }
 
 impl LiveTurn {
@@ -66,7 +69,21 @@ impl LiveTurn {
             phase: AtomicU8::new(Phase::Starting as u8),
             pending_tools: Mutex::new(Pending::default()),
             done: CancellationToken::new(),
+            lease_lost: AtomicBool::new(false),
         }
+    }
+
+    /// Ends the turn because this replica lost the session's lease: it is
+    /// cancelled (its model request closed), stores nothing more, and its
+    /// callers are told why. Idempotent.
+    pub(crate) fn lose_lease(&self) {
+        self.lease_lost.store(true, Ordering::Release);
+        self.cancel(CancelReason::Shutdown);
+    }
+
+    /// Whether [`LiveTurn::lose_lease`] was called; lock-free.
+    pub(crate) fn lease_lost(&self) -> bool {
+        self.lease_lost.load(Ordering::Acquire)
     }
 
     pub(crate) fn phase(&self) -> Phase {
@@ -344,6 +361,15 @@ impl Slots {
     /// The live turns, e.g. to cancel them all.
     pub(crate) fn live_turns(&self) -> Vec<Arc<LiveTurn>> {
         lock(&self.table).live.values().cloned().collect()
+    }
+
+    /// Each live turn with its session id (the key of its lease).
+    pub(crate) fn live_with_sessions(&self) -> Vec<(String, Arc<LiveTurn>)> {
+        lock(&self.table)
+            .live
+            .iter()
+            .map(|(id, t)| (id.clone(), Arc::clone(t)))
+            .collect()
     }
 
     /// The session ids with a live turn.

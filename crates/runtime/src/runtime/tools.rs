@@ -153,12 +153,14 @@ impl Runtime {
             ));
         }
         let session = self.owned_session(who, session_id).await?;
-        let live = self
-            .live_of(&session)
-            .filter(|t| t.turn_id == turn_id)
-            .ok_or(RuntimeError::FailedPrecondition(
+        let Some(live) = self.live_of(&session).filter(|t| t.turn_id == turn_id) else {
+            if let Some(lease) = self.lease_elsewhere(session_id).await? {
+                return Err(RuntimeError::Elsewhere(lease));
+            }
+            return Err(RuntimeError::FailedPrecondition(
                 "no live turn with that id in this session",
-            ))?;
+            ));
+        };
         let mut pending = lock(&live.pending_tools);
         if pending.answered.contains(call_id) {
             return Err(RuntimeError::AlreadyExists(

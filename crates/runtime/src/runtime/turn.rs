@@ -117,6 +117,13 @@ impl Turn {
                 self.panicked().await
             }
         };
+        // However the body ended, a turn whose replica lost the session's
+        // lease stored nothing since and is reported as that.
+        let (outcome, error) = if self.live.lease_lost() {
+            self.lease_lost_outcome()
+        } else {
+            (outcome, error)
+        };
         if let Some((code, message)) = &error {
             emitter
                 .emit(EventKind::Error {
@@ -169,6 +176,23 @@ impl Turn {
         (
             TurnOutcome::Error,
             Some((ErrorCode::Internal, INTERNAL_MESSAGE.to_owned())),
+        )
+    }
+
+    /// The outcome of a turn whose replica lost the session's lease
+    /// (`LiveTurn::lose_lease`, or a write the store refused with
+    /// `LeaseLost`): nothing more is stored — no answer, no record — and
+    /// the callers get UNAVAILABLE.
+    fn lease_lost_outcome(&mut self) -> (TurnOutcome, Option<(ErrorCode, String)>) {
+        self.final_message = None;
+        self.record.cancel_reason = None;
+        self.store_failed = true;
+        (
+            TurnOutcome::Error,
+            Some((
+                ErrorCode::Unavailable,
+                crate::runtime::leases::LEASE_LOST_MESSAGE.to_owned(),
+            )),
         )
     }
 
@@ -311,6 +335,11 @@ impl Turn {
     /// Appends a message (never raced against cancellation) and announces
     /// it. `false` when the store failed.
     async fn store(&mut self, message: NewMessage, emitter: &mut Emitter) -> bool {
+        if self.live.lease_lost() {
+            // Another replica may own the session now: nothing more.
+            self.store_failed = true;
+            return false;
+        }
         self.live.set_phase(Phase::Storing);
         let role = message.role;
         match self
@@ -329,6 +358,9 @@ impl Turn {
             }
             Err(err) => {
                 tracing::error!(error = %err, role = ?role, "storing a message failed");
+                if matches!(err, StoreError::LeaseLost { .. }) {
+                    self.live.lose_lease();
+                }
                 self.store_failed = true;
                 false
             }
@@ -353,12 +385,17 @@ impl Turn {
             Some(m) if self.session.title.is_empty() => crate::types::flatten_text(&m.content),
             _ => String::new(),
         };
-        match self
-            .inner
-            .store
-            .finish_turn_with(self.record.clone(), last)
-            .await
-        {
+        let finished = if self.live.lease_lost() {
+            Err(StoreError::LeaseLost {
+                turn_id: self.record.turn_id.clone(),
+            })
+        } else {
+            self.inner
+                .store
+                .finish_turn_with(self.record.clone(), last)
+                .await
+        };
+        match finished {
             Ok(Some(stored)) => {
                 let (seq, id) = (stored.seq, stored.body.id.clone());
                 Arc::make_mut(&mut self.context).push(stored);
@@ -374,6 +411,19 @@ impl Turn {
             Ok(None) => {
                 let next = self.context.last().map_or(0, |m| m.seq + 1);
                 self.keep_context(next);
+            }
+            Err(StoreError::LeaseLost { .. }) => {
+                self.store_failed = true;
+                if !self.live.lease_lost() {
+                    // Found out by this write: the callers learn it now.
+                    tracing::warn!("the store refused the turn's last write: its lease was lost");
+                    self.live.lose_lease();
+                    let (lost, error) = self.lease_lost_outcome();
+                    outcome = lost;
+                    if let Some((code, message)) = error {
+                        emitter.emit(EventKind::Error { code, message }).await;
+                    }
+                }
             }
             Err(err) if had_last => {
                 tracing::error!(error = %err, "storing the answer and the turn record failed");

@@ -1,0 +1,304 @@
+//! Several replicas on one shared store (PostgreSQL): what the core does
+//! differently when [`crate::store::Store::replica_id`] names this replica.
+//!
+//! It owns three background jobs, which exist only on a shared store:
+//!
+//! - the *renewer* extends the leases of this replica's live turns every
+//!   third of the lease time, with one `renew_leases` call; a turn the store
+//!   reports lost — and every live turn once no renewal has succeeded for a
+//!   whole lease time (the database unreachable) — is ended at once
+//!   ([`LiveTurn::lose_lease`]): it stores nothing more, since another
+//!   replica may already have taken the session over;
+//! - the *sweeper* interrupts turns whose owner let their lease expire (a
+//!   dead replica), on every replica, every half lease time;
+//! - the *pinger* checks once a second that the store answers: while it
+//!   does not, new Chats are refused at once (no pool wait) and readiness
+//!   follows [`Runtime::store_reachable`].
+//!
+//! And the one question the calls ask: does another replica hold this
+//! session's lease ([`Runtime::lease_elsewhere`])? On a store one process
+//! owns (sled, memory) nothing here runs and that question costs nothing.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use super::slots::LiveTurn;
+use super::{Inner, Runtime};
+use crate::error::RuntimeError;
+use crate::store::{Lease, LeaseKey};
+
+/// How often the store is pinged for readiness.
+const PING_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a ping may take before the store counts as unreachable.
+const PING_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What a Chat is told while the store cannot be reached.
+pub(crate) const STORE_DOWN: RuntimeError = RuntimeError::Unavailable(
+    "the database cannot be reached; this replica refuses new turns until it is back (retry, or \
+     send the call to another replica)",
+);
+
+/// The error a turn's callers get when its replica lost the session's lease.
+pub(crate) const LEASE_LOST_MESSAGE: &str = "this replica lost the session's lease (the database \
+     was unreachable or the lease expired); the turn was stopped and stores nothing more — retry \
+     the turn";
+
+/// The shared-store state of a runtime (none on a single-node store).
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// This replica's id, as the store writes it into leases.
+    replica_id: String,
+    /// Whether the store answered its last ping.
+    reachable: watch::Sender<bool>,
+}
+
+impl Shared {
+    /// The shared-store state for `replica_id`, reachable until a ping
+    /// says otherwise (the store was just opened).
+    pub(crate) fn new(replica_id: &str) -> Self {
+        Self {
+            replica_id: replica_id.to_owned(),
+            reachable: watch::Sender::new(true),
+        }
+    }
+
+    /// `Err` while the store cannot be reached.
+    pub(crate) fn admitting(&self) -> Result<(), RuntimeError> {
+        if *self.reachable.borrow() {
+            Ok(())
+        } else {
+            Err(STORE_DOWN)
+        }
+    }
+}
+
+impl Runtime {
+    /// The session's lease when another replica holds it (its live turn
+    /// runs there). `None` on a single-node store — without a store read —
+    /// and when the lease is this replica's own leftover (no turn is live
+    /// here: the caller then sees "nothing live").
+    pub(crate) async fn lease_elsewhere(
+        &self,
+        session_id: &str,
+    ) -> Result<Option<Lease>, RuntimeError> {
+        let Some(shared) = &self.inner.shared else {
+            return Ok(None);
+        };
+        Ok(self
+            .inner
+            .store
+            .lease(session_id)
+            .await?
+            .filter(|l| l.replica_id != shared.replica_id))
+    }
+
+    /// Watches whether the store answers (always `true` on a single-node
+    /// store). Readiness follows it.
+    pub fn store_reachable(&self) -> watch::Receiver<bool> {
+        match &self.inner.shared {
+            Some(shared) => shared.reachable.subscribe(),
+            None => watch::Sender::new(true).subscribe(),
+        }
+    }
+
+    /// This replica's id on a shared store, `None` on a single-node one.
+    pub fn replica_id(&self) -> Option<&str> {
+        self.inner.shared.as_ref().map(|s| s.replica_id.as_str())
+    }
+}
+
+/// Starts the renewer, the sweeper and the pinger (see the module docs)
+/// when the store is shared. Jobs of the runtime's: shutdown waits for them.
+pub(crate) fn spawn_jobs(runtime: &Runtime) {
+    if runtime.inner.shared.is_none() {
+        return;
+    }
+    let ttl = runtime.inner.config.lease_ttl;
+    let weak = Arc::downgrade(&runtime.inner);
+    every(runtime, ttl / 3, Renewer::new(ttl, weak.clone()));
+    every(runtime, ttl / 2, Sweeper(weak.clone()));
+    every(runtime, PING_INTERVAL, Pinger(weak));
+}
+
+/// One of the jobs: a step run every period.
+trait Job: Send + 'static {
+    /// One step; `false` once the runtime is gone.
+    fn tick(&mut self, period: Duration) -> impl std::future::Future<Output = bool> + Send;
+}
+
+/// Runs `job` every `period` (the first step after one period) until the
+/// runtime shuts down or is dropped.
+fn every(runtime: &Runtime, period: Duration, mut job: impl Job) {
+    let stop = runtime.inner.lifecycle.background();
+    let period = period.max(Duration::from_millis(10));
+    runtime.inner.lifecycle.spawn_job(async move {
+        let mut timer = tokio::time::interval(period);
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        timer.tick().await;
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = timer.tick() => {}
+            }
+            let keep_going = tokio::select! {
+                () = stop.cancelled() => return,
+                go = job.tick(period) => go,
+            };
+            if !keep_going {
+                return;
+            }
+        }
+    });
+}
+
+/// The renewer's state.
+struct Renewer {
+    ttl: Duration,
+    inner: Weak<Inner>,
+    /// When the last renewal that succeeded was sent: every lease this
+    /// replica holds is good until at least this plus the lease time.
+    renewed: Instant,
+}
+
+impl Renewer {
+    fn new(ttl: Duration, inner: Weak<Inner>) -> Self {
+        Self {
+            ttl,
+            inner,
+            renewed: Instant::now(),
+        }
+    }
+}
+
+impl Job for Renewer {
+    async fn tick(&mut self, period: Duration) -> bool {
+        let Some(inner) = self.inner.upgrade() else {
+            return false;
+        };
+        let live = inner.slots.live_with_sessions();
+        let sent = Instant::now();
+        if live.is_empty() {
+            self.renewed = sent;
+            return true;
+        }
+        let keys: Vec<LeaseKey> = live
+            .iter()
+            .map(|(session_id, t)| LeaseKey {
+                session_id: session_id.clone(),
+                turn_id: t.turn_id.clone(),
+            })
+            .collect();
+        match tokio::time::timeout(period, inner.store.renew_leases(&keys)).await {
+            Ok(Ok(lost)) => {
+                self.renewed = sent;
+                for (session_id, turn) in live.iter().filter(|(_, t)| lost.contains(&t.turn_id)) {
+                    tracing::warn!(
+                        session_id = %session_id,
+                        turn_id = %turn.turn_id,
+                        "this replica lost the session's lease; stopping its turn"
+                    );
+                    turn.lose_lease();
+                }
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(error = %err, turns = keys.len(), "renewing the leases failed");
+                self.give_up_stale(&live);
+            }
+            Err(_) => {
+                tracing::warn!(turns = keys.len(), "renewing the leases timed out");
+                self.give_up_stale(&live);
+            }
+        }
+        true
+    }
+}
+
+impl Renewer {
+    /// Ends the live turns whose lease may have lapsed: no renewal has
+    /// succeeded for a whole lease time, and they were admitted (taking
+    /// their lease) longer ago than that.
+    fn give_up_stale(&self, live: &[(String, Arc<LiveTurn>)]) {
+        if self.renewed.elapsed() < self.ttl {
+            return;
+        }
+        for (session_id, turn) in live {
+            let admitted = turn.started_at.elapsed().unwrap_or_default();
+            if admitted >= self.ttl && !turn.lease_lost() {
+                tracing::warn!(
+                    session_id = %session_id,
+                    turn_id = %turn.turn_id,
+                    "no lease renewal succeeded for a whole lease time; stopping the turn"
+                );
+                turn.lose_lease();
+            }
+        }
+    }
+}
+
+/// The sweeper: interrupts the turns of replicas whose leases expired.
+struct Sweeper(Weak<Inner>);
+
+impl Job for Sweeper {
+    async fn tick(&mut self, period: Duration) -> bool {
+        let Some(inner) = self.0.upgrade() else {
+            return false;
+        };
+        match tokio::time::timeout(period.max(PING_TIMEOUT), inner.store.sweep_expired_leases())
+            .await
+        {
+            Ok(Ok(swept)) => {
+                for turn in &swept {
+                    tracing::warn!(
+                        session_id = %turn.session_id,
+                        turn_id = %turn.turn_id,
+                        "turn interrupted: its replica's lease expired"
+                    );
+                    crate::telemetry::metrics::get()
+                        .turns
+                        .add(1, &[opentelemetry::KeyValue::new("outcome", "interrupted")]);
+                }
+            }
+            Ok(Err(err)) => tracing::debug!(error = %err, "sweeping expired leases failed"),
+            Err(_) => tracing::debug!("sweeping expired leases timed out"),
+        }
+        true
+    }
+}
+
+/// The pinger: records whether the store answers.
+struct Pinger(Weak<Inner>);
+
+impl Job for Pinger {
+    async fn tick(&mut self, _period: Duration) -> bool {
+        let Some(inner) = self.0.upgrade() else {
+            return false;
+        };
+        let Some(shared) = &inner.shared else {
+            return false;
+        };
+        let up = match tokio::time::timeout(PING_TIMEOUT, inner.store.ping()).await {
+            Ok(Ok(())) => true,
+            Ok(Err(err)) => {
+                tracing::debug!(error = %err, "store ping failed");
+                false
+            }
+            Err(_) => false,
+        };
+        let changed = shared.reachable.send_if_modified(|was| {
+            let changed = *was != up;
+            *was = up;
+            changed
+        });
+        if changed && up {
+            tracing::info!("the database is reachable again; admitting turns");
+        } else if changed {
+            tracing::error!("the database cannot be reached; refusing new turns until it is back");
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests;

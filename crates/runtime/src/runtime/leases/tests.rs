@@ -1,0 +1,434 @@
+//! The shared-store paths of the core, on a memory store that plays a
+//! shared one: it names a replica, and the test decides what its leases,
+//! renewals, fences and pings say.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use futures::StreamExt as _;
+
+use crate::error::RuntimeError;
+use crate::events::{ErrorCode, EventKind, TurnOutcome};
+use crate::model::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream, Models};
+use crate::runtime::{ChatInput, Runtime, RuntimeConfig, TurnStream};
+use crate::store::{
+    CreateOutcome, HistoryQuery, Lease, LeaseKey, ListQuery, MemoryStore, MessagePage, SessionPage,
+    Store, StoreError,
+};
+use crate::types::{
+    ContentBlock, Message, NewMessage, NewSession, Principal, Session, SessionUpdate, TurnRecord,
+    TurnStatus,
+};
+
+const ME: &str = "replica-me";
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A memory store that says it is shared; see the module docs.
+#[derive(Debug, Default)]
+struct Shared {
+    inner: MemoryStore,
+    leases: Mutex<HashMap<String, Lease>>,
+    /// `begin_turn` refuses with `Busy(this)`.
+    busy: Mutex<Option<Lease>>,
+    /// Turn ids the next renewals report lost.
+    lost: Mutex<Vec<String>>,
+    renew_fails: AtomicBool,
+    /// Turn writes are refused with `LeaseLost`.
+    fenced: AtomicBool,
+    down: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap()
+}
+
+#[async_trait]
+impl Store for Shared {
+    async fn create_session(&self, new: NewSession) -> Result<CreateOutcome, StoreError> {
+        self.inner.create_session(new).await
+    }
+    async fn get_session(&self, id: &str) -> Result<Option<Session>, StoreError> {
+        self.inner.get_session(id).await
+    }
+    async fn list_sessions(
+        &self,
+        owner: &str,
+        query: &ListQuery,
+    ) -> Result<SessionPage, StoreError> {
+        self.inner.list_sessions(owner, query).await
+    }
+    async fn update_session(&self, id: &str, update: SessionUpdate) -> Result<Session, StoreError> {
+        self.inner.update_session(id, update).await
+    }
+    async fn delete_session(
+        &self,
+        id: &str,
+        incarnation: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        self.inner.delete_session(id, incarnation).await
+    }
+    async fn begin_turn(
+        &self,
+        turn: TurnRecord,
+        user_message: NewMessage,
+    ) -> Result<Message, StoreError> {
+        if let Some(lease) = lock(&self.busy).clone() {
+            return Err(StoreError::Busy(lease));
+        }
+        self.inner.begin_turn(turn, user_message).await
+    }
+    async fn append_message(
+        &self,
+        session_id: &str,
+        incarnation: &str,
+        message: NewMessage,
+    ) -> Result<Message, StoreError> {
+        if self.fenced.load(Ordering::SeqCst) {
+            return Err(StoreError::LeaseLost {
+                turn_id: message.turn_id,
+            });
+        }
+        self.inner
+            .append_message(session_id, incarnation, message)
+            .await
+    }
+    async fn finish_turn(&self, turn: TurnRecord) -> Result<(), StoreError> {
+        if self.fenced.load(Ordering::SeqCst) {
+            return Err(StoreError::LeaseLost {
+                turn_id: turn.turn_id,
+            });
+        }
+        self.inner.finish_turn(turn).await
+    }
+    async fn get_turn(
+        &self,
+        session_id: &str,
+        turn_id: &str,
+    ) -> Result<Option<TurnRecord>, StoreError> {
+        self.inner.get_turn(session_id, turn_id).await
+    }
+    async fn find_turn_by_request(
+        &self,
+        session_id: &str,
+        request_id: &str,
+    ) -> Result<Option<TurnRecord>, StoreError> {
+        self.inner
+            .find_turn_by_request(session_id, request_id)
+            .await
+    }
+    async fn history_page(
+        &self,
+        session_id: &str,
+        query: &HistoryQuery,
+    ) -> Result<MessagePage, StoreError> {
+        self.inner.history_page(session_id, query).await
+    }
+    async fn store_compaction(
+        &self,
+        session_id: &str,
+        incarnation: &str,
+        summary: NewMessage,
+        through_seq: u64,
+    ) -> Result<Message, StoreError> {
+        self.inner
+            .store_compaction(session_id, incarnation, summary, through_seq)
+            .await
+    }
+    async fn set_title_if_empty(
+        &self,
+        session_id: &str,
+        incarnation: &str,
+        title: &str,
+    ) -> Result<bool, StoreError> {
+        self.inner
+            .set_title_if_empty(session_id, incarnation, title)
+            .await
+    }
+    async fn recover_interrupted(&self) -> Result<Vec<TurnRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+    async fn count_sessions(&self) -> Result<u64, StoreError> {
+        self.inner.count_sessions().await
+    }
+    async fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn replica_id(&self) -> Option<&str> {
+        Some(ME)
+    }
+    async fn lease(&self, session_id: &str) -> Result<Option<Lease>, StoreError> {
+        Ok(lock(&self.leases).get(session_id).cloned())
+    }
+    async fn renew_leases(&self, _turns: &[LeaseKey]) -> Result<Vec<String>, StoreError> {
+        if self.renew_fails.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("the test cut the database".into()));
+        }
+        Ok(std::mem::take(&mut *lock(&self.lost)))
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("the test cut the database".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Streams one delta, then never finishes (until its stream is dropped).
+#[derive(Debug)]
+struct Stall;
+
+#[async_trait]
+impl ModelProvider for Stall {
+    async fn stream(&self, _request: ModelRequest) -> Result<ModelStream, ModelError> {
+        let first = futures::stream::iter([Ok(ModelEvent::TextDelta("partial".into()))]);
+        Ok(Box::pin(first.chain(futures::stream::pending())))
+    }
+}
+
+async fn runtime(store: &Arc<Shared>, ttl: Duration) -> Runtime {
+    let mut models = Models::with_builtin();
+    models.insert("stall", Arc::new(Stall));
+    let config = RuntimeConfig {
+        lease_ttl: ttl,
+        ..RuntimeConfig::default()
+    };
+    Runtime::open(config, Arc::clone(store) as Arc<dyn Store>, models)
+        .await
+        .unwrap()
+}
+
+async fn session(rt: &Runtime) -> String {
+    rt.create_session(&Principal::local(), NewSession::default())
+        .await
+        .unwrap()
+        .id
+}
+
+fn input(session_id: &str, model: &str) -> ChatInput {
+    ChatInput {
+        session_id: session_id.to_owned(),
+        content: vec![ContentBlock::text("hi")],
+        model: Some(model.to_owned()),
+        ..ChatInput::default()
+    }
+}
+
+fn lease(turn_id: &str, replica_id: &str) -> Lease {
+    Lease {
+        replica_id: replica_id.to_owned(),
+        address: "http://10.0.0.9:50052".to_owned(),
+        turn_id: turn_id.to_owned(),
+        expires_at: SystemTime::now() + Duration::from_secs(10),
+    }
+}
+
+/// Reads until the first text delta; returns the turn id.
+async fn streaming(stream: &mut TurnStream) -> String {
+    loop {
+        let event = tokio::time::timeout(WAIT, stream.next())
+            .await
+            .expect("an event")
+            .expect("the turn goes on");
+        if matches!(event.kind, EventKind::Text(_)) {
+            return stream.turn_id().to_owned();
+        }
+    }
+}
+
+/// The rest of the turn: the error event (if any) and the outcome.
+async fn ending(stream: &mut TurnStream) -> (Option<(ErrorCode, String)>, TurnOutcome) {
+    let mut error = None;
+    loop {
+        let event = tokio::time::timeout(WAIT, stream.next())
+            .await
+            .expect("the turn ends in time")
+            .expect("the turn ends with TurnFinished");
+        match &event.kind {
+            EventKind::Error { code, message } => error = Some((*code, message.clone())),
+            EventKind::TurnFinished { outcome, .. } => return (error, *outcome),
+            _ => {}
+        }
+    }
+}
+
+/// What the turn's callers must see after its replica lost the lease.
+fn assert_lease_lost(ended: (Option<(ErrorCode, String)>, TurnOutcome)) {
+    let (error, outcome) = ended;
+    assert_eq!(outcome, TurnOutcome::Error);
+    let (code, message) = error.expect("an error event");
+    assert_eq!(code, ErrorCode::Unavailable);
+    assert!(message.contains("lost the session's lease"), "{message}");
+}
+
+#[tokio::test]
+async fn a_turn_reported_lost_by_renewal_stops_and_stores_nothing_more() {
+    let store = Arc::new(Shared::default());
+    let rt = runtime(&store, Duration::from_millis(300)).await;
+    let id = session(&rt).await;
+    let mut turn = rt
+        .chat(&Principal::local(), input(&id, "stall/x"))
+        .await
+        .unwrap();
+    let turn_id = streaming(&mut turn).await;
+    lock(&store.lost).push(turn_id.clone());
+    assert_lease_lost(ending(&mut turn).await);
+    // Neither the partial answer nor the record's end was written: the
+    // turn is another replica's business now.
+    let history = store.history(&id, 0, 100, true).await.unwrap();
+    assert_eq!(history.len(), 1, "only the user message: {history:?}");
+    let record = store.get_turn(&id, &turn_id).await.unwrap().unwrap();
+    assert_eq!(record.status, TurnStatus::Running);
+    assert_eq!(rt.live_turns(), 0, "the session is free here");
+}
+
+#[tokio::test]
+async fn live_turns_stop_when_no_renewal_succeeds_for_a_lease_time() {
+    let store = Arc::new(Shared::default());
+    let rt = runtime(&store, Duration::from_millis(300)).await;
+    let id = session(&rt).await;
+    let mut turn = rt
+        .chat(&Principal::local(), input(&id, "stall/x"))
+        .await
+        .unwrap();
+    streaming(&mut turn).await;
+    store.renew_fails.store(true, Ordering::SeqCst);
+    assert_lease_lost(ending(&mut turn).await);
+    assert_eq!(store.history(&id, 0, 100, true).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_write_refused_for_a_lost_lease_ends_the_turn_the_same_way() {
+    let store = Arc::new(Shared::default());
+    // Long enough that the renewer does not get there first.
+    let rt = runtime(&store, Duration::from_secs(60)).await;
+    let id = session(&rt).await;
+    let mut turn = rt
+        .chat(&Principal::local(), input(&id, "stall/x"))
+        .await
+        .unwrap();
+    streaming(&mut turn).await;
+    store.fenced.store(true, Ordering::SeqCst);
+    // The stop's partial answer is the write the store refuses.
+    assert!(rt.stop_session(&Principal::local(), &id).await.unwrap());
+    assert_lease_lost(ending(&mut turn).await);
+    assert_eq!(store.history(&id, 0, 100, true).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_session_busy_on_another_replica_is_busy_here_and_its_retry_is_forwarded() {
+    let store = Arc::new(Shared::default());
+    let rt = runtime(&store, Duration::from_secs(60)).await;
+    let who = Principal::local();
+    let id = session(&rt).await;
+    *lock(&store.busy) = Some(lease("t-there", "replica-them"));
+    match rt.chat(&who, input(&id, "builtin/echo")).await {
+        Err(RuntimeError::SessionBusy { turn_id }) => assert_eq!(turn_id, "t-there"),
+        other => panic!("expected SESSION_BUSY, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!(store.history(&id, 0, 100, true).await.unwrap().len(), 0);
+
+    // The other replica's turn was started with request id r-1: a retry of
+    // it joins that turn there.
+    *lock(&store.busy) = None;
+    let session = store.get_session(&id).await.unwrap().unwrap();
+    let mut record = crate::store::testing::running_turn(&id, &session.incarnation, "t-there");
+    record.request_id = Some("r-1".to_owned());
+    store
+        .inner
+        .begin_turn(
+            record,
+            NewMessage::new(
+                "t-there",
+                crate::types::Role::User,
+                vec![ContentBlock::text("hi")],
+            ),
+        )
+        .await
+        .unwrap();
+    lock(&store.leases).insert(id.clone(), lease("t-there", "replica-them"));
+    let mut retry = input(&id, "builtin/echo");
+    retry.request_id = Some("r-1".to_owned());
+    match rt.chat(&who, retry).await {
+        Err(RuntimeError::Elsewhere(l)) => assert_eq!(l.turn_id, "t-there"),
+        other => panic!("expected Elsewhere, got {:?}", other.map(|_| ())),
+    }
+}
+
+#[tokio::test]
+async fn calls_for_a_turn_on_another_replica_are_sent_there_and_a_leftover_lease_is_nothing() {
+    let store = Arc::new(Shared::default());
+    let rt = runtime(&store, Duration::from_secs(60)).await;
+    let who = Principal::local();
+    let id = session(&rt).await;
+    lock(&store.leases).insert(id.clone(), lease("t-there", "replica-them"));
+    let elsewhere = |r: Result<(), RuntimeError>| matches!(r, Err(RuntimeError::Elsewhere(l)) if l.turn_id == "t-there");
+    assert!(elsewhere(
+        rt.subscribe(&who, &id, 0, false).await.map(|_| ())
+    ));
+    assert!(elsewhere(
+        rt.subscribe(&who, &id, 0, true).await.map(|_| ())
+    ));
+    assert!(elsewhere(rt.stop_session(&who, &id).await.map(|_| ())));
+    assert!(elsewhere(rt.session_status(&who, &id).await.map(|_| ())));
+    assert!(elsewhere(
+        rt.close_session(&who, &id, true).await.map(|_| ())
+    ));
+    assert!(elsewhere(
+        rt.submit_tool_result(&who, &id, "t-there", "c-1", "42".into(), false)
+            .await
+    ));
+    match rt.compact_session(&who, &id).await {
+        Err(RuntimeError::SessionBusy { turn_id }) => assert_eq!(turn_id, "t-there"),
+        other => panic!("expected SESSION_BUSY, got {other:?}"),
+    }
+
+    // This replica's own lease with no turn live here: nothing is live.
+    lock(&store.leases).insert(id.clone(), lease("t-old", ME));
+    assert!(!rt.stop_session(&who, &id).await.unwrap());
+    assert_eq!(rt.session_status(&who, &id).await.unwrap().live, None);
+    assert!(rt.subscribe(&who, &id, 0, false).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn an_unreachable_store_refuses_chats_until_it_answers_again() {
+    let store = Arc::new(Shared::default());
+    let rt = runtime(&store, Duration::from_secs(60)).await;
+    let who = Principal::local();
+    let id = session(&rt).await;
+    let mut reachable = rt.store_reachable();
+    assert!(*reachable.borrow());
+    store.down.store(true, Ordering::SeqCst);
+    tokio::time::timeout(WAIT, reachable.wait_for(|up| !*up))
+        .await
+        .unwrap()
+        .unwrap();
+    match rt.chat(&who, input(&id, "builtin/echo")).await {
+        Err(RuntimeError::Unavailable(why)) => assert!(why.contains("database"), "{why}"),
+        other => panic!("expected UNAVAILABLE, got {:?}", other.map(|_| ())),
+    }
+    store.down.store(false, Ordering::SeqCst);
+    tokio::time::timeout(WAIT, reachable.wait_for(|up| *up))
+        .await
+        .unwrap()
+        .unwrap();
+    let (error, outcome) =
+        ending(&mut rt.chat(&who, input(&id, "builtin/echo")).await.unwrap()).await;
+    assert_eq!((error, outcome), (None, TurnOutcome::Success));
+}
+
+#[tokio::test]
+async fn a_single_node_store_has_no_replica_and_no_jobs() {
+    let rt = Runtime::open(
+        RuntimeConfig::default(),
+        Arc::new(MemoryStore::new()),
+        Models::with_builtin(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(rt.replica_id(), None);
+    assert!(rt.inner.shared.is_none());
+    assert!(*rt.store_reachable().borrow());
+}

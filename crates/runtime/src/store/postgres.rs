@@ -1,0 +1,343 @@
+//! The shared [`Store`]: PostgreSQL, for several replicas on one database.
+//!
+//! Same contract as the sled store (the store contract suite runs against
+//! it unchanged, `crates/runtime/tests/store_contract.rs`), with the domain
+//! rules of `types/session.rs` deciding what each write does to a record;
+//! this module adds what sharing needs: every mutation is one transaction
+//! on the session's locked row (`SELECT … FOR UPDATE`), acknowledged only
+//! after `COMMIT`, and each session carries a **lease** naming the replica
+//! that runs its live turn.
+//!
+//! Leases, on the database's clock only (`clock_timestamp()`; no replica's
+//! clock is ever compared with another's):
+//! - [`Store::begin_turn`] takes the lease with the user message, or fails
+//!   with [`StoreError::Busy`] while another replica's lease is live; the
+//!   turn of a lapsed lease is interrupted first, in the same transaction
+//!   (so is a turn this replica's own lease outlived: within one replica
+//!   the runtime's session slots already admit one turn at a time).
+//! - A turn's writes (messages and compactions naming a turn of the
+//!   session, its final record) go through only while this replica holds
+//!   the turn's live lease, else [`StoreError::LeaseLost`] and nothing is
+//!   written. The final record releases the lease.
+//! - The owner extends its leases ([`Store::renew_leases`]); any replica
+//!   sweeps lapsed ones ([`Store::sweep_expired_leases`]).
+//!
+//! `docs/postgres.md` documents the schema, indexes, migrations and the
+//! lease protocol. TLS to the database is not built in (`NoTls`): run a
+//! TLS-terminating sidecar or pgbouncer on loopback.
+//!
+//! Submodules: `schema` (embedded migrations), `codec` (rows ↔ values),
+//! `error` (failures → [`StoreError`], password-free names), `write`
+//! (the locked-row write steps), `sessions`, `history`, `turns`, `leases`
+//! (the [`Store`] methods, by topic).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+
+use super::{
+    CreateOutcome, HistoryQuery, Lease, LeaseKey, ListQuery, MessagePage, SessionPage, Store,
+    StoreError,
+};
+use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord};
+
+mod codec;
+mod error;
+mod history;
+mod leases;
+mod schema;
+mod sessions;
+mod turns;
+mod write;
+
+/// How a [`PostgresStore`] reaches its database and what it writes into
+/// the leases it takes.
+#[derive(Clone)]
+pub struct PgConfig {
+    /// `postgresql://user:password@host:port/dbname` (or the key=value
+    /// form). Secret: it is never logged, and messages name the database
+    /// without its password.
+    pub url: String,
+    /// Most connections open at once (at least 1).
+    pub pool_size: usize,
+    /// This replica's id, written into the leases it takes (unique per
+    /// running process).
+    pub replica_id: String,
+    /// Where other replicas reach this one's internal service, written
+    /// into its leases.
+    pub address: String,
+    /// How long a lease lasts unless renewed (its owner renews it every
+    /// third of this).
+    pub lease_ttl: Duration,
+    /// Bounds connecting, waiting for a pooled connection, and [`Store::ping`].
+    pub connect_timeout: Duration,
+}
+
+// The URL holds the password.
+impl std::fmt::Debug for PgConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgConfig")
+            .field("url", &"<redacted>")
+            .field("pool_size", &self.pool_size)
+            .field("replica_id", &self.replica_id)
+            .field("address", &self.address)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+/// The PostgreSQL-backed [`Store`]. Cloning is cheap and shares the pool.
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: Pool,
+    /// `user@host:port/db`, for messages (no password).
+    target: String,
+    replica_id: String,
+    address: String,
+    /// The lease time in microseconds, as the lease statements bind it.
+    lease_ttl_us: i64,
+    connect_timeout: Duration,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("database", &self.target)
+            .field("replica_id", &self.replica_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// Connects (within `connect_timeout`) and brings the schema up to date
+    /// (see `docs/postgres.md`). An unreachable database is
+    /// [`StoreError::Unavailable`]; a bad URL or setting, a refused login or
+    /// a failed migration is [`StoreError::Backend`]. No message holds the
+    /// URL's password.
+    pub async fn connect(config: PgConfig) -> Result<Self, StoreError> {
+        let invalid =
+            |why: &str| StoreError::Backend(format!("invalid PostgreSQL settings: {why}"));
+        if config.pool_size == 0 {
+            return Err(invalid("pool_size must be at least 1"));
+        }
+        if config.replica_id.is_empty() || config.address.is_empty() {
+            return Err(invalid("the replica id and address must not be empty"));
+        }
+        codec::check_text(
+            "the replica id and address",
+            [config.replica_id.as_str(), config.address.as_str()],
+        )?;
+        let lease_ttl_us = i64::try_from(config.lease_ttl.as_micros())
+            .ok()
+            .filter(|&us| us >= 1_000)
+            .ok_or_else(|| invalid("lease_ttl must be between 1 ms and 290,000 years"))?;
+        if config.connect_timeout.is_zero() {
+            return Err(invalid("connect_timeout must not be zero"));
+        }
+        // The parser's messages name the offending option, never its value.
+        let mut pg: tokio_postgres::Config = config
+            .url
+            .parse()
+            .map_err(|e| StoreError::Backend(format!("the PostgreSQL URL is invalid: {e}")))?;
+        pg.connect_timeout(config.connect_timeout)
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(10))
+            .application_name("agentrt");
+        let target = error::describe(&pg);
+        let manager = Manager::from_config(
+            pg,
+            tokio_postgres::NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(config.pool_size)
+            .wait_timeout(Some(config.connect_timeout))
+            .create_timeout(Some(config.connect_timeout))
+            .recycle_timeout(Some(config.connect_timeout))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| invalid(&format!("connection pool: {e}")))?;
+        let store = Self {
+            pool,
+            target,
+            replica_id: config.replica_id,
+            address: config.address,
+            lease_ttl_us,
+            connect_timeout: config.connect_timeout,
+        };
+        let mut client = store.client().await?;
+        let applied = schema::migrate(&mut client).await?;
+        if !applied.is_empty() {
+            tracing::info!(database = %store.target, versions = ?applied, "applied schema migrations");
+        }
+        Ok(store)
+    }
+
+    /// A pooled connection, or [`StoreError::Unavailable`] within the
+    /// connect timeout.
+    async fn client(&self) -> Result<Object, StoreError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| error::pool_error(&self.target, e))
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn create_session(&self, new: NewSession) -> Result<CreateOutcome, StoreError> {
+        self.create(new).await
+    }
+
+    async fn get_session(&self, id: &str) -> Result<Option<Session>, StoreError> {
+        self.get(id).await
+    }
+
+    async fn list_sessions(
+        &self,
+        owner: &str,
+        query: &ListQuery,
+    ) -> Result<SessionPage, StoreError> {
+        self.list(owner, query).await
+    }
+
+    async fn update_session(&self, id: &str, update: SessionUpdate) -> Result<Session, StoreError> {
+        self.update(id, update).await
+    }
+
+    async fn delete_session(
+        &self,
+        id: &str,
+        incarnation: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        self.delete(id, incarnation).await
+    }
+
+    async fn begin_turn(
+        &self,
+        turn: TurnRecord,
+        user_message: NewMessage,
+    ) -> Result<Message, StoreError> {
+        self.begin(turn, user_message).await
+    }
+
+    async fn append_message(
+        &self,
+        session_id: &str,
+        incarnation: &str,
+        message: NewMessage,
+    ) -> Result<Message, StoreError> {
+        self.append(session_id, incarnation, message).await
+    }
+
+    async fn finish_turn(&self, turn: TurnRecord) -> Result<(), StoreError> {
+        self.finish(turn, None).await.map(drop)
+    }
+
+    async fn finish_turn_with(
+        &self,
+        turn: TurnRecord,
+        last: Option<NewMessage>,
+    ) -> Result<Option<Message>, StoreError> {
+        self.finish(turn, last).await
+    }
+
+    async fn get_turn(
+        &self,
+        session_id: &str,
+        turn_id: &str,
+    ) -> Result<Option<TurnRecord>, StoreError> {
+        self.turn(session_id, turn_id).await
+    }
+
+    async fn find_turn_by_request(
+        &self,
+        session_id: &str,
+        request_id: &str,
+    ) -> Result<Option<TurnRecord>, StoreError> {
+        self.turn_by_request(session_id, request_id).await
+    }
+
+    async fn history_page(
+        &self,
+        session_id: &str,
+        query: &HistoryQuery,
+    ) -> Result<MessagePage, StoreError> {
+        self.page(session_id, query).await
+    }
+
+    async fn store_compaction(
+        &self,
+        session_id: &str,
+        incarnation: &str,
+        summary: NewMessage,
+        through_seq: u64,
+    ) -> Result<Message, StoreError> {
+        self.compaction(session_id, incarnation, summary, through_seq)
+            .await
+    }
+
+    async fn set_title_if_empty(
+        &self,
+        session_id: &str,
+        incarnation: &str,
+        title: &str,
+    ) -> Result<bool, StoreError> {
+        self.title_if_empty(session_id, incarnation, title).await
+    }
+
+    /// On a shared database: interrupts the running turns no live replica
+    /// owns — lapsed leases, turns without the lease, and turns leased to
+    /// this replica id (a previous process under the same id: this is
+    /// called at start-up, before this process runs any turn). Another
+    /// replica's live turn is never touched. Their open tool calls are
+    /// answered in the same transaction.
+    async fn recover_interrupted(&self) -> Result<Vec<TurnRecord>, StoreError> {
+        self.recover().await
+    }
+
+    async fn count_sessions(&self) -> Result<u64, StoreError> {
+        self.count().await
+    }
+
+    /// Nothing to do: every `Ok` came after its `COMMIT`, which PostgreSQL
+    /// makes durable (`synchronous_commit` on).
+    async fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn replica_id(&self) -> Option<&str> {
+        Some(&self.replica_id)
+    }
+
+    async fn lease(&self, session_id: &str) -> Result<Option<Lease>, StoreError> {
+        self.live_lease(session_id).await
+    }
+
+    async fn renew_leases(&self, turns: &[LeaseKey]) -> Result<Vec<String>, StoreError> {
+        self.renew(turns).await
+    }
+
+    async fn sweep_expired_leases(&self) -> Result<Vec<TurnRecord>, StoreError> {
+        self.sweep().await
+    }
+
+    /// `SELECT 1` within the connect timeout.
+    async fn ping(&self) -> Result<(), StoreError> {
+        let probe = async {
+            let client = self.client().await?;
+            codec::row(&client, "SELECT 1", &[]).await.map(drop)
+        };
+        match tokio::time::timeout(self.connect_timeout, probe).await {
+            Ok(answer) => answer,
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "PostgreSQL at {} did not answer within {:?}",
+                self.target, self.connect_timeout
+            ))),
+        }
+    }
+}

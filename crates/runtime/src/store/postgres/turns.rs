@@ -1,0 +1,201 @@
+//! Turns on PostgreSQL: admission with the session's lease, the final
+//! record that releases it, reads of turn records, and the interruption of
+//! a turn whose owner is gone.
+
+use std::time::SystemTime;
+
+use deadpool_postgres::Transaction;
+
+use super::PostgresStore;
+use super::codec::{self, Locked};
+use super::write::{self, LeaseWrite};
+use crate::store::{INTERRUPTED_TOOL, StoreError, open_call_results};
+use crate::types::{Message, NewMessage, Session, TurnRecord};
+
+/// Most messages of one turn read to find its open tool calls (as the
+/// runtime's start-up recovery reads).
+const TURN_READ_LIMIT: i64 = 10_000;
+
+impl PostgresStore {
+    /// One transaction: lock the session, refuse while another replica's
+    /// lease is live ([`StoreError::Busy`]), interrupt the turn of a lapsed
+    /// lease (or of one this replica left behind), store the turn record and
+    /// the user message, take the lease.
+    pub(super) async fn begin(
+        &self,
+        turn: TurnRecord,
+        user: NewMessage,
+    ) -> Result<Message, StoreError> {
+        let mut client = self.client().await?;
+        let tx = write::begin(&mut client).await?;
+        let mut locked = write::lock_as(&tx, &turn.session_id, &turn.incarnation).await?;
+        let now = SystemTime::now();
+        if let Some(held) = &locked.lease {
+            if held.live && held.lease.replica_id != self.replica_id {
+                return Err(StoreError::Busy(held.lease.clone()));
+            }
+            // A lapsed lease's owner is presumed dead. This replica's own
+            // lease outlived its turn here: the runtime admits one turn per
+            // session per process, so that turn's final write failed (or a
+            // previous process under this id died).
+            let left = held.lease.turn_id.clone();
+            if let Some(old) = interrupt(&tx, &mut locked.session, &left, now).await? {
+                tracing::warn!(session_id = %old.session_id, turn_id = %old.turn_id,
+                    replica_id = %held.lease.replica_id, lapsed = !held.live,
+                    "interrupted the turn that held the session's lease");
+            }
+        }
+        if let Some(request_id) = &turn.request_id
+            && let Some(earlier) = by_request(&tx, &turn.session_id, request_id).await?
+        {
+            // Admission looks the request id up first; this is the race
+            // with another replica admitting the same request meanwhile.
+            return Err(StoreError::Backend(format!(
+                "request id already started turn {} of this session",
+                earlier.turn_id
+            )));
+        }
+        let message = write::append(&tx, &mut locked.session, user, now).await?;
+        let record = TurnRecord {
+            user_message_seq: message.seq,
+            ..turn
+        };
+        write::put_turn(&tx, &record, true).await?;
+        locked.session.begin_turn(&record);
+        self.write_session(&tx, &locked.session, LeaseWrite::Take(&record.turn_id))
+            .await?;
+        write::commit(tx).await?;
+        Ok(message)
+    }
+
+    /// The final record (with the last message, when given) while this
+    /// replica holds the turn's live lease; releases the lease. Repeating a
+    /// plain finish that is already stored is accepted and writes nothing.
+    pub(super) async fn finish(
+        &self,
+        turn: TurnRecord,
+        last: Option<NewMessage>,
+    ) -> Result<Option<Message>, StoreError> {
+        let mut client = self.client().await?;
+        let tx = write::begin(&mut client).await?;
+        let mut locked = write::lock_as(&tx, &turn.session_id, &turn.incarnation).await?;
+        if !self.holds(&locked, &turn.turn_id) {
+            let stored = get_turn(&tx, &turn.session_id, &turn.turn_id).await?;
+            if last.is_none() && stored.as_ref() == Some(&turn) {
+                return Ok(None);
+            }
+            return Err(StoreError::LeaseLost {
+                turn_id: turn.turn_id,
+            });
+        }
+        let stored = match last {
+            Some(message) => {
+                Some(write::append(&tx, &mut locked.session, message, SystemTime::now()).await?)
+            }
+            None => None,
+        };
+        write::put_turn(&tx, &turn, false).await?;
+        locked.session.finish_turn(&turn);
+        self.write_session(&tx, &locked.session, LeaseWrite::Release)
+            .await?;
+        write::commit(tx).await?;
+        Ok(stored)
+    }
+
+    pub(super) async fn turn(
+        &self,
+        session_id: &str,
+        turn_id: &str,
+    ) -> Result<Option<TurnRecord>, StoreError> {
+        get_turn(&self.client().await?, session_id, turn_id).await
+    }
+
+    pub(super) async fn turn_by_request(
+        &self,
+        session_id: &str,
+        request_id: &str,
+    ) -> Result<Option<TurnRecord>, StoreError> {
+        by_request(&self.client().await?, session_id, request_id).await
+    }
+
+    /// Interrupts `turn_id` of the `locked` session inside `tx` and writes
+    /// the session, releasing the lease when that turn held it; the caller
+    /// commits.
+    pub(super) async fn interrupt_locked(
+        &self,
+        tx: &Transaction<'_>,
+        mut locked: Locked,
+        turn_id: &str,
+    ) -> Result<Option<TurnRecord>, StoreError> {
+        let now = SystemTime::now();
+        let changed = interrupt(tx, &mut locked.session, turn_id, now).await?;
+        let releases = locked
+            .lease
+            .as_ref()
+            .is_some_and(|held| held.lease.turn_id == turn_id);
+        let lease = if releases {
+            LeaseWrite::Release
+        } else {
+            LeaseWrite::Keep
+        };
+        if changed.is_some() || releases {
+            self.write_session(tx, &locked.session, lease).await?;
+        }
+        Ok(changed)
+    }
+}
+
+/// Marks `turn_id` of the locked `session` interrupted (when it is still
+/// running) and answers its tool calls left without a result, as start-up
+/// recovery does; the caller writes the session. The changed record.
+pub(super) async fn interrupt(
+    tx: &Transaction<'_>,
+    session: &mut Session,
+    turn_id: &str,
+    now: SystemTime,
+) -> Result<Option<TurnRecord>, StoreError> {
+    let Some(mut turn) = get_turn(tx, &session.id, turn_id).await? else {
+        return Ok(None);
+    };
+    if !turn.interrupt(now) {
+        return Ok(None);
+    }
+    let from = codec::big(turn.user_message_seq)?;
+    let sql = "SELECT seq, record FROM messages WHERE session_id = $1 AND seq >= $2 \
+               AND turn_id = $3 ORDER BY seq LIMIT $4";
+    let rows = codec::rows(tx, sql, &[&session.id, &from, &turn_id, &TURN_READ_LIMIT]).await?;
+    let messages = rows
+        .iter()
+        .map(|row| codec::message(&session.id, row))
+        .collect::<Result<Vec<_>, _>>()?;
+    for result in open_call_results(turn_id, &messages, INTERRUPTED_TOOL) {
+        write::append(tx, session, result, now).await?;
+    }
+    write::put_turn(tx, &turn, false).await?;
+    session.recover_turn(&turn);
+    Ok(Some(turn))
+}
+
+async fn get_turn<C: deadpool_postgres::GenericClient>(
+    client: &C,
+    session_id: &str,
+    turn_id: &str,
+) -> Result<Option<TurnRecord>, StoreError> {
+    let sql = "SELECT turn_id, record FROM turns WHERE session_id = $1 AND turn_id = $2";
+    codec::row(client, sql, &[&session_id, &turn_id])
+        .await?
+        .map(|row| codec::turn(session_id, &row))
+        .transpose()
+}
+
+async fn by_request<C: deadpool_postgres::GenericClient>(
+    client: &C,
+    session_id: &str,
+    request_id: &str,
+) -> Result<Option<TurnRecord>, StoreError> {
+    let sql = "SELECT turn_id, record FROM turns WHERE session_id = $1 AND request_id = $2";
+    codec::row(client, sql, &[&session_id, &request_id])
+        .await?
+        .map(|row| codec::turn(session_id, &row))
+        .transpose()
+}

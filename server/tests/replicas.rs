@@ -1,0 +1,554 @@
+//! Two replicas in this process on one PostgreSQL database (a real one, from
+//! `agentrt_testkit::pg`): one live turn per session across both, and every
+//! call for it answered wherever it lands — forwarded over the internal
+//! cluster service to the replica that owns the turn. Also: the internal
+//! service refuses calls without the cluster key, and a replica whose
+//! database goes away reports NOT_SERVING, refuses Chats, and comes back
+//! with nothing lost.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentrt_client::proto;
+use agentrt_client::proto::agent_runtime_client::AgentRuntimeClient;
+use agentrt_client::proto::chat_event::Kind;
+use agentrt_client::proto::session_service_client::SessionServiceClient;
+use agentrt_proto::cluster::v1 as cpb;
+use agentrt_proto::cluster::v1::cluster_client::ClusterClient;
+use agentrt_runtime::model::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream};
+use agentrt_runtime::types::StopReason;
+use agentrt_server::{Config, ServerBuilder};
+use agentrt_testkit::fake_openai::{FakeOpenAi, FakeReply, text_chunk};
+use agentrt_testkit::gate::GateProvider;
+use agentrt_testkit::server::InProcessServer;
+use agentrt_testkit::tcp_proxy::TcpProxy;
+use async_trait::async_trait;
+use futures::StreamExt as _;
+use tonic::Code;
+use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_types::StatusExt as _;
+
+const KEY_VAR: &str = "AGENTRT_TEST_CLUSTER_KEY";
+const KEY: &str = "replicas-test-cluster-key";
+/// Bounds every wait, so a broken build fails instead of hanging.
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A replica's config on `url`, its internal listener on loopback.
+fn config(url: &str, dir: &std::path::Path, cluster: bool) -> Config {
+    let mut toml = format!(
+        "listen = \"127.0.0.1:0\"\n[store]\nkind = \"postgres\"\nurl = \"{url}\"\nlease_ttl_ms = 3000\n"
+    );
+    if cluster {
+        toml.push_str(&format!(
+            "[cluster]\nlisten = \"127.0.0.1:0\"\nkey_env = \"{KEY_VAR}\"\n"
+        ));
+    }
+    let mut c = Config::parse_toml(&toml).expect("the test config parses");
+    c.data_dir = dir.to_path_buf();
+    c
+}
+
+struct Replica {
+    server: InProcessServer,
+    _dir: tempfile::TempDir,
+}
+
+async fn replica(url: &str, cluster: bool, models: &[(&str, Arc<dyn ModelProvider>)]) -> Replica {
+    let dir = tempfile::tempdir().unwrap();
+    let mut builder = ServerBuilder::new(config(url, dir.path(), cluster))
+        .env_lookup(|name| (name == KEY_VAR).then(|| KEY.to_owned()));
+    for (name, provider) in models {
+        builder = builder.model_provider(*name, Arc::clone(provider));
+    }
+    Replica {
+        server: InProcessServer::start_prepared(builder).await,
+        _dir: dir,
+    }
+}
+
+async fn channel(url: String) -> Channel {
+    tonic::transport::Endpoint::from_shared(url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+async fn runtime(r: &Replica) -> AgentRuntimeClient<Channel> {
+    AgentRuntimeClient::new(channel(r.server.url()).await)
+}
+
+async fn new_session(r: &Replica) -> String {
+    SessionServiceClient::new(channel(r.server.url()).await)
+        .create_session(proto::CreateSessionRequest {
+            title: "replicas".to_owned(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id
+}
+
+fn chat(session_id: &str, model: &str, request_id: &str) -> proto::ChatRequest {
+    proto::ChatRequest {
+        session_id: session_id.to_owned(),
+        content: vec![proto::ContentBlock {
+            block: Some(proto::content_block::Block::Text(proto::TextBlock {
+                text: "hello".to_owned(),
+            })),
+        }],
+        model: model.to_owned(),
+        request_id: request_id.to_owned(),
+        ..Default::default()
+    }
+}
+
+type Events = tonic::Streaming<proto::ChatEvent>;
+
+/// The next event, bounded by [`WAIT`].
+async fn next(events: &mut Events) -> Option<Result<proto::ChatEvent, tonic::Status>> {
+    tokio::time::timeout(WAIT, events.next())
+        .await
+        .expect("an event within the wait")
+}
+
+/// Events until (and with) the first whose kind matches.
+async fn until(events: &mut Events, hit: impl Fn(&Kind) -> bool) -> Vec<proto::ChatEvent> {
+    let mut seen = Vec::new();
+    loop {
+        let event = next(events).await.expect("the stream goes on").unwrap();
+        let done = event.kind.as_ref().is_some_and(&hit);
+        seen.push(event);
+        if done {
+            return seen;
+        }
+    }
+}
+
+/// Every remaining event, and the trailing status (`None`: OK).
+async fn drain(events: &mut Events) -> (Vec<proto::ChatEvent>, Option<tonic::Status>) {
+    let mut seen = Vec::new();
+    loop {
+        match next(events).await {
+            None => return (seen, None),
+            Some(Ok(event)) => seen.push(event),
+            Some(Err(status)) => return (seen, Some(status)),
+        }
+    }
+}
+
+fn is_text(kind: &Kind) -> bool {
+    matches!(kind, Kind::Text(_))
+}
+
+fn outcome(events: &[proto::ChatEvent]) -> Option<proto::TurnOutcome> {
+    events.iter().find_map(|e| match &e.kind {
+        Some(Kind::TurnFinished(f)) => Some(f.outcome()),
+        _ => None,
+    })
+}
+
+fn gate_models(gate: &Arc<GateProvider>) -> Vec<(&'static str, Arc<dyn ModelProvider>)> {
+    vec![("gate", Arc::clone(gate) as Arc<dyn ModelProvider>)]
+}
+
+#[tokio::test]
+async fn one_turn_per_session_across_replicas_and_every_call_reaches_it() {
+    let Some(db) = agentrt_testkit::pg::database().await else {
+        return;
+    };
+    let gate = Arc::new(GateProvider::default());
+    let a = replica(&db.url, true, &gate_models(&gate)).await;
+    let b = replica(&db.url, true, &gate_models(&gate)).await;
+    assert_ne!(a.server.replica_id(), b.server.replica_id());
+    let (mut on_a, mut on_b) = (runtime(&a).await, runtime(&b).await);
+    let session = new_session(&a).await;
+
+    let mut owner = on_a
+        .chat(chat(&session, "gate/x", "req-1"))
+        .await
+        .unwrap()
+        .into_inner();
+    let started = until(&mut owner, is_text).await;
+    let turn_id = started[0].turn_id.clone();
+
+    // A second Chat on the other replica: busy, cluster-wide, naming the turn.
+    let busy = on_b
+        .chat(chat(&session, "gate/x", "req-2"))
+        .await
+        .unwrap_err();
+    assert_eq!(busy.code(), Code::Aborted, "{busy:?}");
+    let info = busy.get_error_details().error_info().cloned().unwrap();
+    assert_eq!(info.reason, "SESSION_BUSY");
+    assert_eq!(info.metadata.get("turn_id"), Some(&turn_id));
+
+    // Status and Close on B are answered by A.
+    let status = on_b
+        .get_session_status(proto::GetSessionStatusRequest {
+            session_id: session.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(status.live);
+    assert_eq!(status.turn_id, turn_id);
+    let closed = on_b
+        .close_session(proto::CloseSessionRequest {
+            session_id: session.clone(),
+            force: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(closed.closed, "the owner had the session's runner cached");
+
+    // Subscribe on B replays A's turn from the start and follows it.
+    let mut watcher = on_b
+        .subscribe(proto::SubscribeRequest {
+            session_id: session.clone(),
+            after_seq: 0,
+            wait_for_turn: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let replayed = until(&mut watcher, is_text).await;
+    assert!(matches!(replayed[0].kind, Some(Kind::TurnStarted(_))));
+    // A retry of the first Chat on B joins A's turn.
+    let mut joined = on_b
+        .chat(chat(&session, "gate/x", "req-1"))
+        .await
+        .unwrap()
+        .into_inner();
+    let rejoined = until(&mut joined, is_text).await;
+    assert_eq!(rejoined[0].turn_id, turn_id);
+
+    gate.release(1);
+    let (rest, trailer) = drain(&mut watcher).await;
+    assert!(trailer.is_none(), "{trailer:?}");
+    let seqs: Vec<u64> = replayed.iter().chain(&rest).map(|e| e.seq).collect();
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "contiguous"
+    );
+    assert!(rest.iter().all(|e| e.turn_id == turn_id));
+    assert_eq!(outcome(&rest), Some(proto::TurnOutcome::Success));
+    let (joined_rest, trailer) = drain(&mut joined).await;
+    assert!(trailer.is_none(), "{trailer:?}");
+    assert_eq!(outcome(&joined_rest), Some(proto::TurnOutcome::Success));
+    let (owner_rest, _) = drain(&mut owner).await;
+    assert_eq!(outcome(&owner_rest), Some(proto::TurnOutcome::Success));
+
+    // Nothing is live now: B answers by itself, and admits the next turn.
+    let status = on_b
+        .get_session_status(proto::GetSessionStatusRequest {
+            session_id: session.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!status.live);
+    gate.release(1);
+    let mut next_turn = on_b
+        .chat(chat(&session, "gate/x", "req-3"))
+        .await
+        .unwrap()
+        .into_inner();
+    let (events, _) = drain(&mut next_turn).await;
+    assert_eq!(outcome(&events), Some(proto::TurnOutcome::Success));
+    let history = SessionServiceClient::new(channel(a.server.url()).await)
+        .get_history(proto::GetHistoryRequest {
+            session_id: session.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .messages;
+    let seqs: Vec<u64> = history.iter().map(|m| m.seq).collect();
+    assert_eq!(seqs, [1, 2, 3, 4], "two turns, no duplicate, no gap");
+    a.server.stop().await;
+    b.server.stop().await;
+}
+
+#[tokio::test]
+async fn stop_on_another_replica_closes_the_owners_model_request() {
+    let Some(db) = agentrt_testkit::pg::database().await else {
+        return;
+    };
+    let upstream = FakeOpenAi::start(vec![FakeReply::Sse {
+        chunks: vec![text_chunk("partial")],
+        done: false,
+        then_hang: true,
+    }])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(&db.url, dir.path(), true);
+    c.providers = vec![
+        Config::parse_toml(&format!(
+            "[[providers]]\nname = \"fake\"\nkind = \"openai\"\nbase_url = \"{}\"\nmax_retries = 0\n",
+            upstream.base_url()
+        ))
+        .unwrap()
+        .providers
+        .remove(0),
+    ];
+    let builder =
+        ServerBuilder::new(c).env_lookup(|name| (name == KEY_VAR).then(|| KEY.to_owned()));
+    let a = Replica {
+        server: InProcessServer::start_prepared(builder).await,
+        _dir: dir,
+    };
+    let b = replica(&db.url, true, &[]).await;
+    let session = new_session(&a).await;
+    let mut owner = runtime(&a)
+        .await
+        .chat(chat(&session, "fake/m", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    until(&mut owner, is_text).await;
+
+    let stopped = tokio::time::timeout(
+        Duration::from_secs(1),
+        runtime(&b).await.stop_session(proto::StopSessionRequest {
+            session_id: session.clone(),
+        }),
+    )
+    .await
+    .expect("stopped within a second")
+    .unwrap()
+    .into_inner();
+    assert!(stopped.stopped);
+    tokio::time::timeout(WAIT, upstream.wait_clients_gone(1))
+        .await
+        .expect("the upstream saw its request closed");
+    let (events, trailer) = drain(&mut owner).await;
+    assert_eq!(outcome(&events), Some(proto::TurnOutcome::Canceled));
+    assert_eq!(trailer.map(|s| s.code()), Some(Code::Cancelled));
+    a.server.stop().await;
+    b.server.stop().await;
+}
+
+/// Calls one caller-executed tool (`lookup`), then answers with its result.
+#[derive(Debug)]
+struct CallsLookup;
+
+#[async_trait]
+impl ModelProvider for CallsLookup {
+    async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
+        let answered = request.messages.iter().any(|m| {
+            m.body
+                .content
+                .iter()
+                .any(|b| matches!(b, agentrt_runtime::types::ContentBlock::ToolResult { .. }))
+        });
+        let events = if answered {
+            vec![
+                ModelEvent::TextDelta("done".into()),
+                ModelEvent::Finished(StopReason::Stop),
+            ]
+        } else {
+            vec![
+                ModelEvent::ToolCall {
+                    id: "call-1".into(),
+                    name: "lookup".into(),
+                    arguments_json: "{}".into(),
+                },
+                ModelEvent::Finished(StopReason::ToolUse),
+            ]
+        };
+        Ok(Box::pin(futures::stream::iter(events.into_iter().map(Ok))))
+    }
+}
+
+#[tokio::test]
+async fn a_tool_result_sent_to_another_replica_reaches_the_turn() {
+    let Some(db) = agentrt_testkit::pg::database().await else {
+        return;
+    };
+    let tools: Vec<(&str, Arc<dyn ModelProvider>)> = vec![("tools", Arc::new(CallsLookup))];
+    let a = replica(&db.url, true, &tools).await;
+    let b = replica(&db.url, true, &tools).await;
+    let session = new_session(&a).await;
+    let mut request = chat(&session, "tools/x", "");
+    request.extra_tools = vec![proto::ToolDefinition {
+        name: "lookup".to_owned(),
+        description: "looks it up".to_owned(),
+        parameters_json_schema: "{\"type\":\"object\"}".to_owned(),
+    }];
+    let mut owner = runtime(&a).await.chat(request).await.unwrap().into_inner();
+    let seen = until(&mut owner, |k| matches!(k, Kind::ToolCall(_))).await;
+    let turn_id = seen[0].turn_id.clone();
+
+    runtime(&b)
+        .await
+        .submit_tool_result(proto::SubmitToolResultRequest {
+            session_id: session.clone(),
+            turn_id: turn_id.clone(),
+            call_id: "call-1".to_owned(),
+            content: "42".to_owned(),
+            is_error: false,
+        })
+        .await
+        .unwrap();
+    let (events, trailer) = drain(&mut owner).await;
+    assert!(trailer.is_none(), "{trailer:?}");
+    assert_eq!(outcome(&events), Some(proto::TurnOutcome::Success));
+    // A second submit, again through B: the owner's ALREADY_EXISTS is
+    // passed through — or, the turn having ended, nothing is live anywhere.
+    let again = runtime(&b)
+        .await
+        .submit_tool_result(proto::SubmitToolResultRequest {
+            session_id: session.clone(),
+            turn_id,
+            call_id: "call-1".to_owned(),
+            content: "42".to_owned(),
+            is_error: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), Code::FailedPrecondition, "{again:?}");
+    a.server.stop().await;
+    b.server.stop().await;
+}
+
+#[tokio::test]
+async fn the_internal_service_refuses_calls_without_the_cluster_key() {
+    let Some(db) = agentrt_testkit::pg::database().await else {
+        return;
+    };
+    let a = replica(&db.url, true, &[]).await;
+    let session = new_session(&a).await;
+    let addr = a.server.cluster_addr().expect("a cluster listener");
+    let mut internal = ClusterClient::new(channel(format!("http://{addr}")).await);
+    let forwarded = || cpb::ForwardedGetSessionStatus {
+        principal: Some(cpb::Principal {
+            user_id: "local".to_owned(),
+            admin: false,
+        }),
+        request: Some(proto::GetSessionStatusRequest {
+            session_id: session.clone(),
+        }),
+    };
+    let missing = internal.get_session_status(forwarded()).await.unwrap_err();
+    assert_eq!(missing.code(), Code::Unauthenticated);
+    for key in ["wrong-key", &KEY[..KEY.len() - 1]] {
+        let mut req = tonic::Request::new(forwarded());
+        req.metadata_mut()
+            .insert("x-agentrt-cluster-key", key.parse().unwrap());
+        let wrong = internal.get_session_status(req).await.unwrap_err();
+        assert_eq!(wrong.code(), Code::Unauthenticated);
+        assert!(!wrong.message().contains(KEY), "{}", wrong.message());
+    }
+    let mut req = tonic::Request::new(forwarded());
+    req.metadata_mut()
+        .insert("x-agentrt-cluster-key", KEY.parse().unwrap());
+    let status = internal.get_session_status(req).await.unwrap().into_inner();
+    assert!(!status.live);
+    // The public port does not serve the internal service.
+    let mut public = ClusterClient::new(channel(a.server.url()).await);
+    let mut req = tonic::Request::new(forwarded());
+    req.metadata_mut()
+        .insert("x-agentrt-cluster-key", KEY.parse().unwrap());
+    let err = public.get_session_status(req).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented);
+    a.server.stop().await;
+}
+
+async fn readiness(r: &Replica) -> ServingStatus {
+    HealthClient::new(channel(r.server.url()).await)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "readiness".to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status()
+}
+
+/// Polls readiness until it is `want` (the pinger runs every second).
+async fn wait_readiness(r: &Replica, want: ServingStatus) {
+    let mut health = HealthClient::new(channel(r.server.url()).await)
+        .watch(tonic_health::pb::HealthCheckRequest {
+            service: "readiness".to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    tokio::time::timeout(WAIT, async {
+        while let Some(Ok(update)) = health.next().await {
+            if update.status() == want {
+                return;
+            }
+        }
+        panic!("the health watch ended before readiness was {want:?}");
+    })
+    .await
+    .unwrap_or_else(|_| panic!("readiness did not become {want:?}"));
+}
+
+#[tokio::test]
+async fn a_replica_without_its_database_is_not_ready_and_recovers_with_nothing_lost() {
+    let Some(db) = agentrt_testkit::pg::database().await else {
+        return;
+    };
+    let proxy = TcpProxy::start(&db.addr).await;
+    let via_proxy = db.url.replace(&db.addr, &proxy.addr().to_string());
+    assert_ne!(via_proxy, db.url, "the URL names the server's address");
+    let a = replica(&via_proxy, false, &[]).await;
+    assert_eq!(readiness(&a).await, ServingStatus::Serving);
+    let session = new_session(&a).await;
+    let mut client = runtime(&a).await;
+    let (first, _) = drain(
+        &mut client
+            .chat(chat(&session, "builtin/echo", ""))
+            .await
+            .unwrap()
+            .into_inner(),
+    )
+    .await;
+    assert_eq!(outcome(&first), Some(proto::TurnOutcome::Success));
+
+    proxy.cut();
+    wait_readiness(&a, ServingStatus::NotServing).await;
+    let refused = client
+        .chat(chat(&session, "builtin/echo", ""))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(
+        refused.message().contains("database"),
+        "{}",
+        refused.message()
+    );
+
+    proxy.restore();
+    wait_readiness(&a, ServingStatus::Serving).await;
+    let (second, trailer) = drain(
+        &mut client
+            .chat(chat(&session, "builtin/echo", ""))
+            .await
+            .unwrap()
+            .into_inner(),
+    )
+    .await;
+    assert!(trailer.is_none(), "{trailer:?}");
+    assert_eq!(outcome(&second), Some(proto::TurnOutcome::Success));
+    let history = SessionServiceClient::new(channel(a.server.url()).await)
+        .get_history(proto::GetHistoryRequest {
+            session_id: session.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .messages;
+    let seqs: Vec<u64> = history.iter().map(|m| m.seq).collect();
+    assert_eq!(seqs, [1, 2, 3, 4], "both turns, nothing lost");
+    a.server.stop().await;
+}
