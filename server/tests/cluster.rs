@@ -7,12 +7,12 @@
 //! `CI=true`), on loopback, with a model upstream the test controls.
 //!
 //! Modules: `harness` (the replica processes and what every test checks of
-//! a history), `upstream` (the fake model), `proxy` (a TCP proxy that can
-//! cut one replica off the database), and one module per behaviour.
+//! a history), `upstream` (the fake model), and one module per behaviour;
+//! the outage test cuts one replica off the database with the testkit's
+//! `TcpProxy`.
 
 mod cluster {
     pub(crate) mod harness;
-    pub(crate) mod proxy;
     pub(crate) mod upstream;
 
     mod admission;

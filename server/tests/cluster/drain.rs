@@ -15,6 +15,9 @@ const PER_REPLICA: usize = 2;
 #[tokio::test]
 async fn sigterm_of_one_replica_cancels_only_its_own_turns() {
     let _serial = serial().await;
+    // A grace longer than the lease TTL (1.5 s): a draining replica must
+    // keep renewing its turns' leases until they end, or their partial
+    // output could not be stored.
     let Some(mut cluster) = Cluster::start_with(3, "2s").await else {
         return;
     };

@@ -9,8 +9,9 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
+use agentrt_testkit::tcp_proxy::TcpProxy;
+
 use super::harness::{Cluster, assert_history_sound, finish, outcome, serial, text_request};
-use super::proxy::Proxy;
 
 /// How long a replica may take to notice the database left or came back.
 const NOTICE: Duration = Duration::from_secs(20);
@@ -60,8 +61,11 @@ async fn a_replica_without_the_database_is_not_ready_refuses_chats_and_recovers(
     let Some(mut cluster) = Cluster::start(1).await else {
         return;
     };
-    let proxy = Proxy::start(&cluster.db.addr).await;
-    let proxied = cluster.db.url.replace(&cluster.db.addr, &proxy.addr());
+    let proxy = TcpProxy::start(&cluster.db.addr).await;
+    let proxied = cluster
+        .db
+        .url
+        .replace(&cluster.db.addr, &proxy.addr().to_string());
     assert_ne!(proxied, cluster.db.url);
     let cut_off = cluster.add(&proxied).await;
     assert_eq!(cluster.db_url(cut_off), proxied);
