@@ -6,7 +6,7 @@ use std::time::Duration;
 use agentrt_client::proto;
 
 use super::harness::{
-    Cluster, aborted_reason, assert_history_sound, finish, outcome, serial, text_request,
+    Cluster, aborted_reason, assert_history_sound, errors, finish, outcome, serial, text_request,
 };
 
 const ROUNDS: usize = 200;
@@ -55,7 +55,8 @@ async fn two_concurrent_chats_on_two_replicas_admit_exactly_one_and_history_stay
                 proto::TurnOutcome::Success,
                 proto::CancelReason::Unspecified
             )),
-            "round {round}"
+            "round {round}: {}",
+            errors(&summary)
         );
         assert_eq!(
             cluster.upstream.requests(&key),

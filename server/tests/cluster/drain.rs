@@ -7,7 +7,8 @@ use std::time::Duration;
 use agentrt_client::{EventStream, proto};
 
 use super::harness::{
-    Cluster, assert_history_sound, finish, is_text, outcome, read_until, serial, text_request,
+    Cluster, assert_history_sound, errors, finish, is_text, outcome, read_until, serial,
+    text_request,
 };
 
 const PER_REPLICA: usize = 2;
@@ -50,7 +51,8 @@ async fn sigterm_of_one_replica_cancels_only_its_own_turns() {
             proto::TurnOutcome::Success,
             proto::CancelReason::Unspecified
         )),
-        "{key} finished while replica 0 drained"
+        "{key} finished while replica 0 drained: {}",
+        errors(&during)
     );
     let mut sessions = vec![session];
 
@@ -59,7 +61,8 @@ async fn sigterm_of_one_replica_cancels_only_its_own_turns() {
         assert_eq!(
             outcome(&end),
             Some((proto::TurnOutcome::Canceled, proto::CancelReason::Shutdown)),
-            "{key}: the drained replica's own turn"
+            "{key}: the drained replica's own turn: {}",
+            errors(&end)
         );
         cluster
             .upstream
@@ -84,7 +87,8 @@ async fn sigterm_of_one_replica_cancels_only_its_own_turns() {
                 proto::TurnOutcome::Success,
                 proto::CancelReason::Unspecified
             )),
-            "{key} on replica {replica}"
+            "{key} on replica {replica}: {}",
+            errors(&end)
         );
         sessions.push(session);
     }

@@ -9,7 +9,7 @@ use agentrt_client::{ChatEvent, proto};
 use futures::StreamExt as _;
 
 use super::harness::{
-    Cluster, LEASE_TTL, aborted_reason, assert_history_sound, finish, outcome, read_until,
+    Cluster, LEASE_TTL, aborted_reason, assert_history_sound, errors, finish, outcome, read_until,
     results_of, serial, text_request, tool_request,
 };
 
@@ -139,7 +139,8 @@ async fn sigkill_of_the_owner_lets_another_replica_take_the_session_after_the_le
                 proto::TurnOutcome::Success,
                 proto::CancelReason::Unspecified
             )),
-            "round {round}"
+            "round {round}: {}",
+            errors(&after)
         );
 
         // The killed turn is over (INTERRUPTED): a retry of its request is

@@ -327,6 +327,22 @@ pub(crate) fn outcome(summary: &TurnSummary) -> Option<(proto::TurnOutcome, prot
     summary.events.iter().find_map(finished)
 }
 
+/// The turn's `error` events and trailing status, for failure messages.
+pub(crate) fn errors(summary: &TurnSummary) -> String {
+    let mut out: Vec<String> = summary
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            ChatEvent::Error { code, message } => Some(format!("{code:?}: {message}")),
+            _ => None,
+        })
+        .collect();
+    if let Some(s) = &summary.status {
+        out.push(format!("status {:?}: {}", s.code(), s.message()));
+    }
+    out.join("; ")
+}
+
 /// Event seqs are 1, 2, 3, … with no gap or repeat.
 pub(crate) fn assert_contiguous(events: &[Event], what: &str) {
     let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();

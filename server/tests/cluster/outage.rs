@@ -11,7 +11,9 @@ use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
 use agentrt_testkit::tcp_proxy::TcpProxy;
 
-use super::harness::{Cluster, assert_history_sound, finish, outcome, serial, text_request};
+use super::harness::{
+    Cluster, assert_history_sound, errors, finish, outcome, serial, text_request,
+};
 
 /// How long a replica may take to notice the database left or came back.
 const NOTICE: Duration = Duration::from_secs(20);
@@ -51,7 +53,8 @@ async fn chat_succeeds(cluster: &Cluster, replica: usize, session: &str, text: &
             proto::TurnOutcome::Success,
             proto::CancelReason::Unspecified
         )),
-        "replica {replica}: {text}"
+        "replica {replica}: {text}: {}",
+        errors(&summary)
     );
 }
 
