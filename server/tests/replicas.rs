@@ -9,151 +9,25 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+#[path = "support/replicas.rs"]
+mod support;
+
 use agentrt_client::proto;
-use agentrt_client::proto::agent_runtime_client::AgentRuntimeClient;
 use agentrt_client::proto::chat_event::Kind;
 use agentrt_client::proto::session_service_client::SessionServiceClient;
 use agentrt_proto::cluster::v1 as cpb;
 use agentrt_proto::cluster::v1::cluster_client::ClusterClient;
 use agentrt_runtime::model::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream};
 use agentrt_runtime::types::StopReason;
-use agentrt_server::{Config, ServerBuilder};
+use agentrt_server::Config;
 use agentrt_testkit::fake_openai::{FakeOpenAi, FakeReply, text_chunk};
 use agentrt_testkit::gate::GateProvider;
-use agentrt_testkit::server::InProcessServer;
 use agentrt_testkit::tcp_proxy::TcpProxy;
 use async_trait::async_trait;
-use futures::StreamExt as _;
+use support::*;
 use tonic::Code;
-use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
 use tonic_types::StatusExt as _;
-
-const KEY_VAR: &str = "AGENTRT_TEST_CLUSTER_KEY";
-const KEY: &str = "replicas-test-cluster-key";
-/// Bounds every wait, so a broken build fails instead of hanging.
-const WAIT: Duration = Duration::from_secs(20);
-
-/// A replica's config on `url`, its internal listener on loopback.
-fn config(url: &str, dir: &std::path::Path, cluster: bool) -> Config {
-    let mut toml = format!(
-        "listen = \"127.0.0.1:0\"\n[store]\nkind = \"postgres\"\nurl = \"{url}\"\nlease_ttl_ms = 3000\n"
-    );
-    if cluster {
-        toml.push_str(&format!(
-            "[cluster]\nlisten = \"127.0.0.1:0\"\nkey_env = \"{KEY_VAR}\"\n"
-        ));
-    }
-    let mut c = Config::parse_toml(&toml).expect("the test config parses");
-    c.data_dir = dir.to_path_buf();
-    c
-}
-
-struct Replica {
-    server: InProcessServer,
-    _dir: tempfile::TempDir,
-}
-
-async fn replica(url: &str, cluster: bool, models: &[(&str, Arc<dyn ModelProvider>)]) -> Replica {
-    let dir = tempfile::tempdir().unwrap();
-    let mut builder = ServerBuilder::new(config(url, dir.path(), cluster))
-        .env_lookup(|name| (name == KEY_VAR).then(|| KEY.to_owned()));
-    for (name, provider) in models {
-        builder = builder.model_provider(*name, Arc::clone(provider));
-    }
-    Replica {
-        server: InProcessServer::start_prepared(builder).await,
-        _dir: dir,
-    }
-}
-
-async fn channel(url: String) -> Channel {
-    tonic::transport::Endpoint::from_shared(url)
-        .unwrap()
-        .connect()
-        .await
-        .unwrap()
-}
-
-async fn runtime(r: &Replica) -> AgentRuntimeClient<Channel> {
-    AgentRuntimeClient::new(channel(r.server.url()).await)
-}
-
-async fn new_session(r: &Replica) -> String {
-    SessionServiceClient::new(channel(r.server.url()).await)
-        .create_session(proto::CreateSessionRequest {
-            title: "replicas".to_owned(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session_id
-}
-
-fn chat(session_id: &str, model: &str, request_id: &str) -> proto::ChatRequest {
-    proto::ChatRequest {
-        session_id: session_id.to_owned(),
-        content: vec![proto::ContentBlock {
-            block: Some(proto::content_block::Block::Text(proto::TextBlock {
-                text: "hello".to_owned(),
-            })),
-        }],
-        model: model.to_owned(),
-        request_id: request_id.to_owned(),
-        ..Default::default()
-    }
-}
-
-type Events = tonic::Streaming<proto::ChatEvent>;
-
-/// The next event, bounded by [`WAIT`].
-async fn next(events: &mut Events) -> Option<Result<proto::ChatEvent, tonic::Status>> {
-    tokio::time::timeout(WAIT, events.next())
-        .await
-        .expect("an event within the wait")
-}
-
-/// Events until (and with) the first whose kind matches.
-async fn until(events: &mut Events, hit: impl Fn(&Kind) -> bool) -> Vec<proto::ChatEvent> {
-    let mut seen = Vec::new();
-    loop {
-        let event = next(events).await.expect("the stream goes on").unwrap();
-        let done = event.kind.as_ref().is_some_and(&hit);
-        seen.push(event);
-        if done {
-            return seen;
-        }
-    }
-}
-
-/// Every remaining event, and the trailing status (`None`: OK).
-async fn drain(events: &mut Events) -> (Vec<proto::ChatEvent>, Option<tonic::Status>) {
-    let mut seen = Vec::new();
-    loop {
-        match next(events).await {
-            None => return (seen, None),
-            Some(Ok(event)) => seen.push(event),
-            Some(Err(status)) => return (seen, Some(status)),
-        }
-    }
-}
-
-fn is_text(kind: &Kind) -> bool {
-    matches!(kind, Kind::Text(_))
-}
-
-fn outcome(events: &[proto::ChatEvent]) -> Option<proto::TurnOutcome> {
-    events.iter().find_map(|e| match &e.kind {
-        Some(Kind::TurnFinished(f)) => Some(f.outcome()),
-        _ => None,
-    })
-}
-
-fn gate_models(gate: &Arc<GateProvider>) -> Vec<(&'static str, Arc<dyn ModelProvider>)> {
-    vec![("gate", Arc::clone(gate) as Arc<dyn ModelProvider>)]
-}
 
 #[tokio::test]
 async fn one_turn_per_session_across_replicas_and_every_call_reaches_it() {
@@ -286,23 +160,13 @@ async fn stop_on_another_replica_closes_the_owners_model_request() {
         then_hang: true,
     }])
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = config(&db.url, dir.path(), true);
-    c.providers = vec![
-        Config::parse_toml(&format!(
-            "[[providers]]\nname = \"fake\"\nkind = \"openai\"\nbase_url = \"{}\"\nmax_retries = 0\n",
-            upstream.base_url()
-        ))
-        .unwrap()
-        .providers
-        .remove(0),
-    ];
-    let builder =
-        ServerBuilder::new(c).env_lookup(|name| (name == KEY_VAR).then(|| KEY.to_owned()));
-    let a = Replica {
-        server: InProcessServer::start_prepared(builder).await,
-        _dir: dir,
-    };
+    let provider = Config::parse_toml(&format!(
+        "[[providers]]\nname = \"fake\"\nkind = \"openai\"\nbase_url = \"{}\"\nmax_retries = 0\n",
+        upstream.base_url()
+    ))
+    .unwrap()
+    .providers;
+    let a = replica_with(&db.url, true, &[], |c| c.providers = provider).await;
     let b = replica(&db.url, true, &[]).await;
     let session = new_session(&a).await;
     let mut owner = runtime(&a)
@@ -458,38 +322,6 @@ async fn the_internal_service_refuses_calls_without_the_cluster_key() {
     let err = public.get_session_status(req).await.unwrap_err();
     assert_eq!(err.code(), Code::Unimplemented);
     a.server.stop().await;
-}
-
-async fn readiness(r: &Replica) -> ServingStatus {
-    HealthClient::new(channel(r.server.url()).await)
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: "readiness".to_owned(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status()
-}
-
-/// Polls readiness until it is `want` (the pinger runs every second).
-async fn wait_readiness(r: &Replica, want: ServingStatus) {
-    let mut health = HealthClient::new(channel(r.server.url()).await)
-        .watch(tonic_health::pb::HealthCheckRequest {
-            service: "readiness".to_owned(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    tokio::time::timeout(WAIT, async {
-        while let Some(Ok(update)) = health.next().await {
-            if update.status() == want {
-                return;
-            }
-        }
-        panic!("the health watch ended before readiness was {want:?}");
-    })
-    .await
-    .unwrap_or_else(|_| panic!("readiness did not become {want:?}"));
 }
 
 #[tokio::test]

@@ -26,6 +26,10 @@ use super::{KEY_HEADER, NO_LISTENER, WireKey, principal_to_pb};
 pub(crate) const MAX_CHANNELS: usize = 64;
 /// How long connecting to an owner may take.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// HTTP/2 pings on a connection to an owner, so a forwarded stream to a
+/// replica cut off by the network ends (UNAVAILABLE) instead of hanging.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// See the module docs.
 #[derive(Debug)]
@@ -101,6 +105,8 @@ impl Forwarder {
                     let channel = endpoint
                         .connect_timeout(CONNECT_TIMEOUT)
                         .tcp_nodelay(true)
+                        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+                        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
                         .connect_lazy();
                     cache.push_back((lease.address.clone(), channel.clone()));
                     while cache.len() > MAX_CHANNELS {

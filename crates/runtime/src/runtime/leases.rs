@@ -255,9 +255,13 @@ impl Job for Sweeper {
                         turn_id = %turn.turn_id,
                         "turn interrupted: its replica's lease expired"
                     );
-                    crate::telemetry::metrics::get()
-                        .turns
-                        .add(1, &[opentelemetry::KeyValue::new("outcome", "interrupted")]);
+                    crate::telemetry::metrics::get().turns.add(
+                        1,
+                        &[opentelemetry::KeyValue::new(
+                            crate::telemetry::semconv::AGENTRT_TURN_OUTCOME,
+                            "interrupted",
+                        )],
+                    );
                 }
             }
             Ok(Err(err)) => tracing::debug!(error = %err, "sweeping expired leases failed"),

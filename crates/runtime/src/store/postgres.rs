@@ -51,6 +51,10 @@ mod sessions;
 mod turns;
 mod write;
 
+/// How long sent data may stay unacknowledged before the connection is
+/// given up (`TCP_USER_TIMEOUT`).
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// How a [`PostgresStore`] reaches its database and what it writes into
 /// the leases it takes.
 #[derive(Clone)]
@@ -141,9 +145,16 @@ impl PostgresStore {
             .url
             .parse()
             .map_err(|e| StoreError::Backend(format!("the PostgreSQL URL is invalid: {e}")))?;
+        // A database that goes silent mid-statement (a partition, no RST)
+        // is found by TCP keepalive within about 25 s, and unacknowledged
+        // writes give up after `TCP_USER_TIMEOUT`, instead of waiting out
+        // the kernel's defaults (hours).
         pg.connect_timeout(config.connect_timeout)
             .keepalives(true)
             .keepalives_idle(Duration::from_secs(10))
+            .keepalives_interval(Duration::from_secs(5))
+            .keepalives_retries(3)
+            .tcp_user_timeout(TCP_USER_TIMEOUT)
             .application_name("agentrt");
         let target = error::describe(&pg);
         let manager = Manager::from_config(

@@ -1,9 +1,10 @@
 //! A session's history on PostgreSQL: appends, pages, compactions.
 //!
 //! Pages read the `messages` primary key (session_id, seq) from the first
-//! wanted seq on, in batches that start small and grow (16, 32, … 256
-//! rows), and stop at the first message past the page's count or byte
-//! budget: a page of a long history never loads the rest of it.
+//! wanted seq on, in batches of at most 256 rows — under a byte budget,
+//! batches that start at 16 rows and double — and stop at the first message
+//! past the page's count or byte budget: a page of a long history never
+//! loads the rest of it.
 
 use std::time::SystemTime;
 
@@ -61,7 +62,12 @@ impl PostgresStore {
             return Ok(page);
         };
         let mut budget = Budget::new(query.max_bytes);
-        let mut batch = FIRST_BATCH;
+        // Without a byte budget the page's size is known: read it at once.
+        let mut batch = if query.max_bytes == usize::MAX {
+            MAX_BATCH
+        } else {
+            FIRST_BATCH
+        };
         loop {
             let want = (query.limit - page.messages.len()).min(batch);
             let limit = codec::big(want as u64)?;

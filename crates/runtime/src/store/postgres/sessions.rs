@@ -73,7 +73,10 @@ impl PostgresStore {
         let mut budget = Budget::new(query.max_bytes);
         let agent = query.agent_id.as_deref();
         loop {
-            let want = (query.limit - page.sessions.len() + 1).min(LIST_BATCH);
+            // One more than the page holds, to learn whether another follows.
+            let want = (query.limit - page.sessions.len())
+                .saturating_add(1)
+                .min(LIST_BATCH);
             let limit = codec::big(want as u64)?;
             let rows = match &cursor {
                 None => {
