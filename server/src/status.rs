@@ -53,10 +53,13 @@ pub fn from_runtime(err: RuntimeError) -> Status {
         RuntimeError::FailedPrecondition(why) => Status::failed_precondition(why),
         RuntimeError::AlreadyExists(why) => Status::already_exists(why),
         RuntimeError::ResourceExhausted(why) => Status::resource_exhausted(why),
-        // Reached only when the call could not be forwarded (the adapter
-        // forwards every call the core answers with `Elsewhere`).
+        // Reached only on a replica that cannot forward (no `[cluster]`
+        // table): one with it forwards every call the core answers with
+        // `Elsewhere`, and reports an unreachable owner itself.
         RuntimeError::Elsewhere(lease) => Status::unavailable(format!(
-            "the session's live turn {} runs on replica {}, which cannot be reached from here; retry",
+            "the session's live turn {} runs on replica {}, which cannot be reached from here \
+             (this replica has no [cluster] table to forward the call); retry when the turn \
+             has ended, or send the call to that replica",
             lease.turn_id, lease.replica_id
         )),
         RuntimeError::Store(err) => from_store(err),

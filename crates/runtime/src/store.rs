@@ -438,8 +438,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     // session's lease in `begin_turn`, refuses a second live turn
     // cluster-wide with `StoreError::Busy`, refuses writes of a turn whose
     // lease lapsed with `StoreError::LeaseLost`, releases the lease in
-    // `finish_turn`, and in `recover_interrupted` interrupts only turns
-    // whose lease expired — never another live replica's.
+    // `finish_turn`, and in `recover_interrupted` interrupts only turns no
+    // live replica owns (an expired lease, or one left under this replica's
+    // own id) — never another live replica's.
 
     /// The id of the replica this store writes leases for; `None` for a
     /// store only one process uses (no leases).

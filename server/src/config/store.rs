@@ -159,10 +159,10 @@ pub fn redact_url(url: &str) -> String {
     // A `password=` parameter would be in the query: drop the query.
     let tail = tail.split_once('?').map_or(tail, |(path, _)| path);
     match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            format!("{scheme}://{user}:***@{host}{tail}")
-        }
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => format!("{scheme}://{userinfo}@{host}{tail}"),
+        },
         None => format!("{scheme}://{authority}{tail}"),
     }
 }

@@ -23,6 +23,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::slots::LiveTurn;
 use super::{Inner, Runtime};
@@ -117,9 +118,21 @@ pub(crate) fn spawn_jobs(runtime: &Runtime) {
     }
     let ttl = runtime.inner.config.lease_ttl;
     let weak = Arc::downgrade(&runtime.inner);
-    every(runtime, ttl / 3, Renewer::new(ttl, weak.clone()));
-    every(runtime, ttl / 2, Sweeper(weak.clone()));
-    every(runtime, PING_INTERVAL, Pinger(weak));
+    let lifecycle = &runtime.inner.lifecycle;
+    // A draining replica's turns keep their leases until they end.
+    every(
+        runtime,
+        ttl / 3,
+        Renewer::new(ttl, weak.clone()),
+        lifecycle.turns_over(),
+    );
+    every(
+        runtime,
+        ttl / 2,
+        Sweeper(weak.clone()),
+        lifecycle.background(),
+    );
+    every(runtime, PING_INTERVAL, Pinger(weak), lifecycle.background());
 }
 
 /// One of the jobs: a step run every period.
@@ -128,10 +141,9 @@ trait Job: Send + 'static {
     fn tick(&mut self, period: Duration) -> impl std::future::Future<Output = bool> + Send;
 }
 
-/// Runs `job` every `period` (the first step after one period) until the
-/// runtime shuts down or is dropped.
-fn every(runtime: &Runtime, period: Duration, mut job: impl Job) {
-    let stop = runtime.inner.lifecycle.background();
+/// Runs `job` every `period` (the first step after one period) until
+/// `stop` is cancelled or the runtime is dropped.
+fn every(runtime: &Runtime, period: Duration, mut job: impl Job, stop: CancellationToken) {
     let period = period.max(Duration::from_millis(10));
     runtime.inner.lifecycle.spawn_job(async move {
         let mut timer = tokio::time::interval(period);

@@ -5,7 +5,9 @@
 //! Two trackers own the tasks. `turns` holds each turn's task and the
 //! prestart task of its first model request; `Drain` and shutdown wait for
 //! these. `jobs` holds the work that outlives the call or turn that started
-//! it — title jobs and the idle-runner reaper; shutdown waits for them
+//! it — title jobs, the idle-runner reaper and, on a shared store, the
+//! lease renewer, the expired-lease sweeper and the store pinger
+//! (`leases`); shutdown waits for them
 //! after the turns (a turn starts its title job before it ends), within the
 //! same bound, and cancels what is still running at the hard limit. So when
 //! shutdown returns nothing the runtime spawned is still running, and every
@@ -38,6 +40,10 @@ pub(crate) struct Lifecycle {
     /// Stops the background loops (the reaper): at shutdown, or when the
     /// runtime is dropped.
     background: CancellationToken,
+    /// Stops the loops live turns need while they run (lease renewal):
+    /// once shutdown has seen the turns end (or gave up on them), or when
+    /// the runtime is dropped.
+    turns_over: CancellationToken,
     turns: TaskTracker,
     jobs: TaskTracker,
     /// Cancels the jobs still running at shutdown's hard limit.
@@ -51,6 +57,7 @@ impl Lifecycle {
             closed: AtomicBool::new(false),
             draining: watch::Sender::new(false),
             background: CancellationToken::new(),
+            turns_over: CancellationToken::new(),
             turns: TaskTracker::new(),
             jobs: TaskTracker::new(),
             cancel_jobs: CancellationToken::new(),
@@ -90,6 +97,12 @@ impl Lifecycle {
     /// Cancelled when the background loops must stop.
     pub(crate) fn background(&self) -> CancellationToken {
         self.background.clone()
+    }
+
+    /// Cancelled when no turn needs the loops that serve live turns any
+    /// more (see [`Lifecycle::wind_down`]): later than [`Lifecycle::background`].
+    pub(crate) fn turns_over(&self) -> CancellationToken {
+        self.turns_over.clone()
     }
 
     /// Spawns a turn's task (or the prestart task of its first request).
@@ -150,7 +163,9 @@ impl Lifecycle {
                 tracing::error!("live turns did not end within the hard limit");
             }
         }
-        // Every turn has ended (or is past saving): no job starts after this.
+        // Every turn has ended (or is past saving): no job starts after this,
+        // and no lease needs renewing.
+        self.turns_over.cancel();
         let left = grace
             .saturating_add(hard_limit)
             .saturating_sub(started.elapsed());
@@ -170,5 +185,6 @@ impl Lifecycle {
 impl Drop for Lifecycle {
     fn drop(&mut self) {
         self.background.cancel();
+        self.turns_over.cancel();
     }
 }

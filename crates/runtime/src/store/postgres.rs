@@ -34,7 +34,9 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{
+    Hook, HookError, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime,
+};
 
 use super::{
     CreateOutcome, HistoryQuery, Lease, LeaseKey, ListQuery, MessagePage, SessionPage, Store,
@@ -54,6 +56,17 @@ mod write;
 /// How long sent data may stay unacknowledged before the connection is
 /// given up (`TCP_USER_TIMEOUT`).
 const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// What every connection sets first. A transaction that holds a session's
+/// row lock and then goes silent (its replica stalled or cut off) is ended
+/// by the server after the lease time, releasing the lock, and a statement
+/// waits at most that long for a row lock (then `Unavailable`): a stuck
+/// replica cannot block a session's other writers for longer than it could
+/// hold the session's lease. Never below a second.
+fn session_settings(lease_ttl: Duration) -> String {
+    let ms = lease_ttl.as_millis().max(1_000);
+    format!("SET idle_in_transaction_session_timeout = {ms}; SET lock_timeout = {ms}")
+}
 
 /// How a [`PostgresStore`] reaches its database and what it writes into
 /// the leases it takes.
@@ -164,7 +177,14 @@ impl PostgresStore {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
+        let session_settings = session_settings(config.lease_ttl);
         let pool = Pool::builder(manager)
+            .post_create(Hook::async_fn(move |client, _| {
+                let sql = session_settings.clone();
+                Box::pin(
+                    async move { client.batch_execute(&sql).await.map_err(HookError::Backend) },
+                )
+            }))
             .max_size(config.pool_size)
             .wait_timeout(Some(config.connect_timeout))
             .create_timeout(Some(config.connect_timeout))

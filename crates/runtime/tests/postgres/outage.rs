@@ -179,3 +179,37 @@ async fn connections_cut_mid_write_lose_nothing_acknowledged() {
     }
     assert!(history.len() >= acked.len());
 }
+
+/// A transaction elsewhere that holds a session's row and goes quiet (a
+/// stalled replica) delays its writers by at most the lease time.
+#[tokio::test]
+async fn a_session_row_held_by_a_stuck_transaction_is_unavailable_not_a_hang() {
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(1);
+    let store = super::store(&db, "a", ttl).await;
+    let s = super::session(&store).await;
+    let (mut stuck, conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let conn = tokio::spawn(conn);
+    let holder = stuck.transaction().await.expect("begin");
+    holder
+        .execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&s.id])
+        .await
+        .expect("lock the row");
+    let message = || text_message("t", Role::Assistant, "waits");
+    let started = Instant::now();
+    let shown = unavailable(
+        store.append_message(&s.id, &s.incarnation, message()).await,
+        started,
+    );
+    assert!(started.elapsed() >= ttl, "gave up before the lock timeout");
+    assert!(shown.contains("lock timeout"), "{shown}");
+    holder.rollback().await.expect("release");
+    let stored = store.append_message(&s.id, &s.incarnation, message()).await;
+    assert_eq!(stored.expect("the row is free again").seq, 1);
+    drop(stuck);
+    let _ = conn.await;
+}

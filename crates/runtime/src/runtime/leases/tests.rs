@@ -39,6 +39,8 @@ struct Shared {
     /// Turn writes are refused with `LeaseLost`.
     fenced: AtomicBool,
     down: AtomicBool,
+    /// Renewals of at least one lease so far.
+    renewals: tokio::sync::watch::Sender<usize>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -162,7 +164,10 @@ impl Store for Shared {
     async fn lease(&self, session_id: &str) -> Result<Option<Lease>, StoreError> {
         Ok(lock(&self.leases).get(session_id).cloned())
     }
-    async fn renew_leases(&self, _turns: &[LeaseKey]) -> Result<Vec<String>, StoreError> {
+    async fn renew_leases(&self, turns: &[LeaseKey]) -> Result<Vec<String>, StoreError> {
+        if !turns.is_empty() {
+            self.renewals.send_modify(|n| *n += 1);
+        }
         if self.renew_fails.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable("the test cut the database".into()));
         }
@@ -431,4 +436,36 @@ async fn a_single_node_store_has_no_replica_and_no_jobs() {
     assert_eq!(rt.replica_id(), None);
     assert!(rt.inner.shared.is_none());
     assert!(*rt.store_reachable().borrow());
+}
+
+#[tokio::test]
+async fn a_draining_replica_keeps_renewing_its_turns_leases_until_they_end() {
+    let store = Arc::new(Shared::default());
+    let rt = runtime(&store, Duration::from_millis(300)).await;
+    let who = Principal::local();
+    let id = session(&rt).await;
+    let mut turn = rt.chat(&who, input(&id, "stall/x")).await.unwrap();
+    streaming(&mut turn).await;
+    let shutting_down = {
+        let rt = rt.clone();
+        tokio::spawn(async move {
+            rt.shutdown(Duration::from_secs(30), Duration::from_secs(1))
+                .await
+        })
+    };
+    // Several lease times into the grace period, the turn's lease is still
+    // renewed (else another replica would take the session over under it).
+    let mut renewals = store.renewals.subscribe();
+    let before = *renewals.borrow_and_update();
+    tokio::time::timeout(WAIT, renewals.wait_for(|n| *n >= before + 6))
+        .await
+        .expect("renewals go on while the turn drains")
+        .unwrap();
+    assert!(rt.stop_session(&who, &id).await.unwrap());
+    let (error, outcome) = ending(&mut turn).await;
+    assert_eq!((error, outcome), (None, TurnOutcome::Canceled));
+    tokio::time::timeout(WAIT, shutting_down)
+        .await
+        .unwrap()
+        .unwrap();
 }

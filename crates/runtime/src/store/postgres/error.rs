@@ -48,7 +48,7 @@ pub(super) fn pg_error(what: &str, e: &tokio_postgres::Error) -> StoreError {
             db.message(),
             code.code()
         );
-        return if unreachable_code(code) {
+        return if not_now(code) {
             StoreError::Unavailable(text)
         } else {
             StoreError::Backend(text)
@@ -67,14 +67,19 @@ pub(super) fn pg_error(what: &str, e: &tokio_postgres::Error) -> StoreError {
 
 /// SQLSTATEs meaning "the server cannot serve this now", not "the
 /// statement is wrong": connection exceptions (class 08), the server
-/// shutting down or starting, too many connections.
-fn unreachable_code(code: &SqlState) -> bool {
+/// shutting down or starting, too many connections, a row lock not had
+/// within `lock_timeout`, a cancelled statement, a transaction ended for
+/// idling. Nothing was written.
+fn not_now(code: &SqlState) -> bool {
     code.code().starts_with("08")
         || [
             SqlState::ADMIN_SHUTDOWN,
             SqlState::CRASH_SHUTDOWN,
             SqlState::CANNOT_CONNECT_NOW,
             SqlState::TOO_MANY_CONNECTIONS,
+            SqlState::LOCK_NOT_AVAILABLE,
+            SqlState::QUERY_CANCELED,
+            SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
         ]
         .contains(code)
 }

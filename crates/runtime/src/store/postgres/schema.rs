@@ -26,6 +26,11 @@ pub(super) async fn migrate(client: &mut Object) -> Result<Vec<i32>, StoreError>
         .transaction()
         .await
         .map_err(|e| pg_error("begin migration", &e))?;
+    // Another replica may be migrating: wait for it however long it takes
+    // (the connection's lock_timeout is for session rows).
+    tx.batch_execute("SET LOCAL lock_timeout = 0")
+        .await
+        .map_err(|e| pg_error("begin migration", &e))?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await
         .map_err(|e| pg_error("take the migration lock", &e))?;
