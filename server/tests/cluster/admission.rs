@@ -1,5 +1,8 @@
 //! `ABORTED`/SESSION_BUSY is decided cluster-wide: of two Chats on one
-//! session sent at once to two replicas, exactly one is admitted.
+//! session sent at once to two replicas, exactly one is admitted — and
+//! the admitted turn keeps its lease to the end (a lease renewal that runs
+//! while an admission is between claiming its slot and committing its
+//! lease must not take the turn for lost).
 
 use std::time::Duration;
 
