@@ -120,25 +120,17 @@ pub(crate) fn markdown(r: &Report) -> String {
         m.kernel,
         m.rustc
     );
-    let _ = writeln!(out, "## Summary: targets ({} run)\n", r.mode);
-    let rows: Vec<Vec<String>> = r
-        .targets
+    // A run of parts without targets (e.g. `--only p10`) has no summary.
+    if !r.targets.is_empty() {
+        targets_table(&mut out, r);
+    }
+    let b = &r.baselines;
+    if [&b.echo_ttfe, &b.echo_saturation, &b.echo_unpaced]
         .iter()
-        .map(|t| {
-            vec![
-                t.name.clone(),
-                t.target.clone(),
-                t.measured.clone(),
-                format!("{:.2}", t.ratio),
-                if t.met { "met" } else { "**missed**" }.to_owned(),
-            ]
-        })
-        .collect();
-    out.push_str(&table(
-        &["target", "bound", "measured", "measured ÷ bound", ""],
-        &rows,
-    ));
-    out.push_str(&saturation::markdown_baselines(&r.baselines));
+        .any(|l| l.turns > 0)
+    {
+        out.push_str(&saturation::markdown_baselines(b));
+    }
     if let Some(s1) = &r.s1 {
         out.push_str(&latency::markdown_s1(s1));
     }
@@ -180,6 +172,28 @@ pub(crate) fn markdown(r: &Report) -> String {
         }
     }
     out
+}
+
+/// The targets table (the run's summary).
+fn targets_table(out: &mut String, r: &Report) {
+    let _ = writeln!(out, "## Summary: targets ({} run)\n", r.mode);
+    let rows: Vec<Vec<String>> = r
+        .targets
+        .iter()
+        .map(|t| {
+            vec![
+                t.name.clone(),
+                t.target.clone(),
+                t.measured.clone(),
+                format!("{:.2}", t.ratio),
+                if t.met { "met" } else { "**missed**" }.to_owned(),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &["target", "bound", "measured", "measured ÷ bound", ""],
+        &rows,
+    ));
 }
 
 #[cfg(test)]
