@@ -4,8 +4,10 @@
 //!
 //! Every handler is thin — authenticate ([`crate::auth::principal`]) →
 //! convert ([`crate::convert`]) → call the core → map the error
-//! ([`crate::status`]) — so what a call does lives in the runtime core, and
-//! what it looks like on the wire lives in those two modules.
+//! ([`crate::status`]), or forward the call to the replica that owns the
+//! session's live turn (`crate::cluster`) — so what a call does lives in the
+//! runtime core, and what it looks like on the wire lives in those two
+//! modules.
 
 pub mod agent_runtime;
 pub mod runtime_admin;

@@ -384,3 +384,54 @@ async fn a_replica_without_its_database_is_not_ready_and_recovers_with_nothing_l
     assert_eq!(seqs, [1, 2, 3, 4], "both turns, nothing lost");
     a.server.stop().await;
 }
+
+#[tokio::test]
+async fn concurrent_chats_on_two_replicas_admit_exactly_one_each_round() {
+    let Some(db) = agentrt_testkit::pg::database().await else {
+        return;
+    };
+    let gate = Arc::new(GateProvider::default());
+    let a = replica(&db.url, true, &gate_models(&gate)).await;
+    let b = replica(&db.url, true, &gate_models(&gate)).await;
+    let session = new_session(&a).await;
+    let (mut on_a, mut on_b) = (runtime(&a).await, runtime(&b).await);
+    for round in 0..20 {
+        let (first, second) = tokio::join!(
+            on_a.chat(chat(&session, "gate/x", "")),
+            on_b.chat(chat(&session, "gate/x", "")),
+        );
+        let (mut admitted, refused) = match (first, second) {
+            (Ok(ok), Err(busy)) | (Err(busy), Ok(ok)) => (ok.into_inner(), busy),
+            (first, second) => panic!(
+                "round {round}: expected one admitted and one busy, got {:?} and {:?}",
+                first.map(|_| ()),
+                second.map(|_| ())
+            ),
+        };
+        assert_eq!(refused.code(), Code::Aborted, "round {round}: {refused:?}");
+        let started = until(&mut admitted, is_text).await;
+        let info = refused.get_error_details().error_info().cloned().unwrap();
+        assert_eq!(info.metadata.get("turn_id"), Some(&started[0].turn_id));
+        gate.release(1);
+        let (events, _) = drain(&mut admitted).await;
+        assert_eq!(outcome(&events), Some(proto::TurnOutcome::Success));
+    }
+    let history = SessionServiceClient::new(channel(b.server.url()).await)
+        .get_history(proto::GetHistoryRequest {
+            session_id: session.clone(),
+            page_size: 1000,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .messages;
+    let seqs: Vec<u64> = history.iter().map(|m| m.seq).collect();
+    assert_eq!(
+        seqs,
+        (1..=40).collect::<Vec<_>>(),
+        "20 turns, no duplicate, no gap"
+    );
+    a.server.stop().await;
+    b.server.stop().await;
+}

@@ -1,7 +1,9 @@
 //! `agentrt.v1.AgentRuntime`: thin handlers over the runtime core, and the
 //! adapter that turns a [`TurnStream`] into the Chat response stream with
-//! the trailing status the contract asks for.
-
+//! the trailing status the contract asks for. A call the core answers with
+//! `RuntimeError::Elsewhere` (the session's live turn runs on another
+//! replica) goes to that replica through the cluster forwarder, and its
+//! answer — a stream included — comes back unchanged.
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};

@@ -217,6 +217,10 @@ impl Runtime {
                 return Err(self.busy_elsewhere(&session, &record, e).await);
             }
         };
+        if inner.shared.is_some() {
+            // The lease is committed: the renewer may renew it from now on.
+            live.mark_leased();
+        }
         let (tx, rx) = mpsc::channel(inner.config.event_buffer.max(1));
         let turn = Turn {
             inner: Arc::clone(inner),

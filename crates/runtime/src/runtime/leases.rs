@@ -189,7 +189,10 @@ impl Job for Renewer {
         let Some(inner) = self.inner.upgrade() else {
             return false;
         };
-        let live = inner.slots.live_with_sessions();
+        let mut live = inner.slots.live_with_sessions();
+        // A turn still being admitted has no committed lease to renew (a
+        // renewal would report it lost); its admission commits one.
+        live.retain(|(_, t)| t.is_leased());
         let sent = Instant::now();
         if live.is_empty() {
             self.renewed = sent;

@@ -47,6 +47,10 @@ pub(crate) struct LiveTurn {
     /// Set by [`LiveTurn::lose_lease`]: this replica no longer holds the
     /// session's lease (a shared store), so the turn stores nothing more.
     lease_lost: AtomicBool,
+    /// Set once `begin_turn` committed the turn's lease (a shared store):
+    /// from then on, and not before, the renewer renews it — a turn between
+    /// claiming its slot and committing has no lease to renew yet.
+    leased: AtomicBool,
 }
 
 impl LiveTurn {
@@ -70,7 +74,18 @@ impl LiveTurn {
             pending_tools: Mutex::new(Pending::default()),
             done: CancellationToken::new(),
             lease_lost: AtomicBool::new(false),
+            leased: AtomicBool::new(false),
         }
+    }
+
+    /// Records that the turn's lease is committed (see `leased`).
+    pub(crate) fn mark_leased(&self) {
+        self.leased.store(true, Ordering::Release);
+    }
+
+    /// Whether the turn's lease is committed and so must be renewed.
+    pub(crate) fn is_leased(&self) -> bool {
+        self.leased.load(Ordering::Acquire)
     }
 
     /// Ends the turn because this replica lost the session's lease: it is

@@ -41,6 +41,11 @@ struct Shared {
     down: AtomicBool,
     /// Renewals of at least one lease so far.
     renewals: tokio::sync::watch::Sender<usize>,
+    /// `begin_turn` waits for `begin_release` first.
+    hold_begin: AtomicBool,
+    begin_release: tokio::sync::Notify,
+    /// Renewals report every turn lost (as for turns without a lease).
+    lose_all: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -79,6 +84,9 @@ impl Store for Shared {
     ) -> Result<Message, StoreError> {
         if let Some(lease) = lock(&self.busy).clone() {
             return Err(StoreError::Busy(lease));
+        }
+        if self.hold_begin.load(Ordering::SeqCst) {
+            self.begin_release.notified().await;
         }
         self.inner.begin_turn(turn, user_message).await
     }
@@ -170,6 +178,9 @@ impl Store for Shared {
         }
         if self.renew_fails.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable("the test cut the database".into()));
+        }
+        if self.lose_all.load(Ordering::SeqCst) {
+            return Ok(turns.iter().map(|k| k.turn_id.clone()).collect());
         }
         Ok(std::mem::take(&mut *lock(&self.lost)))
     }
@@ -468,4 +479,33 @@ async fn a_draining_replica_keeps_renewing_its_turns_leases_until_they_end() {
         .await
         .unwrap()
         .unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_turn_being_admitted_is_not_renewed_before_its_lease_is_committed() {
+    let store = Arc::new(Shared::default());
+    let rt = runtime(&store, Duration::from_millis(300)).await;
+    let who = Principal::local();
+    let id = session(&rt).await;
+    // The turn claims its slot, then waits in begin_turn for several lease
+    // renewal periods; a renewal of it now would be refused.
+    store.hold_begin.store(true, Ordering::SeqCst);
+    store.lose_all.store(true, Ordering::SeqCst);
+    let admitting = {
+        let rt = rt.clone();
+        let who = who.clone();
+        let id = id.clone();
+        tokio::spawn(async move { rt.chat(&who, input(&id, "builtin/echo")).await })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(rt.live_turns(), 1, "the turn holds its slot");
+    assert_eq!(
+        *store.renewals.borrow(),
+        0,
+        "no renewal of an uncommitted lease"
+    );
+    store.lose_all.store(false, Ordering::SeqCst);
+    store.begin_release.notify_one();
+    let mut turn = admitting.await.unwrap().unwrap();
+    assert_eq!(ending(&mut turn).await, (None, TurnOutcome::Success));
 }
