@@ -130,8 +130,11 @@ async fn forwarding(env: &Env, plan: &P10Plan) -> Result<Forwarding, String> {
             tokio::spawn(async move { agentrt_turn_with(&c, &s, Some(ticket), "", limit).await })
         };
         // Subscribe once the turn is live (its first token is `ttft` away),
-        // so both paths replay nothing but the turn's opening events.
+        // so both paths replay nothing but the turn's opening events. B
+        // sees it once its lease is committed (A's own slot says so a
+        // little earlier); a Subscribe before that finds nothing live.
         wait_live(&owner.clients[1], &session).await?;
+        wait_live(&other.clients[1], &session).await?;
         let mut watchers = tokio::task::JoinSet::new();
         for i in 0..w {
             for (path, run) in [(0usize, &owner), (1, &other)] {
@@ -166,8 +169,8 @@ async fn forwarding(env: &Env, plan: &P10Plan) -> Result<Forwarding, String> {
         }
         .with_totals(&rec.take(), elapsed)
     };
-    let via_owner = load("P10 Subscribe via the owner", &via_owner);
-    let via_other = load("P10 Subscribe via another replica", &via_other);
+    let via_owner = load("Subscribe via the owner", &via_owner);
+    let via_other = load("Subscribe via another replica", &via_other);
     owner.server.terminate(Duration::from_secs(10)).await;
     other.server.terminate(Duration::from_secs(10)).await;
     Ok(Forwarding {
