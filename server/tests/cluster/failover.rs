@@ -37,7 +37,6 @@ async fn sigkill_of_the_owner_lets_another_replica_take_the_session_after_the_le
         return;
     };
     let session = cluster.session().await;
-    let mut interrupted_seen = 0;
     // A held turn's events before it waits: turn_started, step start, the
     // deltas. A kill point is how many of them were read before SIGKILL
     // (0: right after admission; DELTAS + 2: all text out, model open).
@@ -45,7 +44,8 @@ async fn sigkill_of_the_owner_lets_another_replica_take_the_session_after_the_le
         let owner = round % 3;
         let other = (owner + 1) % 3;
         let key = format!("k{round}");
-        let with_tool = round % 4 == 3;
+        // Rounds 3, 8, 13, 18: a tool call open, on both takeover paths.
+        let with_tool = round % 5 == 3;
         let text = if with_tool {
             format!("tool {key}")
         } else {
@@ -97,12 +97,45 @@ async fn sigkill_of_the_owner_lets_another_replica_take_the_session_after_the_le
             .upstream
             .wait_requested(&key, Duration::from_secs(10))
             .await;
+        let running = cluster
+            .client(other)
+            .get_session(&session)
+            .await
+            .unwrap()
+            .last_turn
+            .expect("the live turn's record");
+        assert_eq!(
+            running.outcome(),
+            proto::TurnOutcome::Running,
+            "round {round}"
+        );
         cluster.kill(owner).await;
         let killed_at = Instant::now();
         drop(events);
 
-        // Another replica admits a Chat once the lease has expired.
-        let deadline = killed_at + LEASE_TTL + Duration::from_secs(1);
+        // Even rounds: the sweepers of the surviving replicas (every half
+        // lease time) find the lapsed lease and mark the turn INTERRUPTED
+        // before anyone calls. Odd rounds: a Chat right away, admitted as
+        // soon as the lease lapsed (by the admission or a sweeper, first).
+        let mut deadline = killed_at + LEASE_TTL + Duration::from_secs(1);
+        if round % 2 == 0 {
+            deadline += LEASE_TTL / 2;
+            loop {
+                let s = cluster.client(other).get_session(&session).await.unwrap();
+                let last = s.last_turn.expect("a last turn");
+                assert_eq!(last.turn_id, running.turn_id, "round {round}");
+                if last.outcome() == proto::TurnOutcome::Interrupted {
+                    break;
+                }
+                assert_eq!(last.outcome(), proto::TurnOutcome::Running, "round {round}");
+                assert!(
+                    Instant::now() < deadline,
+                    "round {round}: not swept {:?} after the kill",
+                    killed_at.elapsed()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
         let fresh = loop {
             match cluster
                 .client(other)
@@ -111,12 +144,6 @@ async fn sigkill_of_the_owner_lets_another_replica_take_the_session_after_the_le
             {
                 Ok(events) => break events,
                 Err(e) if aborted_reason(&e).as_deref() == Some("SESSION_BUSY") => {
-                    let s = cluster.client(other).get_session(&session).await.unwrap();
-                    if let Some(last) = s.last_turn
-                        && last.outcome() == proto::TurnOutcome::Interrupted
-                    {
-                        interrupted_seen += 1;
-                    }
                     assert!(
                         Instant::now() < deadline,
                         "round {round}: still busy {:?} after the kill",
@@ -210,7 +237,6 @@ async fn sigkill_of_the_owner_lets_another_replica_take_the_session_after_the_le
         let url = cluster.db.url.clone();
         cluster.restart(owner, &url).await;
     }
-    eprintln!("{interrupted_seen} polls saw a swept turn INTERRUPTED before the takeover");
     let history = cluster.client(0).history(&session).await.unwrap();
     assert_history_sound(&history, "after every round");
 }
