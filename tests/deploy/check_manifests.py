@@ -6,11 +6,16 @@ that the pieces agree with each other.
         NAME=RENDERED.yaml [NAME=RENDERED.yaml ...]
 
 RENDERED.yaml is `kubectl kustomize deploy/base` (or an overlay). For every
-render: the StatefulSet's probes name the health services `readiness` and
+render: the workload's (the sled StatefulSet, or the PostgreSQL variant's
+Deployment) probes name the health services `readiness` and
 `liveness` (TCP probes only where agentrt serves TLS itself, which native
 gRPC probes cannot speak), terminationGracePeriodSeconds exceeds the preStop
 sleep plus `shutdown_grace` of the ConfigMap's config.toml, the data dir of
-config.toml is on the volumeClaimTemplate's mount, key files and TLS files
+config.toml is on the volumeClaimTemplate's mount (sled) or there is no
+volume claim at all, the database URL and the cluster key come from Secrets,
+each pod advertises its own IP on the declared internal port, that port is
+open only between agentrt pods and an HPA scales the Deployment (PostgreSQL),
+key files and TLS files
 lie on Secret mounts, the container runs as a numeric non-root user with a
 read-only root filesystem and no privileges, and the Services, the
 NetworkPolicy and the mesh proxies' drain times fit. Custom resources the
@@ -18,7 +23,7 @@ schema validator skips (Istio, Linkerd's Gateway API routes, cert-manager)
 get a shape check of the fields the deployment relies on; a kind with no
 check fails. Then every check is shown able to fail: each mutation in
 MUTATIONS breaks one thing in a copy of the first render and must make the
-named check fail.
+named check fail (the PostgreSQL mutations on the first PostgreSQL render).
 
 Ends with `check_manifests: N passed, M failed`; exit status 1 on any
 failure.
@@ -39,8 +44,9 @@ BUILD_COMMAND = "cargo build --release --locked -p agentrt-server"
 # Validated by kubernetes-validate against the Kubernetes schemas.
 CORE_KINDS = {
     "Namespace", "ServiceAccount", "ConfigMap", "Service", "StatefulSet",
-    "PodDisruptionBudget", "NetworkPolicy",
+    "PodDisruptionBudget", "NetworkPolicy", "Deployment", "HorizontalPodAutoscaler",
 }
+WORKLOADS = ("StatefulSet", "Deployment")
 
 
 class Failed(Exception):
@@ -77,12 +83,15 @@ class Render:
         return found[0]
 
     @property
-    def sts(self):
-        return self.one("StatefulSet")
+    def workload(self):
+        """The one StatefulSet (sled) or Deployment (PostgreSQL) running agentrt."""
+        found = [d for d in self.docs if d.get("kind") in WORKLOADS]
+        need(len(found) == 1, f"expected one StatefulSet or Deployment, found {len(found)}")
+        return found[0]
 
     @property
     def pod(self):
-        return self.sts["spec"]["template"]["spec"]
+        return self.workload["spec"]["template"]["spec"]
 
     @property
     def container(self):
@@ -121,6 +130,15 @@ class Render:
         cm = self.one("ConfigMap", vol["configMap"]["name"])
         need(key in cm.get("data", {}), f"ConfigMap {cm['metadata']['name']} has no key {key}")
         return tomllib.loads(cm["data"][key])
+
+    @property
+    def store_kind(self):
+        return self.config.get("store", {}).get("kind", "sled")
+
+    def env(self, name):
+        found = [e for e in self.container.get("env", []) if e["name"] == name]
+        need(len(found) == 1, f"the container sets {name} {len(found)} times, not once")
+        return found[0]
 
     def port(self, name):
         for p in self.container.get("ports", []):
@@ -174,13 +192,81 @@ def grace_period_covers_prestop_and_shutdown_grace(r):
 
 @check
 def data_dir_is_on_the_claimed_volume(r):
+    if r.store_kind != "sled":
+        return  # shared_store_replicas_are_stateless covers the other stores
+    need(r.workload["kind"] == "StatefulSet", "sled runs in a StatefulSet (its volume is the pod's)")
     data_dir = r.config.get("data_dir")
     need(data_dir, "config.toml sets no data_dir (the default ./agentrt-data is on the image)")
     mount, vol = r.mount_for(data_dir)
-    claims = {t["metadata"]["name"] for t in r.sts["spec"].get("volumeClaimTemplates", [])}
+    claims = {t["metadata"]["name"] for t in r.workload["spec"].get("volumeClaimTemplates", [])}
     need(mount["name"] in claims and vol is None,
          f"data_dir {data_dir} is on {mount['name']}, not a volumeClaimTemplate ({sorted(claims)})")
     need(not mount.get("readOnly"), "the data volume is mounted read-only")
+
+
+def _from_secret(r, var, what):
+    ref = r.env(var).get("valueFrom", {}).get("secretKeyRef")
+    need(ref and ref.get("name") and ref.get("key"), f"{what} ({var}) is not from a secretKeyRef")
+
+
+@check
+def shared_store_replicas_are_stateless(r):
+    """PostgreSQL mode: a Deployment with no volume claim, secrets from
+    Secrets, the internal port declared, advertised at the pod IP, open only
+    between agentrt pods, and an HPA on the Deployment."""
+    if r.store_kind == "sled":
+        return
+    cfg = r.config
+    need(r.store_kind == "postgres", f"unknown [store] kind {r.store_kind!r}")
+    w = r.workload
+    need(w["kind"] == "Deployment", f"PostgreSQL replicas run as a {w['kind']}, not a Deployment")
+    need(not r.all("PersistentVolumeClaim") and not w["spec"].get("volumeClaimTemplates")
+         and not any("persistentVolumeClaim" in v for v in r.pod.get("volumes", [])),
+         "a PostgreSQL replica claims a volume (it must be stateless)")
+    store = cfg["store"]
+    need("url" not in store, "the database URL (and its password) is written into the ConfigMap")
+    need(store.get("url_env"), "[store] has no url_env")
+    _from_secret(r, store["url_env"], "the database URL")
+    cluster = cfg.get("cluster")
+    need(cluster, "config.toml has no [cluster]: replicas could not forward to a turn's owner")
+    need(cluster.get("key_env"), "[cluster] has no key_env")
+    _from_secret(r, cluster["key_env"], "the cluster key")
+    listen = cluster.get("listen", "")
+    need(listen.startswith("0.0.0.0:"), "[cluster] listen is not on all interfaces")
+    port = int(listen.rsplit(":", 1)[1])
+    need(r.port("cluster") == port, f"[cluster] listen port {port} != container port cluster")
+    need(port != r.port("grpc"), "the internal service shares the public port")
+    advertise = r.arg("--cluster-advertise")
+    need(advertise == f"http://$(POD_IP):{port}",
+         f"--cluster-advertise {advertise!r} is not http://$(POD_IP):{port}")
+    pod_ip = r.env("POD_IP").get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+    need(pod_ip == "status.podIP", "POD_IP is not the downward API's status.podIP")
+    labels = w["spec"]["template"]["metadata"]["labels"]
+    policy = r.one("NetworkPolicy")
+
+    def only_agentrt(peers):
+        return bool(peers) and all(
+            set(p) == {"podSelector"} and p["podSelector"].get("matchLabels", {}).items() <= labels.items()
+            and p["podSelector"].get("matchLabels") for p in peers)
+
+    for direction, peers_key in (("ingress", "from"), ("egress", "to")):
+        rules = [rule for rule in policy["spec"].get(direction, [])
+                 if any(p.get("port") == port for p in rule.get("ports", [])) or not rule.get("ports")]
+        need(rules, f"NetworkPolicy {direction} does not allow the internal port {port}")
+        for rule in rules:
+            need(only_agentrt(rule.get(peers_key)),
+                 f"NetworkPolicy {direction} opens port {port} beyond the agentrt pods")
+    hpas = [h for h in r.all("HorizontalPodAutoscaler")
+            if h["spec"]["scaleTargetRef"]["kind"] == "Deployment"
+            and h["spec"]["scaleTargetRef"]["name"] == w["metadata"]["name"]]
+    need(len(hpas) == 1, "no HorizontalPodAutoscaler scales the Deployment")
+    hpa = hpas[0]
+    need(hpa["apiVersion"] == "autoscaling/v2", "the HPA is not autoscaling/v2")
+    need(any(m["type"] == "Resource" and m["resource"]["name"] == "cpu" for m in hpa["spec"]["metrics"]),
+         "the HPA does not scale on CPU")
+    need(hpa["spec"].get("minReplicas", 1) >= 2, "the HPA may scale to one replica (no failover)")
+    need("replicas" not in w["spec"], "the Deployment sets replicas, which every apply would reset under the HPA")
+    need(r.container["resources"].get("requests", {}).get("cpu"), "no CPU request for the HPA's utilization")
 
 
 @check
@@ -230,8 +316,9 @@ def listen_ports_match_container_services_and_policy(r):
     need(int(metrics.rsplit(":", 1)[1]) == r.port("metrics"), "metrics_listen port != container port metrics")
     need(cfg.get("log_format") == "json", "log_format is not json")
     services = r.all("Service")
-    need(any(s["spec"].get("clusterIP") == "None" and s["metadata"]["name"] == r.sts["spec"]["serviceName"]
-             for s in services), "serviceName is not a headless Service")
+    if r.workload["kind"] == "StatefulSet":
+        need(any(s["spec"].get("clusterIP") == "None" and s["metadata"]["name"] == r.workload["spec"]["serviceName"]
+                 for s in services), "serviceName is not a headless Service")
     for s in services:
         grpc = [p for p in s["spec"]["ports"] if p["name"] == "grpc"]
         need(grpc and grpc[0].get("appProtocol") == "grpc", f"Service {s['metadata']['name']}: no grpc port with appProtocol grpc")
@@ -242,12 +329,13 @@ def listen_ports_match_container_services_and_policy(r):
     r.one("PodDisruptionBudget")
     res = r.container.get("resources", {})
     need(res.get("requests") and res.get("limits"), "no resource requests/limits")
-    need(r.sts["spec"]["replicas"] == 1, "more than one replica on sled (P10)")
+    if r.store_kind == "sled":
+        need(r.workload["spec"]["replicas"] == 1, "more than one replica on sled (one process per data dir)")
 
 
 @check
 def mesh_proxies_outlive_the_drain(r):
-    meta = r.sts["spec"]["template"]["metadata"]
+    meta = r.workload["spec"]["template"]["metadata"]
     ann, labels = meta.get("annotations", {}), meta.get("labels", {})
     grace = r.pod.get("terminationGracePeriodSeconds", 30)
     budget = r.drain_budget()
@@ -431,8 +519,24 @@ def run_checks(render):
 
 # Each mutation breaks one thing the checks must catch: (name, check, fn).
 def _container(docs):
-    sts = next(d for d in docs if d["kind"] == "StatefulSet")
-    return sts, sts["spec"]["template"]["spec"], sts["spec"]["template"]["spec"]["containers"][0]
+    w = next(d for d in docs if d["kind"] in WORKLOADS)
+    return w, w["spec"]["template"]["spec"], w["spec"]["template"]["spec"]["containers"][0]
+
+
+def _env(docs, name):
+    return next(e for e in _container(docs)[2]["env"] if e["name"] == name)
+
+
+def _literal_env(docs, name, value):
+    e = _env(docs, name)
+    e.pop("valueFrom")
+    e["value"] = value
+
+
+def _policy_rule(docs, direction, port):
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    return next(rule for rule in policy["spec"][direction]
+                if any(p.get("port") == port for p in rule.get("ports", [])))
 
 
 def _set_config(docs, old, new):
@@ -466,10 +570,33 @@ MUTATIONS = [
 ]
 
 
-def self_test(render):
+# Breaks of the PostgreSQL variant, applied to the first PostgreSQL render.
+PG_MUTATIONS = [
+    ("database URL inline in the ConfigMap", "shared_store_replicas_are_stateless",
+     lambda d: _set_config(d, 'url_env = "AGENTRT_DATABASE_URL"', 'url = "postgresql://u:pw@db/agentrt"')),
+    ("database URL as a literal env value", "shared_store_replicas_are_stateless",
+     lambda d: _literal_env(d, "AGENTRT_DATABASE_URL", "postgresql://u:pw@db/agentrt")),
+    ("cluster key as a literal env value", "shared_store_replicas_are_stateless",
+     lambda d: _literal_env(d, "AGENTRT_CLUSTER_KEY", "not-a-secret")),
+    ("a PersistentVolumeClaim volume", "shared_store_replicas_are_stateless",
+     lambda d: _container(d)[1]["volumes"].append({"name": "data", "persistentVolumeClaim": {"claimName": "x"}})),
+    ("internal port not declared", "shared_store_replicas_are_stateless",
+     lambda d: _container(d)[2].update(ports=[p for p in _container(d)[2]["ports"] if p["name"] != "cluster"])),
+    ("advertise a fixed host", "shared_store_replicas_are_stateless",
+     lambda d: _container(d)[2].update(args=["--config", "/etc/agentrt/config.toml",
+                                             "--cluster-advertise", "http://agentrt:50052"])),
+    ("internal port open to every pod", "shared_store_replicas_are_stateless",
+     lambda d: _policy_rule(d, "ingress", 50052).pop("from")),
+    ("HPA on another workload", "shared_store_replicas_are_stateless",
+     lambda d: next(x for x in d if x["kind"] == "HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]
+     .update(name="other")),
+]
+
+
+def self_test(render, mutations=MUTATIONS):
     """Each mutation must make its check fail (so no check is vacuous)."""
     results = []
-    for name, target, mutate in MUTATIONS:
+    for name, target, mutate in mutations:
         broken = Render(render.name + "*", copy.deepcopy(render.docs))
         try:
             mutate(broken.docs)
@@ -480,6 +607,13 @@ def self_test(render):
         results.append((f"self-test: {name} fails {target}",
                         None if target in failing else f"{target} still passes"))
     return results
+
+
+def _kind_or_none(render):
+    try:
+        return render.store_kind
+    except Failed:
+        return None  # a broken render; its checks already say why
 
 
 def main():
@@ -497,6 +631,9 @@ def main():
         results += [(f"{r.name}: {c}", why) for c, why in run_checks(r)]
     results += dockerfile_checks(args.dockerfile, renders)
     results += self_test(renders[0])
+    pg = [r for r in renders if _kind_or_none(r) == "postgres"]
+    if pg:
+        results += self_test(pg[0], PG_MUTATIONS)
     passed = failed = 0
     for name, why in results:
         if why is None:

@@ -15,7 +15,7 @@ use crate::driver::{Recorder, agentrt_turn, run_loops};
 use crate::load::{Load, fail_note, lat3};
 use crate::markdown::{num, table};
 use crate::scenarios::{Env, Measure, create_session, create_sessions};
-use crate::server::Child;
+use crate::server::{Child, ServerSpec};
 
 const ECHO: &str = "builtin/echo";
 
@@ -43,10 +43,21 @@ pub(crate) struct S7 {
 
 /// S6: `n` sessions each running echo turns back to back.
 pub(crate) async fn s6(env: &Env) -> Result<Vec<Load>, String> {
+    s6_on(env, &env.spec, "S6", &env.plan.s6_levels).await
+}
+
+/// [`s6`] at `levels` against one server started as `spec` says (the P10
+/// part runs it on sled and on PostgreSQL), in the run directory `name`.
+pub(crate) async fn s6_on(
+    env: &Env,
+    spec: &ServerSpec,
+    name: &str,
+    levels: &[usize],
+) -> Result<Vec<Load>, String> {
     let plan = &env.plan;
-    let run = env.fresh_server("s6", 1).await?;
+    let run = env.fresh_server_with(spec, name, 1).await?;
     let mut out = Vec::new();
-    for &n in &plan.s6_levels {
+    for &n in levels {
         let ids: Vec<String> = (0..n).map(|i| format!("s6-{n}-{i}")).collect();
         create_sessions(&run.clients, &ids).await?;
         let rec = Arc::new(Recorder::default());
@@ -77,7 +88,7 @@ pub(crate) async fn s6(env: &Env) -> Result<Vec<Load>, String> {
         out.push(
             measure
                 .end(
-                    &format!("S6 echo turns c={n}"),
+                    &format!("{name} echo turns c={n}"),
                     n,
                     &rec.take(),
                     elapsed,

@@ -17,6 +17,7 @@ use crate::scenarios::{
     Env, Measure, agentrt_loops, bench_only, create_session, create_sessions, direct_load,
     echo_load, nominal,
 };
+use crate::server::ServerSpec;
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct S1 {
@@ -77,21 +78,36 @@ pub(crate) async fn s1(env: &Env) -> Result<S1, String> {
 /// S2 at one concurrency: the same paced load read directly from the fake,
 /// through the bare echo, and through agentrt (fresh processes each).
 pub(crate) async fn s2_level(env: &Env, sessions: usize) -> Result<S2Level, String> {
+    s2_level_on(env, &env.spec, "S2", sessions).await
+}
+
+/// [`s2_level`] with the agentrt server started as `spec` says (the P10
+/// part runs it on sled and on PostgreSQL); `name` labels its runs.
+pub(crate) async fn s2_level_on(
+    env: &Env,
+    spec: &ServerSpec,
+    name: &str,
+    sessions: usize,
+) -> Result<S2Level, String> {
     let p = env.plan.s2;
     let stagger = nominal(p);
     let grace = env.plan.turn_limit + Duration::from_secs(5);
     let side = env.plan.s2_side_window;
 
     // Direct from the fake at the same concurrency.
-    let label = format!("S2 direct c={sessions}");
+    let label = format!("{name} direct c={sessions}");
     let direct = direct_load(env, &label, sessions, p, (side, stagger)).await;
 
     // The bare echo with the same pacing.
-    let echo = echo_load(env, &format!("S2 echo c={sessions}"), sessions, p, side).await?;
+    let echo = echo_load(env, &format!("{name} echo c={sessions}"), sessions, p, side).await?;
 
     // agentrt.
     let run = env
-        .fresh_server(&format!("s2-{sessions}"), connections_for(sessions))
+        .fresh_server_with(
+            spec,
+            &format!("{name}-{sessions}"),
+            connections_for(sessions),
+        )
         .await?;
     let ids: Vec<String> = (0..sessions).map(|i| format!("s2-{i}")).collect();
     create_sessions(&run.clients, &ids).await?;
@@ -101,7 +117,7 @@ pub(crate) async fn s2_level(env: &Env, sessions: usize) -> Result<S2Level, Stri
     let elapsed = agentrt_loops(env, &run.clients, ids, &rec, p, windows).await;
     let agentrt = measure
         .end(
-            &format!("S2 agentrt c={sessions}"),
+            &format!("{name} agentrt c={sessions}"),
             sessions,
             &rec.take(),
             elapsed,

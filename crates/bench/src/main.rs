@@ -10,7 +10,12 @@
 //! cargo build --release -p agentrt-server -p agentrt-bench
 //! target/release/agentrt-bench --json target/bench.json     # full, ~6 min
 //! target/release/agentrt-bench --smoke                      # seconds, for CI
+//! target/release/agentrt-bench --only p10                   # PostgreSQL vs sled, forwarding
 //! ```
+//!
+//! The `p10` part needs PostgreSQL (the system's binaries, or
+//! `AGENTRT_TEST_PG_URL`); without it the part is skipped with a note, and
+//! `--smoke` runs it only when asked for with `--only p10`.
 
 mod baseline;
 mod context;
@@ -27,6 +32,7 @@ mod report;
 mod saturation;
 mod scenarios;
 mod server;
+mod shared_store;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -62,8 +68,10 @@ struct Cli {
     #[arg(long)]
     smoke: bool,
     /// Only these parts, comma-separated:
-    /// baselines,s1,s2,s3,s4,s6,s7,s9,local,otel.
-    /// `otel` runs S2 at `--otel-sessions` with telemetry off, then on.
+    /// baselines,s1,s2,s3,s4,s6,s7,s9,local,otel,p10.
+    /// `otel` runs S2 at `--otel-sessions` with telemetry off, then on;
+    /// `p10` runs S6 and S2 on sled and PostgreSQL and the forwarding
+    /// scenario (needs PostgreSQL; see `shared_store`).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Runs the server (and the echo baseline) under `taskset -c CPUS`.
@@ -102,6 +110,25 @@ fn params(ttft_ms: u64, tokens: u32, rate: f64) -> StreamParams {
         ttft: Duration::from_millis(ttft_ms),
         tokens,
         rate,
+    }
+}
+
+fn p10_plan(smoke: bool) -> shared_store::P10Plan {
+    if smoke {
+        return shared_store::P10Plan {
+            s6_levels: vec![2],
+            s2_sessions: 2,
+            fwd: params(200, 10, 200.0),
+            fwd_watchers: 1,
+            fwd_turns: 1,
+        };
+    }
+    shared_store::P10Plan {
+        s6_levels: vec![8, 64],
+        s2_sessions: 100,
+        fwd: params(300, 500, 200.0),
+        fwd_watchers: 10,
+        fwd_turns: 5,
     }
 }
 
@@ -361,6 +388,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
             cpus: cli.server_cpus.clone(),
             log_filter: cli.server_log.clone(),
             env: Vec::new(),
+            config_tail: String::new(),
         },
         fake: Arc::new(
             FakeServer::start()
@@ -504,6 +532,27 @@ async fn run(cli: Cli) -> Result<bool, String> {
                 eprintln!("agentrt-bench: local {why}");
                 r.local_skipped = Some(why.to_owned());
             }
+        }
+    }
+    // The smoke run (CI's bench stage) must not need PostgreSQL.
+    let asked = |part: &str| cli.only.iter().any(|o| o == part);
+    if want("p10") && (!cli.smoke || asked("p10")) {
+        match bounded(
+            "P10",
+            limit * 3,
+            shared_store::p10(&env, &p10_plan(cli.smoke)),
+        )
+        .await
+        {
+            Ok(p) => {
+                note_failures("P10", &shared_store::loads(&p), &mut failures);
+                r.p10 = Some(p);
+            }
+            Err(e) if e.ends_with(shared_store::NO_POSTGRES) => {
+                eprintln!("agentrt-bench: P10 skipped: {e}");
+                r.p10_skipped = Some(e);
+            }
+            Err(e) => failures.push(e),
         }
     }
     let unknown = env

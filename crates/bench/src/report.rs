@@ -15,6 +15,7 @@ use crate::local::{self, LocalModel};
 use crate::markdown::{num, table};
 use crate::otel::{self, OtelCompare};
 use crate::saturation::{self, Baselines, S3, S4Level};
+use crate::shared_store;
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct Machine {
@@ -90,6 +91,10 @@ pub(crate) struct Report {
     pub(crate) local_skipped: Option<String>,
     /// S2 with telemetry off and on (`otel` part).
     pub(crate) otel: Option<OtelCompare>,
+    /// PostgreSQL beside sled, and forwarding (`p10` part).
+    pub(crate) p10: Option<shared_store::P10>,
+    /// Why the p10 part did not run.
+    pub(crate) p10_skipped: Option<String>,
     pub(crate) targets: Vec<Target>,
     pub(crate) failures: Vec<String>,
 }
@@ -115,25 +120,17 @@ pub(crate) fn markdown(r: &Report) -> String {
         m.kernel,
         m.rustc
     );
-    let _ = writeln!(out, "## Summary: targets ({} run)\n", r.mode);
-    let rows: Vec<Vec<String>> = r
-        .targets
+    // A run of parts without targets (e.g. `--only p10`) has no summary.
+    if !r.targets.is_empty() {
+        targets_table(&mut out, r);
+    }
+    let b = &r.baselines;
+    if [&b.echo_ttfe, &b.echo_saturation, &b.echo_unpaced]
         .iter()
-        .map(|t| {
-            vec![
-                t.name.clone(),
-                t.target.clone(),
-                t.measured.clone(),
-                format!("{:.2}", t.ratio),
-                if t.met { "met" } else { "**missed**" }.to_owned(),
-            ]
-        })
-        .collect();
-    out.push_str(&table(
-        &["target", "bound", "measured", "measured ÷ bound", ""],
-        &rows,
-    ));
-    out.push_str(&saturation::markdown_baselines(&r.baselines));
+        .any(|l| l.turns > 0)
+    {
+        out.push_str(&saturation::markdown_baselines(b));
+    }
     if let Some(s1) = &r.s1 {
         out.push_str(&latency::markdown_s1(s1));
     }
@@ -163,6 +160,11 @@ pub(crate) fn markdown(r: &Report) -> String {
     if let Some(o) = &r.otel {
         let _ = writeln!(out, "\n{}", otel::markdown(o));
     }
+    if let Some(p) = &r.p10 {
+        out.push_str(&shared_store::markdown(p));
+    } else if let Some(why) = &r.p10_skipped {
+        let _ = writeln!(out, "\n## P10: PostgreSQL and forwarding\n\nskipped: {why}");
+    }
     if !r.failures.is_empty() {
         let _ = writeln!(out, "\n## Failures\n");
         for f in &r.failures {
@@ -170,6 +172,28 @@ pub(crate) fn markdown(r: &Report) -> String {
         }
     }
     out
+}
+
+/// The targets table (the run's summary).
+fn targets_table(out: &mut String, r: &Report) {
+    let _ = writeln!(out, "## Summary: targets ({} run)\n", r.mode);
+    let rows: Vec<Vec<String>> = r
+        .targets
+        .iter()
+        .map(|t| {
+            vec![
+                t.name.clone(),
+                t.target.clone(),
+                t.measured.clone(),
+                format!("{:.2}", t.ratio),
+                if t.met { "met" } else { "**missed**" }.to_owned(),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &["target", "bound", "measured", "measured ÷ bound", ""],
+        &rows,
+    ));
 }
 
 #[cfg(test)]

@@ -37,6 +37,9 @@ pub(crate) struct ServerSpec {
     /// Extra environment for the server (the telemetry comparison's
     /// `OTEL_*` variables).
     pub(crate) env: Vec<(String, String)>,
+    /// TOML appended to [`server_config`] (the P10 part's `[store]` and
+    /// `[cluster]` tables); empty for the default sled server.
+    pub(crate) config_tail: String,
 }
 
 /// The TOML config the benches give the server.
@@ -63,7 +66,8 @@ impl Child {
         data_dir: &Path,
         fake_base_url: &str,
     ) -> Result<Self, String> {
-        Self::agentrt_with_config(spec, dir, data_dir, &server_config(fake_base_url)).await
+        let config = server_config(fake_base_url) + &spec.config_tail;
+        Self::agentrt_with_config(spec, dir, data_dir, &config).await
     }
 
     /// Starts `agentrt-server` on `127.0.0.1:0` with `data_dir` and the

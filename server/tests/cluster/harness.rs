@@ -1,0 +1,431 @@
+//! Three (or more) `agentrt-server` processes on loopback sharing one
+//! PostgreSQL database: each with its own config file (`[store] kind =
+//! "postgres"` with the URL in an environment variable, a short lease,
+//! `[cluster]` on `127.0.0.1:0` with a shared key), all on one
+//! [`Upstream`]. A replica is started, SIGKILLed, SIGTERMed and restarted
+//! by index; its public and cluster addresses come from the two lines it
+//! prints on stdout.
+
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use agentrt_client::{ChatEvent, Client, Error, Event, EventStream, TurnSummary, proto};
+use agentrt_testkit::pg::TestDb;
+use futures::StreamExt as _;
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::process::{Child, Command};
+
+use super::upstream::{TOOL, Upstream};
+
+/// `[store] lease_ttl_ms` of every replica.
+pub(crate) const LEASE_TTL: Duration = Duration::from_millis(1500);
+const URL_ENV: &str = "AGENTRT_CLUSTER_TEST_DATABASE_URL";
+const KEY_ENV: &str = "AGENTRT_CLUSTER_TEST_KEY";
+/// How long a debug build may take to start (migrations included).
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The tests of this file run one at a time: three server processes each
+/// are plenty for two cores, and the timing bounds they assert (Stop
+/// within 1 s, takeover within the lease plus 1 s) should not measure the
+/// other tests' load.
+pub(crate) async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
+/// One running replica.
+pub(crate) struct Replica {
+    child: Child,
+    /// `http://127.0.0.1:PORT` of the public gRPC listener.
+    pub(crate) url: String,
+    /// `127.0.0.1:PORT` of the internal cluster service.
+    pub(crate) cluster_addr: String,
+    pub(crate) client: Client,
+    db_url: String,
+    /// Reads what the process prints after its address lines, so a write
+    /// to stdout never fails on a closed pipe.
+    _stdout: tokio::task::JoinHandle<()>,
+}
+
+impl Replica {
+    pub(crate) fn pid(&self) -> i32 {
+        i32::try_from(self.child.id().expect("the replica runs")).unwrap()
+    }
+}
+
+pub(crate) struct Cluster {
+    pub(crate) upstream: Upstream,
+    pub(crate) db: TestDb,
+    dir: tempfile::TempDir,
+    key: String,
+    grace: &'static str,
+    replicas: Vec<Option<Replica>>,
+}
+
+impl Cluster {
+    /// `n` replicas on a fresh database, or `None` when there is no
+    /// PostgreSQL (the testkit printed why; under `CI=true` it panicked).
+    pub(crate) async fn start(n: usize) -> Option<Self> {
+        Self::start_with(n, "1s").await
+    }
+
+    /// Like [`Cluster::start`], with this `shutdown_grace`.
+    pub(crate) async fn start_with(n: usize, grace: &'static str) -> Option<Self> {
+        let db = agentrt_testkit::pg::database().await?;
+        let mut cluster = Self {
+            upstream: Upstream::start().await,
+            db,
+            dir: tempfile::tempdir().unwrap(),
+            key: format!("cluster-test-key-{}", std::process::id()),
+            grace,
+            replicas: Vec::new(),
+        };
+        for _ in 0..n {
+            let url = cluster.db.url.clone();
+            cluster.add(&url).await;
+        }
+        Some(cluster)
+    }
+
+    /// Starts one more replica whose database URL is `db_url` (the test
+    /// database's, or a proxy's in front of it); returns its index.
+    pub(crate) async fn add(&mut self, db_url: &str) -> usize {
+        let index = self.replicas.len();
+        let replica = self.spawn(index, db_url).await;
+        self.replicas.push(Some(replica));
+        index
+    }
+
+    pub(crate) fn replica(&self, i: usize) -> &Replica {
+        self.replicas[i]
+            .as_ref()
+            .unwrap_or_else(|| panic!("replica {i} is not running"))
+    }
+
+    pub(crate) fn client(&self, i: usize) -> &Client {
+        &self.replica(i).client
+    }
+
+    /// A new session (created through replica 0).
+    pub(crate) async fn session(&self) -> String {
+        self.client(0)
+            .create_session(proto::CreateSessionRequest::default())
+            .await
+            .unwrap()
+            .session_id
+    }
+
+    /// SIGKILL: the process ends at once, holding whatever leases it had.
+    pub(crate) async fn kill(&mut self, i: usize) {
+        let mut replica = self.replicas[i].take().expect("a running replica");
+        replica.child.kill().await.unwrap();
+    }
+
+    /// Starts replica `i` again (after [`Cluster::kill`] or an exit), on the
+    /// same database URL.
+    pub(crate) async fn restart(&mut self, i: usize, db_url: &str) {
+        assert!(self.replicas[i].is_none(), "replica {i} still runs");
+        let replica = self.spawn(i, db_url).await;
+        self.replicas[i] = Some(replica);
+    }
+
+    /// The database URL replica `i` was started with.
+    pub(crate) fn db_url(&self, i: usize) -> String {
+        self.replica(i).db_url.clone()
+    }
+
+    pub(crate) fn sigterm(&self, i: usize) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.replica(i).pid()),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+    }
+
+    /// Waits (at most `within`) for replica `i` to exit on its own.
+    pub(crate) async fn wait_exit(&mut self, i: usize, within: Duration) -> ExitStatus {
+        let mut replica = self.replicas[i].take().expect("a running replica");
+        tokio::time::timeout(within, replica.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("replica {i} did not exit within {within:?}"))
+            .unwrap()
+    }
+
+    async fn spawn(&self, i: usize, db_url: &str) -> Replica {
+        let config = self.dir.path().join(format!("replica-{i}.toml"));
+        std::fs::write(&config, self.config_text()).unwrap();
+        let workdir = self.dir.path().join(format!("replica-{i}"));
+        std::fs::create_dir_all(&workdir).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_agentrt-server"))
+            .args(["--listen", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .current_dir(&workdir)
+            .env("AGENTRT_LOG", "warn")
+            .env(URL_ENV, db_url)
+            .env(KEY_ENV, &self.key)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut cluster_addr = None;
+        let url = loop {
+            let line = tokio::time::timeout(START_TIMEOUT, lines.next_line())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("replica {i} printed no address within {START_TIMEOUT:?}")
+                })
+                .unwrap()
+                .unwrap_or_else(|| panic!("replica {i} exited before listening (see its stderr)"));
+            if let Some(addr) = line.strip_prefix("agentrt-server cluster service listening on ") {
+                cluster_addr = Some(addr.to_owned());
+            } else if let Some(addr) = line.strip_prefix("agentrt-server listening on ") {
+                break format!("http://{addr}");
+            } else {
+                panic!("replica {i}: unexpected line on stdout {line:?}");
+            }
+        };
+        let cluster_addr = cluster_addr.unwrap_or_else(|| {
+            panic!("replica {i} announced no cluster service before its address")
+        });
+        let drain = tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let client = Client::connect(url.clone()).await.unwrap();
+        Replica {
+            child,
+            url,
+            cluster_addr,
+            client,
+            db_url: db_url.to_owned(),
+            _stdout: drain,
+        }
+    }
+
+    fn config_text(&self) -> String {
+        format!(
+            "default_model = \"fake/m\"\n\
+             shutdown_grace = \"{grace}\"\n\
+             \n\
+             [store]\n\
+             kind = \"postgres\"\n\
+             url_env = \"{URL_ENV}\"\n\
+             pool_size = 4\n\
+             lease_ttl_ms = {ttl}\n\
+             \n\
+             [cluster]\n\
+             listen = \"127.0.0.1:0\"\n\
+             key_env = \"{KEY_ENV}\"\n\
+             \n\
+             [[providers]]\n\
+             name = \"fake\"\n\
+             kind = \"openai\"\n\
+             base_url = \"{base}\"\n",
+            grace = self.grace,
+            ttl = LEASE_TTL.as_millis(),
+            base = self.upstream.base_url(),
+        )
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for replica in self.replicas.iter_mut().flatten() {
+            let _ = replica.child.start_kill();
+        }
+    }
+}
+
+/// A Chat of one text block.
+pub(crate) fn text_request(session: &str, text: &str) -> proto::ChatRequest {
+    proto::ChatRequest {
+        session_id: session.to_owned(),
+        content: vec![proto::ContentBlock {
+            block: Some(proto::content_block::Block::Text(proto::TextBlock {
+                text: text.to_owned(),
+            })),
+        }],
+        ..Default::default()
+    }
+}
+
+/// A Chat that offers the caller tool the upstream's `tool KEY` calls.
+pub(crate) fn tool_request(session: &str, key: &str) -> proto::ChatRequest {
+    let mut req = text_request(session, &format!("tool {key}"));
+    req.extra_tools = vec![proto::ToolDefinition {
+        name: TOOL.to_owned(),
+        description: "looks something up (the caller runs it)".to_owned(),
+        parameters_json_schema: r#"{"type":"object","properties":{}}"#.to_owned(),
+    }];
+    req
+}
+
+/// The `google.rpc.ErrorInfo` reason of an ABORTED admission, or `None`
+/// for any other outcome.
+pub(crate) fn aborted_reason(err: &Error) -> Option<String> {
+    use tonic_types::StatusExt as _;
+    match err {
+        Error::Status(s) if s.code() == tonic::Code::Aborted => Some(
+            s.get_details_error_info()
+                .map(|i| i.reason)
+                .unwrap_or_default(),
+        ),
+        _ => None,
+    }
+}
+
+/// Reads events until one matches `stop` (returned last), failing after
+/// `within` or at the stream's end.
+pub(crate) async fn read_until(
+    events: &mut EventStream,
+    within: Duration,
+    stop: impl Fn(&Event) -> bool,
+) -> Vec<Event> {
+    let deadline = Instant::now() + within;
+    let mut seen = Vec::new();
+    loop {
+        let next = tokio::time::timeout_at(deadline.into(), events.next())
+            .await
+            .unwrap_or_else(|_| panic!("no matching event within {within:?}; saw {seen:?}"));
+        let event = match next {
+            Some(Ok(e)) => e,
+            Some(Err(e)) => panic!("stream failed: {e}; saw {seen:?}"),
+            None => panic!("stream ended; saw {seen:?}"),
+        };
+        let done = stop(&event);
+        seen.push(event);
+        if done {
+            return seen;
+        }
+    }
+}
+
+/// The rest of a turn, bounded by `within`.
+pub(crate) async fn finish(events: EventStream, within: Duration) -> TurnSummary {
+    tokio::time::timeout(within, events.finish())
+        .await
+        .unwrap_or_else(|_| panic!("the turn did not finish within {within:?}"))
+        .unwrap()
+}
+
+pub(crate) fn is_text(e: &Event) -> bool {
+    matches!(e.kind, ChatEvent::Text(_))
+}
+
+pub(crate) fn finished(e: &Event) -> Option<(proto::TurnOutcome, proto::CancelReason)> {
+    match e.kind {
+        ChatEvent::TurnFinished {
+            outcome,
+            cancel_reason,
+            ..
+        } => Some((outcome, cancel_reason)),
+        _ => None,
+    }
+}
+
+/// The turn's end as its events say.
+pub(crate) fn outcome(summary: &TurnSummary) -> Option<(proto::TurnOutcome, proto::CancelReason)> {
+    summary.events.iter().find_map(finished)
+}
+
+/// The turn's `error` events and trailing status, for failure messages.
+pub(crate) fn errors(summary: &TurnSummary) -> String {
+    let mut out: Vec<String> = summary
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            ChatEvent::Error { code, message } => Some(format!("{code:?}: {message}")),
+            _ => None,
+        })
+        .collect();
+    if let Some(s) = &summary.status {
+        out.push(format!("status {:?}: {}", s.code(), s.message()));
+    }
+    out.join("; ")
+}
+
+/// Event seqs are 1, 2, 3, … with no gap or repeat.
+pub(crate) fn assert_contiguous(events: &[Event], what: &str) {
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    let want: Vec<u64> = (1..=seqs.len() as u64).collect();
+    assert_eq!(seqs, want, "{what}: event seqs");
+}
+
+fn text_of(m: &proto::Message) -> String {
+    m.content
+        .iter()
+        .filter_map(|b| match &b.block {
+            Some(proto::content_block::Block::Text(t)) => Some(t.text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What must hold of any history, whatever happened to the replicas:
+/// seqs 1..n with no gap, no message id twice, each turn's user message
+/// once, each tool call answered exactly once. Returns the user texts.
+pub(crate) fn assert_history_sound(history: &[proto::Message], what: &str) -> Vec<String> {
+    let seqs: Vec<u64> = history.iter().map(|m| m.seq).collect();
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "{what}: history seqs"
+    );
+    let mut ids: Vec<&str> = history.iter().map(|m| m.id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), history.len(), "{what}: a message id twice");
+    let mut users = std::collections::HashMap::<&str, usize>::new();
+    let mut calls = std::collections::HashMap::<String, usize>::new();
+    let mut answers = std::collections::HashMap::<String, usize>::new();
+    for m in history {
+        if m.role() == proto::Role::User {
+            *users.entry(m.turn_id.as_str()).or_default() += 1;
+        }
+        for block in &m.content {
+            match &block.block {
+                Some(proto::content_block::Block::ToolCall(c)) => {
+                    *calls.entry(c.id.clone()).or_default() += 1;
+                }
+                Some(proto::content_block::Block::ToolResult(r)) => {
+                    *answers.entry(r.call_id.clone()).or_default() += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    for (turn, n) in &users {
+        assert_eq!(*n, 1, "{what}: turn {turn} has {n} user messages");
+    }
+    for (call, n) in &calls {
+        assert_eq!(*n, 1, "{what}: tool call {call} stored {n} times");
+        assert_eq!(
+            answers.get(call).copied().unwrap_or(0),
+            1,
+            "{what}: tool call {call} is not answered exactly once"
+        );
+    }
+    assert!(
+        answers.keys().all(|a| calls.contains_key(a)),
+        "{what}: a result without its call"
+    );
+    history
+        .iter()
+        .filter(|m| m.role() == proto::Role::User)
+        .map(text_of)
+        .collect()
+}
+
+/// The tool results stored for `call_id`.
+pub(crate) fn results_of<'a>(
+    history: &'a [proto::Message],
+    call_id: &str,
+) -> Vec<&'a proto::ToolResultBlock> {
+    history
+        .iter()
+        .flat_map(|m| &m.content)
+        .filter_map(|b| match &b.block {
+            Some(proto::content_block::Block::ToolResult(r)) if r.call_id == call_id => Some(r),
+            _ => None,
+        })
+        .collect()
+}
