@@ -13,8 +13,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use deadpool_postgres::GenericClient;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio_postgres::{Row, Statement};
 use tokio_postgres::types::{FromSql, Json, ToSql};
+use tokio_postgres::{Row, Statement};
 
 use super::error::pg_error;
 use crate::store::sled_store::RECORD_VERSION;
