@@ -35,9 +35,7 @@ impl Runtime {
         if let Some(stream) = self.attach_if_live_from(&session, after_seq) {
             return Ok(Some(stream));
         }
-        if let Some(lease) = self.lease_elsewhere(session_id).await? {
-            return Err(RuntimeError::Elsewhere(lease));
-        }
+        self.not_elsewhere(session_id).await?;
         // Nothing is live anywhere: a wait for the next turn waits for one
         // admitted on this replica only.
         if !wait_for_turn {
@@ -80,10 +78,7 @@ impl Runtime {
             .cancel_live(&session, CancelReason::Stopped, STOP_WAIT)
             .await
         {
-            Cancelled::NothingLive => match self.lease_elsewhere(session_id).await? {
-                Some(lease) => Err(RuntimeError::Elsewhere(lease)),
-                None => Ok(false),
-            },
+            Cancelled::NothingLive => self.not_elsewhere(session_id).await.map(|()| false),
             Cancelled::Ended => Ok(true),
             // `stopped` means stopped: the turn is told and will end, but
             // saying so now would be a lie.
@@ -106,13 +101,13 @@ impl Runtime {
                 live: Some((turn.turn_id.clone(), turn.phase(), turn.started_at)),
                 watchers: turn.hub.watcher_count(),
             },
-            None => match self.lease_elsewhere(session_id).await? {
-                Some(lease) => return Err(RuntimeError::Elsewhere(lease)),
-                None => SessionStatus {
+            None => {
+                self.not_elsewhere(session_id).await?;
+                SessionStatus {
                     live: None,
                     watchers: 0,
-                },
-            },
+                }
+            }
         })
     }
 
@@ -120,7 +115,8 @@ impl Runtime {
     /// stopped first. On a shared store, a session whose live turn runs on
     /// another replica is answered there ([`RuntimeError::Elsewhere`] after
     /// this replica's runner is evicted), as are `subscribe`,
-    /// `stop_session` and `session_status`. A live turn keeps the selection it was admitted with.
+    /// `stop_session` and `session_status`. A live turn keeps the
+    /// selection it was admitted with.
     /// `true` when a runner was cached.
     pub async fn close_session(
         &self,

@@ -95,6 +95,16 @@ impl Runtime {
             .filter(|l| l.replica_id != shared.replica_id))
     }
 
+    /// `Err(Elsewhere)` when another replica holds the session's lease: the
+    /// call belongs to that replica (the adapter forwards it). What every
+    /// call on a session with no live turn here asks.
+    pub(crate) async fn not_elsewhere(&self, session_id: &str) -> Result<(), RuntimeError> {
+        match self.lease_elsewhere(session_id).await? {
+            Some(lease) => Err(RuntimeError::Elsewhere(lease)),
+            None => Ok(()),
+        }
+    }
+
     /// Watches whether the store answers (always `true` on a single-node
     /// store). Readiness follows it.
     pub fn store_reachable(&self) -> watch::Receiver<bool> {

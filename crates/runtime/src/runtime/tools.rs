@@ -154,9 +154,7 @@ impl Runtime {
         }
         let session = self.owned_session(who, session_id).await?;
         let Some(live) = self.live_of(&session).filter(|t| t.turn_id == turn_id) else {
-            if let Some(lease) = self.lease_elsewhere(session_id).await? {
-                return Err(RuntimeError::Elsewhere(lease));
-            }
+            self.not_elsewhere(session_id).await?;
             return Err(RuntimeError::FailedPrecondition(
                 "no live turn with that id in this session",
             ));
