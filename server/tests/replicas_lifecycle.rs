@@ -50,13 +50,7 @@ async fn a_forwarded_subscribe_dropped_by_its_caller_is_dropped_on_the_owner() {
     let a = replica(&db.url, true, &gate_models(&gate)).await;
     let b = replica(&db.url, true, &gate_models(&gate)).await;
     let session = new_session(&a).await;
-    let mut owner = runtime(&a)
-        .await
-        .chat(chat(&session, "gate/x", ""))
-        .await
-        .unwrap()
-        .into_inner();
-    until(&mut owner, is_text).await;
+    let mut owner = live_gate_turn(&a, &session).await;
     let mut watcher = runtime(&b)
         .await
         .subscribe(proto::SubscribeRequest {
@@ -180,13 +174,7 @@ async fn without_a_cluster_listener_calls_for_another_replicas_turn_are_unavaila
 
     // A turn on the replica without [cluster]: nobody can forward to it.
     let session = new_session(&alone).await;
-    let mut turn = runtime(&alone)
-        .await
-        .chat(chat(&session, "gate/x", ""))
-        .await
-        .unwrap()
-        .into_inner();
-    until(&mut turn, is_text).await;
+    let mut turn = live_gate_turn(&alone, &session).await;
     let err = status(&clustered, &session).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
     assert!(
@@ -199,13 +187,7 @@ async fn without_a_cluster_listener_calls_for_another_replicas_turn_are_unavaila
 
     // A turn on the clustered replica: the lone one cannot forward.
     let session = new_session(&clustered).await;
-    let mut turn = runtime(&clustered)
-        .await
-        .chat(chat(&session, "gate/x", ""))
-        .await
-        .unwrap()
-        .into_inner();
-    until(&mut turn, is_text).await;
+    let mut turn = live_gate_turn(&clustered, &session).await;
     let err = status(&alone, &session).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
     assert!(
@@ -232,13 +214,7 @@ async fn a_turn_whose_replica_cannot_renew_its_lease_stops_and_the_session_moves
     })
     .await;
     let session = new_session(&a).await;
-    let mut turn = runtime(&a)
-        .await
-        .chat(chat(&session, "gate/x", ""))
-        .await
-        .unwrap()
-        .into_inner();
-    until(&mut turn, is_text).await;
+    let mut turn = live_gate_turn(&a, &session).await;
 
     // No renewal can succeed: within about a lease time the turn stops,
     // telling its caller why, and stores nothing more.

@@ -157,6 +157,19 @@ pub fn outcome(events: &[proto::ChatEvent]) -> Option<proto::TurnOutcome> {
     })
 }
 
+/// A Chat on `r` with the gate model, read until its first text delta: a
+/// turn that stays live (on `r`) until the test releases the gate.
+pub async fn live_gate_turn(r: &Replica, session_id: &str) -> Events {
+    let mut turn = runtime(r)
+        .await
+        .chat(chat(session_id, "gate/x", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    until(&mut turn, is_text).await;
+    turn
+}
+
 pub fn gate_models(gate: &Arc<GateProvider>) -> Vec<(&'static str, Arc<dyn ModelProvider>)> {
     vec![("gate", Arc::clone(gate) as Arc<dyn ModelProvider>)]
 }
