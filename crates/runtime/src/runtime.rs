@@ -255,7 +255,7 @@ impl Runtime {
     ) -> Result<Self, RuntimeError> {
         let models = Selection::new(models, &config)?;
         recovery::recover(store.as_ref()).await?;
-        let shared = store.replica_id().map(leases::Shared::new);
+        let shared = store.replica_id().is_some().then(leases::Shared::new);
         let runtime = Self {
             inner: Arc::new(Inner {
                 shared,

@@ -46,21 +46,19 @@ pub(crate) const LEASE_LOST_MESSAGE: &str = "this replica lost the session's lea
      was unreachable or the lease expired); the turn was stopped and stores nothing more — retry \
      the turn";
 
-/// The shared-store state of a runtime (none on a single-node store).
+/// The shared-store state of a runtime (none on a single-node store; this
+/// replica's id is the store's, [`crate::store::Store::replica_id`]).
 #[derive(Debug)]
 pub(crate) struct Shared {
-    /// This replica's id, as the store writes it into leases.
-    replica_id: String,
     /// Whether the store answered its last ping.
     reachable: watch::Sender<bool>,
 }
 
 impl Shared {
-    /// The shared-store state for `replica_id`, reachable until a ping
-    /// says otherwise (the store was just opened).
-    pub(crate) fn new(replica_id: &str) -> Self {
+    /// The shared-store state, reachable until a ping says otherwise (the
+    /// store was just opened).
+    pub(crate) fn new() -> Self {
         Self {
-            replica_id: replica_id.to_owned(),
             reachable: watch::Sender::new(true),
         }
     }
@@ -84,7 +82,7 @@ impl Runtime {
         &self,
         session_id: &str,
     ) -> Result<Option<Lease>, RuntimeError> {
-        let Some(shared) = &self.inner.shared else {
+        let Some(me) = self.replica_id() else {
             return Ok(None);
         };
         Ok(self
@@ -92,7 +90,7 @@ impl Runtime {
             .store
             .lease(session_id)
             .await?
-            .filter(|l| l.replica_id != shared.replica_id))
+            .filter(|l| l.replica_id != me))
     }
 
     /// `Err(Elsewhere)` when another replica holds the session's lease: the
@@ -116,7 +114,7 @@ impl Runtime {
 
     /// This replica's id on a shared store, `None` on a single-node one.
     pub fn replica_id(&self) -> Option<&str> {
-        self.inner.shared.as_ref().map(|s| s.replica_id.as_str())
+        self.inner.store.replica_id()
     }
 }
 
