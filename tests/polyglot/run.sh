@@ -10,7 +10,7 @@
 # ephemeral ports, configured with the fake as its default model and two API
 # keys of two users, then runs the Python suite (pytest), the Node suite
 # (TypeScript compiled by tsc, run by `node --test`) and the examples in
-# examples/python and examples/node. Both suites generate their stubs from
+# examples/python and examples/node (`npm ci` there too). Both suites generate their stubs from
 # proto/ at run time. Ends with `polyglot: N passed, M failed`; exits
 # non-zero when anything failed.
 set -uo pipefail
@@ -143,45 +143,54 @@ pass "agentrt-server listening on $ADDR"
 export POLYGLOT_ADDR="$ADDR" POLYGLOT_KEY_A="$KEY_A" POLYGLOT_KEY_B="$KEY_B"
 
 # ---------------------------------------------------------------- suites
-# step NAME LOG COMMAND...: runs COMMAND, output to LOG; pass or fail.
-step() {
-    local name="$1" out="$2"
-    shift 2
+# suite NAME LOG SUMMARY-COMMAND COMMAND...: runs COMMAND with its output in
+# LOG; SUMMARY-COMMAND (reading LOG on stdin) names its counts.
+suite() {
+    local name="$1" out="$2" counts="$3"
+    shift 3
     local t0=$SECONDS
     if "$@" >"$out" 2>&1; then
-        pass "$name ($((SECONDS - t0)) s): $(grep -E "$SUMMARY_RE" "$out" | tail -n 1)"
+        pass "$name ($((SECONDS - t0)) s): $($counts <"$out")"
     else
-        fail "$name" "$out" "$WORK/server.err"
+        fail "$name ($($counts <"$out"))" "$out" "$WORK/server.err"
     fi
 }
-
-SUMMARY_RE='passed|^# (pass|fail) '
-log "python suite: pytest tests/polyglot/python"
-step "python suite" "$WORK/pytest.log" \
-    "$PY" -B -m pytest -p no:cacheprovider -q "$HERE/python"
-
-log "node suite: tsc + node --test"
+pytest_counts() { grep -E '(passed|failed|error)' | tail -n 1; }
+tap_counts() { awk '/^# (tests|pass|fail) / { printf "%s%s %s", sep, $3, $2; sep = ", " }'; }
 node_suite() {
     cd "$HERE/node" && npm run --silent build && node --test --test-reporter=tap build/test/*.test.js
 }
-SUMMARY_RE='^# (pass|fail) '
-step "node suite" "$WORK/node.log" node_suite
-if [[ -f "$WORK/node.log" ]]; then
-    grep -E '^# (tests|pass|fail) ' "$WORK/node.log" | sed 's/^/polyglot:   node /'
-fi
+
+log "python suite: pytest tests/polyglot/python"
+suite "python suite" "$WORK/pytest.log" pytest_counts \
+    "$PY" -B -m pytest -p no:cacheprovider -q "$HERE/python"
+log "node suite: proto-loader-gen-types + tsc, node --test"
+suite "node suite" "$WORK/node.log" tap_counts node_suite
 
 # ---------------------------------------------------------------- examples
-SUMMARY_RE='.'
+# Each example once: its answer, the busy ErrorInfo and the stopped turn's
+# outcome and trailing status must show (the long turn is a `[hang]`).
+example() {
+    local name="$1" out="$2" says="$3"
+    shift 3
+    local t0=$SECONDS
+    if "$@" --addr "$ADDR" --key "$KEY_A" --long-prompt "[hang]" "$says" >"$out" 2>&1 &&
+        grep -qx "echo: $says" "$out" &&
+        grep -qE '^busy: ABORTED SESSION_BUSY turn_id=[0-9a-f-]+$' "$out" &&
+        grep -qx 'stopped: outcome TURN_OUTCOME_CANCELED, trailing status CANCELLED' "$out"; then
+        pass "$name ($((SECONDS - t0)) s): answer, SESSION_BUSY, stopped turn"
+    else
+        fail "$name: answer, SESSION_BUSY and stopped turn" "$out" "$WORK/server.err"
+    fi
+}
 log "examples"
-step "examples/python/chat.py" "$WORK/example-py.log" \
-    "$PY" -B "$REPO_ROOT/examples/python/chat.py" --addr "$ADDR" --key "$KEY_A" "hello from python"
-if ! grep -qx 'echo: hello from python' "$WORK/example-py.log" || ! grep -q 'SESSION_BUSY' "$WORK/example-py.log"; then
-    fail "examples/python/chat.py printed the answer and a SESSION_BUSY" "$WORK/example-py.log"
-fi
-step "examples/node/chat.mjs" "$WORK/example-node.log" \
-    node "$REPO_ROOT/examples/node/chat.mjs" --addr "$ADDR" --key "$KEY_A" "hello from node"
-if ! grep -qx 'echo: hello from node' "$WORK/example-node.log" || ! grep -q 'SESSION_BUSY' "$WORK/example-node.log"; then
-    fail "examples/node/chat.mjs printed the answer and a SESSION_BUSY" "$WORK/example-node.log"
+example "examples/python/chat.py" "$WORK/example-py.log" "hello from python" \
+    "$PY" -B "$REPO_ROOT/examples/python/chat.py"
+if (cd "$REPO_ROOT/examples/node" && npm ci --no-audit --no-fund) >"$WORK/npm-example.log" 2>&1; then
+    example "examples/node/chat.mjs" "$WORK/example-node.log" "hello from node" \
+        node "$REPO_ROOT/examples/node/chat.mjs"
+else
+    fail "npm ci in examples/node" "$WORK/npm-example.log"
 fi
 
 log "done in $((SECONDS - started)) s"
