@@ -37,11 +37,17 @@ const runtime = new agentrt.v1.AgentRuntime(values.addr, creds);
 const md = new grpc.Metadata();
 if (values.key) md.set("authorization", `Bearer ${values.key}`);
 const opts = () => ({ deadline: Date.now() + 300_000 });
+// x-agentrt-session lets a mesh send a session's calls to one replica.
+const routed = (session_id) => {
+  const m = md.clone();
+  if (session_id) m.set("x-agentrt-session", session_id);
+  return m;
+};
 const unary = (client, method, request) =>
   new Promise((resolve, reject) =>
-    client[method](request, md, opts(), (err, res) => (err ? reject(err) : resolve(res))));
+    client[method](request, routed(request.session_id), opts(), (err, res) => (err ? reject(err) : resolve(res))));
 const chat = (session_id, text) =>
-  runtime.Chat({ session_id, content: [{ text: { text } }] }, md, opts());
+  runtime.Chat({ session_id, content: [{ text: { text } }] }, routed(session_id), opts());
 
 // google.rpc.Status {code = 1, message = 2, repeated Any details = 3} and
 // google.rpc.ErrorInfo {reason = 1, domain = 2, map<string,string> metadata = 3}.

@@ -61,10 +61,14 @@ def main() -> int:
         sessions = sessions_grpc.SessionServiceStub(channel)
         runtime = runtime_grpc.AgentRuntimeStub(channel)
 
+        def routed(sid: str):
+            # x-agentrt-session lets a mesh send a session's calls to one replica.
+            return [*metadata, ("x-agentrt-session", sid)]
+
         def chat(sid: str, text: str):
             request = runtime_pb2.ChatRequest(session_id=sid)
             request.content.add().text.text = text
-            return runtime.Chat(request, metadata=metadata, timeout=300)
+            return runtime.Chat(request, metadata=routed(sid), timeout=300)
 
         sid = sessions.CreateSession(sessions_pb2.CreateSessionRequest(title="example"),
                                      metadata=metadata, timeout=30).session_id
@@ -90,7 +94,7 @@ def main() -> int:
 
         # Stop it: the stream still ends with turn_finished; the trailing
         # status (CANCELLED) arrives after it as an RpcError.
-        runtime.StopSession(runtime_pb2.StopSessionRequest(session_id=sid), metadata=metadata, timeout=30)
+        runtime.StopSession(runtime_pb2.StopSessionRequest(session_id=sid), metadata=routed(sid), timeout=30)
         outcome = None
         try:
             for event in long:
