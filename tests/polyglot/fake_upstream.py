@@ -24,6 +24,9 @@ combined:
   stays open until the client closes it.
 - `[slow N]`: N content deltas `tick K ` (K = 1..N), 20 ms apart, then a
   normal end.
+- `[gate]` (with `[slow N]`): the stream pauses after its second delta until
+  `POST /release` (which lets every stream paused at that moment go on), so a
+  test can attach a watcher to a live turn without racing its end.
 - `[fail]`: HTTP 500 with an OpenAI-style error body.
 
 `GET /requests` answers `{"total": T, "open": O}`: the chat-completion
@@ -43,6 +46,35 @@ import time
 
 SLOW_INTERVAL = 0.02
 MAX_BODY = 16 << 20
+
+
+class Gate:
+    """Streams paused by `[gate]`, released together by `POST /release`."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.releases = 0
+        self.waiting = 0
+
+    def wait(self) -> None:
+        with self.cond:
+            seen = self.releases
+            self.waiting += 1
+            try:
+                while self.releases == seen:
+                    self.cond.wait()
+            finally:
+                self.waiting -= 1
+
+    def release(self) -> int:
+        """Releases the streams waiting now; returns how many there were."""
+        with self.cond:
+            self.releases += 1
+            self.cond.notify_all()
+            return self.waiting
+
+
+GATE = Gate()
 
 
 class Counters:
@@ -173,6 +205,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             return
         body = self.rfile.read(length)
+        if self.path.split("?", 1)[0] == "/release":
+            self.send_json(200, {"released": GATE.release()})
+            return
         if self.path.split("?", 1)[0] != "/v1/chat/completions":
             self.send_json(404, {"error": {"message": f"no route POST {self.path}"}})
             return
@@ -211,6 +246,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.chunk({"reasoning_content": "hard"})
         tool = re.search(r"\[tool ([^\]\s]+)\]", text)
         slow = re.search(r"\[slow (\d+)\]", text)
+        gated = "[gate]" in text
         last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
         if tool and last.get("role") == "tool":
             for piece in thirds(f"tool said: {message_text(last)}"):
@@ -233,6 +269,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 if k > 1:
                     time.sleep(SLOW_INTERVAL)
                 self.chunk({"content": f"tick {k} "})
+                if k == 2 and gated:
+                    GATE.wait()
             self.end_stream("stop")
         else:
             for piece in thirds(f"echo: {text}"):

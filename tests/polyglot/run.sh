@@ -140,7 +140,7 @@ line="$(await_line "$SERVER_FD" '^agentrt-server listening on 127\.0\.0\.1:[0-9]
 ADDR="${line#agentrt-server listening on }"
 pass "agentrt-server listening on $ADDR"
 
-export POLYGLOT_ADDR="$ADDR" POLYGLOT_KEY_A="$KEY_A" POLYGLOT_KEY_B="$KEY_B"
+export POLYGLOT_ADDR="$ADDR" POLYGLOT_KEY_A="$KEY_A" POLYGLOT_KEY_B="$KEY_B" POLYGLOT_UPSTREAM="$UPSTREAM_ADDR"
 
 # ---------------------------------------------------------------- suites
 # suite NAME LOG SUMMARY-COMMAND COMMAND...: runs COMMAND with its output in

@@ -3,7 +3,7 @@
 tests/polyglot/run.sh starts the fake upstream and agentrt-server (two API
 keys, users alice and bob) and passes them in the environment:
 POLYGLOT_ADDR (host:port), POLYGLOT_KEY_A, POLYGLOT_KEY_B (bearer keys of
-two different users). The stubs are generated from proto/ with
+two different users), POLYGLOT_UPSTREAM (the fake upstream's host:port). The stubs are generated from proto/ with
 grpc_tools.protoc into a temporary directory once per run.
 """
 
@@ -78,6 +78,22 @@ class Client:
     def chat(self, session_id: str, text: str, timeout: float = 30.0, **fields):
         """Starts a Chat; returns the streaming call (an iterator of ChatEvent)."""
         return self.call(self.runtime.Chat, self.chat_request(session_id, text, **fields), timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def release_gate():
+    """Lets the fake upstream's `[gate]`d streams go on (POST /release)."""
+    import urllib.request
+
+    url = f"http://{_env('POLYGLOT_UPSTREAM')}/release"
+
+    def release() -> int:
+        with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=10) as r:
+            import json
+
+            return json.load(r)["released"]
+
+    return release
 
 
 @pytest.fixture(scope="session")

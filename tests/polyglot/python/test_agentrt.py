@@ -104,21 +104,28 @@ def test_a_second_chat_on_a_busy_session_is_aborted_with_session_busy(pb, alice)
     assert finished(events).outcome == pb.sessions.TURN_OUTCOME_CANCELED
 
 
-def test_subscribe_after_seq_resumes_with_the_next_event(pb, alice):
+def test_subscribe_after_seq_resumes_with_the_next_event(pb, alice, release_gate):
     sid = alice.create_session()
-    chat = alice.chat(sid, "[slow 30]", on_disconnect=pb.runtime.ON_DISCONNECT_CONTINUE)
+    # [gate]: the upstream pauses after "tick 2 " until released, so the turn
+    # is still live when the watcher attaches (no race with its end).
+    chat = alice.chat(sid, "[slow 30] [gate]", on_disconnect=pb.runtime.ON_DISCONNECT_CONTINUE)
     seen = read_until(chat, lambda e: kind(e) == "text" and e.text.text == "tick 2 ")
     turn_id, seq = seen[-1].turn_id, seen[-1].seq
-    watch = alice.call(alice.runtime.Subscribe, pb.runtime.SubscribeRequest(session_id=sid, after_seq=seq))
+    # after_seq one before "tick 2 ": the replay starts with it, which also
+    # shows the watcher is attached before the upstream is released.
+    watch = alice.call(alice.runtime.Subscribe, pb.runtime.SubscribeRequest(session_id=sid, after_seq=seq - 1))
+    first = next(watch)
+    assert (first.seq, kind(first), first.text.text) == (seq, "text", "tick 2 ")
     chat.cancel()  # the turn runs on (CONTINUE); the watcher sees the rest
-    events, err = drain(watch)
+    assert release_gate() == 1
+    rest, err = drain(watch)
+    events = [first, *rest]
     assert err is None, err
-    assert events, "Subscribe returned no events"
-    assert [e.seq for e in events] == list(range(seq + 1, seq + 1 + len(events)))
+    assert [e.seq for e in events] == list(range(seq, seq + len(events)))
     assert {e.turn_id for e in events} == {turn_id}
     assert kind(events[-1]) == "turn_finished"
     assert finished(events).outcome == pb.sessions.TURN_OUTCOME_SUCCESS
-    ticks = text_of(seen) + text_of(events)
+    ticks = text_of(seen) + text_of(rest)
     assert ticks == "".join(f"tick {k} " for k in range(1, 31))
 
 

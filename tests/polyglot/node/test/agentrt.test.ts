@@ -17,6 +17,7 @@ import {
   env,
   errorInfoOf,
   loadApi,
+  releaseGate,
   statusOf,
   textOf,
 } from "./helpers.js";
@@ -123,22 +124,30 @@ describe("agentrt through @grpc/grpc-js", () => {
 
   it("Subscribe with after_seq resumes with the next event", async () => {
     const sid = await alice.createSession();
-    const chat = alice.chat(sid, "[slow 30]", { on_disconnect: "ON_DISCONNECT_CONTINUE" });
+    // [gate]: the upstream pauses after "tick 2 " until released, so the turn
+    // is still live when the watcher attaches (no race with its end).
+    const chat = alice.chat(sid, "[slow 30] [gate]", { on_disconnect: "ON_DISCONNECT_CONTINUE" });
     const seen = await chat.until((e) => e.text?.text === "tick 2 ");
     const { seq, turn_id } = seen.at(-1)!;
+    // after_seq one before "tick 2 ": the replay starts with it, which also
+    // shows the watcher is attached before the upstream is released.
     const watch = new EventReader(
-      alice.runtime.Subscribe({ session_id: sid, after_seq: seq }, alice.metadata, alice.options()),
+      alice.runtime.Subscribe({ session_id: sid, after_seq: seq - 1 }, alice.metadata, alice.options()),
     );
+    const first = await watch.next();
+    assert.ok(first, "Subscribe ended without an event");
+    assert.deepEqual([first.seq, first.kind, first.text?.text], [seq, "text", "tick 2 "]);
     chat.call.cancel(); // on_disconnect CONTINUE: the turn runs on, the watcher sees the rest
-    const { events, error } = await watch.drain();
+    assert.equal(await releaseGate(), 1);
+    const { events: rest, error } = await watch.drain();
+    const events = [first, ...rest];
     assert.equal(error, null);
-    assert.ok(events.length > 0, "Subscribe returned no events");
-    assert.deepEqual(seqs(events), range(seq + 1, events.length));
+    assert.deepEqual(seqs(events), range(seq, events.length));
     assert.ok(events.every((e) => e.turn_id === turn_id));
     assert.equal(events.at(-1)!.kind, "turn_finished");
     assert.equal(finishedOf(events).outcome, "TURN_OUTCOME_SUCCESS");
     const ticks = range(1, 30).map((k) => `tick ${k} `).join("");
-    assert.equal(textOf(seen) + textOf(events), ticks);
+    assert.equal(textOf(seen) + textOf(rest), ticks);
   });
 
   it("StopSession cancels the live turn; the trailing status is CANCELLED", async () => {

@@ -5,6 +5,7 @@
 // tests/polyglot/run.sh passes POLYGLOT_ADDR, POLYGLOT_KEY_A and
 // POLYGLOT_KEY_B (bearer keys of two different users).
 
+import assert from "node:assert/strict";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -40,6 +41,13 @@ export function loadApi(): ProtoGrpcType {
     LOADER_OPTIONS,
   );
   return grpc.loadPackageDefinition(definition) as unknown as ProtoGrpcType;
+}
+
+/** Lets the fake upstream's `[gate]`d streams go on; returns how many were waiting. */
+export async function releaseGate(): Promise<number> {
+  const response = await fetch(`http://${env("POLYGLOT_UPSTREAM")}/release`, { method: "POST" });
+  assert.equal(response.status, 200, `POST /release answered ${response.status}`);
+  return ((await response.json()) as { released: number }).released;
 }
 
 export function env(name: string): string {
