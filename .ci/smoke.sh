@@ -5,14 +5,15 @@
 #
 # Starts the server on an ephemeral loopback port with a fresh data dir and
 # no config (offline model builtin/echo), then talks to it with grpcurl
-# (reflection) and with Python grpcio (tests/python/smoke_client.py), runs
-# tests/python/deadline_client.py (a grpcio deadline against a second server
-# with a hanging upstream), tests/python/busy_grpcurl.py (grpcurl shows the
-# ErrorInfo of a busy Chat; no configured secret in the server's log),
-# tests/python/tls_client.py (grpcio over TLS and mTLS against servers of its
-# own, with a CA it generates), and finally checks that SIGTERM makes it exit
-# 0. Tools are installed into a venv
-# (default .ci/.venv, override with SMOKE_VENV). Ends with the line
+# (reflection), runs tests/python/deadline_client.py (a grpcio deadline
+# against a second server with a hanging upstream),
+# tests/python/busy_grpcurl.py (grpcurl shows the ErrorInfo of a busy Chat;
+# no configured secret in the server's log), tests/python/tls_client.py
+# (grpcio over TLS and mTLS against servers of its own, with a CA it
+# generates), and finally checks that SIGTERM makes it exit 0. The grpcio
+# client scenarios are the polyglot stage's pytest suite
+# (tests/polyglot/python). Tools are installed into a venv (default
+# .ci/.venv, override with SMOKE_VENV). Ends with the line
 # `smoke: N passed, M failed`; exits 1 if any check failed.
 set -uo pipefail
 
@@ -295,13 +296,10 @@ else
 fi
 
 # ---------------------------------------------------------------- grpcio
-log "running tests/python/smoke_client.py $ADDR"
-if "$PY" -B "$REPO_ROOT/tests/python/smoke_client.py" "$ADDR"; then
-    pass "python grpcio client (tests/python/smoke_client.py)"
-else
-    fail "python grpcio client (tests/python/smoke_client.py), see its output above"
-fi
-
+# The grpcio scenarios (sessions, turns, busy, stop, subscribe, tools,
+# deadlines, isolation) are the pytest suite tests/polyglot/python, run by
+# tests/polyglot/run.sh in the polyglot stage; the scripts below need
+# servers of their own. They share tests/python/harness.py.
 # A grpcio deadline (grpc-core rounds the grpc-timeout it sends up) still
 # gets the TIMED_OUT outcome: its own server, against a hanging upstream.
 log "running tests/python/deadline_client.py"

@@ -30,7 +30,7 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from deadline_client import HangingUpstream  # noqa: E402
-from smoke_client import Checks, Server, generate_stubs  # noqa: E402
+from harness import Checks, Server, generate_stubs  # noqa: E402
 
 CALLER_KEY = "smoke-caller-key-7f3a9c"
 PROVIDER_KEY = "smoke-provider-key-c41d07"

@@ -28,7 +28,7 @@ import time
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from smoke_client import Checks, Server, generate_stubs  # noqa: E402
+from harness import Checks, Server, generate_stubs  # noqa: E402
 
 DEADLINE = 10.0
 

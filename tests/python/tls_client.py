@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from smoke_client import Checks, Server, generate_stubs  # noqa: E402
+from harness import Checks, Server, generate_stubs  # noqa: E402
 
 RPC_TIMEOUT = 30.0
 CLIENT_ID = "spiffe://agentrt.test/python"

@@ -1,0 +1,211 @@
+"""The polyglot scenarios through Python grpcio against agentrt-server and
+the scripted fake upstream (tests/polyglot/fake_upstream.py)."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+
+def kind(event) -> str:
+    return event.WhichOneof("kind")
+
+
+def read_until(stream, predicate) -> list:
+    """Reads events until one satisfies predicate; returns them all (the last
+    one matched). Fails when the stream ends first."""
+    seen = []
+    for event in stream:
+        seen.append(event)
+        if predicate(event):
+            return seen
+    pytest.fail(f"the stream ended before the awaited event; kinds: {[kind(e) for e in seen]}")
+
+
+def drain(stream) -> tuple[list, grpc.RpcError | None]:
+    """Reads a stream to its end: the events and the trailing error (None when OK)."""
+    events = []
+    try:
+        for event in stream:
+            events.append(event)
+    except grpc.RpcError as err:
+        return events, err
+    return events, None
+
+
+def text_of(events) -> str:
+    return "".join(e.text.text for e in events if kind(e) == "text")
+
+
+def finished(events):
+    done = [e.turn_finished for e in events if kind(e) == "turn_finished"]
+    assert len(done) == 1, f"expected one turn_finished, kinds: {[kind(e) for e in events]}"
+    return done[0]
+
+
+def error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo:
+    """The google.rpc.ErrorInfo carried in the grpc-status-details-bin trailer."""
+    status = rpc_status.from_call(err)
+    assert status is not None, f"no grpc-status-details-bin on {err.code()}: {err.details()}"
+    assert status.code == err.code().value[0]
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return info
+    pytest.fail(f"no ErrorInfo among the details of {err.code()}: {[d.type_url for d in status.details]}")
+
+
+def test_a_turn_yields_every_event_kind_and_is_stored(pb, alice):
+    sid = alice.create_session()
+    events = list(alice.chat(sid, "hello [think]"))
+    kinds = [kind(e) for e in events]
+    assert kinds[0] == "turn_started" and kinds[-1] == "turn_finished", kinds
+    for expected in ("reasoning", "text", "step", "message_stored", "usage"):
+        assert expected in kinds, f"no {expected} event in {kinds}"
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert {e.turn_id for e in events} == {events[0].turn_id} and events[0].turn_id
+    assert all(e.session_id == sid for e in events)
+    assert "".join(e.reasoning.text for e in events if kind(e) == "reasoning") == "thinking hard"
+    answer = text_of(events)
+    assert answer == "echo: hello [think]"
+    assert finished(events).outcome == pb.sessions.TURN_OUTCOME_SUCCESS
+    usage = [e.usage.usage for e in events if kind(e) == "usage"]
+    assert usage[0].input_tokens == 10 and usage[0].output_tokens == 3
+    stored_roles = [e.message_stored.role for e in events if kind(e) == "message_stored"]
+    assert stored_roles == [pb.common.ROLE_USER, pb.common.ROLE_ASSISTANT]
+
+    history = alice.call(alice.sessions.GetHistory, pb.sessions.GetHistoryRequest(session_id=sid)).messages
+    assert [m.role for m in history] == [pb.common.ROLE_USER, pb.common.ROLE_ASSISTANT]
+    assert "".join(b.text.text for b in history[0].content) == "hello [think]"
+    assert "".join(b.text.text for b in history[1].content if b.WhichOneof("block") == "text") == answer
+
+
+def test_a_second_chat_on_a_busy_session_is_aborted_with_session_busy(pb, alice):
+    sid = alice.create_session()
+    live = alice.chat(sid, "[hang]")
+    first = read_until(live, lambda e: kind(e) == "text")
+    turn_id = first[0].turn_id
+    try:
+        with pytest.raises(grpc.RpcError) as caught:
+            list(alice.chat(sid, "me too"))
+        err = caught.value
+        assert err.code() == grpc.StatusCode.ABORTED, err
+        info = error_info(err)
+        assert info.reason == "SESSION_BUSY"
+        assert info.domain == "agentrt"
+        assert info.metadata["turn_id"] == turn_id
+    finally:
+        stopped = alice.call(alice.runtime.StopSession, pb.runtime.StopSessionRequest(session_id=sid))
+    assert stopped.stopped
+    events, _ = drain(live)
+    assert finished(events).outcome == pb.sessions.TURN_OUTCOME_CANCELED
+
+
+def test_subscribe_after_seq_resumes_with_the_next_event(pb, alice, release_gate):
+    sid = alice.create_session()
+    # [gate]: the upstream pauses after "tick 2 " until released, so the turn
+    # is still live when the watcher attaches (no race with its end).
+    chat = alice.chat(sid, "[slow 30] [gate]", on_disconnect=pb.runtime.ON_DISCONNECT_CONTINUE)
+    seen = read_until(chat, lambda e: kind(e) == "text" and e.text.text == "tick 2 ")
+    turn_id, seq = seen[-1].turn_id, seen[-1].seq
+    # after_seq one before "tick 2 ": the replay starts with it, which also
+    # shows the watcher is attached before the upstream is released.
+    watch = alice.call(alice.runtime.Subscribe, pb.runtime.SubscribeRequest(session_id=sid, after_seq=seq - 1))
+    first = next(watch)
+    assert (first.seq, kind(first), first.text.text) == (seq, "text", "tick 2 ")
+    chat.cancel()  # the turn runs on (CONTINUE); the watcher sees the rest
+    assert release_gate() == 1
+    rest, err = drain(watch)
+    events = [first, *rest]
+    assert err is None, err
+    assert [e.seq for e in events] == list(range(seq, seq + len(events)))
+    assert {e.turn_id for e in events} == {turn_id}
+    assert kind(events[-1]) == "turn_finished"
+    assert finished(events).outcome == pb.sessions.TURN_OUTCOME_SUCCESS
+    ticks = text_of(seen) + text_of(rest)
+    assert ticks == "".join(f"tick {k} " for k in range(1, 31))
+
+
+def test_stop_cancels_the_live_turn(pb, alice):
+    sid = alice.create_session()
+    live = alice.chat(sid, "[hang]")
+    read_until(live, lambda e: kind(e) == "text")
+    stopped = alice.call(alice.runtime.StopSession, pb.runtime.StopSessionRequest(session_id=sid))
+    assert stopped.stopped is True
+    events, err = drain(live)
+    done = finished(events)
+    assert kind(events[-1]) == "turn_finished"
+    assert done.outcome == pb.sessions.TURN_OUTCOME_CANCELED
+    assert done.cancel_reason == pb.runtime.CANCEL_REASON_STOPPED
+    # The trailing status of a stopped turn: CANCELLED, after turn_finished.
+    assert err is not None and err.code() == grpc.StatusCode.CANCELLED, err
+    again = alice.call(alice.runtime.StopSession, pb.runtime.StopSessionRequest(session_id=sid))
+    assert again.stopped is False
+
+
+def test_a_caller_executed_tool_gets_its_result(pb, alice):
+    sid = alice.create_session()
+    tool = pb.runtime.ToolDefinition(
+        name="lookup", description="looks a word up",
+        parameters_json_schema='{"type":"object","properties":{"q":{"type":"string"}}}',
+    )
+    chat = alice.chat(sid, "find it [tool lookup]", extra_tools=[tool])
+    seen = read_until(chat, lambda e: kind(e) == "tool_call")
+    call = seen[-1].tool_call
+    assert call.name == "lookup" and call.call_id == "call_1"
+    assert call.arguments_json.replace(" ", "") == '{"q":"findit[toollookup]"}'
+    alice.call(alice.runtime.SubmitToolResult, pb.runtime.SubmitToolResultRequest(
+        session_id=sid, turn_id=seen[-1].turn_id, call_id=call.call_id, content="forty-two"))
+    rest, err = drain(chat)
+    assert err is None, err
+    assert text_of(rest) == "tool said: forty-two"
+    assert finished(rest).outcome == pb.sessions.TURN_OUTCOME_SUCCESS
+    assert [e.seq for e in seen + rest] == list(range(1, len(seen) + len(rest) + 1))
+
+
+def test_a_client_deadline_times_the_turn_out(pb, alice):
+    sid = alice.create_session()
+    events, err = drain(alice.chat(sid, "[hang]", timeout=2.0))
+    assert err is not None and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err
+    # The server ends the turn a margin before the deadline, so the outcome
+    # reaches the client before the trailing DEADLINE_EXCEEDED.
+    assert finished(events).outcome == pb.sessions.TURN_OUTCOME_TIMED_OUT
+    assert kind(events[-1]) == "turn_finished"
+
+
+def test_another_users_session_is_not_found(pb, alice, bob):
+    sid = alice.create_session()
+    assert alice.call(alice.sessions.GetSession, pb.sessions.GetSessionRequest(session_id=sid)).session_id == sid
+    with pytest.raises(grpc.RpcError) as caught:
+        bob.call(bob.sessions.GetSession, pb.sessions.GetSessionRequest(session_id=sid))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as caught:
+        list(bob.chat(sid, "not yours"))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as caught:
+        bob.call(bob.sessions.GetHistory, pb.sessions.GetHistoryRequest(session_id=sid))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_bad_input_is_rejected_before_any_event(pb, alice):
+    sid = alice.create_session()
+    with pytest.raises(grpc.RpcError) as caught:
+        list(alice.chat(sid, "should not run", model="nowhere/x"))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as caught:
+        alice.call(alice.sessions.GetSession, pb.sessions.GetSessionRequest(session_id="no-such-session"))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    history = alice.call(alice.sessions.GetHistory, pb.sessions.GetHistoryRequest(session_id=sid)).messages
+    assert list(history) == []
+
+
+def test_requests_without_a_known_key_are_unauthenticated(pb, channel):
+    from conftest import Client
+
+    stranger = Client(pb, channel, "not-a-configured-key")
+    with pytest.raises(grpc.RpcError) as caught:
+        stranger.create_session()
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
