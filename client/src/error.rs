@@ -174,6 +174,22 @@ impl Error {
         self.status().map(Status::code)
     }
 
+    /// The server could not be reached or the client's settings are
+    /// unusable ([`Error::Connect`], [`Error::Disconnected`],
+    /// [`Error::Config`]).
+    pub fn is_connection(&self) -> bool {
+        matches!(
+            self,
+            Error::Connect { .. } | Error::Disconnected { .. } | Error::Config(_)
+        )
+    }
+
+    /// The session has a live turn or is being compacted
+    /// ([`Error::Busy`], [`Error::Compacting`]).
+    pub fn is_busy(&self) -> bool {
+        matches!(self, Error::Busy { .. } | Error::Compacting { .. })
+    }
+
     /// The status as received, for the variants that came from one.
     pub fn status(&self) -> Option<&Status> {
         match self {
