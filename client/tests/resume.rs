@@ -245,3 +245,52 @@ async fn a_turn_that_finished_while_disconnected_is_replayed_by_the_idempotent_r
     );
     setup.server.stop().await;
 }
+
+#[tokio::test]
+async fn a_watch_resumes_from_the_last_seq_it_yielded() {
+    let mut setup = setup().await;
+    let session = setup
+        .direct
+        .create_session(Default::default())
+        .await
+        .unwrap()
+        .session_id;
+    // The turn belongs to a direct caller; the proxied client only watches.
+    let options = ChatOptions::new("hello")
+        .model("gate/any")
+        .on_disconnect(OnDisconnect::Continue);
+    let owner = setup.direct.chat(&session, options).await.unwrap();
+    let mut watch = setup.client.watch(&session, 0, false).await.unwrap();
+    let mut before = Vec::new();
+    loop {
+        let event = watch.next().await.expect("an event").expect("no error");
+        let gated = event.kind == ChatEvent::Text(BEFORE.into());
+        before.push(event);
+        if gated {
+            break;
+        }
+    }
+    let rest = tokio::spawn(async move {
+        let mut rest = Vec::new();
+        while let Some(item) = watch.next().await {
+            rest.push(item.expect("the resumed watch has no error"));
+        }
+        rest
+    });
+    setup.proxy.cut();
+    wait_notice(&mut setup.notices, |n| {
+        matches!(n, ResumeNotice::AttemptFailed { .. })
+    })
+    .await;
+    setup.proxy.restore();
+    wait_notice(&mut setup.notices, |n| {
+        matches!(n, ResumeNotice::Resubscribed { .. })
+    })
+    .await;
+    setup.gate.release(1);
+    let mut all = before;
+    all.extend(rest.await.unwrap());
+    assert_whole_turn(&all);
+    assert!(owner.finish().await.unwrap().status.is_none());
+    setup.server.stop().await;
+}
