@@ -70,7 +70,7 @@ pub mod options;
 pub use agentrt_proto::v1 as proto;
 pub use error::Error;
 pub use events::{ChatEvent, Event, EventStream, TurnSummary};
-pub use options::{ChatOptions, OnDisconnect, ResumeNotice, ResumePolicy, ThinkingLevel};
+pub use options::{ChatOptions, OnBusy, OnDisconnect, ResumeNotice, ResumePolicy, ThinkingLevel};
 
 use proto::agent_runtime_client::AgentRuntimeClient;
 use proto::runtime_admin_client::RuntimeAdminClient;
@@ -524,7 +524,8 @@ impl Client {
     /// connection (see [`EventStream`]) per the options' or the client's
     /// [`ResumePolicy`]; a `request_id` is generated when none is set. The
     /// first call itself is not retried: if it cannot be sent, that error
-    /// is returned.
+    /// is returned. With [`OnBusy::Wait`] a busy session is waited for
+    /// instead of refused.
     pub async fn chat(
         &self,
         session_id: &str,
@@ -539,19 +540,44 @@ impl Client {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let deadline = options.deadline.or(self.chat_deadline);
-        let stream = self
-            .chat_raw(request.clone(), &metadata, deadline)
-            .await
-            .map_err(self.fail(session_id))?;
+        let deadline_at = deadline.map(|d| Instant::now() + d);
+        let left = || deadline_at.map(|at| at.saturating_duration_since(Instant::now()));
+        let policy = options
+            .resume
+            .clone()
+            .unwrap_or_else(|| self.resume.clone());
+        let mut backoff = policy.initial_backoff;
+        let mut waited = 0;
+        let stream = loop {
+            let status = match self.chat_raw(request.clone(), &metadata, left()).await {
+                Ok(stream) => break stream,
+                Err(status) => status,
+            };
+            let err = Error::from_status(status, session_id, &self.url);
+            if options.on_busy != OnBusy::Wait || !err.is_busy() || waited >= policy.attempts {
+                return Err(err);
+            }
+            waited += 1;
+            let turn_id = if let Error::Busy { turn_id, .. } = &err {
+                turn_id.clone()
+            } else {
+                String::new()
+            };
+            policy.notify(ResumeNotice::WaitingForTurn { turn_id });
+            // Follow the live turn to its end (a compaction has none to
+            // follow: the backoff below spaces the retries).
+            if let Ok(mut watching) = self.subscribe_raw(session_id, 0, left()).await {
+                while let Ok(Some(_)) = watching.message().await {}
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(policy.max_backoff);
+        };
         let attach = options.resumes().then(|| events::Attach {
             client: self.clone(),
             request: Some(request),
             metadata,
-            policy: options
-                .resume
-                .clone()
-                .unwrap_or_else(|| self.resume.clone()),
-            deadline_at: deadline.map(|d| Instant::now() + d),
+            policy,
+            deadline_at,
         });
         Ok(EventStream::with_attach(
             stream, &self.url, session_id, attach,

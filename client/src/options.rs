@@ -45,6 +45,21 @@ pub struct ChatOptions {
     pub(crate) max_output_tokens: Option<u32>,
     pub(crate) metadata: HashMap<String, String>,
     pub(crate) resume: Option<ResumePolicy>,
+    pub(crate) on_busy: OnBusy,
+}
+
+/// What [`crate::Client::chat`] does when the session already has a live
+/// turn (or is being compacted).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnBusy {
+    /// Return [`crate::Error::Busy`] (or [`crate::Error::Compacting`]).
+    #[default]
+    Fail,
+    /// Wait for the live turn to end (watching it; its events are not
+    /// yielded), then send this chat; at most the resume policy's number
+    /// of attempts, within the call's deadline.
+    Wait,
 }
 
 impl ChatOptions {
@@ -163,6 +178,12 @@ impl ChatOptions {
         self
     }
 
+    /// What to do when the session is busy with another turn.
+    pub fn on_busy(mut self, on_busy: OnBusy) -> Self {
+        self.on_busy = on_busy;
+        self
+    }
+
     /// Whether this chat resumes after a dropped connection.
     pub fn resumes(&self) -> bool {
         self.on_disconnect == OnDisconnect::Continue
@@ -248,6 +269,12 @@ pub enum ResumeNotice {
     Retried {
         /// The last seq seen.
         after_seq: u64,
+    },
+    /// The chat found the session busy with `turn_id` and waits for it
+    /// ([`OnBusy::Wait`]).
+    WaitingForTurn {
+        /// The live turn (empty while the session is being compacted).
+        turn_id: String,
     },
     /// A reconnect attempt failed.
     AttemptFailed {
