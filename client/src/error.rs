@@ -220,7 +220,9 @@ impl Error {
     pub fn from_status(status: Status, session_id: &str, url: &str) -> Self {
         if let Some(source) = StdError::source(&status) {
             let cause = cause_chain(source);
-            return if status.code() == Code::Unavailable && !cause.contains("broken pipe") {
+            // tonic answers a call it could not send (no connection) with
+            // UNAVAILABLE; a connection lost under a call with other codes.
+            return if status.code() == Code::Unavailable {
                 Error::Connect {
                     url: url.to_owned(),
                     cause,

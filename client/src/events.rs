@@ -411,8 +411,17 @@ impl State {
             match stream.message().await {
                 Ok(Some(raw)) => events.push(Event::from(raw)),
                 Ok(None) => break None,
-                Err(status) if is_disconnect(&status) && events.is_empty() => return Err(status),
-                Err(status) => break Some(status),
+                Err(status) => {
+                    let ended = events
+                        .iter()
+                        .any(|e: &Event| matches!(e.kind, ChatEvent::TurnFinished { .. }));
+                    // A break before the end: nothing is queued yet, so the
+                    // whole replay is simply fetched again.
+                    if !ended && is_disconnect(&status) {
+                        return Err(status);
+                    }
+                    break Some(status);
+                }
             }
         };
         let mut out = Vec::new();
