@@ -70,7 +70,7 @@ pub mod options;
 pub use agentrt_proto::v1 as proto;
 pub use error::Error;
 pub use events::{ChatEvent, Event, EventStream, TurnSummary};
-pub use options::{ChatOptions, OnBusy, OnDisconnect, ResumeNotice, ResumePolicy, ThinkingLevel};
+pub use options::{ChatOptions, OnDisconnect, ResumeNotice, ResumePolicy, ThinkingLevel, WhenBusy};
 
 use proto::agent_runtime_client::AgentRuntimeClient;
 use proto::runtime_admin_client::RuntimeAdminClient;
@@ -524,7 +524,7 @@ impl Client {
     /// connection (see [`EventStream`]) per the options' or the client's
     /// [`ResumePolicy`]; a `request_id` is generated when none is set. The
     /// first call itself is not retried: if it cannot be sent, that error
-    /// is returned. With [`OnBusy::Wait`] a busy session is waited for
+    /// is returned. With [`WhenBusy::Wait`] a busy session is waited for
     /// instead of refused.
     pub async fn chat(
         &self,
@@ -554,7 +554,7 @@ impl Client {
                 Err(status) => status,
             };
             let err = Error::from_status(status, session_id, &self.url);
-            if options.on_busy != OnBusy::Wait || !err.is_busy() || waited >= policy.attempts {
+            if options.when_busy != WhenBusy::Wait || !err.is_busy() || waited >= policy.attempts {
                 return Err(err);
             }
             waited += 1;

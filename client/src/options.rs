@@ -45,14 +45,14 @@ pub struct ChatOptions {
     pub(crate) max_output_tokens: Option<u32>,
     pub(crate) metadata: HashMap<String, String>,
     pub(crate) resume: Option<ResumePolicy>,
-    pub(crate) on_busy: OnBusy,
+    pub(crate) when_busy: WhenBusy,
 }
 
 /// What [`crate::Client::chat`] does when the session already has a live
 /// turn (or is being compacted).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum OnBusy {
+pub enum WhenBusy {
     /// Return [`crate::Error::Busy`] (or [`crate::Error::Compacting`]).
     #[default]
     Fail,
@@ -178,9 +178,10 @@ impl ChatOptions {
         self
     }
 
-    /// What to do when the session is busy with another turn.
-    pub fn on_busy(mut self, on_busy: OnBusy) -> Self {
-        self.on_busy = on_busy;
+    /// What the client does when the session is busy with another turn (a
+    /// client-side policy; the server still refuses the busy Chat itself).
+    pub fn when_busy(mut self, when_busy: WhenBusy) -> Self {
+        self.when_busy = when_busy;
         self
     }
 
@@ -271,7 +272,7 @@ pub enum ResumeNotice {
         after_seq: u64,
     },
     /// The chat found the session busy with `turn_id` and waits for it
-    /// ([`OnBusy::Wait`]).
+    /// ([`WhenBusy::Wait`]).
     WaitingForTurn {
         /// The live turn (empty while the session is being compacted).
         turn_id: String,

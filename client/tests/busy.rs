@@ -1,6 +1,6 @@
 //! A chat on a session with a live turn: refused as `Error::Busy` naming
 //! the session and the live turn (decoded from the SESSION_BUSY ErrorInfo
-//! of the real server), or — with `OnBusy::Wait` — sent once that turn has
+//! of the real server), or — with `WhenBusy::Wait` — sent once that turn has
 //! ended. The turns run on the gate provider; the test waits on events and
 //! the client's notices, never on time.
 
@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentrt_client::{
-    ChatEvent, ChatOptions, Client, Error, OnBusy, OnDisconnect, ResumeNotice, ResumePolicy, proto,
+    ChatEvent, ChatOptions, Client, Error, OnDisconnect, ResumeNotice, ResumePolicy, WhenBusy,
+    proto,
 };
 use agentrt_server::{Config, ServerBuilder};
 use agentrt_testkit::gate::{AFTER, BEFORE, GateProvider};
@@ -17,7 +18,7 @@ use futures::StreamExt as _;
 use tokio::sync::mpsc;
 
 #[tokio::test]
-async fn busy_is_typed_and_on_busy_wait_sends_the_chat_after_the_live_turn() {
+async fn busy_is_typed_and_when_busy_wait_sends_the_chat_after_the_live_turn() {
     let dir = tempfile::tempdir().unwrap();
     let config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -76,7 +77,7 @@ async fn busy_is_typed_and_on_busy_wait_sends_the_chat_after_the_live_turn() {
         let session = session.clone();
         tokio::spawn(async move {
             client
-                .chat(&session, gated().on_busy(OnBusy::Wait))
+                .chat(&session, gated().when_busy(WhenBusy::Wait))
                 .await
                 .map(|events| events.finish())
         })
