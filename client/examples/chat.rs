@@ -6,9 +6,12 @@
 //! ```
 //!
 //! `AGENTRT_URL` (default `http://127.0.0.1:50051`) and `AGENTRT_TOKEN`
-//! (optional bearer key) select the server.
+//! (optional bearer key) select the server. The turn continues on the
+//! server if the connection drops, and the stream resumes where it was.
 
-use agentrt_client::{ChatEvent, Client, proto};
+use std::time::Duration;
+
+use agentrt_client::{ChatEvent, ChatOptions, Client, OnDisconnect, proto};
 use futures::StreamExt as _;
 
 #[tokio::main]
@@ -31,7 +34,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     println!("session {}", session.session_id);
 
-    let mut events = client.chat(&session.session_id, &text).await?;
+    let options = ChatOptions::new(text)
+        .timeout(Duration::from_secs(120))
+        .on_disconnect(OnDisconnect::Continue);
+    let mut events = client.chat(&session.session_id, options).await?;
     while let Some(event) = events.next().await {
         match event?.kind {
             ChatEvent::Text(delta) => print!("{delta}"),

@@ -153,7 +153,7 @@ async fn max_output_tokens_over_the_maximum_is_invalid_argument_before_anything_
         let mut request = text_request(&session, "too much");
         request.max_output_tokens = Some(asked);
         let err = match client.chat_with(request).await {
-            Err(agentrt_client::Error::Status(status)) => status,
+            Err(e) if e.status().is_some() => e.status().cloned().expect("a status"),
             other => panic!("{asked}: expected a refusal, got {other:?}"),
         };
         assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
@@ -501,7 +501,8 @@ async fn a_burst_on_the_local_model_is_refused_at_admission_not_inside_the_strea
     let mut failed = Vec::new();
     for (session, admission) in sessions.iter().zip(admissions) {
         match admission {
-            Err(agentrt_client::Error::Status(status)) => {
+            Err(e) if e.status().is_some() => {
+                let status = e.status().cloned().expect("a status");
                 assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
                 assert!(
                     client.history(session).await.unwrap().is_empty(),

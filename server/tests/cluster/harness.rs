@@ -264,8 +264,9 @@ pub(crate) fn tool_request(session: &str, key: &str) -> proto::ChatRequest {
 pub(crate) fn aborted_reason(err: &Error) -> Option<String> {
     use tonic_types::StatusExt as _;
     match err {
-        Error::Status(s) if s.code() == tonic::Code::Aborted => Some(
-            s.get_details_error_info()
+        e if e.code() == Some(tonic::Code::Aborted) => Some(
+            e.status()
+                .and_then(|s| s.get_details_error_info())
                 .map(|i| i.reason)
                 .unwrap_or_default(),
         ),

@@ -200,7 +200,7 @@ pub(crate) async fn finish(
 
 pub(crate) fn status_of(err: agentrt_client::Error) -> tonic::Status {
     match err {
-        agentrt_client::Error::Status(s) => s,
+        other if other.status().is_some() => other.status().cloned().expect("a status"),
         other => panic!("expected a status, got {other}"),
     }
 }

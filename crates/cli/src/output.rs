@@ -1,0 +1,476 @@
+//! Printing results: text for people, or JSON (one document per unary
+//! result, one object per line for event streams) for scripts.
+
+use std::io::{IsTerminal as _, Write as _};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use agentrt_client::{ChatEvent, Event, proto};
+use serde_json::{Value, json};
+
+/// Where and how results go.
+#[derive(Debug, Clone)]
+pub(crate) struct Out {
+    pub(crate) json: bool,
+    /// ANSI dim for reasoning (stdout is a terminal).
+    dim: bool,
+    reasoning: bool,
+}
+
+fn timestamp(t: Option<&prost_types::Timestamp>) -> Value {
+    match t {
+        Some(t) => json!({"seconds": t.seconds, "nanos": t.nanos}),
+        None => Value::Null,
+    }
+}
+
+fn time(t: Option<SystemTime>) -> Value {
+    t.and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(Value::Null, |d| json!(d.as_secs_f64()))
+}
+
+fn role(r: i32) -> String {
+    proto::Role::try_from(r)
+        .unwrap_or_default()
+        .as_str_name()
+        .trim_start_matches("ROLE_")
+        .to_lowercase()
+}
+
+fn usage(u: &proto::Usage) -> Value {
+    json!({
+        "input_tokens": u.input_tokens,
+        "output_tokens": u.output_tokens,
+        "reasoning_tokens": u.reasoning_tokens,
+        "cached_input_tokens": u.cached_input_tokens,
+    })
+}
+
+fn session_json(s: &proto::Session) -> Value {
+    json!({
+        "session_id": s.session_id,
+        "owner": s.owner,
+        "agent_id": s.agent_id,
+        "project_id": s.project_id,
+        "title": s.title,
+        "model": s.model,
+        "system_prompt": s.system_prompt,
+        "metadata": s.metadata,
+        "created_at": timestamp(s.created_at.as_ref()),
+        "last_active_at": timestamp(s.last_active_at.as_ref()),
+        "archived": s.archived,
+        "message_count": s.message_count,
+    })
+}
+
+fn block_json(b: &proto::ContentBlock) -> Value {
+    use proto::content_block::Block;
+    match &b.block {
+        Some(Block::Text(t)) => json!({"type": "text", "text": t.text}),
+        Some(Block::Thinking(t)) => json!({"type": "thinking", "thinking": t.thinking}),
+        Some(Block::Image(i)) => {
+            json!({"type": "image", "mime_type": i.mime_type, "bytes": i.data.len()})
+        }
+        Some(Block::ToolCall(c)) => json!({
+            "type": "tool_call", "id": c.id, "name": c.name, "arguments_json": c.arguments_json
+        }),
+        Some(Block::ToolResult(r)) => json!({
+            "type": "tool_result", "call_id": r.call_id, "content": r.content, "is_error": r.is_error
+        }),
+        None => json!({"type": "unknown"}),
+    }
+}
+
+fn message_json(m: &proto::Message) -> Value {
+    json!({
+        "seq": m.seq,
+        "id": m.id,
+        "role": role(m.role),
+        "turn_id": m.turn_id,
+        "compacted": m.compacted,
+        "content": m.content.iter().map(block_json).collect::<Vec<_>>(),
+    })
+}
+
+/// A message in one line of text.
+fn message_text(m: &proto::Message) -> String {
+    use proto::content_block::Block;
+    m.content
+        .iter()
+        .filter_map(|b| match &b.block {
+            Some(Block::Text(t)) => Some(t.text.clone()),
+            Some(Block::Thinking(t)) => Some(format!("(thinking: {})", t.thinking)),
+            Some(Block::Image(i)) => Some(format!("[image {} bytes]", i.data.len())),
+            Some(Block::ToolCall(c)) => {
+                Some(format!("[tool call {} {}]", c.name, c.arguments_json))
+            }
+            Some(Block::ToolResult(r)) => Some(format!("[tool result {}]", r.content)),
+            None => None,
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn event_json(e: &Event) -> Value {
+    let (kind, data) = match &e.kind {
+        ChatEvent::TurnStarted(t) => (
+            "turn_started",
+            json!({"model": t.model, "user_message_seq": t.user_message_seq,
+                   "system_overridden": t.system_overridden}),
+        ),
+        ChatEvent::Text(t) => ("text", json!({"text": t})),
+        ChatEvent::Reasoning(t) => ("reasoning", json!({"text": t})),
+        ChatEvent::Step { kind, index } => (
+            "step",
+            json!({"kind": kind.as_str_name().trim_start_matches("STEP_KIND_"), "index": index}),
+        ),
+        ChatEvent::MessageStored { seq, id, role } => (
+            "message_stored",
+            json!({"message_seq": seq, "message_id": id, "role": self::role(*role as i32)}),
+        ),
+        ChatEvent::Usage { usage, model } => (
+            "usage",
+            json!({"usage": self::usage(usage), "model": model}),
+        ),
+        ChatEvent::Error { code, message } => (
+            "error",
+            json!({"code": code.as_str_name().trim_start_matches("ERROR_CODE_"), "message": message}),
+        ),
+        ChatEvent::Heartbeat { phase, tool_name } => {
+            ("heartbeat", json!({"phase": phase, "tool_name": tool_name}))
+        }
+        ChatEvent::ToolUse(t) => (
+            "tool_use",
+            json!({"call_id": t.call_id, "name": t.tool_name,
+                   "status": t.status().as_str_name().trim_start_matches("TOOL_STATUS_")}),
+        ),
+        ChatEvent::ToolCall {
+            call_id,
+            name,
+            arguments_json,
+        } => (
+            "tool_call",
+            json!({"call_id": call_id, "name": name, "arguments_json": arguments_json}),
+        ),
+        ChatEvent::Compaction(c) => (
+            "compaction",
+            json!({"status": c.status().as_str_name().trim_start_matches("COMPACTION_STATUS_")}),
+        ),
+        ChatEvent::ReplayGap {
+            first_available_seq,
+            lagged,
+        } => (
+            "replay_gap",
+            json!({"first_available_seq": first_available_seq, "lagged": lagged}),
+        ),
+        ChatEvent::TurnFinished {
+            outcome,
+            cancel_reason,
+            usage,
+            duration,
+        } => (
+            "turn_finished",
+            json!({
+                "outcome": outcome.as_str_name().trim_start_matches("TURN_OUTCOME_"),
+                "cancel_reason": cancel_reason.as_str_name().trim_start_matches("CANCEL_REASON_"),
+                "usage": self::usage(usage),
+                "duration_ms": duration.as_millis() as u64,
+            }),
+        ),
+        // A kind newer than this build.
+        _ => ("unknown", json!({})),
+    };
+    json!({
+        "type": kind,
+        "session_id": e.session_id,
+        "turn_id": e.turn_id,
+        "seq": e.seq,
+        "at": time(e.at),
+        "data": data,
+    })
+}
+
+fn print_json(v: &Value) {
+    println!("{v}");
+}
+
+impl Out {
+    pub(crate) fn new(json: bool) -> Self {
+        Self {
+            json,
+            dim: std::io::stdout().is_terminal(),
+            reasoning: true,
+        }
+    }
+
+    pub(crate) fn with_reasoning(&self, show: bool) -> Self {
+        Self {
+            reasoning: show,
+            ..self.clone()
+        }
+    }
+
+    pub(crate) fn session_id(&self, s: &proto::Session) {
+        if self.json {
+            print_json(&session_json(s));
+        } else {
+            println!("{}", s.session_id);
+        }
+    }
+
+    pub(crate) fn session(&self, s: &proto::Session) {
+        if self.json {
+            print_json(&session_json(s));
+            return;
+        }
+        println!("session   {}", s.session_id);
+        println!("title     {}", s.title);
+        println!(
+            "model     {}",
+            if s.model.is_empty() {
+                "(default)"
+            } else {
+                &s.model
+            }
+        );
+        if !s.system_prompt.is_empty() {
+            println!("system    {}", s.system_prompt);
+        }
+        println!("messages  {}", s.message_count);
+        println!("archived  {}", s.archived);
+    }
+
+    pub(crate) fn sessions(&self, sessions: &[proto::Session]) {
+        if self.json {
+            print_json(&json!({"sessions": sessions.iter().map(session_json).collect::<Vec<_>>()}));
+            return;
+        }
+        for s in sessions {
+            println!(
+                "{}\t{} messages\t{}",
+                s.session_id, s.message_count, s.title
+            );
+        }
+    }
+
+    pub(crate) fn deleted(&self, session: &str, deleted: bool) {
+        if self.json {
+            print_json(&json!({"session_id": session, "deleted": deleted}));
+        } else if deleted {
+            println!("deleted {session}");
+        }
+    }
+
+    pub(crate) fn created(&self, session: &str) {
+        if self.json {
+            print_json(&json!({"type": "session_created", "session_id": session}));
+        } else {
+            eprintln!("session {session}");
+        }
+    }
+
+    pub(crate) fn stopped(&self, session: &str, stopped: bool) {
+        if self.json {
+            print_json(&json!({"session_id": session, "stopped": stopped}));
+        } else if stopped {
+            println!("stopped the live turn of {session}");
+        } else {
+            println!("nothing was running in {session}");
+        }
+    }
+
+    pub(crate) fn status(&self, session: &str, s: &proto::SessionStatus) {
+        if self.json {
+            print_json(&json!({
+                "session_id": session,
+                "live": s.live,
+                "turn_id": s.turn_id,
+                "phase": s.phase,
+                "started_at": timestamp(s.started_at.as_ref()),
+                "watcher_count": s.watcher_count,
+            }));
+        } else if s.live {
+            println!(
+                "{session}: turn {} live, phase {}, {} watcher(s)",
+                s.turn_id, s.phase, s.watcher_count
+            );
+        } else {
+            println!("{session}: idle");
+        }
+    }
+
+    pub(crate) fn compacted(&self, session: &str, c: &proto::CompactSessionResponse) {
+        if self.json {
+            print_json(&json!({
+                "session_id": session,
+                "compacted": c.compacted,
+                "tokens_before": c.tokens_before,
+                "tokens_after": c.tokens_after,
+                "summary_seq": c.summary_seq,
+                "messages_compacted": c.messages_compacted,
+            }));
+        } else if c.compacted {
+            println!(
+                "compacted {} messages: ~{} -> ~{} tokens (summary #{})",
+                c.messages_compacted, c.tokens_before, c.tokens_after, c.summary_seq
+            );
+        } else {
+            println!("nothing to compact in {session}");
+        }
+    }
+
+    pub(crate) fn tool_result(&self, session: &str, call: &str) {
+        if self.json {
+            print_json(&json!({"session_id": session, "call_id": call, "submitted": true}));
+        } else {
+            println!("submitted the result of {call}");
+        }
+    }
+
+    pub(crate) fn history(&self, session: &str, messages: &[proto::Message], next: &str) {
+        if self.json {
+            print_json(&json!({
+                "session_id": session,
+                "messages": messages.iter().map(message_json).collect::<Vec<_>>(),
+                "next_page_token": next,
+            }));
+            return;
+        }
+        for m in messages {
+            println!("#{} {}: {}", m.seq, role(m.role), message_text(m));
+        }
+        if !next.is_empty() {
+            eprintln!(
+                "(more: --after-seq {})",
+                messages.last().map_or(0, |m| m.seq)
+            );
+        }
+    }
+
+    pub(crate) fn show(&self, s: &proto::Session, messages: &[proto::Message]) {
+        if self.json {
+            print_json(&json!({
+                "session": session_json(s),
+                "messages": messages.iter().map(message_json).collect::<Vec<_>>(),
+            }));
+            return;
+        }
+        self.session(s);
+        println!();
+        for m in messages {
+            println!("#{} {}: {}", m.seq, role(m.role), message_text(m));
+        }
+    }
+
+    pub(crate) fn stats(&self, s: &proto::RuntimeStats) {
+        let uptime = s
+            .uptime
+            .and_then(|d| Duration::try_from(d).ok())
+            .unwrap_or_default();
+        if self.json {
+            print_json(&json!({
+                "live_turns": s.live_turns,
+                "cached_runners": s.cached_runners,
+                "watchers": s.watchers,
+                "sessions_stored": s.sessions_stored,
+                "uptime_seconds": uptime.as_secs_f64(),
+                "version": s.version,
+                "draining": s.draining,
+                "default_model": s.default_model,
+            }));
+            return;
+        }
+        println!("version         {}", s.version);
+        println!("uptime          {}s", uptime.as_secs());
+        println!("live turns      {}", s.live_turns);
+        println!("cached runners  {}", s.cached_runners);
+        println!("watchers        {}", s.watchers);
+        println!("sessions        {}", s.sessions_stored);
+        println!("default model   {}", s.default_model);
+        println!("draining        {}", s.draining);
+    }
+
+    pub(crate) fn drained(&self, remaining: u32) {
+        if self.json {
+            print_json(&json!({"drained": remaining == 0, "remaining": remaining}));
+        } else if remaining == 0 {
+            println!("drained: no live turns; new turns are refused");
+        } else {
+            println!("{remaining} turn(s) still live; new turns are refused");
+        }
+    }
+
+    pub(crate) fn reset(&self, count: u32) {
+        if self.json {
+            print_json(&json!({"reset": count}));
+        } else {
+            println!("closed {count} runner(s)");
+        }
+    }
+
+    /// Ends a partly written text line before an error message.
+    pub(crate) fn end_line(&self) {
+        if !self.json {
+            println!();
+        }
+    }
+
+    pub(crate) fn event(&self, e: &Event) {
+        if self.json {
+            print_json(&event_json(e));
+            return;
+        }
+        let mut stdout = std::io::stdout();
+        match &e.kind {
+            ChatEvent::Text(t) => {
+                print!("{t}");
+            }
+            ChatEvent::Reasoning(t) if self.reasoning => {
+                if self.dim {
+                    print!("\x1b[2m{t}\x1b[0m");
+                } else {
+                    print!("{t}");
+                }
+            }
+            ChatEvent::ToolUse(t) => {
+                let status = t.status().as_str_name().trim_start_matches("TOOL_STATUS_");
+                eprintln!("\n[tool {} {}]", t.tool_name, status.to_lowercase());
+            }
+            ChatEvent::ToolCall {
+                call_id,
+                name,
+                arguments_json,
+            } => {
+                eprintln!(
+                    "\n[tool call {name}({arguments_json}); answer it with `agentrt tool-result \
+                     {} --turn {} --call {call_id} RESULT`]",
+                    e.session_id, e.turn_id
+                );
+            }
+            ChatEvent::Compaction(c) => {
+                let status = c
+                    .status()
+                    .as_str_name()
+                    .trim_start_matches("COMPACTION_STATUS_");
+                eprintln!("[compaction {}]", status.to_lowercase());
+            }
+            ChatEvent::ReplayGap {
+                first_available_seq,
+                ..
+            } => {
+                eprintln!("[events missed; continuing at #{first_available_seq}]");
+            }
+            ChatEvent::Error { message, .. } => eprintln!("\nerror: {message}"),
+            ChatEvent::TurnFinished { outcome, usage, .. } => {
+                println!();
+                eprintln!(
+                    "[{} · {} in / {} out tokens]",
+                    outcome.as_str_name().trim_start_matches("TURN_OUTCOME_"),
+                    usage.input_tokens,
+                    usage.output_tokens
+                );
+            }
+            _ => {}
+        }
+        let _ = stdout.flush();
+    }
+}

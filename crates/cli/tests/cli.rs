@@ -1,0 +1,570 @@
+//! The real `agentrt` binary against the in-process server (on
+//! `127.0.0.1:0`) with a scripted OpenAI-compatible upstream and the gate
+//! provider: every subcommand at least once, `--output json` parsed, the
+//! busy message verbatim, stdin input, a refused chat that leaves no
+//! session, and the connection errors.
+
+use std::process::Stdio;
+use std::sync::Arc;
+
+use agentrt_client::{ChatEvent, ChatOptions, Client, EventStream, OnDisconnect};
+use agentrt_server::config::{ProviderConfig, ProviderKind};
+use agentrt_server::{Config, ServerBuilder};
+use agentrt_testkit::fake_openai::{
+    FakeOpenAi, FakeReply, finish_chunk, reasoning_chunk, sse_data, text_chunk, usage_chunk,
+};
+use agentrt_testkit::gate::{BEFORE, GateProvider};
+use agentrt_testkit::server::InProcessServer;
+use futures::StreamExt as _;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+
+struct Harness {
+    server: InProcessServer,
+    fake: FakeOpenAi,
+    gate: Arc<GateProvider>,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Harness {
+    /// A server whose default model `fake/m` is answered by `script`, and
+    /// with `gate/*` for turns that stay live.
+    async fn start(script: Vec<FakeReply>) -> Self {
+        let fake = FakeOpenAi::start(script).await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            data_dir: dir.path().to_path_buf(),
+            ..Config::default()
+        };
+        config.default_model = "fake/m".into();
+        config.providers.push(ProviderConfig {
+            name: "fake".into(),
+            kind: ProviderKind::Openai,
+            base_url: fake.base_url(),
+            api_key_env: None,
+            models: None,
+            idle_timeout: None,
+            max_retries: None,
+            max_tokens: None,
+            model_max_tokens: None,
+            max_tokens_limit: None,
+            max_tokens_param: None,
+            max_output_bytes: None,
+        });
+        let gate = Arc::new(GateProvider::default());
+        let server =
+            InProcessServer::start(ServerBuilder::new(config).model_provider("gate", gate.clone()))
+                .await;
+        let url = server.url();
+        Self {
+            server,
+            fake,
+            gate,
+            url,
+            _dir: dir,
+        }
+    }
+
+    async fn client(&self) -> Client {
+        Client::connect(self.url.clone()).await.unwrap()
+    }
+
+    /// Runs `agentrt --url URL ARGS...` with `stdin` (or none) to its end.
+    async fn run(&self, args: &[&str], stdin: Option<&str>) -> Run {
+        let mut full = vec!["--url", self.url.as_str()];
+        full.extend_from_slice(args);
+        agentrt(&full, stdin).await
+    }
+
+    /// Runs it with `--output json` and parses stdout as one document.
+    async fn json(&self, args: &[&str]) -> Value {
+        let mut full = vec!["--output", "json"];
+        full.extend_from_slice(args);
+        let run = self.run(&full, None).await;
+        assert_eq!(run.code, 0, "{args:?}: {run:?}");
+        serde_json::from_str(&run.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: not one JSON document ({e}): {run:?}"))
+    }
+}
+
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn command(args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentrt"));
+    cmd.args(args)
+        .env_remove("AGENTRT_URL")
+        .env_remove("AGENTRT_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn agentrt(args: &[&str], stdin: Option<&str>) -> Run {
+    let mut cmd = command(args);
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    let mut child = cmd.spawn().expect("the agentrt binary starts");
+    if let Some(text) = stdin {
+        let mut pipe = child.stdin.take().unwrap();
+        pipe.write_all(text.as_bytes()).await.unwrap();
+        drop(pipe);
+    }
+    let out = child.wait_with_output().await.unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+/// Every stdout line as a JSON object (a streamed command).
+fn json_lines(run: &Run) -> Vec<Value> {
+    run.stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("line {l:?} is not JSON ({e})")))
+        .collect()
+}
+
+fn answer(text: &[&str]) -> FakeReply {
+    let mut chunks: Vec<Vec<u8>> = text.iter().map(|t| text_chunk(t)).collect();
+    chunks.push(finish_chunk("stop"));
+    chunks.push(usage_chunk(10, 3));
+    FakeReply::sse(chunks)
+}
+
+/// A gated turn, live until the gate is released: the stream after its
+/// first text, and the turn id.
+async fn live_turn(client: &Client, session: &str) -> (EventStream, String) {
+    let options = ChatOptions::new("wait for it")
+        .model("gate/m")
+        .on_disconnect(OnDisconnect::Continue);
+    let mut events = client.chat(session, options).await.unwrap();
+    loop {
+        let event = events.next().await.unwrap().unwrap();
+        if event.kind == ChatEvent::Text(BEFORE.into()) {
+            return (events, event.turn_id);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_created_listed_read_updated_and_deleted() {
+    let h = Harness::start(vec![answer(&["ok"])]).await;
+
+    let created = h
+        .json(&[
+            "sessions", "create", "--title", "first", "--system", "be kind",
+        ])
+        .await;
+    let id = created["session_id"].as_str().unwrap().to_owned();
+    assert_eq!(created["title"], "first");
+    assert_eq!(created["system_prompt"], "be kind");
+    // Text output is the bare id; the old top-level spelling still works.
+    let mine = h.run(&["create", "--id", "mine"], None).await;
+    assert_eq!((mine.code, mine.stdout.as_str()), (0, "mine\n"), "{mine:?}");
+
+    let listed = h.json(&["sessions", "list"]).await;
+    let ids: Vec<&str> = listed["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["session_id"].as_str().unwrap())
+        .collect();
+    assert!(
+        ids.contains(&id.as_str()) && ids.contains(&"mine"),
+        "{listed}"
+    );
+    let text_list = h.run(&["list"], None).await;
+    assert!(
+        text_list.stdout.contains("mine\t0 messages"),
+        "{text_list:?}"
+    );
+
+    let got = h.json(&["sessions", "get", &id]).await;
+    assert_eq!(got["session_id"], id.as_str());
+    let updated = h
+        .json(&[
+            "sessions",
+            "update",
+            &id,
+            "--title",
+            "renamed",
+            "--archived",
+            "true",
+        ])
+        .await;
+    assert_eq!(
+        (updated["title"].clone(), updated["archived"].clone()),
+        (json!("renamed"), json!(true))
+    );
+    let listed = h.json(&["sessions", "list"]).await;
+    assert_eq!(
+        listed["sessions"].as_array().unwrap().len(),
+        1,
+        "archived left out: {listed}"
+    );
+    let all = h.json(&["sessions", "list", "--all"]).await;
+    assert_eq!(all["sessions"].as_array().unwrap().len(), 2, "{all}");
+
+    let shown = h.json(&["show", "mine"]).await;
+    assert_eq!(shown["session"]["session_id"], "mine");
+    assert_eq!(shown["messages"], json!([]));
+
+    let deleted = h.json(&["sessions", "delete", &id]).await;
+    assert_eq!(deleted["deleted"], true);
+    let gone = h.run(&["sessions", "get", &id], None).await;
+    assert_eq!(gone.code, 4, "{gone:?}");
+    assert!(gone.stderr.contains("not found"), "{gone:?}");
+    assert!(
+        gone.stderr.contains("agentrt sessions list"),
+        "says what to do: {gone:?}"
+    );
+    let again = h.run(&["sessions", "delete", &id], None).await;
+    assert_eq!(again.code, 4, "{again:?}");
+    h.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_reads_stdin_creates_a_session_and_prints_reasoning_and_text() {
+    let mut chunks = vec![
+        reasoning_chunk("pondering "),
+        text_chunk("hello "),
+        text_chunk("world"),
+    ];
+    chunks.push(finish_chunk("stop"));
+    chunks.push(usage_chunk(10, 3));
+    let h = Harness::start(vec![FakeReply::sse(chunks)]).await;
+
+    let run = h.run(&["chat"], Some("what is up?\n")).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    // Reasoning first, then the text; no ANSI dim when stdout is a pipe.
+    assert_eq!(run.stdout, "pondering hello world\n", "{run:?}");
+    assert!(!run.stdout.contains('\x1b'), "{run:?}");
+    assert!(run.stderr.contains("[SUCCESS"), "{run:?}");
+    let session = run
+        .stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("session "))
+        .expect("the new session is named on stderr")
+        .to_owned();
+    let history = h.json(&["history", &session]).await;
+    let messages = history["messages"].as_array().unwrap();
+    assert_eq!(messages[0]["role"], "user");
+    assert_eq!(
+        messages[0]["content"][0]["text"], "what is up?",
+        "{history}"
+    );
+
+    // `-` reads stdin too; --no-reasoning hides the reasoning.
+    let run = h
+        .run(
+            &["chat", "--session", &session, "--no-reasoning", "-"],
+            Some("again"),
+        )
+        .await;
+    assert_eq!(
+        (run.code, run.stdout.as_str()),
+        (0, "hello world\n"),
+        "{run:?}"
+    );
+    // No text and nothing on stdin: told what to do.
+    let run = h.run(&["chat", "--session", &session], Some("")).await;
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(run.stderr.contains("stdin is empty"), "{run:?}");
+    h.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_json_is_one_object_per_event_and_the_options_reach_the_request() {
+    let h = Harness::start(vec![answer(&["a", "b"])]).await;
+    let session = h.json(&["sessions", "create"]).await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let run = h
+        .run(
+            &[
+                "--output",
+                "json",
+                "chat",
+                "--session",
+                &session,
+                "--model",
+                "fake/other",
+                "--system",
+                "answer tersely",
+                "--thinking",
+                "low",
+                "--timeout",
+                "30s",
+                "--on-disconnect",
+                "continue",
+                "hi",
+                "there",
+            ],
+            None,
+        )
+        .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let lines = json_lines(&run);
+    let types: Vec<&str> = lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
+    assert_eq!(types.first(), Some(&"turn_started"), "{types:?}");
+    assert_eq!(types.last(), Some(&"turn_finished"), "{types:?}");
+    assert_eq!(lines.last().unwrap()["data"]["outcome"], "SUCCESS");
+    let text: String = lines
+        .iter()
+        .filter(|l| l["type"] == "text")
+        .map(|l| l["data"]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "ab");
+    assert_eq!(lines[0]["data"]["model"], "fake/other");
+    let seqs: Vec<u64> = lines.iter().map(|l| l["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (1..=lines.len() as u64).collect::<Vec<_>>());
+
+    let sent = h.fake.requests();
+    let body = &sent.last().unwrap().body;
+    assert_eq!(body["model"], "other", "{body}");
+    let system = body["messages"][0].to_string();
+    assert!(system.contains("answer tersely"), "{body}");
+    let user = body["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .to_string();
+    assert!(user.contains("hi there"), "{body}");
+    h.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_chat_leaves_no_new_session_behind() {
+    let h = Harness::start(vec![answer(&["never"])]).await;
+    let run = h
+        .run(&["chat", "--model", "nosuch/model", "hello"], None)
+        .await;
+    assert_eq!(run.code, 6, "{run:?}");
+    assert!(run.stderr.contains("invalid argument"), "{run:?}");
+    let listed = h.json(&["sessions", "list", "--all"]).await;
+    assert_eq!(
+        listed["sessions"],
+        json!([]),
+        "the new session was deleted again"
+    );
+    assert!(h.fake.requests().is_empty());
+    h.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_status_watch_and_stop() {
+    let h = Harness::start(vec![answer(&["ok"])]).await;
+    let client = h.client().await;
+    let session = client
+        .create_session(Default::default())
+        .await
+        .unwrap()
+        .session_id;
+    let (live, turn) = live_turn(&client, &session).await;
+
+    let busy = h.run(&["chat", "--session", &session, "again"], None).await;
+    assert_eq!(busy.code, 5, "{busy:?}");
+    let expected = format!(
+        "session {session} is running turn {turn}; watch it with `agentrt watch {session}` or \
+         stop it with `agentrt stop {session}`"
+    );
+    assert_eq!(
+        busy.stderr.trim_end(),
+        format!("agentrt: {expected}"),
+        "{busy:?}"
+    );
+
+    let status = h.json(&["status", &session]).await;
+    assert_eq!(status["live"], true);
+    assert_eq!(status["turn_id"], turn.as_str());
+
+    // A watcher replays the turn so far, then follows it live.
+    let mut watch = command(&["--url", &h.url, "--output", "json", "watch", &session])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let mut watched = Vec::new();
+    loop {
+        let line = lines.next_line().await.unwrap().expect("a watched event");
+        let event: Value = serde_json::from_str(&line).unwrap();
+        let gated = event["type"] == "text" && event["data"]["text"] == BEFORE;
+        watched.push(event);
+        if gated {
+            break;
+        }
+    }
+    h.gate.release(1);
+    while let Some(line) = lines.next_line().await.unwrap() {
+        watched.push(serde_json::from_str(&line).unwrap());
+    }
+    assert!(watch.wait().await.unwrap().success());
+    assert_eq!(watched[0]["type"], "turn_started");
+    let last = watched.last().unwrap();
+    assert_eq!(
+        (last["type"].clone(), last["data"]["outcome"].clone()),
+        (json!("turn_finished"), json!("SUCCESS"))
+    );
+    assert!(live.finish().await.unwrap().status.is_none());
+
+    let idle = h.run(&["status", &session], None).await;
+    assert_eq!(idle.stdout.trim(), format!("{session}: idle"), "{idle:?}");
+
+    // Stop a live turn; then nothing is running.
+    let (live, _) = live_turn(&client, &session).await;
+    let stop = h.run(&["stop", &session], None).await;
+    assert_eq!(stop.code, 0, "{stop:?}");
+    assert!(stop.stdout.contains("stopped the live turn"), "{stop:?}");
+    let rest = live.finish().await.unwrap();
+    assert_eq!(
+        rest.outcome,
+        Some(agentrt_client::proto::TurnOutcome::Canceled)
+    );
+    let again = h.json(&["stop", &session]).await;
+    assert_eq!(again["stopped"], false);
+    h.server.stop().await;
+}
+
+/// One tool call `lookup` (id `call_1`).
+fn tool_call_reply() -> FakeReply {
+    let call = json!({"index": 0, "id": "call_1", "type": "function",
+                      "function": {"name": "lookup", "arguments": "{\"q\":\"x\"}"}});
+    FakeReply::sse(vec![
+        sse_data(&json!({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]})),
+        finish_chunk("tool_calls"),
+        usage_chunk(10, 3),
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_result_history_pages_compact_and_admin() {
+    let h = Harness::start(vec![tool_call_reply(), answer(&["done"])]).await;
+    let client = h.client().await;
+    let session = client
+        .create_session(Default::default())
+        .await
+        .unwrap()
+        .session_id;
+    let options = ChatOptions::new("look it up").extra_tool(
+        "lookup",
+        "looks things up",
+        r#"{"type":"object","properties":{"q":{"type":"string"}}}"#,
+    );
+    let mut events = client.chat(&session, options).await.unwrap();
+    let (turn, call) = loop {
+        let event = events.next().await.unwrap().unwrap();
+        if let ChatEvent::ToolCall { call_id, .. } = &event.kind {
+            break (event.turn_id.clone(), call_id.clone());
+        }
+    };
+    let submitted = h
+        .run(
+            &["tool-result", &session, "--turn", &turn, "--call", &call],
+            Some("the answer is 42"),
+        )
+        .await;
+    assert_eq!(submitted.code, 0, "{submitted:?}");
+    let summary = events.finish().await.unwrap();
+    assert_eq!(summary.text, "done");
+    let unknown_call = h
+        .run(
+            &[
+                "tool-result",
+                &session,
+                "--turn",
+                &turn,
+                "--call",
+                "nope",
+                "x",
+            ],
+            None,
+        )
+        .await;
+    assert_ne!(unknown_call.code, 0, "{unknown_call:?}");
+
+    let all = h.json(&["history", &session]).await;
+    let messages = all["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 4, "user, call, result, answer: {all}");
+    assert_eq!(all["next_page_token"], "");
+    let result = &messages[2]["content"][0];
+    assert_eq!(
+        (result["type"].clone(), result["content"].clone()),
+        (json!("tool_result"), json!("the answer is 42"))
+    );
+    let page = h.json(&["history", &session, "--limit", "1"]).await;
+    assert_eq!(page["messages"].as_array().unwrap().len(), 1);
+    assert_ne!(page["next_page_token"], "", "{page}");
+    let after = h
+        .json(&["history", &session, "--after-seq", "2", "--limit", "1"])
+        .await;
+    assert_eq!(after["messages"][0]["seq"], 3, "{after}");
+    let text = h.run(&["history", &session], None).await;
+    assert!(text.stdout.contains("user: look it up"), "{text:?}");
+
+    let compacted = h.json(&["compact", &session]).await;
+    assert!(compacted["compacted"].is_boolean(), "{compacted}");
+
+    let stats = h.json(&["admin", "stats"]).await;
+    assert_eq!(stats["live_turns"], 0, "{stats}");
+    assert!(stats["sessions_stored"].as_u64().unwrap() >= 1, "{stats}");
+    let reset = h.json(&["admin", "reset"]).await;
+    assert!(reset["reset"].is_u64(), "{reset}");
+    let drained = h.json(&["admin", "drain", "--timeout", "5s"]).await;
+    assert_eq!(drained["drained"], true, "{drained}");
+    let refused = h.run(&["chat", "--session", &session, "more"], None).await;
+    assert_eq!(refused.code, 8, "draining: {refused:?}");
+    assert!(refused.stderr.contains("retry later"), "{refused:?}");
+    h.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_url_and_a_refused_connection_are_explained() {
+    let no_scheme = agentrt(&["--url", "127.0.0.1:50051", "sessions", "list"], None).await;
+    assert_eq!(no_scheme.code, 3, "{no_scheme:?}");
+    assert!(
+        no_scheme.stderr.contains("no scheme")
+            && no_scheme.stderr.contains("http://127.0.0.1:50051"),
+        "{no_scheme:?}"
+    );
+    let port = {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let url = format!("http://127.0.0.1:{port}");
+    let refused = agentrt(&["--url", &url, "status", "s"], None).await;
+    assert_eq!(refused.code, 3, "{refused:?}");
+    assert!(
+        refused.stderr.contains(&url) && refused.stderr.contains("refused"),
+        "{refused:?}"
+    );
+    let plaintext = agentrt(
+        &[
+            "--url",
+            "http://10.255.255.1:1",
+            "--token",
+            "k",
+            "sessions",
+            "list",
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(plaintext.code, 3, "{plaintext:?}");
+    assert!(plaintext.stderr.contains("--insecure"), "{plaintext:?}");
+    let usage = agentrt(&["chat", "--thinking", "enormous", "x"], None).await;
+    assert_eq!(usage.code, 2, "{usage:?}");
+}
