@@ -328,7 +328,7 @@ impl A2aService for A2aHandler {
             A2aError::TaskNotCancelable.status(format!(
                 "task {:?} has already ended ({}); there is nothing to cancel",
                 r.id,
-                a2a::TaskState::from(tasks::state_of(detail.record.status)).as_str_name()
+                tasks::state_of(detail.record.status).as_str_name()
             ))
         };
         if detail.record.status != TurnStatus::Running {
@@ -382,7 +382,7 @@ impl A2aService for A2aHandler {
                 Err(A2aError::UnsupportedOperation.status(format!(
                     "task {:?} is not working any more ({}); read its outcome with GetTask",
                     r.id,
-                    a2a::TaskState::from(tasks::state_of(detail.record.status)).as_str_name()
+                    tasks::state_of(detail.record.status).as_str_name()
                 )))
             }
         }
