@@ -16,6 +16,7 @@
 pub mod card;
 pub mod errors;
 pub mod tasks;
+pub mod tools;
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -24,7 +25,6 @@ use std::sync::Arc;
 use agentrt_proto::a2a::v1 as a2a;
 use agentrt_proto::a2a::v1::a2a_service_server::A2aService;
 use agentrt_runtime::Runtime;
-use agentrt_runtime::events::EventKind;
 use agentrt_runtime::runtime::TurnDetail;
 use agentrt_runtime::runtime::{ChatInput, OnDisconnect, TurnStream};
 use agentrt_runtime::types::{ContentBlock, NewSession, Principal, TurnStatus};
@@ -45,6 +45,52 @@ pub const A2A_AGENT_ID: &str = "a2a";
 /// A stream of A2A responses.
 pub type A2aStream = Pin<Box<dyn Stream<Item = Result<a2a::StreamResponse, Status>> + Send>>;
 
+/// What a SendMessage started or continued.
+enum Sent {
+    /// A new task: its turn, and the caller's message (the task's first
+    /// history entry).
+    New(TurnStream, a2a::Message),
+    /// A working task the caller sent the result of tool call `call_id`:
+    /// its live turn (`None` once it has ended).
+    Resumed {
+        task_id: String,
+        session: String,
+        call_id: String,
+        turn: Option<TurnStream>,
+    },
+}
+
+impl Sent {
+    /// The task's id, its turn (if still live) and the translator of its
+    /// events; `pending` gets what goes first on its stream.
+    fn into_parts(
+        self,
+        pending: &mut VecDeque<a2a::StreamResponse>,
+    ) -> (String, Option<(TurnStream, Translator)>) {
+        match self {
+            Self::New(turn, user) => {
+                let id = user.task_id.clone();
+                let translator =
+                    Translator::for_send(id.clone(), turn.session_id().to_owned(), user);
+                (id, Some((turn, translator)))
+            }
+            Self::Resumed {
+                task_id,
+                session,
+                call_id,
+                turn,
+            } => {
+                let live = turn.map(|turn| {
+                    let translator =
+                        Translator::for_resume(task_id.clone(), session, call_id, pending);
+                    (turn, translator)
+                });
+                (task_id, live)
+            }
+        }
+    }
+}
+
 /// The `A2AService` implementation.
 #[derive(Debug, Clone)]
 pub struct A2aHandler {
@@ -61,14 +107,14 @@ impl A2aHandler {
         }
     }
 
-    /// Admits the message's turn: a new context (session) when it names
-    /// none. Returns the turn and the caller's message as the task's
-    /// first history entry.
+    /// Admits the message's turn — in a new context (session) when it
+    /// names none — or, for a message to a task, delivers the tool result
+    /// it carries.
     async fn start(
         &self,
         who: &Principal,
         request: a2a::SendMessageRequest,
-    ) -> Result<(TurnStream, a2a::Message), Status> {
+    ) -> Result<Sent, Status> {
         let Some(mut message) = request.message else {
             return Err(A2aError::InvalidParams.status("message is required"));
         };
@@ -77,9 +123,10 @@ impl A2aHandler {
                 .status("message.role is ROLE_AGENT; a caller's message has ROLE_USER"));
         }
         if !message.task_id.is_empty() {
-            return Err(self.continued_task(who, &message).await);
+            return self.answer_tool_call(who, &message).await;
         }
         let content = user_content(&message)?;
+        let extra_tools = tools::extra_tools(request.metadata.as_ref()).map_err(from_runtime)?;
         let session_id = if message.context_id.is_empty() {
             let new = NewSession {
                 agent_id: A2A_AGENT_ID.to_owned(),
@@ -103,29 +150,33 @@ impl A2aHandler {
             // A retried message (same id) joins its task instead of
             // starting another.
             request_id: (!message.message_id.is_empty()).then(|| message.message_id.clone()),
+            extra_tools,
             ..ChatInput::default()
         };
         let turn = self.runtime.chat(who, input).await.map_err(from_runtime)?;
         message.context_id = turn.session_id().to_owned();
         message.task_id = task_id(turn.session_id(), turn.turn_id());
         message.role = a2a::Role::User as i32;
-        Ok((turn, message))
+        Ok(Sent::New(turn, message))
     }
 
-    /// The error for a message naming an existing task: a task is one
-    /// turn, so a task that has ended (or is still working) takes no more
-    /// messages.
-    async fn continued_task(&self, who: &Principal, message: &a2a::Message) -> Status {
+    /// A message to an existing task: the result of the tool call it waits
+    /// for (a data part, see [`tools::tool_result`]), delivered through
+    /// SubmitToolResult's core path. A task is one exchange otherwise, so
+    /// any other message to a task is refused.
+    async fn answer_tool_call(
+        &self,
+        who: &Principal,
+        message: &a2a::Message,
+    ) -> Result<Sent, Status> {
         let id = &message.task_id;
-        let detail = match self.lookup(who, id).await {
-            Ok(detail) => detail,
-            Err(status) => return status,
-        };
-        if !message.context_id.is_empty() && message.context_id != detail.record.session_id {
-            return A2aError::InvalidParams.status(format!(
-                "message.task_id {id:?} belongs to context {:?}, not to message.context_id {:?}",
-                detail.record.session_id, message.context_id
-            ));
+        let detail = self.lookup(who, id).await?;
+        let session = detail.record.session_id.clone();
+        if !message.context_id.is_empty() && message.context_id != session {
+            return Err(A2aError::InvalidParams.status(format!(
+                "message.task_id {id:?} belongs to context {session:?}, not to message.context_id {:?}",
+                message.context_id
+            )));
         }
         let state = match detail.record.status {
             TurnStatus::Running => "is still working",
@@ -135,11 +186,38 @@ impl A2aHandler {
             | TurnStatus::TimedOut
             | TurnStatus::Interrupted => "has ended",
         };
-        A2aError::UnsupportedOperation.status(format!(
-            "task {id:?} {state}, and a task here is one exchange: send the message with \
-             context_id {:?} and no task_id to start the next task in that context",
-            detail.record.session_id
-        ))
+        let result = tools::tool_result(message).map_err(from_runtime)?;
+        let (Some(result), TurnStatus::Running) = (result, detail.record.status) else {
+            return Err(A2aError::UnsupportedOperation.status(format!(
+                "task {id:?} {state}, and a task here is one exchange (a message to a task \
+                 only answers its pending tool call): send the message with context_id \
+                 {session:?} and no task_id to start the next task in that context"
+            )));
+        };
+        let turn_id = detail.record.turn_id.clone();
+        self.runtime
+            .submit_tool_result(
+                who,
+                &session,
+                &turn_id,
+                &result.call_id,
+                result.content,
+                result.is_error,
+            )
+            .await
+            .map_err(from_runtime)?;
+        let turn = self
+            .runtime
+            .subscribe(who, &session, 0, false)
+            .await
+            .map_err(|err| from_runtime_for_task(id, err))?
+            .filter(|turn| turn.turn_id() == turn_id);
+        Ok(Sent::Resumed {
+            task_id: id.clone(),
+            session,
+            call_id: result.call_id,
+            turn,
+        })
     }
 
     /// The turn a task id names, for `who`.
@@ -259,31 +337,33 @@ impl A2aService for A2aHandler {
             .configuration
             .as_ref()
             .map_or((None, false), |c| (c.history_length, c.return_immediately));
-        let (mut turn, _) = self.start(&who, r).await?;
-        let (session, turn_id) = (turn.session_id().to_owned(), turn.turn_id().to_owned());
-        if !immediately {
-            loop {
-                match turn.next().await {
-                    Some(event) if matches!(event.kind, EventKind::TurnFinished { .. }) => break,
-                    Some(_) => {}
-                    None if turn.session_deleted() => {
+        let mut discard = VecDeque::new();
+        let (id, live) = self.start(&who, r).await?.into_parts(&mut discard);
+        let mut input_required = None;
+        if let (Some((mut turn, mut translator)), false) = (live, immediately) {
+            // Until the task ends or waits for the caller's tool result.
+            while !translator.finished() {
+                let Some(event) = turn.next().await else {
+                    if turn.session_deleted() {
                         return Err(A2aError::TaskNotFound
                             .status("the task's context was deleted while it was working"));
                     }
                     // Ended without an outcome: the stored record says
                     // what became of it.
-                    None => break,
-                }
+                    break;
+                };
+                translator.on_event(&event, &mut discard);
+                discard.clear();
             }
+            input_required = translator.input_required().cloned();
         }
-        drop(turn);
-        let id = task_id(&session, &turn_id);
         let detail = self.lookup(&who, &id).await?;
+        let mut task = task_of(&detail, history_length);
+        if detail.record.status == TurnStatus::Running && input_required.is_some() {
+            task.status = input_required;
+        }
         Ok(Response::new(a2a::SendMessageResponse {
-            payload: Some(a2a::send_message_response::Payload::Task(task_of(
-                &detail,
-                history_length,
-            ))),
+            payload: Some(a2a::send_message_response::Payload::Task(task)),
         }))
     }
 
@@ -292,10 +372,20 @@ impl A2aService for A2aHandler {
         req: Request<a2a::SendMessageRequest>,
     ) -> Result<Response<Self::SendStreamingMessageStream>, Status> {
         let (who, r) = accept(req)?;
-        let (turn, user) = self.start(&who, r).await?;
-        let translator =
-            Translator::for_send(user.task_id.clone(), turn.session_id().to_owned(), user);
-        Ok(Response::new(events(turn, translator, VecDeque::new())))
+        let mut pending = VecDeque::new();
+        let (id, live) = self.start(&who, r).await?.into_parts(&mut pending);
+        match live {
+            Some((turn, translator)) => Ok(Response::new(events(turn, translator, pending))),
+            // The task ended as soon as it had the tool result: its final
+            // state is all there is to send.
+            None => {
+                let detail = self.lookup(&who, &id).await?;
+                let task = a2a::StreamResponse {
+                    payload: Some(a2a::stream_response::Payload::Task(task_of(&detail, None))),
+                };
+                Ok(Response::new(futures::stream::iter([Ok(task)]).boxed()))
+            }
+        }
     }
 
     async fn get_task(

@@ -7,7 +7,9 @@
 use agentrt_proto::a2a::v1 as a2a;
 use agentrt_proto::a2a::v1::a2a_service_client::A2aServiceClient;
 use agentrt_server::{Config, ServerBuilder};
-use agentrt_testkit::fake_openai::{FakeOpenAi, FakeReply, finish_chunk, text_chunk, usage_chunk};
+use agentrt_testkit::fake_openai::{
+    FakeOpenAi, FakeReply, finish_chunk, sse_data, text_chunk, usage_chunk,
+};
 use agentrt_testkit::server::InProcessServer;
 use futures::StreamExt as _;
 use tonic::transport::Channel;
@@ -319,6 +321,118 @@ async fn the_a2a_errors_carry_the_reasons_the_sdks_decode() {
         .await
         .unwrap_err();
     assert_a2a(&err, Code::FailedPrecondition, "UNSUPPORTED_OPERATION");
+    server.stop().await;
+}
+
+fn json_value(v: serde_json::Value) -> prost_types::Value {
+    agentrt_server::a2a::tools::from_json(&v)
+}
+
+#[tokio::test]
+async fn a_caller_tool_call_is_input_required_and_its_result_resumes_the_task() {
+    let call = serde_json::json!({
+        "index": 0, "id": "call_1", "type": "function",
+        "function": {"name": "lookup", "arguments": "{\"q\":\"x\"}"}
+    });
+    let fake = FakeOpenAi::start(vec![
+        FakeReply::sse(vec![
+            text_chunk("let me look"),
+            sse_data(
+                &serde_json::json!({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}),
+            ),
+            finish_chunk("tool_calls"),
+            usage_chunk(10, 3),
+        ]),
+        answer(&["found ", "42"]),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = InProcessServer::start(ServerBuilder::new(config(&fake, dir.path()))).await;
+    let mut c = client(&server).await;
+    let mut request = send("look it up", "");
+    let prost_types::Value {
+        kind: Some(prost_types::value::Kind::StructValue(metadata)),
+    } = json_value(serde_json::json!({"agentrt_extra_tools": [
+        {"name": "lookup", "description": "looks up", "parameters": {"type": "object"}}
+    ]}))
+    else {
+        panic!("a struct")
+    };
+    request.metadata = Some(metadata);
+    let sent = c
+        .send_message(authed(request, KEY))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(a2a::send_message_response::Payload::Task(task)) = sent.payload else {
+        panic!("a task")
+    };
+    assert_eq!(state(&task), a2a::TaskState::InputRequired);
+    let part = &task
+        .status
+        .as_ref()
+        .unwrap()
+        .message
+        .as_ref()
+        .unwrap()
+        .parts[0];
+    let Some(a2a::part::Content::Data(data)) = &part.content else {
+        panic!("a data part, got {part:?}")
+    };
+    assert_eq!(
+        agentrt_server::a2a::tools::to_json(data),
+        serde_json::json!({"tool_call": {"call_id": "call_1", "name": "lookup", "arguments": {"q": "x"}}})
+    );
+
+    // The result, as a data part in a message to the task, streamed.
+    let mut result = send("", "");
+    let m = result.message.as_mut().unwrap();
+    m.task_id = task.id.clone();
+    m.parts = vec![a2a::Part {
+        content: Some(a2a::part::Content::Data(json_value(
+            serde_json::json!({"call_id": "call_1", "content": "42"}),
+        ))),
+        ..Default::default()
+    }];
+    let mut stream = c
+        .send_streaming_message(authed(result, KEY))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut events = Vec::new();
+    while let Some(item) = stream.next().await {
+        events.push(item.unwrap().payload.unwrap());
+    }
+    use a2a::stream_response::Payload;
+    assert!(matches!(&events[0], Payload::Task(t) if t.id == task.id));
+    let text: String = events
+        .iter()
+        .filter_map(|e| match e {
+            Payload::ArtifactUpdate(a) => {
+                assert!(a.append, "the answer goes on from the first stream");
+                match &a.artifact.as_ref().unwrap().parts[0].content {
+                    Some(a2a::part::Content::Text(t)) => Some(t.clone()),
+                    _ => None,
+                }
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(text, "found 42");
+    let Some(Payload::StatusUpdate(last)) = events.last() else {
+        panic!("a terminal status")
+    };
+    let status = last.status.as_ref().unwrap();
+    assert_eq!(status.state, a2a::TaskState::Completed as i32);
+    // The model got the result as the tool's answer.
+    let messages = fake.requests()[1].body["messages"].clone();
+    let tool = messages
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .unwrap_or_else(|| panic!("no tool message in {messages}"));
+    assert_eq!(tool["content"], "42");
     server.stop().await;
 }
 

@@ -198,8 +198,13 @@ pub struct Translator {
     agent_message_id: Option<String>,
     /// The turn's error message, for a FAILED end.
     error: Option<String>,
-    /// The terminal status was sent.
+    /// The terminal (or `INPUT_REQUIRED`) status was sent.
     finished: bool,
+    /// Resuming after the caller answered this tool call: the events up to
+    /// that call were sent on an earlier stream and are not sent again.
+    resume_after: Option<String>,
+    /// The stream ended at a caller tool call (`INPUT_REQUIRED`).
+    input_required: Option<a2a::TaskStatus>,
 }
 
 impl Translator {
@@ -222,6 +227,26 @@ impl Translator {
         this
     }
 
+    /// For the stream that follows the caller's result of tool call
+    /// `call_id`: the `Task` (WORKING) first, then the live turn's events
+    /// after that call.
+    pub fn for_resume(
+        task_id: String,
+        context_id: String,
+        call_id: String,
+        out: &mut VecDeque<a2a::StreamResponse>,
+    ) -> Self {
+        let mut this = Self::for_subscribe(task_id, context_id, out);
+        this.resume_after = Some(call_id);
+        this
+    }
+
+    /// The status the stream ended with when it ended at a caller tool
+    /// call.
+    pub fn input_required(&self) -> Option<&a2a::TaskStatus> {
+        self.input_required.as_ref()
+    }
+
     fn new(task_id: String, context_id: String, user: Option<a2a::Message>) -> Self {
         Self {
             task_id,
@@ -234,6 +259,8 @@ impl Translator {
             agent_message_id: None,
             error: None,
             finished: false,
+            resume_after: None,
+            input_required: None,
         }
     }
 
@@ -304,6 +331,23 @@ impl Translator {
         if self.finished {
             return;
         }
+        if let Some(call) = &self.resume_after {
+            // Already sent: only the answer so far is kept, for the final
+            // message.
+            match &event.kind {
+                EventKind::Text(text) => {
+                    self.answer.push_str(text);
+                    self.chunked |= !text.is_empty();
+                    return;
+                }
+                EventKind::ToolCall { call_id, .. } if call_id == call => {
+                    self.resume_after = None;
+                    return;
+                }
+                EventKind::TurnFinished { .. } => self.resume_after = None,
+                _ => return,
+            }
+        }
         match &event.kind {
             EventKind::TurnStarted { .. } => {
                 if !self.started {
@@ -346,12 +390,36 @@ impl Translator {
                 out.push_back(self.status(state, message, event.at));
                 self.finished = true;
             }
+            EventKind::ToolCall {
+                call_id,
+                name,
+                arguments_json,
+            } => {
+                // The text so far goes out, not as the last chunk: the
+                // answer goes on once the caller has sent the result.
+                if let Some(text) = self.held.take() {
+                    out.push_back(self.chunk(text, false));
+                }
+                let message = a2a::Message {
+                    message_id: format!("{}:{call_id}", self.task_id),
+                    context_id: self.context_id.clone(),
+                    task_id: self.task_id.clone(),
+                    role: a2a::Role::Agent as i32,
+                    parts: vec![super::tools::call_part(call_id, name, arguments_json)],
+                    ..Default::default()
+                };
+                let update = self.status(a2a::TaskState::InputRequired, Some(message), event.at);
+                if let Some(a2a::stream_response::Payload::StatusUpdate(u)) = &update.payload {
+                    self.input_required = u.status.clone();
+                }
+                out.push_back(update);
+                self.finished = true;
+            }
             EventKind::Reasoning(_)
             | EventKind::Step { .. }
             | EventKind::Usage { .. }
             | EventKind::Heartbeat { .. }
             | EventKind::ToolUse(_)
-            | EventKind::ToolCall { .. }
             | EventKind::Compaction(_)
             | EventKind::ReplayGap { .. } => {}
         }

@@ -33,7 +33,7 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
 )
 from conftest import call_context
-from google.protobuf import descriptor_pb2, struct_pb2
+from google.protobuf import descriptor_pb2, json_format, struct_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 pytestmark = pytest.mark.asyncio
@@ -362,3 +362,34 @@ async def test_the_served_descriptor_matches_the_sdks_but_for_the_documented_dif
         "php_metadata_namespace",
         "ruby_package",
     }
+
+
+async def test_a_caller_tool_call_is_input_required_and_its_result_resumes(client, ctx):
+    req = request("[tool lookup] the answer")
+    req.metadata.update(
+        {
+            "agentrt_extra_tools": [
+                {"name": "lookup", "description": "looks it up", "parameters": {"type": "object"}}
+            ]
+        }
+    )
+    events = [e async for e in client.send_message(req, context=ctx)]
+    task = events[0].task
+    last = events[-1].status_update.status
+    assert last.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    call = json_format.MessageToDict(last.message.parts[0].data)["tool_call"]
+    assert (call["call_id"], call["name"]) == ("call_1", "lookup")
+    assert call["arguments"] == {"q": "[tool lookup] the answer"}
+
+    answer = SendMessageRequest(
+        message=Message(
+            message_id=str(uuid.uuid4()),
+            task_id=task.id,
+            role=a2a_pb2.ROLE_USER,
+            parts=[Part(data=json_format.ParseDict({"call_id": "call_1", "content": "42"}, struct_pb2.Value()))],
+        )
+    )
+    resumed = [e async for e in client.send_message(answer, context=ctx)]
+    assert kind(resumed[0]) == "task" and resumed[0].task.id == task.id
+    assert artifact_text(resumed) == "tool said: 42"
+    assert final_state(resumed) == TaskState.TASK_STATE_COMPLETED

@@ -207,3 +207,30 @@ test("missing or wrong keys are UNAUTHENTICATED", async () => {
     );
   }
 });
+
+test("a caller tool call is INPUT_REQUIRED and its result resumes the task", async () => {
+  const first = request("[tool lookup] node");
+  first.metadata = {
+    agentrt_extra_tools: [{ name: "lookup", description: "looks it up", parameters: { type: "object" } }],
+  };
+  const events = await collect(client.sendMessageStream(first, alice));
+  const task = events[0].payload.value;
+  const status = events.at(-1).payload.value.status;
+  assert.equal(status.state, TaskState.TASK_STATE_INPUT_REQUIRED);
+  const call = status.message.parts[0].content.value.tool_call;
+  assert.deepEqual([call.call_id, call.name], ["call_1", "lookup"]);
+
+  const answer = {
+    tenant: "",
+    message: Message.fromJSON({
+      messageId: randomUUID(),
+      taskId: task.id,
+      role: "ROLE_USER",
+      parts: [{ data: { call_id: "call_1", content: "42" } }],
+    }),
+  };
+  const resumed = await collect(client.sendMessageStream(answer, alice));
+  assert.equal(payload(resumed[0]), "task");
+  assert.equal(artifactText(resumed), "tool said: 42");
+  assert.equal(finalState(resumed), TaskState.TASK_STATE_COMPLETED);
+});
