@@ -115,6 +115,13 @@ impl A2aHandler {
         who: &Principal,
         request: a2a::SendMessageRequest,
     ) -> Result<Sent, Status> {
+        if request
+            .configuration
+            .as_ref()
+            .is_some_and(|c| c.task_push_notification_config.is_some())
+        {
+            return Err(push_not_supported());
+        }
         let Some(mut message) = request.message else {
             return Err(A2aError::InvalidParams.status("message is required"));
         };

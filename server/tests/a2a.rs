@@ -311,6 +311,17 @@ async fn the_a2a_errors_carry_the_reasons_the_sdks_decode() {
         Code::FailedPrecondition,
         "PUSH_NOTIFICATION_NOT_SUPPORTED",
     );
+    let mut pushed = send("push me", "");
+    pushed.configuration = Some(a2a::SendMessageConfiguration {
+        task_push_notification_config: Some(Default::default()),
+        ..Default::default()
+    });
+    let err = c.send_message(authed(pushed, KEY)).await.unwrap_err();
+    assert_a2a(
+        &err,
+        Code::FailedPrecondition,
+        "PUSH_NOTIFICATION_NOT_SUPPORTED",
+    );
     let err = c
         .list_tasks(authed(Default::default(), KEY))
         .await
