@@ -1,6 +1,7 @@
 //! Generates the agentrt.v1 protobuf and gRPC code — and the replicas'
-//! internal agentrt.cluster.v1 service — with protox (a pure-Rust protobuf
-//! compiler), so no system `protoc` is needed.
+//! internal agentrt.cluster.v1 service, and the A2A protocol's
+//! `lf.a2a.v1` (the vendored normative file, proto/lf/a2a/v1) — with protox
+//! (a pure-Rust protobuf compiler), so no system `protoc` is needed.
 
 use std::{env, fs, path::PathBuf};
 
@@ -15,14 +16,25 @@ const PROTOS: &[&str] = &[
 
 /// The internal service between replicas: compiled into its own descriptor
 /// set, so the public port's reflection never lists it.
+/// The A2A protocol's service (served on the public port beside
+/// agentrt.v1, and listed by its reflection).
+const A2A_PROTOS: &[&str] = &["proto/lf/a2a/v1/a2a.proto"];
+
 const CLUSTER_PROTOS: &[&str] = &["proto/agentrt/cluster/v1/cluster.proto"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
-    let fds = protox::compile(PROTOS, ["proto"])?;
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
-    // The descriptor set feeds server reflection (v1 and v1alpha).
-    fs::write(out_dir.join("agentrt_descriptor.bin"), fds.encode_to_vec())?;
+    // The descriptor set feeds server reflection (v1 and v1alpha). Encoded
+    // by protox itself so that extension options (the A2A file's
+    // `google.api.field_behavior`, `google.api.http`) are kept: a
+    // prost_types round trip would drop them.
+    let public = protox::Compiler::new(["proto"])?
+        .include_imports(true)
+        .include_source_info(true)
+        .open_files(PROTOS.iter().chain(A2A_PROTOS))?
+        .encode_file_descriptor_set();
+    fs::write(out_dir.join("agentrt_descriptor.bin"), public)?;
     let cluster = protox::compile(CLUSTER_PROTOS, ["proto"])?;
     fs::write(
         out_dir.join("cluster_descriptor.bin"),
@@ -37,5 +49,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // prost with a 1 KiB encode buffer per stream (see src/codec.rs).
         .codec_path("crate::codec::SmallBufferCodec")
         .compile_fds(all)?;
+    // lf.a2a.v1 apart: it shares no types with agentrt.v1, and its
+    // google.api imports only carry options (no code is used from them).
+    let a2a = protox::compile(A2A_PROTOS, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .codec_path("crate::codec::SmallBufferCodec")
+        .compile_fds(a2a)?;
     Ok(())
 }

@@ -8,7 +8,11 @@
 //!   `SessionService` and `AgentRuntime`.
 //! - [`cluster::v1`]: the replicas' internal service (`agentrt.cluster.v1`,
 //!   not part of the public contract).
-//! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for server reflection;
+//! - [`a2a::v1`]: the A2A protocol's `lf.a2a.v1` (messages and the
+//!   `A2AService` stubs), generated from the vendored normative
+//!   `proto/lf/a2a/v1/a2a.proto`.
+//! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors (agentrt.v1 and
+//!   lf.a2a.v1), for server reflection;
 //!   [`CLUSTER_FILE_DESCRIPTOR_SET`]: the internal service's.
 //! - [`codec`]: the codec the stubs use (prost, with a small encode buffer).
 
@@ -41,13 +45,28 @@ pub mod cluster {
     }
 }
 
+/// The A2A protocol (`lf.a2a.v1`), served beside `agentrt.v1`.
+pub mod a2a {
+    /// Version 1 of the A2A protocol's gRPC binding.
+    #[allow(
+        missing_docs,
+        missing_debug_implementations,
+        unreachable_pub,
+        clippy::all
+    )]
+    pub mod v1 {
+        tonic::include_proto!("lf.a2a.v1");
+    }
+}
+
 /// Encoded `FileDescriptorSet` of `agentrt.cluster.v1` (and the files it
 /// imports), for the internal listener's RPC metrics and request limits.
 pub const CLUSTER_FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/cluster_descriptor.bin"));
 
-/// Encoded `FileDescriptorSet` of every `agentrt.v1` proto file (and the
-/// well-known types they import), for server reflection.
+/// Encoded `FileDescriptorSet` of every `agentrt.v1` proto file, the A2A
+/// protocol's `lf.a2a.v1` (and the well-known and `google.api` files they
+/// import), for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/agentrt_descriptor.bin"));
 
@@ -67,5 +86,12 @@ mod tests {
             .collect();
         assert!(services.contains(&"SessionService".to_owned()));
         assert!(services.contains(&"AgentRuntime".to_owned()));
+        let a2a: Vec<&str> = fds
+            .file
+            .iter()
+            .filter(|f| f.package() == "lf.a2a.v1")
+            .flat_map(|f| f.service.iter().map(|s| s.name()))
+            .collect();
+        assert_eq!(a2a, ["A2AService"]);
     }
 }

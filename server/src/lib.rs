@@ -17,6 +17,8 @@
 //!   ([`READINESS`], [`LIVENESS`]) is set there.
 //! - `error.rs`: [`ServerError`].
 //! - [`services`]: the thin handlers, one file per proto service.
+//! - [`a2a`]: the A2A protocol's gRPC binding (`lf.a2a.v1.A2AService`) on
+//!   the same port: contexts are sessions, tasks are turns.
 //! - `cluster.rs`: replicas on one PostgreSQL store — the internal
 //!   `agentrt.cluster.v1` service and the forwarding of calls to the
 //!   replica that owns a session's live turn.
@@ -40,6 +42,7 @@ mod error;
 mod health;
 mod serve;
 
+pub mod a2a;
 pub mod auth;
 pub mod config;
 pub mod convert;

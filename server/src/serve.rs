@@ -13,6 +13,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentrt_proto::a2a::v1::a2a_service_server::A2aServiceServer;
 use agentrt_proto::cluster::v1::cluster_server::ClusterServer;
 use agentrt_proto::v1::agent_runtime_server::AgentRuntimeServer;
 use agentrt_proto::v1::runtime_admin_server::RuntimeAdminServer;
@@ -25,6 +26,7 @@ use tonic::transport::server::Router;
 use tonic_health::pb::health_server::{Health as HealthService, HealthServer};
 use tower::layer::util::{Identity, Stack};
 
+use crate::a2a::A2aHandler;
 use crate::builder::{ClusterParts, Prepared, ServerBuilder};
 use crate::cluster::{ClusterHandler, Forwarder, key_check};
 use crate::config::Config;
@@ -92,9 +94,9 @@ impl Prepared {
         let forward = cluster
             .as_ref()
             .map(|c| Arc::new(Forwarder::new(c.key.clone(), max_forwarded)));
-        let router = router(&config, &runtime, &auth, health_service, forward)?;
-
         let addr = listener.local_addr().ok();
+        let router = router(&config, addr, &runtime, &auth, health_service, forward)?;
+
         // Both listeners stop when this is cancelled: after the runtime's
         // shutdown, so forwarded calls for this replica's live turns are
         // served until those turns end.
@@ -235,10 +237,12 @@ fn serve_cluster(
     ))
 }
 
-/// The gRPC router: the transport's layers around health, reflection and
-/// the three `agentrt.v1` services (each behind the authenticator).
+/// The gRPC router: the transport's layers around health, reflection, the
+/// three `agentrt.v1` services and the A2A binding (each behind the
+/// authenticator).
 fn router(
     config: &Config,
+    addr: Option<std::net::SocketAddr>,
     runtime: &Runtime,
     auth: &auth::Authenticator,
     health_service: HealthServer<impl HealthService>,
@@ -293,6 +297,14 @@ fn router(
         .add_service(InterceptedService::new(
             RuntimeAdminServer::new(RuntimeAdminHandler::new(runtime.clone()))
                 .max_decoding_message_size(max_request),
+            auth.interceptor(),
+        ))
+        .add_service(InterceptedService::new(
+            A2aServiceServer::new(A2aHandler::new(
+                runtime.clone(),
+                crate::a2a::card::agent_card(config, addr, runtime),
+            ))
+            .max_decoding_message_size(max_request),
             auth.interceptor(),
         )))
 }

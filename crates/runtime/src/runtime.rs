@@ -46,6 +46,7 @@ mod stream;
 mod title;
 mod tools;
 mod turn;
+mod turns;
 mod validate;
 
 use lifecycle::Lifecycle;
@@ -60,6 +61,7 @@ pub use control::SessionStatus;
 pub use sessions::{HistoryPage, SessionList};
 pub use stream::TurnStream;
 pub use title::{TITLE_MAX_CHARS, extract_title};
+pub use turns::TurnDetail;
 
 /// Settings of the runtime core. Every field has a documented default.
 #[derive(Debug, Clone)]

@@ -1,0 +1,48 @@
+//! Looking one turn up: its record and the messages it stored, for callers
+//! that name a turn after it was admitted (the A2A binding's tasks).
+
+use super::Runtime;
+use crate::error::RuntimeError;
+use crate::limits::{MAX_ID_BYTES, check_short, validate_session_id};
+use crate::types::{Message, Principal, TurnRecord};
+
+/// Most messages read for one turn (a turn's messages are contiguous in
+/// history, from its user message on).
+const MAX_TURN_MESSAGES: usize = 1_000;
+
+/// One turn of a session: its record and its stored messages.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnDetail {
+    /// The turn's record (status, times, usage, error).
+    pub record: TurnRecord,
+    /// The messages the turn stored so far, its user message first
+    /// (at most 1,000).
+    pub messages: Vec<Message>,
+}
+
+impl Runtime {
+    /// The turn `turn_id` of one of `who`'s sessions; `None` when the
+    /// session has no such turn (another user's session is not found).
+    pub async fn turn(
+        &self,
+        who: &Principal,
+        session_id: &str,
+        turn_id: &str,
+    ) -> Result<Option<TurnDetail>, RuntimeError> {
+        validate_session_id("session_id", session_id)?;
+        check_short("turn_id", turn_id, MAX_ID_BYTES)?;
+        self.owned_session(who, session_id).await?;
+        let store = &self.inner.store;
+        let Some(record) = store.get_turn(session_id, turn_id).await? else {
+            return Ok(None);
+        };
+        let after = record.user_message_seq.saturating_sub(1);
+        let messages = store
+            .history(session_id, after, MAX_TURN_MESSAGES, true)
+            .await?
+            .into_iter()
+            .take_while(|m| m.body.turn_id == record.turn_id)
+            .collect();
+        Ok(Some(TurnDetail { record, messages }))
+    }
+}

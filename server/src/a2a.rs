@@ -1,0 +1,545 @@
+//! `lf.a2a.v1.A2AService`: the A2A protocol's gRPC binding, served on the
+//! public port beside agentrt.v1, behind the same authenticator, limits
+//! and layers. An A2A context is an agentrt session and a task is one of
+//! its turns; every call goes through the runtime core, exactly as the
+//! agentrt.v1 handlers do (admission, busy sessions, deadlines,
+//! durability), so nothing is stored on the side.
+//!
+//! - [`tasks`]: task ids, a turn's events as A2A stream responses, a stored
+//!   turn as a `Task`.
+//! - [`errors`]: the A2A errors (status code + `google.rpc.ErrorInfo`) and
+//!   the exhaustive mapping from core errors.
+//! - [`card`]: the agent card.
+//!
+//! What is not supported, and what it answers instead, is in docs/a2a.md.
+
+pub mod card;
+pub mod errors;
+pub mod tasks;
+pub mod tools;
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use agentrt_proto::a2a::v1 as a2a;
+use agentrt_proto::a2a::v1::a2a_service_server::A2aService;
+use agentrt_runtime::Runtime;
+use agentrt_runtime::runtime::TurnDetail;
+use agentrt_runtime::runtime::{ChatInput, OnDisconnect, TurnStream};
+use agentrt_runtime::types::{ContentBlock, NewSession, Principal, TurnStatus};
+use futures::{Stream, StreamExt as _};
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status};
+
+use crate::auth::principal;
+use crate::services::record_session;
+use errors::{A2aError, from_runtime, from_runtime_for_task, task_not_found};
+use tasks::{Translator, parse_task_id, task_id, task_of};
+
+/// The metadata header naming the A2A protocol version a caller speaks.
+pub const VERSION_HEADER: &str = "a2a-version";
+/// The `agent_id` of the sessions created for A2A contexts.
+pub const A2A_AGENT_ID: &str = "a2a";
+
+/// A stream of A2A responses.
+pub type A2aStream = Pin<Box<dyn Stream<Item = Result<a2a::StreamResponse, Status>> + Send>>;
+
+/// What a SendMessage started or continued.
+enum Sent {
+    /// A new task: its turn, and the caller's message (the task's first
+    /// history entry).
+    New(TurnStream, a2a::Message),
+    /// A working task the caller sent the result of tool call `call_id`:
+    /// its live turn (`None` once it has ended).
+    Resumed {
+        task_id: String,
+        session: String,
+        call_id: String,
+        turn: Option<TurnStream>,
+    },
+}
+
+impl Sent {
+    /// The task's id, its turn (if still live) and the translator of its
+    /// events; `pending` gets what goes first on its stream.
+    fn into_parts(
+        self,
+        pending: &mut VecDeque<a2a::StreamResponse>,
+    ) -> (String, Option<(TurnStream, Translator)>) {
+        match self {
+            Self::New(turn, user) => {
+                let id = user.task_id.clone();
+                let translator =
+                    Translator::for_send(id.clone(), turn.session_id().to_owned(), user);
+                (id, Some((turn, translator)))
+            }
+            Self::Resumed {
+                task_id,
+                session,
+                call_id,
+                turn,
+            } => {
+                let live = turn.map(|turn| {
+                    let translator =
+                        Translator::for_resume(task_id.clone(), session, call_id, pending);
+                    (turn, translator)
+                });
+                (task_id, live)
+            }
+        }
+    }
+}
+
+/// The `A2AService` implementation.
+#[derive(Debug, Clone)]
+pub struct A2aHandler {
+    runtime: Runtime,
+    card: Arc<a2a::AgentCard>,
+}
+
+impl A2aHandler {
+    /// Serves tasks of `runtime`, describing itself with `card`.
+    pub fn new(runtime: Runtime, card: a2a::AgentCard) -> Self {
+        Self {
+            runtime,
+            card: Arc::new(card),
+        }
+    }
+
+    /// Admits the message's turn — in a new context (session) when it
+    /// names none — or, for a message to a task, delivers the tool result
+    /// it carries.
+    async fn start(
+        &self,
+        who: &Principal,
+        request: a2a::SendMessageRequest,
+    ) -> Result<Sent, Status> {
+        if request
+            .configuration
+            .as_ref()
+            .is_some_and(|c| c.task_push_notification_config.is_some())
+        {
+            return Err(push_not_supported());
+        }
+        let Some(mut message) = request.message else {
+            return Err(A2aError::InvalidParams.status("message is required"));
+        };
+        if message.role == a2a::Role::Agent as i32 {
+            return Err(A2aError::InvalidParams
+                .status("message.role is ROLE_AGENT; a caller's message has ROLE_USER"));
+        }
+        if !message.task_id.is_empty() {
+            return self.answer_tool_call(who, &message).await;
+        }
+        let content = user_content(&message)?;
+        let extra_tools = tools::extra_tools(request.metadata.as_ref()).map_err(from_runtime)?;
+        let session_id = if message.context_id.is_empty() {
+            let new = NewSession {
+                agent_id: A2A_AGENT_ID.to_owned(),
+                ..NewSession::default()
+            };
+            self.runtime
+                .create_session(who, new)
+                .await
+                .map_err(from_runtime)?
+                .id
+        } else {
+            message.context_id.clone()
+        };
+        record_session(&session_id);
+        let input = ChatInput {
+            session_id,
+            content,
+            // A task outlives the call that sent it: a caller that drops
+            // the stream comes back with SubscribeToTask or GetTask.
+            on_disconnect: OnDisconnect::Continue,
+            // A retried message (same id) joins its task instead of
+            // starting another.
+            request_id: (!message.message_id.is_empty()).then(|| message.message_id.clone()),
+            extra_tools,
+            ..ChatInput::default()
+        };
+        let turn = self.runtime.chat(who, input).await.map_err(from_runtime)?;
+        message.context_id = turn.session_id().to_owned();
+        message.task_id = task_id(turn.session_id(), turn.turn_id());
+        message.role = a2a::Role::User as i32;
+        Ok(Sent::New(turn, message))
+    }
+
+    /// A message to an existing task: the result of the tool call it waits
+    /// for (a data part, see [`tools::tool_result`]), delivered through
+    /// SubmitToolResult's core path. A task is one exchange otherwise, so
+    /// any other message to a task is refused.
+    async fn answer_tool_call(
+        &self,
+        who: &Principal,
+        message: &a2a::Message,
+    ) -> Result<Sent, Status> {
+        let id = &message.task_id;
+        let detail = self.lookup(who, id).await?;
+        let session = detail.record.session_id.clone();
+        if !message.context_id.is_empty() && message.context_id != session {
+            return Err(A2aError::InvalidParams.status(format!(
+                "message.task_id {id:?} belongs to context {session:?}, not to message.context_id {:?}",
+                message.context_id
+            )));
+        }
+        let state = match detail.record.status {
+            TurnStatus::Running => "is still working",
+            TurnStatus::Success
+            | TurnStatus::Error
+            | TurnStatus::Canceled
+            | TurnStatus::TimedOut
+            | TurnStatus::Interrupted => "has ended",
+        };
+        let result = tools::tool_result(message).map_err(from_runtime)?;
+        let (Some(result), TurnStatus::Running) = (result, detail.record.status) else {
+            return Err(A2aError::UnsupportedOperation.status(format!(
+                "task {id:?} {state}, and a task here is one exchange (a message to a task \
+                 only answers its pending tool call): send the message with context_id \
+                 {session:?} and no task_id to start the next task in that context"
+            )));
+        };
+        let turn_id = detail.record.turn_id.clone();
+        self.runtime
+            .submit_tool_result(
+                who,
+                &session,
+                &turn_id,
+                &result.call_id,
+                result.content,
+                result.is_error,
+            )
+            .await
+            .map_err(from_runtime)?;
+        let turn = self
+            .runtime
+            .subscribe(who, &session, 0, false)
+            .await
+            .map_err(|err| from_runtime_for_task(id, err))?
+            .filter(|turn| turn.turn_id() == turn_id);
+        Ok(Sent::Resumed {
+            task_id: id.clone(),
+            session,
+            call_id: result.call_id,
+            turn,
+        })
+    }
+
+    /// The turn a task id names, for `who`.
+    async fn lookup(&self, who: &Principal, id: &str) -> Result<TurnDetail, Status> {
+        let (session, turn) = parse_task_id(id).ok_or_else(|| task_not_found(id))?;
+        record_session(session);
+        self.runtime
+            .turn(who, session, turn)
+            .await
+            .map_err(|err| from_runtime_for_task(id, err))?
+            .ok_or_else(|| task_not_found(id))
+    }
+}
+
+/// The user text of a message: its text parts, in order. Other parts are
+/// refused (agentrt's A2A binding takes text only).
+fn user_content(message: &a2a::Message) -> Result<Vec<ContentBlock>, Status> {
+    if message.parts.is_empty() {
+        return Err(A2aError::InvalidParams.status("message.parts is empty; send a text part"));
+    }
+    message
+        .parts
+        .iter()
+        .enumerate()
+        .map(|(i, part)| match &part.content {
+            Some(a2a::part::Content::Text(text)) => Ok(ContentBlock::text(text.clone())),
+            Some(a2a::part::Content::Raw(_)) => Err(unsupported_part(i, "raw")),
+            Some(a2a::part::Content::Url(_)) => Err(unsupported_part(i, "url")),
+            Some(a2a::part::Content::Data(_)) => Err(unsupported_part(i, "data")),
+            None => Err(A2aError::InvalidParams.status(format!(
+                "message.parts[{i}] has no content; send a text part"
+            ))),
+        })
+        .collect()
+}
+
+fn unsupported_part(index: usize, kind: &str) -> Status {
+    A2aError::ContentTypeNotSupported.status(format!(
+        "message.parts[{index}] is a {kind} part; this agent takes text parts only"
+    ))
+}
+
+/// Refuses a call whose `a2a-version` names a major version other than 1.
+/// A call without the header is taken as 1.0: the `lf.a2a.v1` service is
+/// the 1.x protocol (0.3 callers use another package).
+fn check_version(metadata: &MetadataMap) -> Result<(), Status> {
+    let Some(value) = metadata.get(VERSION_HEADER) else {
+        return Ok(());
+    };
+    let version = value.to_str().unwrap_or("").trim();
+    if version.is_empty() {
+        return Ok(());
+    }
+    let major = version.split('.').next().unwrap_or("");
+    if major == "1" {
+        return Ok(());
+    }
+    Err(A2aError::VersionNotSupported.status(format!(
+        "A2A version {version:?} is not supported here; this server speaks A2A {} over gRPC \
+         (lf.a2a.v1)",
+        card::PROTOCOL_VERSION
+    )))
+}
+
+/// The caller and the request, once the version is accepted.
+fn accept<T>(req: Request<T>) -> Result<(Principal, T), Status> {
+    check_version(req.metadata())?;
+    let who = principal(&req)?;
+    Ok((who, req.into_inner()))
+}
+
+/// A turn's events as A2A responses, until the terminal status.
+fn events(
+    turn: TurnStream,
+    translator: Translator,
+    pending: VecDeque<a2a::StreamResponse>,
+) -> A2aStream {
+    futures::stream::unfold(Some((turn, translator, pending)), |state| async move {
+        let (mut turn, mut translator, mut pending) = state?;
+        loop {
+            if let Some(item) = pending.pop_front() {
+                return Some((Ok(item), Some((turn, translator, pending))));
+            }
+            if translator.finished() {
+                return None;
+            }
+            match turn.next().await {
+                Some(event) => translator.on_event(&event, &mut pending),
+                None => {
+                    let status = if turn.session_deleted() {
+                        A2aError::TaskNotFound
+                            .status("the task's context was deleted while it was working")
+                    } else {
+                        Status::unavailable(
+                            "the task's stream ended without an outcome; read it with GetTask",
+                        )
+                    };
+                    return Some((Err(status), None));
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
+#[tonic::async_trait]
+impl A2aService for A2aHandler {
+    type SendStreamingMessageStream = A2aStream;
+    type SubscribeToTaskStream = A2aStream;
+
+    async fn send_message(
+        &self,
+        req: Request<a2a::SendMessageRequest>,
+    ) -> Result<Response<a2a::SendMessageResponse>, Status> {
+        let (who, r) = accept(req)?;
+        let (history_length, immediately) = r
+            .configuration
+            .as_ref()
+            .map_or((None, false), |c| (c.history_length, c.return_immediately));
+        let mut discard = VecDeque::new();
+        let (id, live) = self.start(&who, r).await?.into_parts(&mut discard);
+        let mut input_required = None;
+        if let (Some((mut turn, mut translator)), false) = (live, immediately) {
+            // Until the task ends or waits for the caller's tool result.
+            while !translator.finished() {
+                let Some(event) = turn.next().await else {
+                    if turn.session_deleted() {
+                        return Err(A2aError::TaskNotFound
+                            .status("the task's context was deleted while it was working"));
+                    }
+                    // Ended without an outcome: the stored record says
+                    // what became of it.
+                    break;
+                };
+                translator.on_event(&event, &mut discard);
+                discard.clear();
+            }
+            input_required = translator.input_required().cloned();
+        }
+        let detail = self.lookup(&who, &id).await?;
+        let mut task = task_of(&detail, history_length);
+        if detail.record.status == TurnStatus::Running && input_required.is_some() {
+            task.status = input_required;
+        }
+        Ok(Response::new(a2a::SendMessageResponse {
+            payload: Some(a2a::send_message_response::Payload::Task(task)),
+        }))
+    }
+
+    async fn send_streaming_message(
+        &self,
+        req: Request<a2a::SendMessageRequest>,
+    ) -> Result<Response<Self::SendStreamingMessageStream>, Status> {
+        let (who, r) = accept(req)?;
+        let mut pending = VecDeque::new();
+        let (id, live) = self.start(&who, r).await?.into_parts(&mut pending);
+        match live {
+            Some((turn, translator)) => Ok(Response::new(events(turn, translator, pending))),
+            // The task ended as soon as it had the tool result: its final
+            // state is all there is to send.
+            None => {
+                let detail = self.lookup(&who, &id).await?;
+                let task = a2a::StreamResponse {
+                    payload: Some(a2a::stream_response::Payload::Task(task_of(&detail, None))),
+                };
+                Ok(Response::new(futures::stream::iter([Ok(task)]).boxed()))
+            }
+        }
+    }
+
+    async fn get_task(
+        &self,
+        req: Request<a2a::GetTaskRequest>,
+    ) -> Result<Response<a2a::Task>, Status> {
+        let (who, r) = accept(req)?;
+        let detail = self.lookup(&who, &r.id).await?;
+        Ok(Response::new(task_of(&detail, r.history_length)))
+    }
+
+    async fn list_tasks(
+        &self,
+        req: Request<a2a::ListTasksRequest>,
+    ) -> Result<Response<a2a::ListTasksResponse>, Status> {
+        let _ = accept(req)?;
+        Err(A2aError::UnsupportedOperation.status(
+            "ListTasks is not supported: read a task with GetTask, or a context's whole history \
+             with agentrt.v1 SessionService.GetHistory (the context id is the session id)",
+        ))
+    }
+
+    async fn cancel_task(
+        &self,
+        req: Request<a2a::CancelTaskRequest>,
+    ) -> Result<Response<a2a::Task>, Status> {
+        let (who, r) = accept(req)?;
+        let detail = self.lookup(&who, &r.id).await?;
+        let not_cancelable = |detail: &TurnDetail| {
+            A2aError::TaskNotCancelable.status(format!(
+                "task {:?} has already ended ({}); there is nothing to cancel",
+                r.id,
+                tasks::state_of(detail.record.status).as_str_name()
+            ))
+        };
+        if detail.record.status != TurnStatus::Running {
+            return Err(not_cancelable(&detail));
+        }
+        let session = detail.record.session_id.clone();
+        let status = self
+            .runtime
+            .session_status(&who, &session)
+            .await
+            .map_err(|err| from_runtime_for_task(&r.id, err))?;
+        let live = status
+            .live
+            .as_ref()
+            .is_some_and(|(turn, _, _)| *turn == detail.record.turn_id);
+        if live {
+            self.runtime
+                .stop_session(&who, &session)
+                .await
+                .map_err(|err| from_runtime_for_task(&r.id, err))?;
+        }
+        let detail = self.lookup(&who, &r.id).await?;
+        if !live && detail.record.status != TurnStatus::Canceled {
+            return Err(not_cancelable(&detail));
+        }
+        Ok(Response::new(task_of(&detail, None)))
+    }
+
+    async fn subscribe_to_task(
+        &self,
+        req: Request<a2a::SubscribeToTaskRequest>,
+    ) -> Result<Response<Self::SubscribeToTaskStream>, Status> {
+        let (who, r) = accept(req)?;
+        let (session, turn_id) = parse_task_id(&r.id).ok_or_else(|| task_not_found(&r.id))?;
+        record_session(session);
+        let live = self
+            .runtime
+            .subscribe(&who, session, 0, false)
+            .await
+            .map_err(|err| from_runtime_for_task(&r.id, err))?
+            .filter(|turn| turn.turn_id() == turn_id);
+        match live {
+            Some(turn) => {
+                let mut pending = VecDeque::new();
+                let translator =
+                    Translator::for_subscribe(r.id.clone(), session.to_owned(), &mut pending);
+                Ok(Response::new(events(turn, translator, pending)))
+            }
+            None => {
+                let detail = self.lookup(&who, &r.id).await?;
+                Err(A2aError::UnsupportedOperation.status(format!(
+                    "task {:?} is not working any more ({}); read its outcome with GetTask",
+                    r.id,
+                    tasks::state_of(detail.record.status).as_str_name()
+                )))
+            }
+        }
+    }
+
+    async fn create_task_push_notification_config(
+        &self,
+        req: Request<a2a::TaskPushNotificationConfig>,
+    ) -> Result<Response<a2a::TaskPushNotificationConfig>, Status> {
+        let _ = accept(req)?;
+        Err(push_not_supported())
+    }
+
+    async fn get_task_push_notification_config(
+        &self,
+        req: Request<a2a::GetTaskPushNotificationConfigRequest>,
+    ) -> Result<Response<a2a::TaskPushNotificationConfig>, Status> {
+        let _ = accept(req)?;
+        Err(push_not_supported())
+    }
+
+    async fn list_task_push_notification_configs(
+        &self,
+        req: Request<a2a::ListTaskPushNotificationConfigsRequest>,
+    ) -> Result<Response<a2a::ListTaskPushNotificationConfigsResponse>, Status> {
+        let _ = accept(req)?;
+        Err(push_not_supported())
+    }
+
+    async fn get_extended_agent_card(
+        &self,
+        req: Request<a2a::GetExtendedAgentCardRequest>,
+    ) -> Result<Response<a2a::AgentCard>, Status> {
+        let _ = accept(req)?;
+        Ok(Response::new(self.card.as_ref().clone()))
+    }
+
+    async fn query_skill(
+        &self,
+        req: Request<a2a::SkillQueryRequest>,
+    ) -> Result<Response<a2a::SkillQueryResult>, Status> {
+        let _ = accept(req)?;
+        Err(A2aError::UnsupportedOperation.status(
+            "QuerySkill is not supported (the agent card says skill_query: false); the card's \
+             skills list what this agent does",
+        ))
+    }
+
+    async fn delete_task_push_notification_config(
+        &self,
+        req: Request<a2a::DeleteTaskPushNotificationConfigRequest>,
+    ) -> Result<Response<()>, Status> {
+        let _ = accept(req)?;
+        Err(push_not_supported())
+    }
+}
+
+fn push_not_supported() -> Status {
+    A2aError::PushNotificationNotSupported.status(
+        "push notifications are not supported (the agent card says push_notifications: false); \
+         follow a task with SendStreamingMessage or SubscribeToTask",
+    )
+}

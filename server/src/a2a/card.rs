@@ -1,0 +1,114 @@
+//! The agent card: who this agent is, where its gRPC interface listens,
+//! what it can do and how callers authenticate — read off the server's
+//! config and tools, never configured twice.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use agentrt_proto::a2a::v1 as a2a;
+use agentrt_runtime::Runtime;
+
+use crate::config::Config;
+
+/// The A2A protocol version this binding implements.
+pub const PROTOCOL_VERSION: &str = "1.0";
+
+/// The card of a server with `config`, listening on `addr` (the URL
+/// callers dial: `host:port`, as gRPC clients take it), running `runtime`.
+pub fn agent_card(config: &Config, addr: Option<SocketAddr>, runtime: &Runtime) -> a2a::AgentCard {
+    let url = addr.unwrap_or(config.listen).to_string();
+    let mut security_schemes = HashMap::new();
+    if !config.auth.api_keys.is_empty() {
+        security_schemes.insert(
+            "bearer".to_owned(),
+            a2a::SecurityScheme {
+                scheme: Some(a2a::security_scheme::Scheme::HttpAuthSecurityScheme(
+                    a2a::HttpAuthSecurityScheme {
+                        description:
+                            "an agentrt API key, sent as the `authorization: Bearer <key>` \
+                                      metadata header"
+                                .to_owned(),
+                        scheme: "Bearer".to_owned(),
+                        bearer_format: String::new(),
+                    },
+                )),
+            },
+        );
+    }
+    if config.tls.client_ca.is_some() {
+        security_schemes.insert(
+            "mtls".to_owned(),
+            a2a::SecurityScheme {
+                scheme: Some(a2a::security_scheme::Scheme::MtlsSecurityScheme(
+                    a2a::MutualTlsSecurityScheme {
+                        description: "a client certificate issued by the server's client CA and \
+                                      mapped to a user by [[auth.mtls]]"
+                            .to_owned(),
+                    },
+                )),
+            },
+        );
+    }
+    // Any one scheme is enough (A2A: the requirements are alternatives).
+    let mut names: Vec<&String> = security_schemes.keys().collect();
+    names.sort();
+    let security_requirements = names
+        .into_iter()
+        .map(|name| a2a::SecurityRequirement {
+            schemes: HashMap::from([(name.clone(), a2a::StringList::default())]),
+        })
+        .collect();
+    let mut skills = vec![a2a::AgentSkill {
+        id: "chat".to_owned(),
+        name: "Chat".to_owned(),
+        description: format!(
+            "A conversation with the model {} (one context is one agentrt session; its history \
+             is kept between messages)",
+            config.default_model
+        ),
+        tags: vec!["chat".to_owned()],
+        ..Default::default()
+    }];
+    let mut tools = runtime.toolbox().cached();
+    tools.sort_by(|a, b| a.name.cmp(&b.name));
+    skills.extend(tools.into_iter().map(|tool| a2a::AgentSkill {
+        id: format!("tool:{}", tool.name),
+        description: if tool.description.is_empty() {
+            format!("the server tool {}", tool.name)
+        } else {
+            tool.description
+        },
+        name: tool.name,
+        tags: vec!["tool".to_owned()],
+        ..Default::default()
+    }));
+    a2a::AgentCard {
+        name: "agentrt".to_owned(),
+        description: "agentrt: AI-agent conversations with durable sessions, served over A2A \
+                      (gRPC)"
+            .to_owned(),
+        supported_interfaces: vec![a2a::AgentInterface {
+            url,
+            protocol_binding: "GRPC".to_owned(),
+            tenant: String::new(),
+            protocol_version: PROTOCOL_VERSION.to_owned(),
+        }],
+        provider: None,
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        documentation_url: None,
+        capabilities: Some(a2a::AgentCapabilities {
+            streaming: Some(true),
+            push_notifications: Some(false),
+            extensions: Vec::new(),
+            extended_agent_card: Some(true),
+            skill_query: Some(false),
+        }),
+        security_schemes,
+        security_requirements,
+        default_input_modes: vec!["text/plain".to_owned()],
+        default_output_modes: vec!["text/plain".to_owned()],
+        skills,
+        signatures: Vec::new(),
+        icon_url: None,
+    }
+}
