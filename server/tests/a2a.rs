@@ -137,7 +137,11 @@ async fn a_streamed_turn_is_a_task_from_submitted_to_completed() {
             _ => None,
         })
         .collect();
-    assert_eq!(chunks, [(false, false), (true, false), (true, true)]);
+    // One chunk per delta, sent at once, then an empty closing chunk.
+    assert_eq!(
+        chunks,
+        [(false, false), (true, false), (true, false), (true, true)]
+    );
     let Some(Payload::StatusUpdate(last)) = events.last() else {
         panic!("a terminal status last")
     };

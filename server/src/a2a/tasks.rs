@@ -187,9 +187,6 @@ pub struct Translator {
     /// The `Task` was sent (at `TurnStarted`, or up front for a
     /// subscription).
     started: bool,
-    /// The latest text delta, held until the next one (or the end) tells
-    /// whether it is the last chunk.
-    held: Option<String>,
     /// A chunk of the answer was sent (the next ones append).
     chunked: bool,
     /// The whole answer so far.
@@ -253,7 +250,6 @@ impl Translator {
             context_id,
             user,
             started: false,
-            held: None,
             chunked: false,
             answer: String::new(),
             agent_message_id: None,
@@ -360,10 +356,10 @@ impl Translator {
                 if text.is_empty() {
                     return;
                 }
+                // Each delta goes out at once (no delta waits for the next
+                // one); the end of the answer is an empty closing chunk.
                 self.answer.push_str(text);
-                if let Some(previous) = self.held.replace(text.clone()) {
-                    out.push_back(self.chunk(previous, false));
-                }
+                out.push_back(self.chunk(text.clone(), false));
             }
             EventKind::MessageStored { id, role, .. } => {
                 if *role == Role::Assistant {
@@ -372,8 +368,8 @@ impl Translator {
             }
             EventKind::Error { message, .. } => self.error = Some(message.clone()),
             EventKind::TurnFinished { outcome, .. } => {
-                if let Some(last) = self.held.take() {
-                    out.push_back(self.chunk(last, true));
+                if self.chunked {
+                    out.push_back(self.chunk(String::new(), true));
                 }
                 let state = state_of_outcome(*outcome);
                 let text = match (state, &self.error) {
@@ -395,11 +391,8 @@ impl Translator {
                 name,
                 arguments_json,
             } => {
-                // The text so far goes out, not as the last chunk: the
-                // answer goes on once the caller has sent the result.
-                if let Some(text) = self.held.take() {
-                    out.push_back(self.chunk(text, false));
-                }
+                // No closing chunk: the answer goes on once the caller has
+                // sent the result.
                 let message = a2a::Message {
                     message_id: format!("{}:{call_id}", self.task_id),
                     context_id: self.context_id.clone(),
@@ -489,7 +482,7 @@ mod tests {
         assert!(
             matches!(&kinds[1], a2a::stream_response::Payload::StatusUpdate(s) if s.status.as_ref().unwrap().state == a2a::TaskState::Working as i32)
         );
-        let chunks: Vec<(String, bool, bool)> = kinds[2..5]
+        let chunks: Vec<(String, bool, bool)> = kinds[2..6]
             .iter()
             .map(|k| match k {
                 a2a::stream_response::Payload::ArtifactUpdate(a) => {
@@ -507,17 +500,18 @@ mod tests {
             [
                 ("echo".to_owned(), false, false),
                 (": ".to_owned(), true, false),
-                ("hi".to_owned(), true, true)
+                ("hi".to_owned(), true, false),
+                (String::new(), true, true)
             ]
         );
-        let a2a::stream_response::Payload::StatusUpdate(last) = &kinds[5] else {
+        let a2a::stream_response::Payload::StatusUpdate(last) = &kinds[6] else {
             panic!("the terminal status")
         };
         let status = last.status.as_ref().unwrap();
         assert_eq!(status.state, a2a::TaskState::Completed as i32);
         let text = &status.message.as_ref().unwrap().parts[0].content;
         assert_eq!(text, &Some(a2a::part::Content::Text("echo: hi".into())));
-        assert_eq!(out.len(), 6);
+        assert_eq!(out.len(), 7);
     }
 
     #[test]

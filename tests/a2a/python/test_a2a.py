@@ -183,22 +183,36 @@ async def test_cancel_ends_a_hanging_task_and_closes_the_upstream_request(client
         await client.cancel_task(CancelTaskRequest(id=task_id), context=ctx)
 
 
-async def test_resubscribe_after_a_disconnect_misses_nothing(client, ctx):
+def release_gate(upstream_url: str) -> int:
+    """Lets the fake upstream's `[gate]`d streams go on; how many waited."""
+    req = urllib.request.Request(f"{upstream_url}/release", data=b"", method="POST")
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return json.load(r)["released"]
+
+
+async def test_resubscribe_after_a_disconnect_misses_nothing(client, ctx, upstream_url):
     expected = "".join(f"tick {k} " for k in range(1, 41))
-    stream = client.send_message(request("[slow 40]"), context=ctx)
+    # [gate]: the upstream pauses after "tick 2 " until released, so the task
+    # is still live when the caller comes back (no race with its end).
+    stream = client.send_message(request("[slow 40] [gate]"), context=ctx)
     seen = []
     async for event in stream:
         seen.append(event)
-        if sum(1 for e in seen if kind(e) == "artifact_update") == 3:
+        if sum(1 for e in seen if kind(e) == "artifact_update") == 2:
             break
     await stream.aclose()  # the caller goes away mid-task
     task_id = seen[0].task.id
-    assert artifact_text(seen) == expected[: len(artifact_text(seen))]
+    assert artifact_text(seen) == "tick 1 tick 2 "
 
-    resumed = [
-        e async for e in client.subscribe(SubscribeToTaskRequest(id=task_id), context=ctx)
-    ]
+    resub = client.subscribe(SubscribeToTaskRequest(id=task_id), context=ctx)
+    resumed = []
+    async for event in resub:  # the replay, up to where the upstream waits
+        resumed.append(event)
+        if artifact_text(resumed) == "tick 1 tick 2 ":
+            break
     assert kind(resumed[0]) == "task" and resumed[0].task.id == task_id
+    assert release_gate(upstream_url) == 1
+    resumed += [e async for e in resub]
     assert artifact_text(resumed) == expected
     assert final_state(resumed) == TaskState.TASK_STATE_COMPLETED
 

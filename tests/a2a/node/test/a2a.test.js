@@ -164,14 +164,23 @@ test("cancel ends a hanging task and closes the upstream request", async () => {
 
 test("a resubscribe after a disconnect misses nothing", async () => {
   const expected = Array.from({ length: 40 }, (_, k) => `tick ${k + 1} `).join("");
+  // [gate]: the upstream pauses after "tick 2 " until released, so the task
+  // is still live when the caller comes back (no race with its end).
   const { seen, it } = await readUntil(
-    client.sendMessageStream(request("[slow 40] node"), alice),
-    (_, all) => all.filter((e) => payload(e) === "artifactUpdate").length === 3,
+    client.sendMessageStream(request("[slow 40] [gate] node"), alice),
+    (_, all) => all.filter((e) => payload(e) === "artifactUpdate").length === 2,
   );
   await it.return(); // the caller goes away mid-task
+  assert.equal(artifactText(seen), "tick 1 tick 2 ");
   const id = seen[0].payload.value.id;
-  const resumed = await collect(client.resubscribeTask({ tenant: "", id }, alice));
-  assert.equal(payload(resumed[0]), "task");
+  const replayed = await readUntil(
+    client.resubscribeTask({ tenant: "", id }, alice),
+    (_, all) => artifactText(all) === "tick 1 tick 2 ",
+  );
+  assert.equal(payload(replayed.seen[0]), "task");
+  const release = await fetch(`${env("UPSTREAM_URL")}/release`, { method: "POST" });
+  assert.equal((await release.json()).released, 1);
+  const resumed = [...replayed.seen, ...(await rest(replayed.it))];
   assert.equal(artifactText(resumed), expected);
   assert.equal(finalState(resumed), TaskState.TASK_STATE_COMPLETED);
   await rejectsWith(client.resubscribeTask({ tenant: "", id }, alice), "UnsupportedOperationError");
