@@ -346,7 +346,7 @@ impl State {
             }
             let outcome = if request.is_none() || (self.last_seq > 0 && !self.need_retry) {
                 client
-                    .subscribe_raw(&self.session_id, self.last_seq, remaining)
+                    .subscribe_raw(&self.session_id, self.last_seq, false, remaining)
                     .await
                     .map(|s| {
                         self.current = Some(s);

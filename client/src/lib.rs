@@ -566,7 +566,7 @@ impl Client {
             policy.notify(ResumeNotice::WaitingForTurn { turn_id });
             // Follow the live turn to its end (a compaction has none to
             // follow: the backoff below spaces the retries).
-            if let Ok(mut watching) = self.subscribe_raw(session_id, 0, left()).await {
+            if let Ok(mut watching) = self.subscribe_raw(session_id, 0, false, left()).await {
                 while let Ok(Some(_)) = watching.message().await {}
             }
             tokio::time::sleep(backoff).await;
@@ -630,18 +630,10 @@ impl Client {
         after_seq: u64,
         wait_for_turn: bool,
     ) -> Result<EventStream, Error> {
-        let req = proto::SubscribeRequest {
-            session_id: session_id.to_owned(),
-            after_seq,
-            wait_for_turn,
-        };
         let stream = self
-            .runtime
-            .clone()
-            .subscribe(with_session(tonic::Request::new(req), session_id))
+            .subscribe_raw(session_id, after_seq, wait_for_turn, None)
             .await
-            .map_err(self.fail(session_id))?
-            .into_inner();
+            .map_err(self.fail(session_id))?;
         Ok(EventStream::new(stream, &self.url, session_id))
     }
 
@@ -656,18 +648,10 @@ impl Client {
         after_seq: u64,
         wait_for_turn: bool,
     ) -> Result<EventStream, Error> {
-        let req = proto::SubscribeRequest {
-            session_id: session_id.to_owned(),
-            after_seq,
-            wait_for_turn,
-        };
         let stream = self
-            .runtime
-            .clone()
-            .subscribe(with_session(tonic::Request::new(req), session_id))
+            .subscribe_raw(session_id, after_seq, wait_for_turn, None)
             .await
-            .map_err(self.fail(session_id))?
-            .into_inner();
+            .map_err(self.fail(session_id))?;
         let attach = events::Attach {
             client: self.clone(),
             request: None,
@@ -680,17 +664,19 @@ impl Client {
         ))
     }
 
-    /// The Subscribe call on the wire (a resuming stream's re-attachment).
+    /// The Subscribe call on the wire (for [`Client::subscribe`],
+    /// [`Client::watch`] and a resuming stream's re-attachment).
     pub(crate) async fn subscribe_raw(
         &self,
         session_id: &str,
         after_seq: u64,
+        wait_for_turn: bool,
         deadline: Option<Duration>,
     ) -> Result<tonic::Streaming<proto::ChatEvent>, Status> {
         let req = proto::SubscribeRequest {
             session_id: session_id.to_owned(),
             after_seq,
-            wait_for_turn: false,
+            wait_for_turn,
         };
         let mut request = with_session(tonic::Request::new(req), session_id);
         if let Some(d) = deadline {
