@@ -2,8 +2,9 @@
 //! public port beside agentrt.v1, behind the same authenticator, limits
 //! and layers. An A2A context is an agentrt session and a task is one of
 //! its turns; every call goes through the runtime core, exactly as the
-//! agentrt.v1 handlers do (admission, busy sessions, deadlines,
-//! durability), so nothing is stored on the side.
+//! agentrt.v1 handlers do (admission, busy sessions, the turn time limit,
+//! durability; a caller's deadline ends its call, not the task), so nothing
+//! is stored on the side.
 //!
 //! - [`tasks`]: task ids, a turn's events as A2A stream responses, a stored
 //!   turn as a `Task`.
@@ -134,7 +135,8 @@ impl A2aHandler {
         }
         let content = user_content(&message)?;
         let extra_tools = tools::extra_tools(request.metadata.as_ref()).map_err(from_runtime)?;
-        let session_id = if message.context_id.is_empty() {
+        let created = message.context_id.is_empty();
+        let session_id = if created {
             let new = NewSession {
                 agent_id: A2A_AGENT_ID.to_owned(),
                 ..NewSession::default()
@@ -149,7 +151,7 @@ impl A2aHandler {
         };
         record_session(&session_id);
         let input = ChatInput {
-            session_id,
+            session_id: session_id.clone(),
             content,
             // A task outlives the call that sent it: a caller that drops
             // the stream comes back with SubscribeToTask or GetTask.
@@ -160,7 +162,19 @@ impl A2aHandler {
             extra_tools,
             ..ChatInput::default()
         };
-        let turn = self.runtime.chat(who, input).await.map_err(from_runtime)?;
+        let turn = match self.runtime.chat(who, input).await {
+            Ok(turn) => turn,
+            Err(err) => {
+                if created {
+                    // Refused at admission: the context made for it would
+                    // be an empty session nobody asked for.
+                    if let Err(cleanup) = self.runtime.delete_session(who, &session_id).await {
+                        tracing::warn!(%session_id, error = %cleanup, "could not delete the refused message's new session");
+                    }
+                }
+                return Err(from_runtime(err));
+            }
+        };
         message.context_id = turn.session_id().to_owned();
         message.task_id = task_id(turn.session_id(), turn.turn_id());
         message.role = a2a::Role::User as i32;

@@ -523,3 +523,44 @@ async fn reflection_lists_the_a2a_service_with_its_options() {
     let needle = [0xe2u8, 0x41, 0x01, 0x02]; // field 1052, length 1, REQUIRED
     assert!(raw.windows(needle.len()).any(|w| w == needle));
 }
+
+#[tokio::test]
+async fn a_refused_first_message_leaves_no_context_behind() {
+    let fake = FakeOpenAi::start(vec![answer(&["x"])]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = InProcessServer::start(ServerBuilder::new(config(&fake, dir.path()))).await;
+    let mut c = client(&server).await;
+    // A tool name the runtime refuses at admission (after the handler has
+    // made the new context's session).
+    let mut request = send("look it up", "");
+    let prost_types::Value {
+        kind: Some(prost_types::value::Kind::StructValue(metadata)),
+    } = json_value(serde_json::json!({"agentrt_extra_tools": [
+        {"name": "not a valid name!", "parameters": {"type": "object"}}
+    ]}))
+    else {
+        panic!("a struct")
+    };
+    request.metadata = Some(metadata);
+    let err = c.send_message(authed(request, KEY)).await.unwrap_err();
+    assert_a2a(&err, Code::InvalidArgument, "INVALID_PARAMS");
+
+    let mut sessions =
+        agentrt_proto::v1::session_service_client::SessionServiceClient::connect(server.url())
+            .await
+            .unwrap();
+    let listed = sessions
+        .list_sessions(authed(
+            agentrt_proto::v1::ListSessionsRequest::default(),
+            KEY,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        listed.sessions.is_empty(),
+        "the refused message left sessions behind: {:?}",
+        listed.sessions
+    );
+    assert!(fake.requests().is_empty(), "nothing reached the model");
+}
