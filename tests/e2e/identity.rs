@@ -76,15 +76,22 @@ async fn another_users_session_is_not_found_on_every_rpc() {
             .sessions
             .is_empty()
     );
-    // Same client-chosen id from another owner.
-    let taken = proto::CreateSessionRequest {
+    // Same client-chosen id from another owner: another session, his
+    // (ids are unique per owner, so the id is no oracle).
+    let same_id = proto::CreateSessionRequest {
         session_id: session.clone(),
         ..Default::default()
     };
+    let his = bob.create_session(same_id).await.unwrap();
     assert_eq!(
-        code(bob.create_session(taken).await.unwrap_err()),
-        Code::AlreadyExists
+        (
+            his.session_id.as_str(),
+            his.owner.as_str(),
+            his.message_count
+        ),
+        (session.as_str(), "bob", 0)
     );
+    assert!(bob.history(&session).await.unwrap().is_empty());
 
     // Alice still has it all.
     let s = alice.get_session(&session).await.unwrap();

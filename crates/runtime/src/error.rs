@@ -120,7 +120,9 @@ pub enum RuntimeError {
     /// The session is archived and takes no new turns.
     #[error("session is archived; unarchive it to start new turns")]
     SessionArchived,
-    /// A client-chosen session id is taken by another user.
+    /// A client-chosen session id's stored key is another user's: only
+    /// if two owners' tags collided (see `runtime::keys`; ids are unique
+    /// per owner, so this is practically never).
     #[error("a session with this id already exists")]
     SessionExists,
     /// The request is malformed.

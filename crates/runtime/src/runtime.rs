@@ -33,6 +33,7 @@ mod admission;
 mod compact;
 mod context;
 mod control;
+mod keys;
 mod leases;
 mod lifecycle;
 mod models;
@@ -322,13 +323,24 @@ impl Runtime {
         self.inner.slots.live_of(session)
     }
 
-    /// The session if it exists and belongs to `who`.
+    /// `who`'s session that `who` calls `session_id` (see [`keys`]): the
+    /// one stored under that id when it is `who`'s (a server-generated or
+    /// pre-scoping id), else `who`'s scoped one. Its `id` is the stored
+    /// key, which everything after this call uses. Another user's session
+    /// answers exactly as a missing one, after the same two reads.
     pub(crate) async fn owned_session(
         &self,
         who: &Principal,
         session_id: &str,
     ) -> Result<crate::types::Session, RuntimeError> {
-        match self.inner.store.get_session(session_id).await? {
+        let store = &self.inner.store;
+        if let Some(s) = store.get_session(session_id).await?
+            && s.owner == who.user_id
+        {
+            return Ok(s);
+        }
+        let scoped = keys::scoped_key(&who.user_id, session_id);
+        match store.get_session(&scoped).await? {
             Some(s) if s.owner == who.user_id => Ok(s),
             _ => Err(RuntimeError::SessionNotFound),
         }

@@ -77,6 +77,8 @@ impl Runtime {
         // The session record's one read before the slot; `store_user`
         // re-reads it under the slot.
         let session = self.owned_session(who, &input.session_id).await?;
+        // From here on the session's stored key (see `keys`).
+        input.session_id.clone_from(&session.id);
         if let Some(rid) = &input.request_id
             && let Some(existing) = self.existing_turn(&session, rid).await?
         {

@@ -104,6 +104,8 @@ impl Runtime {
         let inner = &self.inner;
         inner.lifecycle.admitting()?;
         let session = self.owned_session(who, session_id).await?;
+        let key = session.id.clone();
+        let session_id = key.as_str();
         let _slot = inner.slots.claim_compaction(&session)?;
         // A turn live on another replica (a shared store) holds the session
         // as a local one would.

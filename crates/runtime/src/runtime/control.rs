@@ -32,6 +32,8 @@ impl Runtime {
     ) -> Result<Option<TurnStream>, RuntimeError> {
         crate::limits::validate_session_id("session_id", session_id)?;
         let session = self.owned_session(who, session_id).await?;
+        let key = session.id.clone();
+        let session_id = key.as_str();
         if let Some(stream) = self.attach_if_live_from(&session, after_seq) {
             return Ok(Some(stream));
         }
@@ -74,6 +76,8 @@ impl Runtime {
     ) -> Result<bool, RuntimeError> {
         crate::limits::validate_session_id("session_id", session_id)?;
         let session = self.owned_session(who, session_id).await?;
+        let key = session.id.clone();
+        let session_id = key.as_str();
         match self
             .cancel_live(&session, CancelReason::Stopped, STOP_WAIT)
             .await
@@ -96,6 +100,8 @@ impl Runtime {
     ) -> Result<SessionStatus, RuntimeError> {
         crate::limits::validate_session_id("session_id", session_id)?;
         let session = self.owned_session(who, session_id).await?;
+        let key = session.id.clone();
+        let session_id = key.as_str();
         Ok(match self.live_of(&session) {
             Some(turn) => SessionStatus {
                 live: Some((turn.turn_id.clone(), turn.phase(), turn.started_at)),
@@ -126,6 +132,8 @@ impl Runtime {
     ) -> Result<bool, RuntimeError> {
         crate::limits::validate_session_id("session_id", session_id)?;
         let session = self.owned_session(who, session_id).await?;
+        let key = session.id.clone();
+        let session_id = key.as_str();
         if self.live_of(&session).is_none()
             && let Some(lease) = self.lease_elsewhere(session_id).await?
         {

@@ -16,6 +16,15 @@ use crate::limits::{
 use crate::store::{CreateOutcome, HistoryQuery, ListCursor, ListQuery};
 use crate::types::{CancelReason, Message, NewSession, Principal, Session, SessionUpdate};
 
+/// `session` as its client knows it: its client id, not its stored key.
+fn for_client(mut session: Session) -> Session {
+    let id = super::keys::client_id(&session.id);
+    if id.len() != session.id.len() {
+        session.id = id.to_owned();
+    }
+    session
+}
+
 /// Default and largest page sizes.
 const LIST_DEFAULT: usize = 50;
 const LIST_MAX: usize = 500;
@@ -120,9 +129,9 @@ fn decode_cursor(token: &str) -> Result<ListCursor, RuntimeError> {
 }
 
 impl Runtime {
-    /// Creates a session owned by `who`. With a client-chosen id the call
-    /// is idempotent for the same owner; another owner gets
-    /// [`RuntimeError::SessionExists`].
+    /// Creates a session owned by `who`. A client-chosen id is unique per
+    /// owner (see the `keys` module): the call is idempotent for the same owner,
+    /// and the same id from another owner is another session.
     pub async fn create_session(
         &self,
         who: &Principal,
@@ -142,6 +151,9 @@ impl Runtime {
             self.inner.models.resolve(&new.model, "model")?;
         }
         new.owner.clone_from(&who.user_id);
+        if let Some(id) = new.id.take() {
+            new.id = Some(self.key_for_new(who, id).await?);
+        }
         if let Some(id) = &new.id
             && self.id_still_in_use(id).await?
         {
@@ -150,10 +162,21 @@ impl Runtime {
             ));
         }
         match self.inner.store.create_session(new).await? {
-            CreateOutcome::Created(s) => Ok(s),
-            CreateOutcome::Existing(s) if s.owner == who.user_id => Ok(s),
+            CreateOutcome::Created(s) => Ok(for_client(s)),
+            CreateOutcome::Existing(s) if s.owner == who.user_id => Ok(for_client(s)),
+            // Only two owners' tags colliding could get here.
             CreateOutcome::Existing(_) => Err(RuntimeError::SessionExists),
         }
+    }
+
+    /// The stored key of the session `who` creates with client id `id`:
+    /// the id itself when `who` already has a session stored under it
+    /// (created before ids were scoped), else `who`'s scoped key.
+    async fn key_for_new(&self, who: &Principal, id: String) -> Result<String, RuntimeError> {
+        Ok(match self.inner.store.get_session(&id).await? {
+            Some(s) if s.owner == who.user_id => id,
+            _ => super::keys::scoped_key(&who.user_id, &id),
+        })
     }
 
     /// One of `who`'s sessions.
@@ -163,7 +186,7 @@ impl Runtime {
         session_id: &str,
     ) -> Result<Session, RuntimeError> {
         validate_session_id("session_id", session_id)?;
-        self.owned_session(who, session_id).await
+        self.owned_session(who, session_id).await.map(for_client)
     }
 
     /// A page of `who`'s sessions, newest activity first.
@@ -193,7 +216,7 @@ impl Runtime {
         };
         let page = self.inner.store.list_sessions(&who.user_id, &query).await?;
         Ok(SessionList {
-            sessions: page.sessions,
+            sessions: page.sessions.into_iter().map(for_client).collect(),
             next_page_token: page.next.as_ref().map(encode_cursor).unwrap_or_default(),
         })
     }
@@ -223,8 +246,9 @@ impl Runtime {
         if let Some(m) = &update.metadata {
             check_metadata(m)?;
         }
-        self.owned_session(who, session_id).await?;
-        Ok(self.inner.store.update_session(session_id, update).await?)
+        let key = self.owned_session(who, session_id).await?.id;
+        let updated = self.inner.store.update_session(&key, update).await?;
+        Ok(for_client(updated))
     }
 
     /// Whether session id `id` is still held by a delete in progress or by
@@ -251,6 +275,8 @@ impl Runtime {
     ) -> Result<bool, RuntimeError> {
         validate_session_id("session_id", session_id)?;
         let session = self.owned_session(who, session_id).await?;
+        let key = session.id.clone();
+        let session_id = key.as_str();
         let _reserved = self.inner.slots.reserve_delete(session_id);
         self.inner
             .slots
@@ -295,7 +321,8 @@ impl Runtime {
         } else {
             page_token.parse().map_err(|_| bad_token())?
         };
-        self.owned_session(who, session_id).await?;
+        let key = self.owned_session(who, session_id).await?.id;
+        let session_id = key.as_str();
         let limit = clamp_page(page_size, HISTORY_DEFAULT, HISTORY_MAX);
         // One extra row tells whether another page follows; the byte budget
         // (with room for that row) ends the read early on a long history.

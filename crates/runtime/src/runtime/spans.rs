@@ -41,18 +41,20 @@ pub(super) fn invoke_agent(session: &Session, turn_id: &str, model: &str) -> Spa
         format!("{OP_INVOKE_AGENT} {}", session.agent_id)
     };
     let agent = (!session.agent_id.is_empty()).then_some(session.agent_id.as_str());
+    // The id its client knows, never the stored key (which tags the owner).
+    let conversation = super::keys::client_id(&session.id);
     let span = tracing::info_span!(
         "invoke_agent",
         otel.name = %name,
         otel.kind = "internal",
         { GEN_AI_OPERATION_NAME } = OP_INVOKE_AGENT,
-        { GEN_AI_CONVERSATION_ID } = %session.id,
+        { GEN_AI_CONVERSATION_ID } = %conversation,
         { GEN_AI_REQUEST_MODEL } = %model,
         { GEN_AI_AGENT_ID } = Empty,
         { AGENTRT_TURN_OUTCOME } = Empty,
         { ERROR_TYPE } = Empty,
         otel.status_code = Empty,
-        session_id = %session.id,
+        session_id = %conversation,
         turn_id = %turn_id,
     );
     if let Some(agent) = agent {
@@ -184,6 +186,7 @@ pub(super) fn turn_finished(
         1,
         &[opentelemetry::KeyValue::new(AGENTRT_TURN_OUTCOME, name)],
     );
+    let session_id = super::keys::client_id(session_id);
     tracing::info!(
         session_id,
         turn_id,

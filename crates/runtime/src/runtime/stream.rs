@@ -187,9 +187,9 @@ impl TurnStream {
         }
     }
 
-    /// The session the turn runs in.
+    /// The session the turn runs in, as its client knows it.
     pub fn session_id(&self) -> &str {
-        &self.session_id
+        super::keys::client_id(&self.session_id)
     }
 
     /// The turn's id (empty while waiting for a turn to start).

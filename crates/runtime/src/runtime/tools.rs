@@ -153,6 +153,8 @@ impl Runtime {
             ));
         }
         let session = self.owned_session(who, session_id).await?;
+        let key = session.id.clone();
+        let session_id = key.as_str();
         let Some(live) = self.live_of(&session).filter(|t| t.turn_id == turn_id) else {
             self.not_elsewhere(session_id).await?;
             return Err(RuntimeError::FailedPrecondition(

@@ -31,9 +31,10 @@ impl Runtime {
     ) -> Result<Option<TurnDetail>, RuntimeError> {
         validate_session_id("session_id", session_id)?;
         check_short("turn_id", turn_id, MAX_ID_BYTES)?;
-        self.owned_session(who, session_id).await?;
+        let key = self.owned_session(who, session_id).await?.id;
+        let session_id = key.as_str();
         let store = &self.inner.store;
-        let Some(record) = store.get_turn(session_id, turn_id).await? else {
+        let Some(mut record) = store.get_turn(session_id, turn_id).await? else {
             return Ok(None);
         };
         let after = record.user_message_seq.saturating_sub(1);
@@ -43,6 +44,7 @@ impl Runtime {
             .into_iter()
             .take_while(|m| m.body.turn_id == record.turn_id)
             .collect();
+        record.session_id = super::keys::client_id(&record.session_id).to_owned();
         Ok(Some(TurnDetail { record, messages }))
     }
 }
