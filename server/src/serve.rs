@@ -216,16 +216,16 @@ fn serve_cluster(
     let mut t = config.transport.clone();
     t.max_request_bytes = t.max_request_bytes.saturating_add(FORWARDING_OVERHEAD);
     let streaming = transport::streaming_request_paths(CLUSTER_SERVED);
-    let router = tonic::transport::Server::builder()
-        .max_concurrent_streams(t.max_concurrent_streams)
-        .concurrency_limit_per_connection(t.max_requests_per_connection)
-        .http2_keepalive_interval(Some(t.keepalive_interval))
-        .http2_keepalive_timeout(Some(t.keepalive_timeout))
+    let router = server_builder(&t)
         .layer(telemetry::rpc::RpcLayer::new(
             telemetry::rpc::known_methods(CLUSTER_SERVED),
         ))
         .layer(transport::CatchPanicLayer)
-        .layer(transport::RequestLimitsLayer::new(&t, streaming))
+        .layer(transport::RequestLimitsLayer::new(
+            &t,
+            streaming,
+            Default::default(),
+        ))
         .add_service(InterceptedService::new(
             ClusterServer::new(ClusterHandler::new(runtime.clone()))
                 .max_decoding_message_size(t.max_request_bytes),
@@ -235,6 +235,26 @@ fn serve_cluster(
     Ok(tokio::spawn(
         router.serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await }),
     ))
+}
+
+/// tonic's server with the HTTP/2 limits of `t`: streams per connection,
+/// keepalive, and the GOAWAY at `max_connection_age` (the connection is
+/// closed after the grace by our accept loop's connection type: tonic's own
+/// grace option would replace the GOAWAY with a hard close).
+fn server_builder(t: &crate::config::TransportSettings) -> tonic::transport::Server {
+    let builder = tonic::transport::Server::builder()
+        // tonic sets no stream limit of its own (it replaces hyper's
+        // default); without one a single connection can hold any
+        // number of half-open streams.
+        .max_concurrent_streams(t.max_concurrent_streams)
+        .concurrency_limit_per_connection(t.max_requests_per_connection)
+        .http2_keepalive_interval(Some(t.keepalive_interval))
+        .http2_keepalive_timeout(Some(t.keepalive_timeout));
+    if t.max_connection_age.is_zero() {
+        builder
+    } else {
+        builder.max_connection_age(t.max_connection_age)
+    }
 }
 
 /// The gRPC router: the transport's layers around health, reflection, the
@@ -263,18 +283,13 @@ fn router(
     let streaming = transport::streaming_request_paths(SERVED);
     let max_request = t.max_request_bytes;
     let rpc_methods = telemetry::rpc::known_methods(SERVED);
-    Ok(tonic::transport::Server::builder()
-        // tonic sets no stream limit of its own (it replaces hyper's
-        // default); without one a single connection can hold any
-        // number of half-open streams.
-        .max_concurrent_streams(t.max_concurrent_streams)
-        .concurrency_limit_per_connection(t.max_requests_per_connection)
-        .http2_keepalive_interval(Some(t.keepalive_interval))
-        .http2_keepalive_timeout(Some(t.keepalive_timeout))
+    let anonymous = transport::anonymous_services(SERVED);
+    let per_principal = transport::PrincipalStreams::new(t);
+    Ok(server_builder(t)
         // Outermost: the RPC span and metrics see every refusal below.
         .layer(telemetry::rpc::RpcLayer::new(rpc_methods))
         .layer(transport::CatchPanicLayer)
-        .layer(transport::RequestLimitsLayer::new(t, streaming))
+        .layer(transport::RequestLimitsLayer::new(t, streaming, anonymous))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -282,29 +297,37 @@ fn router(
         // INVALID_ARGUMENT; tonic's own limit (OUT_OF_RANGE) is the same
         // number, so it never fires first.
         .add_service(InterceptedService::new(
-            SessionServiceServer::new(SessionServiceHandler::new(runtime.clone()))
+            per_principal.wrap(
+                SessionServiceServer::new(SessionServiceHandler::new(runtime.clone()))
+                    .max_decoding_message_size(max_request),
+            ),
+            auth.interceptor(),
+        ))
+        .add_service(InterceptedService::new(
+            per_principal.wrap(
+                AgentRuntimeServer::new(AgentRuntimeHandler::with_forwarder(
+                    runtime.clone(),
+                    forward,
+                ))
                 .max_decoding_message_size(max_request),
+            ),
             auth.interceptor(),
         ))
         .add_service(InterceptedService::new(
-            AgentRuntimeServer::new(AgentRuntimeHandler::with_forwarder(
-                runtime.clone(),
-                forward,
-            ))
-            .max_decoding_message_size(max_request),
+            per_principal.wrap(
+                RuntimeAdminServer::new(RuntimeAdminHandler::new(runtime.clone()))
+                    .max_decoding_message_size(max_request),
+            ),
             auth.interceptor(),
         ))
         .add_service(InterceptedService::new(
-            RuntimeAdminServer::new(RuntimeAdminHandler::new(runtime.clone()))
+            per_principal.wrap(
+                A2aServiceServer::new(A2aHandler::new(
+                    runtime.clone(),
+                    crate::a2a::card::agent_card(config, addr, runtime),
+                ))
                 .max_decoding_message_size(max_request),
-            auth.interceptor(),
-        ))
-        .add_service(InterceptedService::new(
-            A2aServiceServer::new(A2aHandler::new(
-                runtime.clone(),
-                crate::a2a::card::agent_card(config, addr, runtime),
-            ))
-            .max_decoding_message_size(max_request),
+            ),
             auth.interceptor(),
         )))
 }

@@ -16,29 +16,42 @@
 //!   request timeout (for streaming requests: no silence longer than it),
 //!   and a request message longer than the limit is refused with
 //!   INVALID_ARGUMENT naming the limit before it is buffered.
+//!   Calls to health and reflection (answered without credentials) whose
+//!   request is still arriving have a pool of their own that evicts its
+//!   oldest member; so do connections that never carried an
+//!   authenticated call. A connection is closed after `idle_timeout`
+//!   without calls, and `max_connection_age` plus its grace after it was
+//!   accepted (tonic sends the GOAWAY at the age).
+//! - [`PrincipalStreams`]: inside the authenticator, the calls one
+//!   principal has open at once, across connections.
 //! - [`CatchPanicLayer`]: a handler that panics answers INTERNAL instead of
 //!   resetting the stream.
 //! - [`raise_fd_limit`]: the fd soft limit goes up to the hard limit.
 //!
 //! One file each: `accept.rs` (the accept loop and the connection type),
-//! `limits.rs` (the request limits), `catch_panic.rs`, and `peers.rs` (the
-//! per-address caps both of the first two keep); the open-files limit is
-//! here.
+//! `lifetime.rs` (a connection's open calls and timers), `limits.rs` (the
+//! request limits), `principals.rs`, `catch_panic.rs`, `peers.rs` (the
+//! per-address caps, off behind a proxy) and `pool.rs` (the evicting pools
+//! of callers without credentials); the open-files limit is here.
 //!
 //! HTTP/2 stream and keepalive limits are set on tonic's builder where
 //! the router is assembled (`serve.rs`, behind [`crate::Prepared::serve`]).
 
 mod accept;
 mod catch_panic;
+mod lifetime;
 mod limits;
 mod peers;
+mod pool;
+mod principals;
 
 use crate::config::TransportSettings;
 
 pub use accept::{Conn, ConnInfo, Incoming, incoming};
 pub use catch_panic::{CatchPanic, CatchPanicLayer};
-pub(crate) use limits::streaming_request_paths;
-pub use limits::{RequestLimits, RequestLimitsLayer};
+pub use limits::{OpenResponse, RequestLimits, RequestLimitsLayer};
+pub(crate) use limits::{anonymous_services, streaming_request_paths};
+pub use principals::{Counted, PerPrincipal, PrincipalStreams};
 
 /// File descriptors the server needs besides its connections: the store,
 /// the listener, the runtime, model and MCP clients.

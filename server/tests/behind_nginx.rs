@@ -5,6 +5,11 @@
 //! loopback that holds its answer until the test releases it, so the turn
 //! stays quiet exactly as long as the test needs.
 //!
+//! Behind the proxy every caller has the proxy's address: one client
+//! without credentials holding half-open streams and idle connections
+//! must not lock out another client's calls (the per-address caps are off,
+//! as the mesh overlays set them).
+//!
 //! nginx comes from PATH or /usr/sbin/nginx (`.ci/run` installs it); when
 //! it is missing the tests skip with a message, except under `CI=true`,
 //! where they fail. nginx runs with its own prefix, config, pid and logs in
@@ -162,12 +167,22 @@ struct Server {
 }
 
 async fn start_server(dir: &Path, upstream: &HeldUpstream, heartbeat: &str) -> Server {
+    start_server_with(dir, upstream, heartbeat, "").await
+}
+
+/// The server with `extra` TOML appended to its config.
+async fn start_server_with(
+    dir: &Path,
+    upstream: &HeldUpstream,
+    heartbeat: &str,
+    extra: &str,
+) -> Server {
     let config = dir.join("agentrt.toml");
     std::fs::write(
         &config,
         format!(
             "default_model = \"held/m\"\nheartbeat_interval = \"{heartbeat}\"\n\n\
-             [[providers]]\nname = \"held\"\nkind = \"openai\"\nbase_url = \"{}\"\nmax_retries = 0\n",
+             [[providers]]\nname = \"held\"\nkind = \"openai\"\nbase_url = \"{}\"\nmax_retries = 0\n{extra}",
             upstream.base_url()
         ),
     )
@@ -214,23 +229,28 @@ impl Nginx {
     }
 }
 
-fn nginx_conf(dir: &Path, port: u16, upstream: SocketAddr) -> String {
+fn nginx_conf(dir: &Path, port: u16, upstream: SocketAddr, proxy_timeout: Duration) -> String {
     let d = dir.display();
     format!(
         "worker_processes 1;\nmaster_process off;\ndaemon off;\nerror_log {d}/error.log info;\npid {d}/nginx.pid;\n\
-         events {{ worker_connections 64; }}\n\
+         events {{ worker_connections 4096; }}\n\
          http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
          fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
          server {{\n    listen 127.0.0.1:{port} http2;\n    location / {{\n\
                grpc_pass grpc://{upstream};\n      grpc_read_timeout {secs}s;\n      grpc_send_timeout {secs}s;\n\
              }}\n  }}\n}}\n",
-        secs = PROXY_TIMEOUT.as_secs()
+        secs = proxy_timeout.as_secs()
     )
 }
 
 /// Starts nginx on a free port: binds 127.0.0.1:0 to pick one, releases it
 /// and starts nginx there, again with a new port if nginx could not bind.
-async fn start_nginx(bin: &Path, dir: &Path, upstream: SocketAddr) -> Nginx {
+async fn start_nginx(
+    bin: &Path,
+    dir: &Path,
+    upstream: SocketAddr,
+    proxy_timeout: Duration,
+) -> Nginx {
     for _attempt in 0..5 {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -238,7 +258,7 @@ async fn start_nginx(bin: &Path, dir: &Path, upstream: SocketAddr) -> Nginx {
             .unwrap()
             .port();
         let conf = dir.join("nginx.conf");
-        std::fs::write(&conf, nginx_conf(dir, port, upstream)).unwrap();
+        std::fs::write(&conf, nginx_conf(dir, port, upstream, proxy_timeout)).unwrap();
         let error_log = dir.join("error.log");
         let mut child = Command::new(bin)
             .arg("-p")
@@ -296,7 +316,7 @@ async fn setup(nginx: &Path, heartbeat: &str) -> Setup {
     let server = start_server(dir.path(), &upstream, heartbeat).await;
     let nginx_dir = dir.path().join("nginx");
     std::fs::create_dir(&nginx_dir).unwrap();
-    let proxy = start_nginx(nginx, &nginx_dir, server.addr).await;
+    let proxy = start_nginx(nginx, &nginx_dir, server.addr, PROXY_TIMEOUT).await;
     let client = Client::builder(format!("http://127.0.0.1:{}", proxy.port))
         .connect()
         .await
@@ -399,4 +419,204 @@ async fn without_heartbeats_nginx_cuts_the_same_quiet_turn() {
         "the stream ended ({err}) but nginx logged no read timeout:\n{log}"
     );
     s.upstream.release();
+}
+
+const USER_KEY: &str = "abuse-test-user-key-0001";
+
+/// A raw HTTP/2 client connection (it sends what a gRPC client would not).
+async fn raw_h2(port: u16) -> h2::client::SendRequest<bytes::Bytes> {
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let (send, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    send
+}
+
+fn grpc_post(path: &str) -> http::Request<()> {
+    http::Request::builder()
+        .method("POST")
+        .uri(format!("http://127.0.0.1{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap()
+}
+
+/// The grpc-status of a response (trailers-only or in the trailers).
+async fn grpc_code(response: h2::client::ResponseFuture) -> Option<String> {
+    let response = response.await.ok()?;
+    if let Some(code) = response.headers().get("grpc-status") {
+        return Some(code.to_str().ok()?.to_owned());
+    }
+    let mut body = response.into_body();
+    while let Some(Ok(_)) = body.data().await {}
+    let trailers = body.trailers().await.ok()??;
+    Some(trailers.get("grpc-status")?.to_str().ok()?.to_owned())
+}
+
+#[tokio::test]
+async fn one_client_without_credentials_cannot_lock_out_another_behind_nginx() {
+    let Some(nginx) = nginx_binary() else { return };
+    // The limits as a mesh overlay sets them: no per-address caps (every
+    // caller has the proxy's address); the rest at their defaults except
+    // the anonymous pool, kept small so the test stays light.
+    const POOL: usize = 32;
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = HeldUpstream::start().await;
+    let server = start_server_with(
+        dir.path(),
+        &upstream,
+        "15s",
+        &format!(
+            "\n[[auth.api_keys]]\nkey = \"{USER_KEY}\"\nuser = \"alice\"\n\n\
+             [transport]\nmax_connections_per_ip = 0\nmax_pending_requests_per_ip = 0\n\
+             max_pending_anonymous_requests = {POOL}\nmax_unauthenticated_connections = 256\n"
+        ),
+    )
+    .await;
+    let nginx_dir = dir.path().join("nginx");
+    std::fs::create_dir(&nginx_dir).unwrap();
+    let proxy = start_nginx(&nginx, &nginx_dir, server.addr, Duration::from_secs(60)).await;
+
+    // The abuser, through nginx: 8 connections x 120 half-open streams
+    // (HEADERS, no request) on health, which needs no credentials (nginx
+    // opens one upstream connection per stream), plus 40 on an
+    // authenticated method without credentials.
+    let mut health_calls = Vec::new();
+    let mut unauthenticated_calls = Vec::new();
+    let mut keep = Vec::new();
+    for conn in 0..8 {
+        let mut h2 = raw_h2(proxy.port).await;
+        for i in 0..120 {
+            h2 = h2.ready().await.unwrap();
+            let path = if conn == 0 && i < 40 {
+                "/agentrt.v1.SessionService/ListSessions"
+            } else {
+                "/grpc.health.v1.Health/Check"
+            };
+            let (response, body) = h2.send_request(grpc_post(path), false).unwrap();
+            keep.push(body);
+            if conn == 0 && i < 40 {
+                unauthenticated_calls.push(response);
+            } else {
+                health_calls.push(response);
+            }
+        }
+    }
+    let abusive_streams = health_calls.len();
+    // ... and 600 idle connections straight to the server, from the
+    // proxy's address (as a sidecar's would be): the HTTP/2 preface and
+    // SETTINGS, then nothing.
+    let mut idle = Vec::new();
+    for _ in 0..600 {
+        let mut c = TcpStream::connect(server.addr).await.unwrap();
+        c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .await
+            .unwrap();
+        idle.push(c);
+    }
+
+    // Without credentials, refused at once.
+    for response in unauthenticated_calls {
+        let code = tokio::time::timeout(GUARD, grpc_code(response))
+            .await
+            .expect("an unauthenticated call is answered");
+        assert_eq!(code.as_deref(), Some("16"), "UNAUTHENTICATED expected");
+    }
+
+    // The other client: 22 calls through nginx, each within a 5 s
+    // deadline, and a health probe without credentials.
+    let client = Client::builder(format!("http://127.0.0.1:{}", proxy.port))
+        .token(USER_KEY)
+        .connect()
+        .await
+        .unwrap();
+    let started = Instant::now();
+    for i in 0..22 {
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            client.create_session(proto::CreateSessionRequest {
+                title: format!("call {i}"),
+                ..Default::default()
+            }),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("call {i} did not finish within its 5 s deadline"))
+        .unwrap_or_else(|err| panic!("call {i} failed: {err}"));
+    }
+    let probe_channel =
+        tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", proxy.port))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let probe = tokio::time::timeout(
+        Duration::from_secs(5),
+        tonic_health::pb::health_client::HealthClient::new(probe_channel).check(
+            tonic_health::pb::HealthCheckRequest {
+                service: "liveness".into(),
+            },
+        ),
+    )
+    .await
+    .expect("the probe finished within 5 s")
+    .expect("the probe passed");
+    assert_eq!(
+        probe.into_inner().status(),
+        tonic_health::pb::health_check_response::ServingStatus::Serving
+    );
+    let took = started.elapsed();
+
+    // The abuse is bounded in count: all but the pool's worth of the
+    // half-open health calls were ended, oldest first: RESOURCE_EXHAUSTED
+    // from the pool of pending anonymous calls, or their upstream
+    // connection closed by the pool of unauthenticated connections (nginx
+    // then ends the stream without a gRPC status).
+    let mut exhausted = 0;
+    let mut cut = 0;
+    let mut held = 0;
+    for response in health_calls {
+        match tokio::time::timeout(Duration::from_millis(200), grpc_code(response)).await {
+            Ok(Some(code)) if code == "8" => exhausted += 1,
+            Ok(Some(code)) => panic!("a half-open health call ended with grpc-status {code}"),
+            Ok(None) => cut += 1,
+            Err(_) => held += 1,
+        }
+    }
+    assert!(
+        held <= POOL,
+        "{held} of {abusive_streams} half-open calls still held"
+    );
+    assert!(
+        exhausted + cut >= abusive_streams - POOL,
+        "{exhausted} exhausted, {cut} cut"
+    );
+    // ... and the idle connections beyond the unauthenticated pool were
+    // closed, oldest first.
+    let mut closed = 0;
+    for c in &mut idle {
+        let mut buf = [0u8; 256];
+        loop {
+            match tokio::time::timeout(Duration::from_millis(50), c.read(&mut buf)).await {
+                Ok(Ok(0) | Err(_)) => {
+                    closed += 1;
+                    break;
+                }
+                Ok(Ok(_)) => {}
+                Err(_) => break,
+            }
+        }
+    }
+    assert!(
+        closed >= 600 - 256,
+        "only {closed} of 600 idle connections closed"
+    );
+    eprintln!(
+        "22 calls and a probe took {took:?} while the abuser held {held} half-open calls \
+         ({exhausted} ended RESOURCE_EXHAUSTED, {cut} cut with their connection) and {} idle \
+         connections ({closed} closed)",
+        600 - closed
+    );
+    drop(keep);
 }

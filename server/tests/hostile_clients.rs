@@ -526,3 +526,253 @@ async fn connections_over_the_per_address_cap_are_closed_and_other_addresses_are
         );
     }
 }
+
+/// An h2 client connection whose end (and how it ended) is reported.
+async fn raw_h2_watched(
+    addr: std::net::SocketAddr,
+) -> (
+    h2::client::SendRequest<Bytes>,
+    tokio::sync::oneshot::Receiver<Result<(), h2::Error>>,
+) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (send, connection) = h2::client::handshake(tcp).await.unwrap();
+    let (done_tx, done) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let _ = done_tx.send(connection.await);
+    });
+    (send, done)
+}
+
+/// A gRPC message: the 5-byte prefix and `body`.
+fn grpc_frame(body: &[u8]) -> Bytes {
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes());
+    framed.extend_from_slice(body);
+    Bytes::from(framed)
+}
+
+#[tokio::test]
+async fn at_its_max_age_a_connection_gets_goaway_serves_its_calls_in_flight_and_closes_after_the_grace()
+ {
+    let age = Duration::from_secs(1);
+    let grace = Duration::from_secs(2);
+    let server = start(
+        |c| {
+            c.transport.max_connection_age = age;
+            c.transport.max_connection_age_grace = grace;
+        },
+        None,
+    )
+    .await;
+    let accepted = std::time::Instant::now();
+    let (h2, mut ended) = raw_h2_watched(server.addr).await;
+    // In flight across the GOAWAY: a Check whose request is not sent yet,
+    // and a Watch, whose response never ends by itself.
+    let mut h2 = h2.ready().await.unwrap();
+    let (check, mut check_body) = h2
+        .send_request(grpc_post("/grpc.health.v1.Health/Check"), false)
+        .unwrap();
+    h2 = h2.ready().await.unwrap();
+    let (watch, mut watch_body) = h2
+        .send_request(grpc_post("/grpc.health.v1.Health/Watch"), false)
+        .unwrap();
+    watch_body.send_data(grpc_frame(&[]), true).unwrap();
+    let mut watch = watch.await.unwrap().into_body();
+    watch.data().await.expect("the first status").unwrap();
+
+    // The GOAWAY: new streams on this connection are refused.
+    let refused = loop {
+        assert!(
+            accepted.elapsed() < age + grace,
+            "no GOAWAY before the grace ended"
+        );
+        let ready = match h2.clone().ready().await {
+            Ok(ready) => ready,
+            Err(err) => break err,
+        };
+        let mut ready = ready;
+        match ready.send_request(grpc_post("/grpc.health.v1.Health/Check"), true) {
+            Err(err) => break err,
+            Ok((response, _)) => match response.await {
+                Err(err) => break err,
+                // Served before the GOAWAY arrived: try again shortly.
+                Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            },
+        }
+    };
+    assert!(
+        refused.is_go_away() || refused.reason() == Some(h2::Reason::REFUSED_STREAM),
+        "{refused:?}"
+    );
+    assert!(accepted.elapsed() >= age, "GOAWAY before the maximum age");
+
+    // The call in flight is still served during the grace.
+    check_body.send_data(grpc_frame(&[]), true).unwrap();
+    let (code, message) = grpc_status(check).await;
+    assert_eq!(code, "0", "{message}");
+
+    // After the grace the connection is closed, Watch and all.
+    let end = tokio::time::timeout(Duration::from_secs(20), &mut ended)
+        .await
+        .expect("the connection was closed after the grace");
+    let closed_at = accepted.elapsed();
+    assert!(
+        closed_at >= age + grace,
+        "closed after {closed_at:?}, before age + grace ({:?}): {end:?}",
+        age + grace
+    );
+    while let Some(Ok(_)) = watch.data().await {}
+}
+
+#[tokio::test]
+async fn an_idle_connection_is_closed_and_a_connection_with_an_open_call_is_not() {
+    let server = start(
+        |c| c.transport.idle_timeout = Duration::from_millis(500),
+        None,
+    )
+    .await;
+    let (_idle, idle_ended) = raw_h2_watched(server.addr).await;
+    let (busy, _busy_ended) = raw_h2_watched(server.addr).await;
+    let mut busy = busy.ready().await.unwrap();
+    let (watch, mut watch_body) = busy
+        .send_request(grpc_post("/grpc.health.v1.Health/Watch"), false)
+        .unwrap();
+    watch_body.send_data(grpc_frame(&[]), true).unwrap();
+    let mut watch = watch.await.unwrap().into_body();
+    watch.data().await.expect("the first status").unwrap();
+
+    let since = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(20), idle_ended)
+        .await
+        .expect("the idle connection was closed")
+        .unwrap()
+        .ok();
+    assert!(since.elapsed() >= Duration::from_millis(400));
+    // The one with a Watch open outlived it, and still serves calls.
+    let mut busy = busy.ready().await.unwrap();
+    let (check, mut body) = busy
+        .send_request(grpc_post("/grpc.health.v1.Health/Check"), false)
+        .unwrap();
+    body.send_data(grpc_frame(&[]), true).unwrap();
+    let (code, message) = grpc_status(check).await;
+    assert_eq!(code, "0", "{message}");
+}
+
+#[tokio::test]
+async fn half_open_health_calls_are_bounded_by_evicting_the_oldest_so_a_probe_still_passes() {
+    let server = start(|c| c.transport.max_pending_anonymous_requests = 8, None).await;
+    let mut abuser = raw_h2(server.addr).await;
+    let mut held = Vec::new();
+    for _ in 0..40 {
+        abuser = abuser.ready().await.unwrap();
+        let (response, body) = abuser
+            .send_request(grpc_post("/grpc.health.v1.Health/Check"), false)
+            .unwrap();
+        held.push((response, body));
+    }
+    // A prober on another connection is answered at once.
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel(server.addr).await);
+    let status = tokio::time::timeout(
+        Duration::from_secs(5),
+        health.check(tonic_health::pb::HealthCheckRequest {
+            service: "liveness".into(),
+        }),
+    )
+    .await
+    .expect("the probe is answered while 40 half-open calls were made")
+    .unwrap();
+    assert_eq!(
+        status.into_inner().status(),
+        tonic_health::pb::health_check_response::ServingStatus::Serving
+    );
+    // Every half-open call beyond the pool (and the prober's place) was
+    // ended RESOURCE_EXHAUSTED naming the limit; at most 8 are held.
+    let mut evicted = 0;
+    let mut still_held = 0;
+    for (response, _body) in held {
+        match tokio::time::timeout(Duration::from_millis(300), grpc_status(response)).await {
+            Ok((code, message)) => {
+                assert_eq!(code, "8", "{message}");
+                assert!(
+                    message.contains("max_pending_anonymous_requests"),
+                    "{message}"
+                );
+                evicted += 1;
+            }
+            Err(_) => still_held += 1,
+        }
+    }
+    assert!(still_held <= 8, "{still_held} half-open calls held");
+    assert!(evicted >= 32, "only {evicted} evicted");
+}
+
+#[tokio::test]
+async fn a_principal_over_its_stream_limit_gets_resource_exhausted_with_a_quota_failure() {
+    let server = start(|c| c.transport.max_streams_per_principal = 2, None).await;
+    let channel = channel(server.addr).await;
+    let mut agent =
+        agentrt_client::proto::agent_runtime_client::AgentRuntimeClient::new(channel.clone());
+    let mut sessions = SessionServiceClient::new(channel);
+    let auth = format!("Bearer {USER_KEY}");
+    let session = sessions
+        .create_session(with_auth(proto::CreateSessionRequest::default(), &auth))
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id;
+    // Two Subscribe streams stay open.
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        open.push(
+            agent
+                .subscribe(with_auth(
+                    proto::SubscribeRequest {
+                        session_id: session.clone(),
+                        wait_for_turn: true,
+                        ..Default::default()
+                    },
+                    &auth,
+                ))
+                .await
+                .unwrap()
+                .into_inner(),
+        );
+    }
+    let err = sessions
+        .list_sessions(with_auth(proto::ListSessionsRequest::default(), &auth))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    let quota = err.get_details_quota_failure().expect("QuotaFailure");
+    assert_eq!(
+        quota.violations[0].subject,
+        "transport.max_streams_per_principal"
+    );
+    // Another principal is not affected.
+    sessions
+        .list_sessions(with_auth(
+            proto::ListSessionsRequest::default(),
+            &format!("Bearer {ADMIN_KEY}"),
+        ))
+        .await
+        .unwrap();
+    // A stream that ends gives its place back.
+    drop(open.pop());
+    let since = std::time::Instant::now();
+    loop {
+        match sessions
+            .list_sessions(with_auth(proto::ListSessionsRequest::default(), &auth))
+            .await
+        {
+            Ok(_) => break,
+            Err(err) => {
+                assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+                assert!(
+                    since.elapsed() < Duration::from_secs(10),
+                    "the place of an ended stream was never given back"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}

@@ -18,7 +18,9 @@ open only between agentrt pods and an HPA scales the Deployment (PostgreSQL),
 key files and TLS files
 lie on Secret mounts, the container runs as a numeric non-root user with a
 read-only root filesystem and no privileges, and the Services, the
-NetworkPolicy and the mesh proxies' drain times fit. Custom resources the
+NetworkPolicy and the mesh proxies' drain times fit; the metrics ports
+(agentrt's and a sidecar's) admit only a selected scraper, and behind a
+mesh sidecar the per-address transport caps are off. Custom resources the
 schema validator skips (Istio, Linkerd's Gateway API routes, cert-manager)
 get a shape check of the fields the deployment relies on; a kind with no
 check fails. Then every check is shown able to fail: each mutation in
@@ -333,6 +335,46 @@ def listen_ports_match_container_services_and_policy(r):
         need(r.workload["spec"]["replicas"] == 1, "more than one replica on sled (one process per data dir)")
 
 
+METRICS_PORTS = {15090, 15020}
+
+
+def _meshed(r):
+    meta = r.workload["spec"]["template"]["metadata"]
+    return (meta.get("labels", {}).get("sidecar.istio.io/inject") == "true"
+            or meta.get("annotations", {}).get("linkerd.io/inject") == "enabled")
+
+
+@check
+def metrics_ports_admit_only_the_scraper(r):
+    """The metrics listener needs no credentials: only a selected scraper may reach it."""
+    ports = METRICS_PORTS | {r.port("metrics")}
+    policy = r.one("NetworkPolicy")
+    for rule in policy["spec"].get("ingress", []):
+        rule_ports = {p.get("port") for p in rule.get("ports", [])}
+        if rule.get("ports") and not rule_ports & ports:
+            continue
+        peers = rule.get("from")
+        opened = sorted(rule_ports & ports, key=str) or "every port"
+        need(peers, f"NetworkPolicy opens {opened} to every source")
+        for peer in peers:
+            need("ipBlock" not in peer, f"NetworkPolicy opens {opened} to an ipBlock")
+            selectors = [peer.get(k) for k in ("namespaceSelector", "podSelector")]
+            need(all(s is not None for s in selectors) and all(
+                s.get("matchLabels") or s.get("matchExpressions") for s in selectors),
+                f"NetworkPolicy opens {opened} beyond one namespace's scraper pods "
+                "(needs a namespaceSelector and a podSelector, both non-empty)")
+
+
+@check
+def per_address_caps_are_off_behind_a_mesh(r):
+    if not _meshed(r):
+        return
+    transport = r.config.get("transport", {})
+    for key in ("max_connections_per_ip", "max_pending_requests_per_ip"):
+        need(transport.get(key) == 0,
+             f"behind a mesh sidecar every caller has its address: [transport] {key} must be 0")
+
+
 @check
 def mesh_proxies_outlive_the_drain(r):
     meta = r.workload["spec"]["template"]["metadata"]
@@ -567,6 +609,18 @@ MUTATIONS = [
      lambda d: _set_config(d, 'key_file = "/etc/agentrt/keys/app"', 'key = "app-secret"')),
     ("listen port differs from the container port", "listen_ports_match_container_services_and_policy",
      lambda d: _set_config(d, 'listen = "0.0.0.0:50051"', 'listen = "0.0.0.0:50052"')),
+    ("metrics port open to every source", "metrics_ports_admit_only_the_scraper",
+     lambda d: _policy_rule(d, "ingress", 9090).pop("from")),
+    ("metrics port open to every pod of the scraper's namespace", "metrics_ports_admit_only_the_scraper",
+     lambda d: _policy_rule(d, "ingress", 9090)["from"][0].pop("podSelector")),
+]
+
+# Breaks of a meshed variant, applied to the first render with a sidecar.
+MESH_MUTATIONS = [
+    ("per-address connection cap on behind the sidecar", "per_address_caps_are_off_behind_a_mesh",
+     lambda d: _set_config(d, "max_connections_per_ip = 0", "max_connections_per_ip = 256")),
+    ("per-address pending cap on behind the sidecar", "per_address_caps_are_off_behind_a_mesh",
+     lambda d: _set_config(d, "max_pending_requests_per_ip = 0", "max_pending_requests_per_ip = 1024")),
 ]
 
 
@@ -616,6 +670,13 @@ def _kind_or_none(render):
         return None  # a broken render; its checks already say why
 
 
+def _meshed_or_false(render):
+    try:
+        return _meshed(render)
+    except (Failed, KeyError):
+        return False
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dockerfile", required=True)
@@ -634,6 +695,9 @@ def main():
     pg = [r for r in renders if _kind_or_none(r) == "postgres"]
     if pg:
         results += self_test(pg[0], PG_MUTATIONS)
+    meshed = [r for r in renders if _meshed_or_false(r)]
+    if meshed:
+        results += self_test(meshed[0], MESH_MUTATIONS)
     passed = failed = 0
     for name, why in results:
         if why is None:

@@ -2,6 +2,14 @@
 //! bounded before any request reaches a handler, so that nobody who can
 //! reach the port (credentials are checked only inside a request) can use up
 //! the server's file descriptors, memory or CPU.
+//!
+//! Behind a proxy or a mesh sidecar every caller has the proxy's address,
+//! so the per-address caps (`*_per_ip`) would make one caller's abuse
+//! everyone's: set them to 0 there (the mesh overlays in `deploy/` do). The
+//! other limits hold either way: they are keyed by connection, by principal
+//! (after authentication), or shared by callers without credentials in
+//! pools of their own that evict their oldest member instead of refusing
+//! newcomers.
 
 use std::time::Duration;
 
@@ -21,7 +29,29 @@ pub struct TransportSettings {
     pub max_connections: usize,
     /// Most connections open at once from one IP address; more are closed
     /// as soon as they are accepted. 0: no per-address cap. Default 256.
+    /// Set 0 behind a proxy or mesh sidecar (every caller has its address).
     pub max_connections_per_ip: usize,
+    /// Most connections that have not carried an authenticated call yet
+    /// (idle, handshaking, or used only for health and reflection). At the
+    /// cap the oldest of them is closed to make room, so connections
+    /// without credentials cannot keep anyone else out. Above
+    /// `max_connections` it changes nothing. Default 1024.
+    pub max_unauthenticated_connections: usize,
+    /// A connection is closed this long after it was accepted: new calls
+    /// are refused with GOAWAY (clients reconnect, possibly to another
+    /// replica), calls in flight get [`Self::max_connection_age_grace`].
+    /// 0s: no maximum age. Default 30 min.
+    #[serde(deserialize_with = "de_duration_value")]
+    pub max_connection_age: Duration,
+    /// After the GOAWAY of [`Self::max_connection_age`], how long calls in
+    /// flight get before the connection is closed regardless. Default
+    /// 5 min (a Subscribe stream resumes on a new connection).
+    #[serde(deserialize_with = "de_duration_value")]
+    pub max_connection_age_grace: Duration,
+    /// A connection with no call open for this long is closed (including a
+    /// connection that never carried one). 0s: never. Default 5 min.
+    #[serde(deserialize_with = "de_duration_value")]
+    pub idle_timeout: Duration,
     /// A connection that has not finished its TLS handshake (with `[tls]`)
     /// and sent the HTTP/2 preface within this time is closed. Default 10 s.
     #[serde(deserialize_with = "de_duration_value")]
@@ -35,8 +65,21 @@ pub struct TransportSettings {
     /// Most calls from one IP address whose request is still arriving
     /// (HEADERS received, request not complete); more are answered
     /// RESOURCE_EXHAUSTED at once. Bounds what half-open streams cost
-    /// across all of a peer's connections. 0: no cap. Default 1024.
+    /// across all of a peer's connections. 0: no cap. Default 1024. Set 0
+    /// behind a proxy or mesh sidecar (every caller has its address).
     pub max_pending_requests_per_ip: usize,
+    /// Most calls to the services served without credentials (health,
+    /// reflection) whose request is still arriving, across all
+    /// connections: a pool of its own, so half-open streams there never
+    /// hold anything authenticated calls need. At the cap the oldest is
+    /// ended RESOURCE_EXHAUSTED to make room, so a prober is not kept out
+    /// by half-open streams. Default 64.
+    pub max_pending_anonymous_requests: usize,
+    /// Most calls one authenticated principal (API key user, mTLS
+    /// identity) may have open at once across all connections, streams
+    /// included; more are answered RESOURCE_EXHAUSTED with a
+    /// `QuotaFailure`. 0: no cap. Default 1024.
+    pub max_streams_per_principal: usize,
     /// Longest time the request message of a call may take to arrive
     /// (from the stream's HEADERS to the end of its request); for calls
     /// that stream requests (reflection), the longest silence between two
@@ -70,10 +113,16 @@ impl Default for TransportSettings {
         Self {
             max_connections: 10_000,
             max_connections_per_ip: 256,
+            max_unauthenticated_connections: 1024,
+            max_connection_age: Duration::from_secs(30 * 60),
+            max_connection_age_grace: Duration::from_secs(5 * 60),
+            idle_timeout: Duration::from_secs(5 * 60),
             handshake_timeout: Duration::from_secs(10),
             max_concurrent_streams: 256,
             max_requests_per_connection: 256,
             max_pending_requests_per_ip: 1024,
+            max_pending_anonymous_requests: 64,
+            max_streams_per_principal: 1024,
             request_timeout: Duration::from_secs(10),
             max_request_bytes: 4 << 20,
             keepalive_interval: Duration::from_secs(30),
@@ -99,7 +148,33 @@ impl TransportSettings {
                 t.max_connections_per_ip, t.max_connections
             ));
         }
+        if !(1..=1_000_000).contains(&t.max_unauthenticated_connections) {
+            return Err(format!(
+                "max_unauthenticated_connections is {}; it must be between 1 and 1000000",
+                t.max_unauthenticated_connections
+            ));
+        }
         let secs = |d: Duration| d.as_secs_f64();
+        if !t.max_connection_age.is_zero()
+            && !(1.0..=30.0 * 86400.0).contains(&secs(t.max_connection_age))
+        {
+            return Err(format!(
+                "max_connection_age is {:?}; it must be between 1s and 720h, or 0s for none",
+                t.max_connection_age
+            ));
+        }
+        if !(0.1..=86400.0).contains(&secs(t.max_connection_age_grace)) {
+            return Err(format!(
+                "max_connection_age_grace is {:?}; it must be between 100ms and 24h",
+                t.max_connection_age_grace
+            ));
+        }
+        if !t.idle_timeout.is_zero() && !(0.1..=86400.0).contains(&secs(t.idle_timeout)) {
+            return Err(format!(
+                "idle_timeout is {:?}; it must be between 100ms and 24h, or 0s for none",
+                t.idle_timeout
+            ));
+        }
         if !(0.1..=300.0).contains(&secs(t.handshake_timeout)) {
             return Err(format!(
                 "handshake_timeout is {:?}; it must be between 100ms and 5m",
@@ -122,6 +197,18 @@ impl TransportSettings {
             return Err(format!(
                 "max_pending_requests_per_ip is {}; it must be at most 1000000 (0: no cap)",
                 t.max_pending_requests_per_ip
+            ));
+        }
+        if !(1..=100_000).contains(&t.max_pending_anonymous_requests) {
+            return Err(format!(
+                "max_pending_anonymous_requests is {}; it must be between 1 and 100000",
+                t.max_pending_anonymous_requests
+            ));
+        }
+        if t.max_streams_per_principal > 1_000_000 {
+            return Err(format!(
+                "max_streams_per_principal is {}; it must be at most 1000000 (0: no cap)",
+                t.max_streams_per_principal
             ));
         }
         if !(0.1..=3600.0).contains(&secs(t.request_timeout)) {
@@ -185,6 +272,13 @@ mod tests {
         assert_eq!(c.transport.request_timeout, Duration::from_millis(500));
         assert_eq!(c.transport.max_concurrent_streams, 256);
         Config::default().validate().unwrap();
+        // Behind a mesh: per-address caps off, no age, no idle timeout.
+        let c = Config::parse_toml(
+            "[transport]\nmax_connections_per_ip = 0\nmax_pending_requests_per_ip = 0\nmax_connection_age = \"0s\"\nidle_timeout = \"0s\"\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert!(c.transport.max_connection_age.is_zero());
     }
 
     #[test]
@@ -206,6 +300,23 @@ mod tests {
                 "transport.max_pending_requests_per_ip",
             ),
             ("max_request_bytes = 10", "transport.max_request_bytes"),
+            (
+                "max_unauthenticated_connections = 0",
+                "transport.max_unauthenticated_connections",
+            ),
+            (
+                "max_connection_age = \"10ms\"",
+                "transport.max_connection_age",
+            ),
+            (
+                "max_connection_age_grace = \"0s\"",
+                "transport.max_connection_age_grace",
+            ),
+            ("idle_timeout = \"25h\"", "transport.idle_timeout"),
+            (
+                "max_pending_anonymous_requests = 0",
+                "transport.max_pending_anonymous_requests",
+            ),
             ("keepalive_timeout = \"0s\"", "keepalive_timeout"),
             (
                 "accept_error_backoff = \"1m\"",

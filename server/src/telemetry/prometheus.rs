@@ -9,8 +9,14 @@
 //! on counters; units in braces (`{token}`) are annotations and add nothing.
 //!
 //! The listener speaks just enough HTTP/1.1 for a scraper: one `GET` per
-//! connection, answered and closed, with bounded request size, time and
-//! concurrency.
+//! connection, answered and closed, with bounded request size and
+//! concurrency, and deadlines that hold for clients without credentials
+//! that connect and never send, or never read: the request within
+//! [`REQUEST_TIMEOUT`], each write within [`WRITE_TIMEOUT`], the whole
+//! connection within [`TOTAL_TIMEOUT`]. [`MAX_CONNECTIONS`] is far above
+//! what a few slow clients hold, so a scrape is answered at once; at the
+//! cap, connections wait for one of those deadlines. The port should be
+//! reachable by the scraper only (the deploy's NetworkPolicy limits it).
 
 use std::fmt::Write as _;
 use std::sync::{Arc, Weak};
@@ -27,10 +33,18 @@ use tokio::sync::Semaphore;
 
 /// Largest request head a scraper may send.
 const MAX_REQUEST: usize = 8 << 10;
-/// Scrapes served at once; more connections wait to be accepted.
-const MAX_SCRAPES: usize = 16;
-/// A scraper that has not sent its request within this time is dropped.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections served at once; more wait to be accepted.
+pub const MAX_CONNECTIONS: usize = 64;
+/// A client that has not sent its request within this time is dropped (a
+/// scraper sends it at once).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// A write of the answer that makes no progress for this long drops the
+/// connection (a client that does not read).
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a connection is served, request and answer together.
+pub const TOTAL_TIMEOUT: Duration = Duration::from_secs(15);
+/// Bytes written per write call, each under [`WRITE_TIMEOUT`].
+const WRITE_CHUNK: usize = 64 << 10;
 
 /// The pull reader behind `/metrics`.
 #[derive(Debug, Clone)]
@@ -274,7 +288,7 @@ fn render_data<T: Num>(out: &mut String, base: &str, help: &str, data: &MetricDa
 
 /// Serves `GET /metrics` on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, registry: Registry) {
-    let slots = Arc::new(Semaphore::new(MAX_SCRAPES));
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
             return;
@@ -290,8 +304,12 @@ pub async fn serve(listener: TcpListener, registry: Registry) {
         let registry = registry.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            if let Err(err) = scrape(stream, &registry).await {
-                tracing::debug!(error = %err, "a metrics scrape failed");
+            match tokio::time::timeout(TOTAL_TIMEOUT, scrape(stream, &registry)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => tracing::debug!(error = %err, "a metrics scrape failed"),
+                Err(_) => tracing::debug!(
+                    "dropped a metrics connection still open after {TOTAL_TIMEOUT:?}"
+                ),
             }
         });
     }
@@ -330,8 +348,29 @@ async fn scrape(mut stream: TcpStream, registry: &Registry) -> std::io::Result<(
         "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    stream.write_all(response.as_bytes()).await?;
-    stream.shutdown().await
+    for chunk in response.as_bytes().chunks(WRITE_CHUNK) {
+        write_within(&mut stream, chunk).await?;
+    }
+    tokio::time::timeout(WRITE_TIMEOUT, stream.shutdown())
+        .await
+        .map_err(|_| std::io::ErrorKind::TimedOut)?
+}
+
+/// Writes `chunk`, failing when a write makes no progress for
+/// [`WRITE_TIMEOUT`].
+async fn write_within(stream: &mut TcpStream, mut chunk: &[u8]) -> std::io::Result<()> {
+    while !chunk.is_empty() {
+        let n = tokio::time::timeout(WRITE_TIMEOUT, stream.write(chunk))
+            .await
+            .map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::TimedOut, "the client does not read")
+            })??;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        chunk = &chunk[n..];
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -340,6 +379,50 @@ mod tests {
     use opentelemetry_sdk::metrics::SdkMeterProvider;
 
     use super::*;
+
+    #[tokio::test]
+    async fn sixteen_clients_that_never_send_or_read_do_not_starve_a_scrape() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(listener, Registry::new()));
+        let mut slow = Vec::new();
+        for i in 0..32 {
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            if i % 2 == 0 {
+                // Asks and never reads the answer.
+                c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                    .await
+                    .unwrap();
+            }
+            // The odd ones never send anything.
+            slow.push(c);
+        }
+        let started = std::time::Instant::now();
+        let mut scraper = TcpStream::connect(addr).await.unwrap();
+        scraper
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(REQUEST_TIMEOUT / 2, scraper.read_to_end(&mut answer))
+            .await
+            .expect("the scrape is answered while 32 slow clients hold connections")
+            .unwrap();
+        assert!(
+            answer.starts_with(b"HTTP/1.1 200 OK\r\n"),
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+        assert!(started.elapsed() < REQUEST_TIMEOUT);
+        // The silent ones are dropped after the request timeout.
+        let mut buf = [0u8; 16];
+        let silent = &mut slow[1];
+        let closed = tokio::time::timeout(REQUEST_TIMEOUT * 3, silent.read(&mut buf))
+            .await
+            .expect("a silent client is dropped after the request timeout");
+        assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+        server.abort();
+    }
 
     #[test]
     fn counters_histograms_and_gauges_render_in_the_text_format() {

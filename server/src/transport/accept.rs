@@ -14,7 +14,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use super::lifetime::{ConnState, Lifetime, guarded};
 use super::peers::{PeerCounts, PeerSlot};
+use super::pool::{EvictingPool, PoolSlot};
 use crate::config::TransportSettings;
 use crate::tls::{ClientCertificate, ServerTls};
 
@@ -111,6 +113,9 @@ pub struct ConnInfo {
     pub tcp: TcpConnectInfo,
     /// The client certificate (mTLS only).
     pub client: Option<Arc<ClientCertificate>>,
+    /// Open calls and authentication of the connection (for its idle
+    /// timeout and the pool of connections that never authenticated).
+    pub(crate) state: Arc<ConnState>,
 }
 
 /// A connection that sent the HTTP/2 preface: the preface is read again
@@ -121,6 +126,7 @@ pub struct Conn {
     stream: Io,
     client: Option<Arc<ClientCertificate>>,
     replayed: usize,
+    life: Lifetime,
     _permit: OwnedSemaphorePermit,
     _peer: PeerSlot,
 }
@@ -139,7 +145,8 @@ impl AsyncRead for Conn {
             this.replayed += n;
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut this.stream).poll_read(cx, buf)
+        let stream = &mut this.stream;
+        guarded(&mut this.life, cx, |cx| Pin::new(stream).poll_read(cx, buf))
     }
 }
 
@@ -149,7 +156,11 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+        let this = self.get_mut();
+        let stream = &mut this.stream;
+        guarded(&mut this.life, cx, |cx| {
+            Pin::new(stream).poll_write(cx, buf)
+        })
     }
 
     fn poll_write_vectored(
@@ -157,7 +168,11 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let stream = &mut this.stream;
+        guarded(&mut this.life, cx, |cx| {
+            Pin::new(stream).poll_write_vectored(cx, bufs)
+        })
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -165,7 +180,9 @@ impl AsyncWrite for Conn {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+        let this = self.get_mut();
+        let stream = &mut this.stream;
+        guarded(&mut this.life, cx, |cx| Pin::new(stream).poll_flush(cx))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -180,6 +197,7 @@ impl Connected for Conn {
         ConnInfo {
             tcp: self.stream.tcp().connect_info(),
             client: self.client.clone(),
+            state: Arc::clone(self.life.state()),
         }
     }
 }
@@ -278,6 +296,10 @@ async fn accept_loop(
 ) {
     let slots = Arc::new(Semaphore::new(settings.max_connections));
     let peers = PeerCounts::new(settings.max_connections_per_ip);
+    let unauthenticated = EvictingPool::new(
+        "connections that never authenticated",
+        settings.max_unauthenticated_connections,
+    );
     let mut last_warning: Option<Instant> = None;
     let mut unreported = 0u64;
     loop {
@@ -326,11 +348,22 @@ async fn accept_loop(
             continue;
         };
         configure(&stream, &settings);
+        // Until its first authenticated call the connection is in the
+        // pool that evicts its oldest (handshaking ones included).
+        let slot = unauthenticated.join();
         let tx = tx.clone();
         let handshake_timeout = settings.handshake_timeout;
         let tls = tls.clone();
+        let timers = (
+            settings.idle_timeout,
+            settings.max_connection_age,
+            settings.max_connection_age_grace,
+        );
         tokio::spawn(async move {
-            let done = tokio::time::timeout(handshake_timeout, handshake(stream, tls, peer)).await;
+            let done = tokio::select! {
+                done = tokio::time::timeout(handshake_timeout, handshake(stream, tls, peer)) => done,
+                () = slot.evicted() => return,
+            };
             let Ok(Some((stream, client))) = done else {
                 if done.is_err() {
                     tracing::debug!(peer = %peer, timeout_ms = u64::try_from(handshake_timeout.as_millis()).unwrap_or(u64::MAX),
@@ -338,15 +371,31 @@ async fn accept_loop(
                 }
                 return;
             };
-            let conn = Conn {
-                stream,
-                client,
-                replayed: 0,
-                _permit: permit,
-                _peer: peer_slot,
-            };
+            let conn = Conn::new(stream, client, slot, timers, permit, peer_slot);
             let _ = tx.send(conn).await;
         });
+    }
+}
+
+impl Conn {
+    fn new(
+        stream: Io,
+        client: Option<Arc<ClientCertificate>>,
+        slot: PoolSlot,
+        (idle, age, grace): (Duration, Duration, Duration),
+        permit: OwnedSemaphorePermit,
+        peer: PeerSlot,
+    ) -> Self {
+        let evicted = slot.evicted();
+        let state = Arc::new(ConnState::new(slot));
+        Self {
+            stream,
+            client,
+            replayed: 0,
+            life: Lifetime::new(state, evicted, idle, age, grace),
+            _permit: permit,
+            _peer: peer,
+        }
     }
 }
 

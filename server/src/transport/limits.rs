@@ -1,7 +1,11 @@
 //! [`RequestLimitsLayer`]: every request body must arrive within the
 //! request timeout (for streaming requests: no silence longer than it), and
 //! a request message longer than the limit is refused with INVALID_ARGUMENT
-//! naming the limit before it is buffered.
+//! naming the limit before it is buffered. Calls to the services served
+//! without credentials (health, reflection) whose request is still
+//! arriving share a pool of their own that evicts its oldest member; every
+//! call counts as open on its connection until its response ends (the
+//! connection's idle timeout).
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -18,7 +22,9 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt as _};
 
 use super::accept::ConnInfo;
+use super::lifetime::OpenCall;
 use super::peers::{PeerCounts, PeerSlot};
+use super::pool::{EvictingPool, PoolSlot};
 use crate::config::TransportSettings;
 
 /// The gRPC paths whose requests are streams (client or bidi streaming),
@@ -49,6 +55,26 @@ pub(crate) fn streaming_request_paths(descriptor_sets: &[&[u8]]) -> HashSet<Stri
     paths
 }
 
+/// The services answered without credentials: health and reflection.
+pub(crate) fn anonymous_services(descriptor_sets: &[&[u8]]) -> HashSet<String> {
+    use prost::Message as _;
+    let mut names = HashSet::new();
+    for bytes in descriptor_sets {
+        let Ok(set) = prost_types::FileDescriptorSet::decode(*bytes) else {
+            continue;
+        };
+        for file in &set.file {
+            let package = file.package();
+            if package == "grpc.health.v1" || package.starts_with("grpc.reflection.") {
+                for service in &file.service {
+                    names.insert(format!("{package}.{}", service.name()));
+                }
+            }
+        }
+    }
+    names
+}
+
 /// Bounds how long a request takes to arrive and how large its messages
 /// may be (see [`TransportSettings::request_timeout`] and
 /// [`TransportSettings::max_request_bytes`]).
@@ -57,20 +83,41 @@ pub struct RequestLimitsLayer {
     timeout: Duration,
     max_message: usize,
     streaming: Arc<HashSet<String>>,
+    /// Services answered without credentials.
+    anonymous: Arc<HashSet<String>>,
     /// Calls per peer address whose request is still arriving.
     pending: PeerCounts,
+    /// Calls to `anonymous` services whose request is still arriving.
+    pending_anonymous: EvictingPool,
 }
 
 impl RequestLimitsLayer {
     /// From the settings; `streaming` are the paths whose requests are
-    /// streams (they get an idle timeout instead of a total one).
-    pub fn new(settings: &TransportSettings, streaming: HashSet<String>) -> Self {
+    /// streams (they get an idle timeout instead of a total one),
+    /// `anonymous` the services answered without credentials (their
+    /// pending calls have a pool of their own).
+    pub fn new(
+        settings: &TransportSettings,
+        streaming: HashSet<String>,
+        anonymous: HashSet<String>,
+    ) -> Self {
         Self {
             timeout: settings.request_timeout,
             max_message: settings.max_request_bytes,
             streaming: Arc::new(streaming),
+            anonymous: Arc::new(anonymous),
             pending: PeerCounts::new(settings.max_pending_requests_per_ip),
+            pending_anonymous: EvictingPool::new(
+                "pending calls to health and reflection",
+                settings.max_pending_anonymous_requests,
+            ),
         }
+    }
+
+    fn is_anonymous(&self, path: &str) -> bool {
+        path.strip_prefix('/')
+            .and_then(|p| p.split_once('/'))
+            .is_some_and(|(service, _)| self.anonymous.contains(service))
     }
 }
 
@@ -99,7 +146,7 @@ where
     type Response = http::Response<Body>;
     type Error = S::Error;
     type Future = futures::future::Either<
-        S::Future,
+        OpenResponse<S::Future>,
         futures::future::Ready<Result<http::Response<Body>, S::Error>>,
     >;
 
@@ -112,14 +159,16 @@ where
         let timeout = self.limits.timeout;
         let max_message = self.limits.max_message;
         let mut req = req;
+        let mut open = None;
         if let Some(info) = req.extensions().get::<ConnInfo>().cloned() {
             req.extensions_mut().insert(info.tcp);
             if let Some(client) = info.client {
                 req.extensions_mut().insert(client);
             }
+            open = Some(info.state.open_call());
         }
         if req.body().is_end_stream() {
-            return futures::future::Either::Left(self.inner.call(req));
+            return futures::future::Either::Left(OpenResponse::new(self.inner.call(req), open));
         }
         let peer = req
             .extensions()
@@ -144,10 +193,19 @@ where
             },
             None => None,
         };
+        let anonymous = self
+            .limits
+            .is_anonymous(req.uri().path())
+            .then(|| self.limits.pending_anonymous.join());
+        let evicted = anonymous.as_ref().map(|a| Box::pin(a.evicted()));
+        let max_anonymous = self.limits.pending_anonymous.max();
         let req = req.map(|body| {
             Body::new(LimitedBody {
                 inner: body,
                 slot,
+                anonymous,
+                evicted,
+                max_anonymous,
                 deadline: Some(Box::pin(tokio::time::sleep(timeout))),
                 idle: streaming.then_some(timeout),
                 timeout,
@@ -157,7 +215,76 @@ where
                 remaining: 0,
             })
         });
-        futures::future::Either::Left(self.inner.call(req))
+        futures::future::Either::Left(OpenResponse::new(self.inner.call(req), open))
+    }
+}
+
+/// The response future of [`RequestLimits`]: the response body it yields
+/// keeps the call counted as open on its connection until it ends.
+pub struct OpenResponse<F> {
+    inner: Pin<Box<F>>,
+    open: Option<OpenCall>,
+}
+
+impl<F> std::fmt::Debug for OpenResponse<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenResponse").finish_non_exhaustive()
+    }
+}
+
+impl<F> OpenResponse<F> {
+    fn new(inner: F, open: Option<OpenCall>) -> Self {
+        Self {
+            inner: Box::pin(inner),
+            open,
+        }
+    }
+}
+
+impl<F, E> Future for OpenResponse<F>
+where
+    F: Future<Output = Result<http::Response<Body>, E>>,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let response = std::task::ready!(this.inner.as_mut().poll(cx))?;
+        Poll::Ready(Ok(match this.open.take() {
+            None => response,
+            Some(open) => response.map(|body| {
+                Body::new(OpenBody {
+                    inner: body,
+                    _open: open,
+                })
+            }),
+        }))
+    }
+}
+
+/// A response body that holds its call's [`OpenCall`] until dropped.
+struct OpenBody {
+    inner: Body,
+    _open: OpenCall,
+}
+
+impl HttpBody for OpenBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -167,6 +294,11 @@ struct LimitedBody {
     /// This call's place among its peer's pending requests, given back
     /// when the request has arrived (or failed, or was dropped).
     slot: Option<PeerSlot>,
+    /// Calls to health and reflection: this call's place in their pool.
+    anonymous: Option<PoolSlot>,
+    /// Completes when that place was given to a newer call.
+    evicted: Option<Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>>,
+    max_anonymous: usize,
     /// None once the body has ended or failed.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Streaming requests: each frame renews the deadline by this much.
@@ -185,6 +317,17 @@ impl LimitedBody {
     fn finish(&mut self) {
         self.deadline = None;
         self.slot = None;
+        self.anonymous = None;
+        self.evicted = None;
+    }
+
+    fn evicted(&self) -> Status {
+        Status::resource_exhausted(format!(
+            "too many calls to health and reflection are still sending their request \
+             (transport.max_pending_anonymous_requests = {}); this one, the oldest, was ended \
+             to make room",
+            self.max_anonymous
+        ))
     }
 
     /// Follows the gRPC framing through `data`; the length of the first
@@ -280,6 +423,14 @@ impl HttpBody for LimitedBody {
                 Poll::Ready(other)
             }
             Poll::Pending => {
+                if this
+                    .evicted
+                    .as_mut()
+                    .is_some_and(|evicted| evicted.as_mut().poll(cx).is_ready())
+                {
+                    this.finish();
+                    return Poll::Ready(Some(Err(this.evicted())));
+                }
                 if this
                     .deadline
                     .as_mut()
