@@ -56,6 +56,7 @@ pub(crate) struct Figures {
     pub(crate) turns_started: u64,
     pub(crate) turns_finished: u64,
     pub(crate) caller_tool_results: u64,
+    pub(crate) retried: u64,
     pub(crate) acks_checked: u64,
     pub(crate) interrupted: u64,
     pub(crate) messages: u64,
@@ -71,6 +72,11 @@ struct Log {
     acks: Vec<(u64, String)>,
     /// Started (turn_started seen), not finished.
     open_turn: Option<String>,
+    /// The request of the turn in flight (sent, not finished): the next
+    /// cycle sends it again, with the same `request_id`.
+    pending: Option<proto::ChatRequest>,
+    /// Requests sent again after a restart (idempotent retries).
+    retried: u64,
     started: u64,
     finished: u64,
     tool_results: u64,
@@ -206,16 +212,21 @@ fn lookup_tool() -> proto::ToolDefinition {
     }
 }
 
-/// Runs turns back to back on one session until the server dies.
+/// Runs turns back to back on one session until the server dies. The
+/// first is `retry` when the previous cycle left a request unfinished: the
+/// same request with the same `request_id`, which must not run a second
+/// time (the mirror's checks find a second user message).
 async fn session_loop(
     cy: Arc<Cycle>,
     client: Client,
     sid: String,
     mut rng: Rng,
     log: Arc<Mutex<Log>>,
+    mut retry: Option<proto::ChatRequest>,
 ) {
     let mut first = true;
     for n in 0.. {
+        let retrying = retry.is_some();
         let pick = rng.range(0, 9);
         let (mode, tokens) = match pick {
             0..=4 => (Mode::Text, rng.range(3, 30)),
@@ -224,7 +235,7 @@ async fn session_loop(
             _ => (Mode::Text, rng.range(3, 30)),
         };
         let key = format!("c{}-{sid}-n{n}", cy.cycle);
-        let req = proto::ChatRequest {
+        let req = retry.take().unwrap_or_else(|| proto::ChatRequest {
             session_id: sid.clone(),
             content: vec![proto::ContentBlock {
                 block: Some(proto::content_block::Block::Text(proto::TextBlock {
@@ -236,8 +247,14 @@ async fn session_loop(
             } else {
                 Vec::new()
             },
+            request_id: key.clone(),
             ..Default::default()
-        };
+        });
+        {
+            let mut l = lock(&log);
+            l.pending = Some(req.clone());
+            l.retried += u64::from(retrying);
+        }
         let admitted_by = Instant::now() + if first { cy.settle } else { Duration::ZERO };
         let stream = loop {
             match client.chat_with(req.clone()).await {
@@ -279,7 +296,7 @@ async fn session_loop(
                     l.started += 1;
                 }
                 ChatEvent::MessageStored { seq, id, .. } => lock(&log).acks.push((seq, id)),
-                ChatEvent::ToolCall { call_id, .. } => {
+                ChatEvent::ToolCall { call_id, .. } if !retrying => {
                     match client
                         .submit_tool_result(&sid, &event.turn_id, &call_id, "found it", false)
                         .await
@@ -302,7 +319,12 @@ async fn session_loop(
                     if l.open_turn.as_deref() == Some(event.turn_id.as_str()) {
                         l.open_turn = None;
                     }
-                    if outcome != proto::TurnOutcome::Success && !cy.killing.load(Ordering::SeqCst)
+                    l.pending = None;
+                    // A retry replays the first attempt's outcome (an
+                    // interrupted turn ends ERROR); a fresh turn succeeds.
+                    if outcome != proto::TurnOutcome::Success
+                        && !retrying
+                        && !cy.killing.load(Ordering::SeqCst)
                     {
                         l.failure.get_or_insert(format!(
                             "{sid}: turn {} ended {outcome:?} before the kill",
@@ -364,6 +386,7 @@ pub(crate) async fn run(
     };
     let sids: Vec<String> = (0..plan.sessions).map(|i| format!("crash-{i}")).collect();
     let mut mirrors: Vec<Mirror> = (0..plan.sessions).map(|_| Mirror::default()).collect();
+    let mut pending: Vec<Option<proto::ChatRequest>> = Vec::new();
     let mut server = Server::start(spec).await?;
     fig.restart_ms.push(server.ready_after.as_secs_f64() * 1e3);
     {
@@ -390,6 +413,7 @@ pub(crate) async fn run(
         });
         let clients = server::clients(server.url(), plan.connections).await?;
         let logs: Vec<Arc<Mutex<Log>>> = (0..plan.sessions).map(|_| Arc::default()).collect();
+        let retries = std::mem::take(&mut pending);
         let mut loops = tokio::task::JoinSet::new();
         for (i, sid) in sids.iter().enumerate() {
             loops.spawn(session_loop(
@@ -398,6 +422,7 @@ pub(crate) async fn run(
                 sid.clone(),
                 rng.fork(i as u64),
                 Arc::clone(&logs[i]),
+                retries.get(i).cloned().flatten(),
             ));
         }
         let mut progress = cy.progress.subscribe();
@@ -426,17 +451,35 @@ pub(crate) async fn run(
                 "no progress: {seen} of {target} events before the time limit"
             ));
         }
+        pending = logs.iter().map(|l| lock(l).pending.clone()).collect();
         for l in &logs {
             let l = lock(l);
             fig.turns_started += l.started;
             fig.turns_finished += l.finished;
             fig.caller_tool_results += l.tool_results;
+            fig.retried += l.retried;
             if let Some(f) = &l.failure {
                 v.push(f.clone());
             }
         }
 
-        server = Server::start(spec).await?;
+        server = match Server::start(spec).await {
+            Ok(s) => s,
+            Err(e) => {
+                // A server that cannot start on the data a crash left is
+                // the worst finding of all: a violation, with its log.
+                v.push(format!(
+                    "restart after the kill failed: {e}; log: {}",
+                    server::log_tail(spec, 6)
+                ));
+                fig.cycles = cycle + 1;
+                fig.violations.extend(v.into_iter().map(|e| {
+                    format!("[{store} seed {seed} cycle {cycle} kill after {target} events] {e}")
+                }));
+                fig.wall = start.elapsed();
+                return Ok(fig);
+            }
+        };
         fig.restart_ms.push(server.ready_after.as_secs_f64() * 1e3);
         let c = server::clients(server.url(), 1).await?.remove(0);
         let full = (cycle + 1) % plan.full_check_every.max(1) == 0 || cycle + 1 == plan.cycles;

@@ -188,13 +188,13 @@ async fn run(cli: &Cli, seed: u64, out: &mut report::Report) -> Result<(), Strin
                 "agentrt-reliability: crash on {store}: {} cycles, seed {seed}",
                 plan.cycles
             );
-            let fig = crash::run(&spec, &plan, seed, store).await?;
-            let failed = !fig.violations.is_empty();
-            out.crash(&fig, &plan);
+            let result = crash::run(&spec, &plan, seed, store).await;
+            let failed = result.as_ref().map_or(true, |f| !f.violations.is_empty());
             if failed {
                 let kept = dir.keep();
                 eprintln!("agentrt-reliability: kept {} (server.log)", kept.display());
             }
+            out.crash(&result?, &plan);
         }
     }
     if wants(cli, "races") {

@@ -82,6 +82,10 @@ impl Report {
                 "server tools (MCP test__slow)",
                 if plan.server_tools { "yes" } else { "no" }.to_owned(),
             ),
+            (
+                "unfinished requests sent again after a restart (same request_id)",
+                f.retried.to_string(),
+            ),
             ("acknowledged messages checked", f.acks_checked.to_string()),
             (
                 "turns found INTERRUPTED after a restart",

@@ -149,6 +149,17 @@ impl Server {
     }
 }
 
+/// The last `n` lines of the server's log (start-up recovery's one line
+/// per interrupted turn left out), joined with ` | `.
+pub(crate) fn log_tail(spec: &Spec, n: usize) -> String {
+    let log = std::fs::read_to_string(spec.dir.join("server.log")).unwrap_or_default();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| !l.contains("turn interrupted by a previous shutdown"))
+        .collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
+}
+
 /// The resident set size of process `pid` in KiB (from /proc), 0 when
 /// unreadable.
 pub(crate) fn rss_kb(pid: u32) -> u64 {
