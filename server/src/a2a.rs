@@ -15,6 +15,7 @@
 //! What is not supported, and what it answers instead, is in docs/a2a.md.
 
 pub mod card;
+mod detached;
 pub mod errors;
 pub mod tasks;
 pub mod tools;
@@ -97,6 +98,8 @@ impl Sent {
 pub struct A2aHandler {
     runtime: Runtime,
     card: Arc<a2a::AgentCard>,
+    /// Tasks left working by their callers (the `detached_tasks` quota).
+    detached: Arc<detached::Detached>,
 }
 
 impl A2aHandler {
@@ -105,6 +108,7 @@ impl A2aHandler {
         Self {
             runtime,
             card: Arc::new(card),
+            detached: Arc::default(),
         }
     }
 
@@ -135,6 +139,11 @@ impl A2aHandler {
         }
         let content = user_content(&message)?;
         let extra_tools = tools::extra_tools(request.metadata.as_ref()).map_err(from_runtime)?;
+        let limit = self.runtime.quota_limits(who).detached_tasks;
+        self.detached
+            .admit(&self.runtime, who, limit)
+            .await
+            .map_err(from_runtime)?;
         let created = message.context_id.is_empty();
         let session_id = if created {
             let new = NewSession {
@@ -311,16 +320,25 @@ fn accept<T>(req: Request<T>) -> Result<(Principal, T), Status> {
 }
 
 /// A turn's events as A2A responses, until the terminal status.
+/// With `caller`, the stream is the call that sent the task: dropped
+/// before the task ended, the task counts as detached.
 fn events(
     turn: TurnStream,
     translator: Translator,
     pending: VecDeque<a2a::StreamResponse>,
+    caller: Option<detached::CallerGuard>,
 ) -> A2aStream {
-    futures::stream::unfold(Some((turn, translator, pending)), |state| async move {
-        let (mut turn, mut translator, mut pending) = state?;
+    let state = (turn, translator, pending, caller);
+    futures::stream::unfold(Some(state), |state| async move {
+        let (mut turn, mut translator, mut pending, mut caller) = state?;
         loop {
+            if translator.finished()
+                && let Some(caller) = &mut caller
+            {
+                caller.ended();
+            }
             if let Some(item) = pending.pop_front() {
-                return Some((Ok(item), Some((turn, translator, pending))));
+                return Some((Ok(item), Some((turn, translator, pending, caller))));
             }
             if translator.finished() {
                 return None;
@@ -360,6 +378,11 @@ impl A2aService for A2aHandler {
             .map_or((None, false), |c| (c.history_length, c.return_immediately));
         let mut discard = VecDeque::new();
         let (id, live) = self.start(&who, r).await?.into_parts(&mut discard);
+        // Dropped with the call (its deadline, a disconnect) or at its end
+        // while the task still works: the task counts as detached.
+        let mut caller = live
+            .as_ref()
+            .map(|(turn, _)| self.detached.guard(&who, turn.session_id(), turn.turn_id()));
         let mut input_required = None;
         if let (Some((mut turn, mut translator)), false) = (live, immediately) {
             // Until the task ends or waits for the caller's tool result.
@@ -379,6 +402,12 @@ impl A2aService for A2aHandler {
             input_required = translator.input_required().cloned();
         }
         let detail = self.lookup(&who, &id).await?;
+        if detail.record.status != TurnStatus::Running
+            && let Some(caller) = &mut caller
+        {
+            caller.ended();
+        }
+        drop(caller);
         let mut task = task_of(&detail, history_length);
         if detail.record.status == TurnStatus::Running && input_required.is_some() {
             task.status = input_required;
@@ -396,7 +425,15 @@ impl A2aService for A2aHandler {
         let mut pending = VecDeque::new();
         let (id, live) = self.start(&who, r).await?.into_parts(&mut pending);
         match live {
-            Some((turn, translator)) => Ok(Response::new(events(turn, translator, pending))),
+            Some((turn, translator)) => {
+                let caller = self.detached.guard(&who, turn.session_id(), turn.turn_id());
+                Ok(Response::new(events(
+                    turn,
+                    translator,
+                    pending,
+                    Some(caller),
+                )))
+            }
             // The task ended as soon as it had the tool result: its final
             // state is all there is to send.
             None => {
@@ -486,7 +523,7 @@ impl A2aService for A2aHandler {
                 let mut pending = VecDeque::new();
                 let translator =
                     Translator::for_subscribe(r.id.clone(), session.to_owned(), &mut pending);
-                Ok(Response::new(events(turn, translator, pending)))
+                Ok(Response::new(events(turn, translator, pending, None)))
             }
             None => {
                 let detail = self.lookup(&who, &r.id).await?;

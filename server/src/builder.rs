@@ -363,6 +363,7 @@ impl ServerBuilder {
             compaction: self.config.compaction.to_runtime(),
             capture_content: self.config.telemetry.capture_content,
             lease_ttl: self.config.store.lease_ttl(),
+            quotas: self.config.quotas.to_policy(),
             ..RuntimeConfig::default()
         };
         start_tool_sources(&toolbox).await;

@@ -17,6 +17,7 @@ use serde::Deserialize;
 mod cluster;
 mod compaction;
 mod local;
+mod quotas;
 mod store;
 mod telemetry;
 mod tls;
@@ -26,6 +27,7 @@ mod transport;
 pub use cluster::{ClusterKey, ClusterSettings};
 pub use compaction::CompactionSettings;
 pub use local::LocalModelSettings;
+pub use quotas::QuotaSettings;
 pub use store::{StoreKind, StoreSettings, redact_url};
 pub use telemetry::TelemetrySettings;
 pub use tls::{MtlsConfig, ResolvedKey, TlsArgs, TlsSettings};
@@ -340,6 +342,8 @@ struct FileConfig {
     #[serde(default)]
     store: StoreSettings,
     cluster: Option<ClusterSettings>,
+    #[serde(default)]
+    quotas: QuotaSettings,
 }
 
 /// The effective configuration.
@@ -407,6 +411,8 @@ pub struct Config {
     /// Default: none (a PostgreSQL store is then used by this replica
     /// alone; calls for turns of other replicas get UNAVAILABLE).
     pub cluster: Option<ClusterSettings>,
+    /// The `[quotas]` table: limits per principal.
+    pub quotas: QuotaSettings,
 }
 
 impl Default for Config {
@@ -437,6 +443,7 @@ impl Default for Config {
             telemetry: TelemetrySettings::default(),
             store: StoreSettings::default(),
             cluster: None,
+            quotas: QuotaSettings::default(),
         }
     }
 }
@@ -507,6 +514,7 @@ impl Config {
             telemetry: file.telemetry,
             store: file.store,
             cluster: file.cluster,
+            quotas: file.quotas,
         })
     }
 

@@ -11,9 +11,10 @@ use agentrt_runtime::RuntimeError;
 use agentrt_runtime::error::{FieldViolation, capped_violations, describe};
 use agentrt_runtime::events::{ErrorCode, TurnOutcome};
 use agentrt_runtime::limits;
+use agentrt_runtime::quota::{Quota, QuotaExceeded};
 use agentrt_runtime::store::StoreError;
 use tonic::{Code, Status};
-use tonic_types::{ErrorDetails, StatusExt as _};
+use tonic_types::{ErrorDetails, QuotaViolation, StatusExt as _};
 
 /// The `google.rpc.ErrorInfo` domain of our errors.
 pub const DOMAIN: &str = "agentrt";
@@ -62,8 +63,34 @@ pub fn from_runtime(err: RuntimeError) -> Status {
              has ended, or send the call to that replica",
             lease.turn_id, lease.replica_id
         )),
+        RuntimeError::QuotaExceeded(quota) => quota_exceeded(&quota),
         RuntimeError::Store(err) => from_store(err),
     }
+}
+
+/// `RESOURCE_EXHAUSTED` with a `QuotaFailure` naming the quota (its
+/// `subject` and `quota_id`) and its limit (`quota_value`), and a
+/// `RetryInfo` when waiting helps.
+pub fn quota_exceeded(quota: &QuotaExceeded) -> Status {
+    let name = quota.quota.name();
+    let mut details = ErrorDetails::with_quota_failure(vec![QuotaViolation {
+        subject: name.to_owned(),
+        description: format!("at most {} {name} per user", quota.limit),
+        api_service: "agentrt".to_owned(),
+        quota_metric: format!("agentrt/{name}"),
+        quota_id: name.to_owned(),
+        quota_value: i64::try_from(quota.limit).unwrap_or(i64::MAX),
+        ..QuotaViolation::default()
+    }]);
+    if let Some(delay) = quota.retry_after {
+        details.set_retry_info(Some(delay));
+    }
+    let hint = match quota.quota {
+        Quota::Sessions | Quota::StoredBytes => "; delete sessions to make room",
+        Quota::LiveTurns | Quota::DetachedTasks => "; retry when one has finished",
+        Quota::TurnsPerMinute => "; retry after the RetryInfo delay",
+    };
+    Status::with_error_details(Code::ResourceExhausted, format!("{quota}{hint}"), details)
 }
 
 /// Longest `grpc-message` of an invalid-argument status, in characters.
@@ -100,6 +127,7 @@ fn from_store(err: StoreError) -> Status {
         StoreError::Busy(lease) => from_runtime(RuntimeError::SessionBusy {
             turn_id: lease.turn_id,
         }),
+        StoreError::QuotaExceeded(quota) => quota_exceeded(&quota),
         StoreError::LeaseLost { .. } => {
             tracing::warn!(error = %err, "lease lost");
             Status::unavailable(
@@ -187,6 +215,32 @@ mod tests {
         );
         assert!(status.message().chars().count() <= MAX_MESSAGE_CHARS + 1);
         assert!(!status.message().contains(['\r', '\n']));
+    }
+
+    #[test]
+    fn quota_is_resource_exhausted_with_quota_failure_and_retry_info() {
+        let status = from_runtime(RuntimeError::QuotaExceeded(QuotaExceeded {
+            quota: Quota::TurnsPerMinute,
+            limit: 7,
+            retry_after: Some(std::time::Duration::from_secs(3)),
+        }));
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        let details = status.get_error_details();
+        let failure = details.quota_failure().cloned().unwrap();
+        assert_eq!(failure.violations[0].quota_id, "turns_per_minute");
+        assert_eq!(failure.violations[0].subject, "turns_per_minute");
+        assert_eq!(failure.violations[0].quota_value, 7);
+        let retry = details.retry_info().cloned().unwrap();
+        assert_eq!(retry.retry_delay, Some(std::time::Duration::from_secs(3)));
+        let sessions = from_runtime(RuntimeError::Store(StoreError::QuotaExceeded(
+            QuotaExceeded {
+                quota: Quota::Sessions,
+                limit: 2,
+                retry_after: None,
+            },
+        )));
+        assert_eq!(sessions.code(), Code::ResourceExhausted);
+        assert!(sessions.get_error_details().retry_info().is_none());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! caller's input, an error about it stays short and on one line.
 
 use crate::model::ModelLookupError;
+use crate::quota::QuotaExceeded;
 use crate::store::{Lease, StoreError};
 
 /// Most field violations reported in one error; the rest are counted.
@@ -149,9 +150,24 @@ pub enum RuntimeError {
     /// gRPC adapter does over the cluster's internal service.
     #[error("the session's live turn {} runs on replica {} at {}", .0.turn_id, .0.replica_id, .0.address)]
     Elsewhere(Lease),
+    /// One of the principal's quotas is full ([`crate::quota`]); nothing
+    /// was stored.
+    #[error("{0}")]
+    QuotaExceeded(QuotaExceeded),
     /// The store failed.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(StoreError),
+}
+
+impl From<StoreError> for RuntimeError {
+    /// A store's quota refusal is the runtime's; every other store error
+    /// stays one.
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::QuotaExceeded(q) => Self::QuotaExceeded(q),
+            other => Self::Store(other),
+        }
+    }
 }
 
 /// One line naming the (capped) violations: "field: what; field: what".

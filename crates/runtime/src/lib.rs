@@ -25,6 +25,7 @@ pub mod events;
 pub mod hub;
 pub mod limits;
 pub mod model;
+pub mod quota;
 pub mod runtime;
 pub mod store;
 pub mod telemetry;

@@ -120,6 +120,8 @@ pub struct RuntimeConfig {
     /// that could not renew for this long stops its turns. Unused on a
     /// single-node store. Default 10 s.
     pub lease_ttl: Duration,
+    /// Quotas per principal ([`crate::quota`]). Default: none.
+    pub quotas: crate::quota::QuotaPolicy,
 }
 
 impl Default for RuntimeConfig {
@@ -142,6 +144,7 @@ impl Default for RuntimeConfig {
             stalled_reader_timeout: Duration::from_secs(30),
             capture_content: false,
             lease_ttl: Duration::from_secs(10),
+            quotas: crate::quota::QuotaPolicy::default(),
         }
     }
 }
@@ -211,6 +214,9 @@ pub(crate) struct Inner {
     pub(crate) lifecycle: Lifecycle,
     /// The shared-store state: `None` on a store one process owns.
     pub(crate) shared: Option<leases::Shared>,
+    /// Live turns and the minute's turns per owner, on a store only this
+    /// process writes (a shared store counts them itself).
+    pub(crate) turn_meter: Arc<crate::quota::TurnMeter>,
 }
 
 /// The runtime core. Cheap to clone (an `Arc`).
@@ -269,6 +275,7 @@ impl Runtime {
                 slots: Arc::default(),
                 runners: Runners::default(),
                 lifecycle: Lifecycle::new(),
+                turn_meter: Arc::default(),
             }),
         };
         admin::spawn_reaper(&runtime);

@@ -13,12 +13,13 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 
+use crate::quota::WriteQuota;
 use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord};
 
 mod flusher;
 mod memory;
 mod postgres;
-mod size;
+pub(crate) mod size;
 mod sled_store;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -55,6 +56,10 @@ pub enum StoreError {
     /// session's unexpired lease (cluster-wide busy). Nothing was written.
     #[error("the session's lease is held by turn {} on replica {}", .0.turn_id, .0.replica_id)]
     Busy(Lease),
+    /// A write that would take the owner past a quota
+    /// ([`crate::quota`]). Nothing was written.
+    #[error("{0}")]
+    QuotaExceeded(crate::quota::QuotaExceeded),
     /// A write for a turn whose lease this replica no longer holds (it
     /// expired and may have been taken over). Nothing was written; the turn
     /// must stop and store nothing more.
@@ -270,6 +275,22 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Stores a new session, or returns the existing one with the same id.
     async fn create_session(&self, new: NewSession) -> Result<CreateOutcome, StoreError>;
 
+    /// [`Store::create_session`] within the owner's quota: refuses with
+    /// [`StoreError::QuotaExceeded`] (`sessions`) when the owner already
+    /// has `quota.limits.sessions` sessions, counted in the same
+    /// transaction as the write (a shared store under a per-owner lock, so
+    /// replicas together stay within it). A session that already exists
+    /// is returned whatever the quota. The default ignores the quota (a
+    /// test double's); every store of this crate overrides it.
+    async fn create_session_within(
+        &self,
+        new: NewSession,
+        quota: &WriteQuota,
+    ) -> Result<CreateOutcome, StoreError> {
+        let _ = quota;
+        self.create_session(new).await
+    }
+
     /// One session, or `None`.
     async fn get_session(&self, id: &str) -> Result<Option<Session>, StoreError>;
 
@@ -302,6 +323,24 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         turn: TurnRecord,
         user_message: NewMessage,
     ) -> Result<Message, StoreError>;
+
+    /// [`Store::begin_turn`] within the session owner's quota, checked in
+    /// the same transaction: `stored_bytes` (the user messages' bytes the
+    /// owner has stored, plus this one, as [`message_wire_bytes`] counts
+    /// them) and, with `quota.count_turns` (a shared store), `live_turns`
+    /// (the owner's sessions with a live lease, plus this one) and
+    /// `turns_per_minute` (turns begun in the database clock's current
+    /// minute). A refusal is [`StoreError::QuotaExceeded`] with nothing
+    /// written. The default ignores the quota (a test double's).
+    async fn begin_turn_within(
+        &self,
+        turn: TurnRecord,
+        user_message: NewMessage,
+        quota: &WriteQuota,
+    ) -> Result<Message, StoreError> {
+        let _ = quota;
+        self.begin_turn(turn, user_message).await
+    }
 
     /// Appends a message to a session's history, assigning the next seq.
     /// [`StoreError::SessionNotFound`] unless the session exists as

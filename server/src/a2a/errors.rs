@@ -140,6 +140,7 @@ pub fn from_runtime(err: RuntimeError) -> Status {
         | RuntimeError::FailedPrecondition(_)
         | RuntimeError::AlreadyExists(_)
         | RuntimeError::ResourceExhausted(_)
+        | RuntimeError::QuotaExceeded(_)
         | RuntimeError::Elsewhere(_)
         | RuntimeError::Store(_)) => crate::status::from_runtime(err),
     }
@@ -160,6 +161,7 @@ pub fn from_runtime_for_task(task_id: &str, err: RuntimeError) -> Status {
         | RuntimeError::FailedPrecondition(_)
         | RuntimeError::AlreadyExists(_)
         | RuntimeError::ResourceExhausted(_)
+        | RuntimeError::QuotaExceeded(_)
         | RuntimeError::Elsewhere(_)
         | RuntimeError::Store(_)) => from_runtime(err),
     }

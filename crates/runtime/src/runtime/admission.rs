@@ -23,7 +23,7 @@
 //! user message's `message_stored` only after admission returned.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument as _;
@@ -37,6 +37,7 @@ use super::{ChatInput, Inner, Runtime, TurnStream, replay, spans};
 use crate::error::{FieldViolation, RuntimeError};
 use crate::hub::TurnHub;
 use crate::model::{Reservation, ToolSpec};
+use crate::quota::WriteQuota;
 use crate::store::StoreError;
 use crate::types::{Message, NewMessage, Principal, Role, Session, TurnRecord, TurnStatus, Usage};
 
@@ -55,6 +56,8 @@ struct Plan {
     system_prompt: Option<String>,
     /// The call replaced the session's system prompt.
     system_overridden: bool,
+    /// The caller's quota, for the write that begins the turn.
+    quota: WriteQuota,
 }
 
 impl Runtime {
@@ -84,7 +87,8 @@ impl Runtime {
         {
             return Ok(existing);
         }
-        let plan = self.plan(&session, &mut input, checked).await?;
+        let mut plan = self.plan(&session, &mut input, checked).await?;
+        plan.quota = self.write_quota(who);
         self.begin(session, input, plan).await
     }
 
@@ -134,6 +138,7 @@ impl Runtime {
             reservation,
             system_prompt,
             system_overridden,
+            quota: WriteQuota::default(),
         })
     }
 
@@ -153,6 +158,7 @@ impl Runtime {
             reservation,
             system_prompt,
             system_overridden,
+            quota,
         } = plan;
         let turn_id = crate::types::new_id();
         let admitted_at = Instant::now();
@@ -166,6 +172,24 @@ impl Runtime {
             Claim::Claimed(slot) => slot,
             // A concurrent retry of the same request joins the turn.
             Claim::Joined(busy) => return Ok(TurnStream::attached(session.id.clone(), &busy, 0)),
+        };
+        // On a store only this process writes, live turns and the minute's
+        // turns are counted here (a shared store counts them in
+        // `begin_turn`'s transaction).
+        let counted = if quota.count_turns {
+            None
+        } else {
+            match inner
+                .turn_meter
+                .admit(&session.owner, &quota.limits, SystemTime::now())
+            {
+                Ok(counted) => counted,
+                Err(refused) => {
+                    live.hub.abort();
+                    drop(slot);
+                    return Err(RuntimeError::QuotaExceeded(refused));
+                }
+            }
         };
         let record = TurnRecord {
             turn_id: turn_id.clone(),
@@ -205,6 +229,7 @@ impl Runtime {
             user_message,
             system_prompt.clone(),
             first,
+            &quota,
         )
         .instrument(span.clone())
         .await;
@@ -217,6 +242,9 @@ impl Runtime {
             Err(e) => {
                 live.hub.abort();
                 drop(slot);
+                if let Some(counted) = counted {
+                    counted.refund();
+                }
                 return self.rejected(&session, &record, e).await;
             }
         };
@@ -251,6 +279,7 @@ impl Runtime {
             store_failed: false,
             first_chat: Some(first_chat),
             _live_metric: crate::telemetry::metrics::LiveGuard::turn(),
+            _quota: counted,
         };
         let emitter = Emitter::new(
             Arc::clone(&live),
@@ -401,6 +430,7 @@ async fn store_user(
     user_message: NewMessage,
     system_prompt: Option<String>,
     first: FirstRequest,
+    quota: &WriteQuota,
 ) -> Result<Begun, RuntimeError> {
     // The one re-read of the session record that correctness needs: a turn
     // may have ended (storing its answer, or compacting) between the
@@ -431,7 +461,10 @@ async fn store_user(
     // Let the task load the context and build the request while this one
     // hands the write to a blocking thread and the flusher.
     tokio::task::yield_now().await;
-    let user = inner.store.begin_turn(record, user_message).await?;
+    let user = inner
+        .store
+        .begin_turn_within(record, user_message, quota)
+        .await?;
     if user.seq == session.next_seq {
         // Durable: the model may be called now (docs/contract.md §3.3).
         let _ = go.send(());

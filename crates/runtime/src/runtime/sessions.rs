@@ -13,6 +13,7 @@ use crate::error::RuntimeError;
 use crate::limits::{
     MAX_ID_BYTES, MAX_TEXT_FIELD_BYTES, check_model_name, check_short, validate_session_id,
 };
+use crate::quota::{QuotaLimits, WriteQuota};
 use crate::store::{CreateOutcome, HistoryQuery, ListCursor, ListQuery};
 use crate::types::{CancelReason, Message, NewSession, Principal, Session, SessionUpdate};
 
@@ -161,7 +162,8 @@ impl Runtime {
                 "a session with this id is being deleted or is still ending its last turn; retry shortly",
             ));
         }
-        match self.inner.store.create_session(new).await? {
+        let quota = self.write_quota(who);
+        match self.inner.store.create_session_within(new, &quota).await? {
             CreateOutcome::Created(s) => Ok(for_client(s)),
             CreateOutcome::Existing(s) if s.owner == who.user_id => Ok(for_client(s)),
             // Only two owners' tags colliding could get here.
@@ -177,6 +179,19 @@ impl Runtime {
             Some(s) if s.owner == who.user_id => id,
             _ => super::keys::scoped_key(&who.user_id, &id),
         })
+    }
+
+    /// The quota a store checks for a write of `who`'s.
+    pub(crate) fn write_quota(&self, who: &Principal) -> WriteQuota {
+        WriteQuota {
+            limits: self.inner.config.quotas.limits_for(who),
+            count_turns: self.inner.shared.is_some(),
+        }
+    }
+
+    /// `who`'s limits ([`crate::quota`]), as configured.
+    pub fn quota_limits(&self, who: &Principal) -> QuotaLimits {
+        self.inner.config.quotas.limits_for(who)
     }
 
     /// One of `who`'s sessions.

@@ -90,6 +90,9 @@ pub(crate) struct Turn {
     pub(crate) first_chat: Option<tracing::Span>,
     /// Counts the turn in `agentrt.turns.live` while it exists.
     pub(crate) _live_metric: crate::telemetry::metrics::LiveGuard,
+    /// Counts the turn against its owner's `live_turns` quota while it
+    /// exists (on a store only this process writes).
+    pub(crate) _quota: Option<crate::quota::LiveTurnGuard>,
 }
 
 /// Resolves at `deadline`, or never.

@@ -13,6 +13,7 @@ use super::{
     CreateOutcome, HistoryQuery, ListCursor, ListQuery, MessagePage, SessionPage, Store,
     StoreError, seq_exhausted,
 };
+use crate::quota::{Quota, QuotaLimits, WriteQuota, stored_bytes};
 use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord, new_id};
 
 /// A [`Store`] that keeps everything in memory.
@@ -30,6 +31,8 @@ struct Entry {
     session: Session,
     messages: BTreeMap<u64, Message>,
     turns: BTreeMap<String, TurnRecord>,
+    /// Bytes of the user messages stored (the `stored_bytes` quota's count).
+    user_bytes: u64,
 }
 
 impl MemoryStore {
@@ -84,16 +87,34 @@ fn order_key(session: &Session) -> (SystemTime, &str) {
 #[async_trait]
 impl Store for MemoryStore {
     async fn create_session(&self, new: NewSession) -> Result<CreateOutcome, StoreError> {
+        self.create_session_within(new, &WriteQuota::default())
+            .await
+    }
+
+    async fn create_session_within(
+        &self,
+        new: NewSession,
+        quota: &WriteQuota,
+    ) -> Result<CreateOutcome, StoreError> {
         let id = new.id.clone().unwrap_or_else(new_id);
         let mut sessions = self.lock();
         if let Some(entry) = sessions.get(&id) {
             return Ok(CreateOutcome::Existing(entry.session.clone()));
+        }
+        if let Some(limit) = quota.limits.sessions {
+            let held = sessions
+                .values()
+                .filter(|e| e.session.owner == new.owner)
+                .count() as u64;
+            QuotaLimits::check(Quota::Sessions, Some(limit), held, 1)
+                .map_err(StoreError::QuotaExceeded)?;
         }
         let session = new.into_session(id.clone(), SystemTime::now());
         let entry = Entry {
             session: session.clone(),
             messages: BTreeMap::new(),
             turns: BTreeMap::new(),
+            user_bytes: 0,
         };
         sessions.insert(id, entry);
         Ok(CreateOutcome::Created(session))
@@ -164,8 +185,18 @@ impl Store for MemoryStore {
 
     async fn begin_turn(
         &self,
+        turn: TurnRecord,
+        user_message: NewMessage,
+    ) -> Result<Message, StoreError> {
+        self.begin_turn_within(turn, user_message, &WriteQuota::default())
+            .await
+    }
+
+    async fn begin_turn_within(
+        &self,
         mut turn: TurnRecord,
         user_message: NewMessage,
+        quota: &WriteQuota,
     ) -> Result<Message, StoreError> {
         #[cfg(test)]
         if self
@@ -175,8 +206,23 @@ impl Store for MemoryStore {
             return Err(StoreError::Backend("injected failure".to_owned()));
         }
         let mut sessions = self.lock();
+        let owner = entry_as(&mut sessions, &turn.session_id, &turn.incarnation)?
+            .session
+            .owner
+            .clone();
+        if let Some(limit) = quota.limits.stored_bytes {
+            let used: u64 = sessions
+                .values()
+                .filter(|e| e.session.owner == owner)
+                .map(|e| e.user_bytes)
+                .sum();
+            let adding = stored_bytes(&user_message);
+            QuotaLimits::check(Quota::StoredBytes, Some(limit), used, adding)
+                .map_err(StoreError::QuotaExceeded)?;
+        }
         let entry = entry_as(&mut sessions, &turn.session_id, &turn.incarnation)?;
         let message = entry.append(user_message, SystemTime::now())?;
+        entry.user_bytes += stored_bytes(&message.body);
         turn.user_message_seq = message.seq;
         entry.session.begin_turn(&turn);
         entry.turns.insert(turn.turn_id.clone(), turn);

@@ -42,12 +42,14 @@ use super::{
     CreateOutcome, HistoryQuery, Lease, LeaseKey, ListQuery, MessagePage, SessionPage, Store,
     StoreError,
 };
+use crate::quota::WriteQuota;
 use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord};
 
 mod codec;
 mod error;
 mod history;
 mod leases;
+mod quota;
 mod schema;
 mod sessions;
 mod turns;
@@ -221,7 +223,15 @@ impl PostgresStore {
 #[async_trait]
 impl Store for PostgresStore {
     async fn create_session(&self, new: NewSession) -> Result<CreateOutcome, StoreError> {
-        self.create(new).await
+        self.create(new, &WriteQuota::default()).await
+    }
+
+    async fn create_session_within(
+        &self,
+        new: NewSession,
+        quota: &WriteQuota,
+    ) -> Result<CreateOutcome, StoreError> {
+        self.create(new, quota).await
     }
 
     async fn get_session(&self, id: &str) -> Result<Option<Session>, StoreError> {
@@ -253,7 +263,16 @@ impl Store for PostgresStore {
         turn: TurnRecord,
         user_message: NewMessage,
     ) -> Result<Message, StoreError> {
-        self.begin(turn, user_message).await
+        self.begin(turn, user_message, &WriteQuota::default()).await
+    }
+
+    async fn begin_turn_within(
+        &self,
+        turn: TurnRecord,
+        user_message: NewMessage,
+        quota: &WriteQuota,
+    ) -> Result<Message, StoreError> {
+        self.begin(turn, user_message, quota).await
     }
 
     async fn append_message(

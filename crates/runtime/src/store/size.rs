@@ -7,7 +7,7 @@
 //! at most 10), every nested message as its fields plus [`FIELD`] (which
 //! also covers the repeated-element framing of the page itself).
 
-use crate::types::{ContentBlock, Message, Session};
+use crate::types::{ContentBlock, Message, NewMessage, Session};
 
 /// Tag plus the largest varint: what any field adds beyond its payload.
 const FIELD: usize = 12;
@@ -46,7 +46,12 @@ fn block(b: &ContentBlock) -> usize {
 
 /// Bytes `m` takes as an `agentrt.v1.Message` inside a page, at most.
 pub fn message_wire_bytes(m: &Message) -> usize {
-    let body = &m.body;
+    new_message_wire_bytes(&m.body)
+}
+
+/// [`message_wire_bytes`] of `body` once stored (its seq does not change
+/// the bound).
+pub(crate) fn new_message_wire_bytes(body: &NewMessage) -> usize {
     let fixed = FIELD // the element's own framing in the page
         + FIELD // seq
         + FIELD // role

@@ -58,6 +58,7 @@ use super::{
     CreateOutcome, HistoryQuery, ListCursor, ListQuery, MessagePage, SessionPage, Store,
     StoreError, seq_exhausted,
 };
+use crate::quota::{WriteQuota, stored_bytes};
 use crate::types::{
     Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord, TurnStatus, new_id,
 };
@@ -69,6 +70,7 @@ const SESSIONS: &str = "sessions";
 const ACTIVITY: &str = "session_activity";
 const MESSAGES: &str = "messages";
 const TURNS: &str = "turns";
+const USAGE: &str = "usage";
 
 /// The page cache of [`SledStore::open`]: 16 MiB.
 pub(crate) const DEFAULT_CACHE_BYTES: u64 = 16 << 20;
@@ -78,6 +80,8 @@ pub(crate) const IMPORT_BATCH: usize = 1_000;
 
 /// Bounds the in-memory batch when purging a long history.
 const PURGE_BATCH: usize = 1024;
+
+mod usage;
 
 type TxResult<T> = Result<T, TxError<StoreError>>;
 
@@ -89,6 +93,8 @@ pub struct SledStore {
     activity: Tree,
     messages: Tree,
     turns: Tree,
+    /// Quota counts (`usage`).
+    usage: Tree,
     /// Held by deletions and by the insert path of creations.
     lifecycle: Arc<tokio::sync::Mutex<()>>,
     /// Flushes for every writer at once (group commit).
@@ -125,11 +131,13 @@ impl SledStore {
                 .cache_capacity(cache_bytes)
                 .open()?;
             let [s, a, m, t] = [SESSIONS, ACTIVITY, MESSAGES, TURNS].map(|n| db.open_tree(n));
-            Ok::<_, sled::Error>((db, s?, a?, m?, t?))
+            let u = db.open_tree(USAGE)?;
+            Ok::<_, sled::Error>((db, s?, a?, m?, t?, u))
         }));
-        let (db, sessions, activity, messages, turns) = opened
+        let (db, sessions, activity, messages, turns, usage) = opened
             .map_err(|_| fail("sled panicked (damaged database?)".to_owned()))?
             .map_err(|e| fail(e.to_string()))?;
+        usage::init(&sessions, &usage)?;
         let lifecycle = Arc::default();
         // The flusher keeps the database open (the trees share it too).
         let flusher = Flusher::start(db)?;
@@ -139,6 +147,7 @@ impl SledStore {
             activity,
             messages,
             turns,
+            usage,
             lifecycle,
             flusher,
         })
@@ -245,6 +254,15 @@ impl SledStore {
 #[async_trait]
 impl Store for SledStore {
     async fn create_session(&self, new: NewSession) -> Result<CreateOutcome, StoreError> {
+        self.create_session_within(new, &WriteQuota::default())
+            .await
+    }
+
+    async fn create_session_within(
+        &self,
+        new: NewSession,
+        quota: &WriteQuota,
+    ) -> Result<CreateOutcome, StoreError> {
         let id = new.id.clone().unwrap_or_else(new_id);
         if let Some(existing) = self.load_session(&id)? {
             return Ok(CreateOutcome::Existing(existing));
@@ -264,11 +282,12 @@ impl Store for SledStore {
             self.purge_children(&id).await?;
         }
         let session = new.into_session(id, SystemTime::now());
-        let outcome = (&self.sessions, &self.activity)
-            .transaction(|(s, a)| {
+        let outcome = (&self.sessions, &self.activity, &self.usage)
+            .transaction(|(s, a, u)| {
                 if let Some(existing) = session_tx(s, &session.id)? {
                     return Ok(CreateOutcome::Existing(existing));
                 }
+                usage::add_session_tx(u, &session.owner, &quota.limits)?;
                 write_session_tx(s, &session)?;
                 a.insert(activity_key(&session), IVec::default())?;
                 Ok(CreateOutcome::Created(session.clone()))
@@ -318,8 +337,8 @@ impl Store for SledStore {
         incarnation: Option<&str>,
     ) -> Result<bool, StoreError> {
         let guard = self.lifecycle.lock().await;
-        let removed = (&self.sessions, &self.activity)
-            .transaction(|(s, a)| {
+        let removed = (&self.sessions, &self.activity, &self.usage)
+            .transaction(|(s, a, u)| {
                 let Some(raw) = s.get(id.as_bytes())? else {
                     return Ok(false);
                 };
@@ -332,6 +351,7 @@ impl Store for SledStore {
                     Ok(session) => {
                         s.remove(id.as_bytes())?;
                         drop(a.remove(activity_key(&session))?);
+                        usage::remove_session_tx(u, &session.owner, id)?;
                     }
                     Err(e) => {
                         tracing::warn!(session_id = %id, error = %e, "deleting a corrupt session record");
@@ -354,12 +374,30 @@ impl Store for SledStore {
         turn: TurnRecord,
         user_message: NewMessage,
     ) -> Result<Message, StoreError> {
+        self.begin_turn_within(turn, user_message, &WriteQuota::default())
+            .await
+    }
+
+    async fn begin_turn_within(
+        &self,
+        turn: TurnRecord,
+        user_message: NewMessage,
+        quota: &WriteQuota,
+    ) -> Result<Message, StoreError> {
+        let bytes = stored_bytes(&user_message);
         let write_started = std::time::Instant::now();
         // The model request waits for this write (docs/contract.md §3.3), so the
         // transaction runs right here and the flush on the flusher.
         let now = SystemTime::now();
-        let message = (&self.sessions, &self.activity, &self.messages, &self.turns)
-            .transaction(|(s, a, m, t)| {
+        let trees = (
+            &self.sessions,
+            &self.activity,
+            &self.messages,
+            &self.turns,
+            &self.usage,
+        );
+        let message = trees
+            .transaction(|(s, a, m, t, u)| {
                 let (mut session, message) = append_tx(
                     s,
                     a,
@@ -369,6 +407,7 @@ impl Store for SledStore {
                     &user_message,
                     now,
                 )?;
+                usage::add_bytes_tx(u, &session.owner, &session.id, bytes, &quota.limits)?;
                 let record = TurnRecord {
                     user_message_seq: message.seq,
                     ..turn.clone()

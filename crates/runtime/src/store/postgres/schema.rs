@@ -15,7 +15,10 @@ use super::error::pg_error;
 use crate::store::StoreError;
 
 /// The migrations, in the order they apply: (version, SQL).
-const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("migrations/0001_initial.sql"))];
+const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("migrations/0001_initial.sql")),
+    (2, include_str!("migrations/0002_quotas.sql")),
+];
 
 /// The advisory lock key held while migrating ("agentrt\0" as a number).
 const MIGRATION_LOCK: i64 = 0x6167_656e_7472_7400;

@@ -7,9 +7,10 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::PostgresStore;
 use super::codec::{self, SessionParams, session_cols};
 use super::write::{self, LeaseWrite};
+use super::{PostgresStore, quota};
+use crate::quota::WriteQuota;
 use crate::store::size::{Budget, session_wire_bytes};
 use crate::store::{CreateOutcome, ListCursor, ListQuery, SessionPage, StoreError};
 use crate::types::{NewSession, Session, SessionUpdate, new_id};
@@ -22,9 +23,16 @@ const LIST_BATCH: usize = 128;
 const CREATE_ATTEMPTS: usize = 3;
 
 impl PostgresStore {
-    pub(super) async fn create(&self, new: NewSession) -> Result<CreateOutcome, StoreError> {
+    pub(super) async fn create(
+        &self,
+        new: NewSession,
+        quota: &WriteQuota,
+    ) -> Result<CreateOutcome, StoreError> {
         let id = new.id.clone().unwrap_or_else(new_id);
         let session = new.into_session(id, SystemTime::now());
+        if let Some(limit) = quota.limits.sessions {
+            return self.create_limited(session, limit).await;
+        }
         let params = SessionParams::new(&session)?;
         let client = self.client().await?;
         let sql = concat!(
@@ -40,6 +48,41 @@ impl PostgresStore {
             if let Some(existing) = get(&client, &session.id).await? {
                 return Ok(CreateOutcome::Existing(existing));
             }
+        }
+        Err(StoreError::Backend(format!(
+            "session {} was created and deleted concurrently {CREATE_ATTEMPTS} times",
+            session.id
+        )))
+    }
+
+    /// [`PostgresStore::create`] under `owner`'s limit of `limit` sessions:
+    /// counted and inserted in one transaction under the owner's lock.
+    async fn create_limited(
+        &self,
+        session: Session,
+        limit: u64,
+    ) -> Result<CreateOutcome, StoreError> {
+        let params = SessionParams::new(&session)?;
+        let mut client = self.client().await?;
+        for _ in 0..CREATE_ATTEMPTS {
+            if let Some(existing) = get(&client, &session.id).await? {
+                return Ok(CreateOutcome::Existing(existing));
+            }
+            let tx = write::begin(&mut client).await?;
+            quota::lock_owner(&tx, &session.owner).await?;
+            quota::check_sessions(&tx, &session.owner, limit).await?;
+            let sql = concat!(
+                "INSERT INTO sessions (",
+                session_cols!(),
+                ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+                 $17) ON CONFLICT (id) DO NOTHING"
+            );
+            if codec::execute(&tx, sql, &params.all()).await? == 1 {
+                write::commit(tx).await?;
+                return Ok(CreateOutcome::Created(session));
+            }
+            // Created meanwhile: read it after this transaction.
+            drop(tx);
         }
         Err(StoreError::Backend(format!(
             "session {} was created and deleted concurrently {CREATE_ATTEMPTS} times",

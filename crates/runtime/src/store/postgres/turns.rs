@@ -6,9 +6,10 @@ use std::time::SystemTime;
 
 use deadpool_postgres::Transaction;
 
-use super::PostgresStore;
 use super::codec::{self, Locked};
 use super::write::{self, LeaseWrite};
+use super::{PostgresStore, quota};
+use crate::quota::{WriteQuota, stored_bytes};
 use crate::store::{INTERRUPTED_TOOL, StoreError, open_call_results};
 use crate::types::{Message, NewMessage, Session, TurnRecord};
 
@@ -25,7 +26,9 @@ impl PostgresStore {
         &self,
         turn: TurnRecord,
         user: NewMessage,
+        quota: &WriteQuota,
     ) -> Result<Message, StoreError> {
+        let bytes = stored_bytes(&user);
         let mut client = self.client().await?;
         let tx = write::begin(&mut client).await?;
         let mut locked = write::lock_as(&tx, &turn.session_id, &turn.incarnation).await?;
@@ -34,6 +37,11 @@ impl PostgresStore {
             if held.live && held.lease.replica_id != self.replica_id {
                 return Err(StoreError::Busy(held.lease.clone()));
             }
+        }
+        // Before any write: a refusal leaves the transaction empty.
+        let owner = locked.session.owner.clone();
+        quota::check_turn(&tx, &owner, &turn.session_id, bytes, quota).await?;
+        if let Some(held) = &locked.lease {
             // A lapsed lease's owner is presumed dead. This replica's own
             // lease outlived its turn here: the runtime admits one turn per
             // session per process, so that turn's final write failed (or a
@@ -56,6 +64,7 @@ impl PostgresStore {
             )));
         }
         let message = write::append(&tx, &mut locked.session, user, now).await?;
+        quota::add_bytes(&tx, &turn.session_id, bytes).await?;
         let record = TurnRecord {
             user_message_seq: message.seq,
             ..turn

@@ -1,0 +1,207 @@
+//! The `[quotas]` table: limits per principal (an API key's user, an mTLS
+//! identity), enforced by the runtime core and the stores
+//! (`agentrt_runtime::quota`).
+//!
+//! ```toml
+//! [quotas]
+//! enabled = true            # default true
+//! admins_exempt = true      # default true
+//! sessions = 10000          # sessions stored per user
+//! stored_bytes = 1073741824 # bytes of user messages stored per user (1 GiB)
+//! live_turns = 32           # turns running at once per user
+//! turns_per_minute = 600    # turns begun per calendar minute per user
+//! detached_tasks = 16       # A2A tasks running with no caller, per user
+//!
+//! [quotas.users.alice]      # an override: unset fields keep the values above
+//! sessions = 50000          # 0 is no limit
+//! ```
+//!
+//! The defaults are on and generous: far above what one person or one
+//! service account uses, low enough that one key cannot fill the disk or
+//! take every turn slot of a shared server. A server without credentials
+//! serves the single local user, an admin, who is exempt — so a fresh
+//! loopback install sees no limit at all.
+
+use std::collections::BTreeMap;
+
+use agentrt_runtime::quota::{QuotaLimits, QuotaPolicy};
+use serde::Deserialize;
+
+/// Default `sessions`.
+const DEFAULT_SESSIONS: u64 = 10_000;
+/// Default `stored_bytes` (1 GiB).
+const DEFAULT_STORED_BYTES: u64 = 1 << 30;
+/// Default `live_turns`.
+const DEFAULT_LIVE_TURNS: u64 = 32;
+/// Default `turns_per_minute`.
+const DEFAULT_TURNS_PER_MINUTE: u64 = 600;
+/// Default `detached_tasks`.
+const DEFAULT_DETACHED_TASKS: u64 = 16;
+
+/// One set of limits as written; unset fields take the table's (or the
+/// built-in) value, 0 is no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitSettings {
+    /// Sessions stored.
+    pub sessions: Option<u64>,
+    /// Bytes of user messages stored.
+    pub stored_bytes: Option<u64>,
+    /// Turns running at once.
+    pub live_turns: Option<u64>,
+    /// Turns begun per calendar minute.
+    pub turns_per_minute: Option<u64>,
+    /// A2A tasks running with no caller attached.
+    pub detached_tasks: Option<u64>,
+}
+
+/// The `[quotas]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaSettings {
+    /// `false` turns every quota off. Default true.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Admin principals have no limits unless `users` names them. Default
+    /// true.
+    #[serde(default = "yes")]
+    pub admins_exempt: bool,
+    /// Every user's sessions stored. Default 10,000.
+    pub sessions: Option<u64>,
+    /// Every user's bytes of user messages stored. Default 1 GiB.
+    pub stored_bytes: Option<u64>,
+    /// Every user's turns running at once. Default 32.
+    pub live_turns: Option<u64>,
+    /// Every user's turns begun per calendar minute. Default 600.
+    pub turns_per_minute: Option<u64>,
+    /// Every user's A2A tasks running with no caller attached. Default 16.
+    pub detached_tasks: Option<u64>,
+    /// Overrides per user id (as authenticated).
+    #[serde(default)]
+    pub users: BTreeMap<String, LimitSettings>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for QuotaSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            admins_exempt: true,
+            sessions: None,
+            stored_bytes: None,
+            live_turns: None,
+            turns_per_minute: None,
+            detached_tasks: None,
+            users: BTreeMap::new(),
+        }
+    }
+}
+
+/// `Some(value)` unless it is 0 (no limit).
+fn limit(value: u64) -> Option<u64> {
+    (value != 0).then_some(value)
+}
+
+impl LimitSettings {
+    /// These settings over `base`.
+    fn over(&self, base: &QuotaLimits) -> QuotaLimits {
+        let pick = |own: Option<u64>, base: Option<u64>| own.map_or(base, limit);
+        QuotaLimits {
+            sessions: pick(self.sessions, base.sessions),
+            stored_bytes: pick(self.stored_bytes, base.stored_bytes),
+            live_turns: pick(self.live_turns, base.live_turns),
+            turns_per_minute: pick(self.turns_per_minute, base.turns_per_minute),
+            detached_tasks: pick(self.detached_tasks, base.detached_tasks),
+        }
+    }
+}
+
+impl QuotaSettings {
+    /// The runtime's policy.
+    pub fn to_policy(&self) -> QuotaPolicy {
+        if !self.enabled {
+            return QuotaPolicy::default();
+        }
+        let builtin = QuotaLimits {
+            sessions: Some(DEFAULT_SESSIONS),
+            stored_bytes: Some(DEFAULT_STORED_BYTES),
+            live_turns: Some(DEFAULT_LIVE_TURNS),
+            turns_per_minute: Some(DEFAULT_TURNS_PER_MINUTE),
+            detached_tasks: Some(DEFAULT_DETACHED_TASKS),
+        };
+        let own = LimitSettings {
+            sessions: self.sessions,
+            stored_bytes: self.stored_bytes,
+            live_turns: self.live_turns,
+            turns_per_minute: self.turns_per_minute,
+            detached_tasks: self.detached_tasks,
+        };
+        let default = own.over(&builtin);
+        QuotaPolicy {
+            default,
+            users: self
+                .users
+                .iter()
+                .map(|(user, limits)| (user.clone(), limits.over(&default)))
+                .collect(),
+            admins_exempt: self.admins_exempt,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> QuotaSettings {
+        #[derive(Deserialize)]
+        struct File {
+            #[serde(default)]
+            quotas: QuotaSettings,
+        }
+        toml::from_str::<File>(text).expect("parses").quotas
+    }
+
+    #[test]
+    fn defaults_are_on_and_generous() {
+        let policy = parse("").to_policy();
+        assert_eq!(policy.default.sessions, Some(DEFAULT_SESSIONS));
+        assert_eq!(policy.default.live_turns, Some(DEFAULT_LIVE_TURNS));
+        assert!(policy.admins_exempt);
+    }
+
+    #[test]
+    fn overrides_inherit_and_zero_is_no_limit() {
+        let settings = parse(
+            "[quotas]\nsessions = 5\nadmins_exempt = false\n\
+             [quotas.users.alice]\nlive_turns = 0\nturns_per_minute = 7\n",
+        );
+        let policy = settings.to_policy();
+        assert_eq!(policy.default.sessions, Some(5));
+        assert!(!policy.admins_exempt);
+        let alice = policy.users["alice"];
+        assert_eq!(alice.sessions, Some(5));
+        assert_eq!(alice.live_turns, None);
+        assert_eq!(alice.turns_per_minute, Some(7));
+        assert_eq!(alice.stored_bytes, Some(DEFAULT_STORED_BYTES));
+    }
+
+    #[test]
+    fn disabled_is_no_limit_and_unknown_keys_are_refused() {
+        assert_eq!(
+            parse("[quotas]\nenabled = false\nsessions = 1\n")
+                .to_policy()
+                .default,
+            QuotaLimits::NONE
+        );
+        #[derive(Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct File {
+            quotas: QuotaSettings,
+        }
+        assert!(toml::from_str::<File>("[quotas]\nsesions = 1\n").is_err());
+    }
+}
