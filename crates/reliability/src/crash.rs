@@ -45,6 +45,11 @@ pub(crate) struct Plan {
     pub(crate) settle: Duration,
     /// Turns may call the MCP test server's `test__slow`.
     pub(crate) server_tools: bool,
+    /// A fresh turn ending other than SUCCESS before the kill is a
+    /// violation (sled). With PostgreSQL it is counted only: a replica
+    /// whose lease renewals stall for the whole (1 s) TTL on a loaded
+    /// machine fences itself and ends its turns ERROR, as designed.
+    pub(crate) strict_outcomes: bool,
 }
 
 /// What a crash run measured.
@@ -57,6 +62,7 @@ pub(crate) struct Figures {
     pub(crate) turns_finished: u64,
     pub(crate) caller_tool_results: u64,
     pub(crate) retried: u64,
+    pub(crate) failed_turns: u64,
     pub(crate) acks_checked: u64,
     pub(crate) interrupted: u64,
     pub(crate) messages: u64,
@@ -77,6 +83,8 @@ struct Log {
     pending: Option<proto::ChatRequest>,
     /// Requests sent again after a restart (idempotent retries).
     retried: u64,
+    /// Fresh turns that ended other than SUCCESS before the kill.
+    failed_turns: u64,
     started: u64,
     finished: u64,
     tool_results: u64,
@@ -200,6 +208,7 @@ struct Cycle {
     killing: AtomicBool,
     settle: Duration,
     server_tools: bool,
+    strict_outcomes: bool,
     cycle: usize,
 }
 
@@ -326,6 +335,13 @@ async fn session_loop(
                         && !retrying
                         && !cy.killing.load(Ordering::SeqCst)
                     {
+                        l.failed_turns += 1;
+                    }
+                    if outcome != proto::TurnOutcome::Success
+                        && !retrying
+                        && cy.strict_outcomes
+                        && !cy.killing.load(Ordering::SeqCst)
+                    {
                         l.failure.get_or_insert(format!(
                             "{sid}: turn {} ended {outcome:?} before the kill",
                             event.turn_id
@@ -409,6 +425,7 @@ pub(crate) async fn run(
             killing: AtomicBool::new(false),
             settle: plan.settle,
             server_tools: plan.server_tools,
+            strict_outcomes: plan.strict_outcomes,
             cycle,
         });
         let clients = server::clients(server.url(), plan.connections).await?;
@@ -458,6 +475,7 @@ pub(crate) async fn run(
             fig.turns_finished += l.finished;
             fig.caller_tool_results += l.tool_results;
             fig.retried += l.retried;
+            fig.failed_turns += l.failed_turns;
             if let Some(f) = &l.failure {
                 v.push(f.clone());
             }

@@ -183,6 +183,7 @@ async fn run(cli: &Cli, seed: u64, out: &mut report::Report) -> Result<(), Strin
                 // The dead process's PostgreSQL leases (1 s) must expire.
                 settle: Duration::from_secs(if store == "postgres" { 10 } else { 5 }),
                 server_tools: mcp.is_some(),
+                strict_outcomes: store != "postgres",
             };
             eprintln!(
                 "agentrt-reliability: crash on {store}: {} cycles, seed {seed}",
