@@ -28,6 +28,7 @@
 mod abuse;
 mod crash;
 mod fake;
+mod mirror;
 mod races;
 mod report;
 mod rng;
