@@ -285,9 +285,14 @@ pub(crate) async fn run(
             let mut streams = Vec::new();
             for sid in &chunk {
                 if let Ok(mut s) = c.chat_with(chat(sid, Mode::Long, tokens, sid)).await {
-                    // Read the first event or two, then vanish.
-                    let _ = s.next().await;
-                    let _ = s.next().await;
+                    // Read the first event or two, then vanish. Bounded: the
+                    // earlier streams, held unread, may have used up the
+                    // connection's flow-control window.
+                    let first = async {
+                        let _ = s.next().await;
+                        let _ = s.next().await;
+                    };
+                    let _ = tokio::time::timeout(Duration::from_secs(2), first).await;
                     streams.push(s);
                 }
             }

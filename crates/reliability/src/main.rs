@@ -28,6 +28,7 @@
 mod abuse;
 mod crash;
 mod fake;
+mod mirror;
 mod races;
 mod report;
 mod rng;
@@ -183,6 +184,7 @@ async fn run(cli: &Cli, seed: u64, out: &mut report::Report) -> Result<(), Strin
                 // The dead process's PostgreSQL leases (1 s) must expire.
                 settle: Duration::from_secs(if store == "postgres" { 10 } else { 5 }),
                 server_tools: mcp.is_some(),
+                strict_outcomes: store != "postgres",
             };
             eprintln!(
                 "agentrt-reliability: crash on {store}: {} cycles, seed {seed}",

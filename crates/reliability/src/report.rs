@@ -86,6 +86,18 @@ impl Report {
                 "unfinished requests sent again after a restart (same request_id)",
                 f.retried.to_string(),
             ),
+            (
+                "fresh turns ended other than SUCCESS before a kill",
+                format!(
+                    "{}{}",
+                    f.failed_turns,
+                    if plan.strict_outcomes {
+                        " (each a violation)"
+                    } else {
+                        " (counted: lease fencing under load)"
+                    }
+                ),
+            ),
             ("acknowledged messages checked", f.acks_checked.to_string()),
             (
                 "turns found INTERRUPTED after a restart",
