@@ -431,4 +431,28 @@ mod tests {
         let plain_aborted = Error::from_status(Status::aborted("x"), "s", "u");
         assert!(matches!(plain_aborted, Error::Rpc(_)), "{plain_aborted:?}");
     }
+
+    #[test]
+    fn a_quota_refusal_carries_its_retry_delay() {
+        let mut details = ErrorDetails::with_quota_failure_violation("live_turns", "at most 1");
+        details.set_retry_info(Some(std::time::Duration::from_millis(1500)));
+        let status = Status::with_error_details(Code::ResourceExhausted, "quota", details);
+        let err = Error::from_status(status, "s", "http://x");
+        let Error::ResourceExhausted { retry_after, .. } = &err else {
+            panic!("{err:?}");
+        };
+        assert_eq!(*retry_after, Some(std::time::Duration::from_millis(1500)));
+        assert!(err.to_string().contains("retry in 1500 ms"), "{err}");
+        let without = Error::from_status(Status::resource_exhausted("full"), "s", "http://x");
+        assert!(
+            matches!(
+                without,
+                Error::ResourceExhausted {
+                    retry_after: None,
+                    ..
+                }
+            ),
+            "{without:?}"
+        );
+    }
 }

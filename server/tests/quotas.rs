@@ -204,10 +204,7 @@ async fn sessions_quota_refuses_the_next_session_and_stores_nothing() {
     // Deleting makes room.
     SessionServiceClient::new(channel(&s).await)
         .delete_session(authed(
-            proto::DeleteSessionRequest {
-                session_id: first,
-                ..Default::default()
-            },
+            proto::DeleteSessionRequest { session_id: first },
             KEY,
         ))
         .await
@@ -334,7 +331,6 @@ async fn stored_bytes_quota_refuses_a_message_past_it() {
         .delete_session(authed(
             proto::DeleteSessionRequest {
                 session_id: session,
-                ..Default::default()
             },
             KEY,
         ))

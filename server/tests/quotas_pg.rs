@@ -221,7 +221,6 @@ async fn turns_per_minute_and_stored_bytes_quotas_on_postgres() {
     SessionServiceClient::new(channel(a.server.url()).await)
         .delete_session(authed(proto::DeleteSessionRequest {
             session_id: session,
-            ..Default::default()
         }))
         .await
         .unwrap();
@@ -237,10 +236,7 @@ async fn turns_per_minute_and_stored_bytes_quotas_on_postgres() {
     assert_eq!(assert_quota(&refused, "stored_bytes", 3000), None);
     assert_eq!(history(&b, &fresh).await.len(), before, "nothing stored");
     SessionServiceClient::new(channel(b.server.url()).await)
-        .delete_session(authed(proto::DeleteSessionRequest {
-            session_id: fresh,
-            ..Default::default()
-        }))
+        .delete_session(authed(proto::DeleteSessionRequest { session_id: fresh }))
         .await
         .unwrap();
     let other = create(&b).await.unwrap();

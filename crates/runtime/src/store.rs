@@ -19,6 +19,8 @@ use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, Turn
 mod flusher;
 mod memory;
 mod postgres;
+#[cfg(test)]
+mod quota_tests;
 pub(crate) mod size;
 mod sled_store;
 #[cfg(test)]

@@ -221,15 +221,18 @@ impl Runtime {
         };
         // On failure the slot is freed and the hub is closed for any retry
         // that already joined: a rejected admission leaves no trace.
+        let write = TurnWrite {
+            record: record.clone(),
+            user_message,
+            quota,
+        };
         let begun = store_user(
             inner,
             &runner,
             &session,
-            record.clone(),
-            user_message,
+            write,
             system_prompt.clone(),
             first,
-            &quota,
         )
         .instrument(span.clone())
         .await;
@@ -419,6 +422,14 @@ struct Begun {
     prestart: Prestart,
 }
 
+/// What begins a turn in the store: its record, its user message, and the
+/// caller's quota the write is checked against.
+struct TurnWrite {
+    record: TurnRecord,
+    user_message: NewMessage,
+    quota: WriteQuota,
+}
+
 /// Stores the turn's record and user message durably (`record`'s
 /// `user_message_seq` is overwritten), with the context load and first
 /// model request started alongside. The caller holds the session's slot.
@@ -426,12 +437,15 @@ async fn store_user(
     inner: &Arc<Inner>,
     runner: &Arc<Runner>,
     admitted: &Session,
-    record: TurnRecord,
-    user_message: NewMessage,
+    write: TurnWrite,
     system_prompt: Option<String>,
     first: FirstRequest,
-    quota: &WriteQuota,
 ) -> Result<Begun, RuntimeError> {
+    let TurnWrite {
+        record,
+        user_message,
+        quota,
+    } = write;
     // The one re-read of the session record that correctness needs: a turn
     // may have ended (storing its answer, or compacting) between the
     // admission's first read and taking the slot, so the first read's
@@ -463,7 +477,7 @@ async fn store_user(
     tokio::task::yield_now().await;
     let user = inner
         .store
-        .begin_turn_within(record, user_message, quota)
+        .begin_turn_within(record, user_message, &quota)
         .await?;
     if user.seq == session.next_seq {
         // Durable: the model may be called now (docs/contract.md §3.3).

@@ -33,10 +33,11 @@ impl PostgresStore {
         let tx = write::begin(&mut client).await?;
         let mut locked = write::lock_as(&tx, &turn.session_id, &turn.incarnation).await?;
         let now = SystemTime::now();
-        if let Some(held) = &locked.lease {
-            if held.live && held.lease.replica_id != self.replica_id {
-                return Err(StoreError::Busy(held.lease.clone()));
-            }
+        if let Some(held) = &locked.lease
+            && held.live
+            && held.lease.replica_id != self.replica_id
+        {
+            return Err(StoreError::Busy(held.lease.clone()));
         }
         // Before any write: a refusal leaves the transaction empty.
         let owner = locked.session.owner.clone();

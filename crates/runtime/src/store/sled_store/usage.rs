@@ -158,3 +158,55 @@ pub(super) fn read(usage: &Tree, owner: &str) -> OwnerUsage {
         .map(|raw| decode_usage(&raw))
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::SledStore;
+    use super::*;
+    use crate::store::Store as _;
+    use crate::store::testing;
+    use crate::types::NewSession;
+
+    #[tokio::test]
+    async fn sessions_stored_before_the_usage_tree_are_counted_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        {
+            let store = SledStore::open(&path).unwrap();
+            for owner in ["a", "a", "b"] {
+                let new = NewSession {
+                    owner: owner.to_owned(),
+                    ..NewSession::default()
+                };
+                store.create_session(new).await.unwrap();
+            }
+            assert_eq!(read(&store.usage, "a").sessions, 2);
+            // As a database written before quotas: no counts.
+            store.usage.clear().unwrap();
+            store.flush().await.unwrap();
+        }
+        let store = SledStore::open(&path).unwrap();
+        assert_eq!(read(&store.usage, "a").sessions, 2);
+        assert_eq!(read(&store.usage, "b").sessions, 1);
+        // Bytes counted from now on stay counted: the count runs once.
+        let session = store
+            .create_session(NewSession {
+                owner: "c".to_owned(),
+                ..NewSession::default()
+            })
+            .await
+            .unwrap();
+        let crate::store::CreateOutcome::Created(session) = session else {
+            panic!("created");
+        };
+        let turn = testing::running_turn(&session.id, &session.incarnation, "t");
+        let message = testing::text_message("t", crate::types::Role::User, "hello");
+        store.begin_turn(turn, message).await.unwrap();
+        let counted = read(&store.usage, "c");
+        assert!(counted.bytes > 0);
+        store.flush().await.unwrap();
+        drop(store);
+        let again = SledStore::open(&path).unwrap();
+        assert_eq!(read(&again.usage, "c"), counted, "counted once");
+    }
+}
