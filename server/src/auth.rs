@@ -8,31 +8,103 @@
 //! with a mapped certificate — the key names the caller more precisely than
 //! the connection does (a gateway's certificate may carry many users'
 //! keys). A call without the header is the user its connection's client
-//! certificate maps to through `[[auth.mtls]]`; a verified certificate that
-//! maps to no one is `UNAUTHENTICATED` with a message naming its identity.
+//! certificate maps to through `[[auth.mtls]]`: by a URI SAN mapped with
+//! `identity`, else by the subject CN mapped with `cn` — a CN is never
+//! compared with an `identity`, so a CN spelled like a SPIFFE id is not
+//! that user. A verified certificate that maps to no one is
+//! `UNAUTHENTICATED` with a message naming its names.
+//!
+//! Keys are held as SHA-256 digests and a presented key is hashed and
+//! compared with every digest without an early exit. The keys of
+//! `[auth] api_keys_file` are re-read when the file changes (one `stat` per
+//! call, only when the file is configured) and on SIGHUP; a version that
+//! cannot be used keeps the previous keys and logs why, naming the file and
+//! the entry, never a key.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use agentrt_runtime::types::Principal;
 use tonic::{Request, Status};
 
-use crate::config::{AuthConfig, ConfigError};
-use crate::tls::ClientCertificate;
+use crate::config::{AuthConfig, ConfigError, ResolvedKey, key_digest, with_api_keys_file};
+use crate::tls::{ClientCertificate, Stamp, stamp};
 
 /// Maps `authorization: Bearer <key>` or a client certificate's identity
-/// to a [`Principal`].
+/// to a [`Principal`]. Clones share the key table.
 #[derive(Clone)]
 pub struct Authenticator {
-    keys: Arc<Vec<(Vec<u8>, Principal)>>,
-    identities: Arc<HashMap<String, Principal>>,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// No credentials configured: everyone is `local`.
+    open: bool,
+    keys: RwLock<Arc<[ResolvedKey]>>,
+    file: Option<KeyFile>,
+    uris: HashMap<String, Principal>,
+    common_names: HashMap<String, Principal>,
+    /// The SIGHUP listener (with a key file, inside a tokio runtime);
+    /// stops when the last clone is dropped.
+    _sighup: Option<tokio_util::task::AbortOnDropHandle<()>>,
+}
+
+/// `[auth] api_keys_file` and what it was last loaded from.
+struct KeyFile {
+    path: PathBuf,
+    /// The keys of `[[auth.api_keys]]`, read once at start-up.
+    fixed: Vec<ResolvedKey>,
+    /// The file's stamp when last looked at; also serialises reloads.
+    seen: Mutex<Option<Stamp>>,
+}
+
+impl KeyFile {
+    /// Reloads when the file changed since it was last looked at.
+    fn check(&self, keys: &RwLock<Arc<[ResolvedKey]>>) {
+        // A call arriving while another reloads uses the current keys.
+        if let Ok(mut seen) = self.seen.try_lock() {
+            let now = stamp(&self.path);
+            if *seen != now {
+                // Stamped before reading: a change made while reading is
+                // seen by the next call.
+                *seen = now;
+                self.swap(keys, "the file changed");
+            }
+        }
+    }
+
+    /// Re-reads the file now (SIGHUP).
+    fn reload(&self, keys: &RwLock<Arc<[ResolvedKey]>>, why: &str) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        *seen = stamp(&self.path);
+        self.swap(keys, why);
+    }
+
+    fn swap(&self, keys: &RwLock<Arc<[ResolvedKey]>>, why: &str) {
+        match with_api_keys_file(self.fixed.clone(), &self.path) {
+            Ok(loaded) => {
+                let count = loaded.len() - self.fixed.len();
+                *keys.write().unwrap_or_else(|e| e.into_inner()) = loaded.into();
+                tracing::info!(file = %self.path.display(), keys = count, reason = why,
+                    "API key file reloaded; calls from now on use its keys");
+            }
+            Err(err) => {
+                tracing::warn!(file = %self.path.display(), reason = why, error = %err,
+                    "API key file reload failed; the previous keys stay in use");
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let keys = self.inner.keys.read().map_or(0, |k| k.len());
         f.debug_struct("Authenticator")
-            .field("keys", &self.keys.len())
-            .field("identities", &self.identities.len())
+            .field("keys", &keys)
+            .field("key_file", &self.inner.file.as_ref().map(|f| &f.path))
+            .field("uris", &self.inner.uris.len())
+            .field("common_names", &self.inner.common_names.len())
             .finish()
     }
 }
@@ -46,44 +118,71 @@ pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// At most this many characters of a certificate's name in a message.
+const NAME_SHOWN: usize = 256;
+
+fn shown(name: &str) -> String {
+    match name.char_indices().nth(NAME_SHOWN) {
+        Some((cut, _)) => format!("{:?}…", &name[..cut]),
+        None => format!("{name:?}"),
+    }
+}
+
 impl Authenticator {
-    /// From the `[auth]` config; `key_env` entries are read through `env`
-    /// and `key_file` entries from disk (errors name the entry, never a
-    /// key).
+    /// From the `[auth]` config; `key_env` entries are read through `env`,
+    /// `key_file` entries and `api_keys_file` from disk (errors name the
+    /// entry or file, never a key). With an `api_keys_file`, inside a
+    /// tokio runtime, a task re-reads it on every SIGHUP for as long as a
+    /// clone of the authenticator lives.
     pub fn new(
         config: &AuthConfig,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let keys = config
-            .resolve_keys(env)?
-            .into_iter()
-            .map(|k| {
-                (
-                    k.key.into_bytes(),
-                    Principal {
-                        user_id: k.user,
-                        admin: k.admin,
-                    },
-                )
-            })
-            .collect();
-        let identities = config
+        let fixed = config.resolve_keys(env)?;
+        let keys: Arc<[ResolvedKey]> = match &config.api_keys_file {
+            Some(path) => with_api_keys_file(fixed.clone(), path)?.into(),
+            None => fixed.clone().into(),
+        };
+        let file = config.api_keys_file.as_ref().map(|path| KeyFile {
+            seen: Mutex::new(stamp(path)),
+            path: path.clone(),
+            fixed,
+        });
+        let principal = |user: &str, admin| Principal {
+            user_id: user.to_owned(),
+            admin,
+        };
+        let uris = config
             .mtls
             .iter()
-            .map(|m| {
-                (
-                    m.identity.clone(),
-                    Principal {
-                        user_id: m.user.clone(),
-                        admin: m.admin,
-                    },
-                )
-            })
+            .filter_map(|m| Some((m.identity.clone()?, principal(&m.user, m.admin))))
             .collect();
-        Ok(Self {
-            keys: Arc::new(keys),
-            identities: Arc::new(identities),
-        })
+        let common_names = config
+            .mtls
+            .iter()
+            .filter_map(|m| Some((m.cn.clone()?, principal(&m.user, m.admin))))
+            .collect();
+        let watch = file.is_some();
+        let inner = Arc::new_cyclic(|weak: &Weak<Inner>| Inner {
+            open: !config.has_credentials(),
+            keys: RwLock::new(keys),
+            file,
+            uris,
+            common_names,
+            _sighup: if watch {
+                reload_on_sighup(weak.clone())
+            } else {
+                None
+            },
+        });
+        Ok(Self { inner })
+    }
+
+    /// Re-reads `api_keys_file` now, as SIGHUP does; a no-op without one.
+    pub fn reload_keys(&self, why: &str) {
+        if let Some(file) = &self.inner.file {
+            file.reload(&self.inner.keys, why);
+        }
     }
 
     /// The principal of a request's metadata and its connection's client
@@ -93,7 +192,7 @@ impl Authenticator {
         metadata: &tonic::metadata::MetadataMap,
         client: Option<&ClientCertificate>,
     ) -> Result<Principal, Status> {
-        if self.keys.is_empty() && self.identities.is_empty() {
+        if self.inner.open {
             return Ok(Principal::local());
         }
         let Some(header) = metadata.get("authorization") else {
@@ -113,10 +212,18 @@ impl Authenticator {
                     "malformed credentials: expected `authorization: Bearer <key>`",
                 )
             })?;
+        if let Some(file) = &self.inner.file {
+            file.check(&self.inner.keys);
+        }
+        let keys = Arc::clone(&self.inner.keys.read().unwrap_or_else(|e| e.into_inner()));
+        let digest = key_digest(token);
         let mut found = None;
-        for (key, principal) in self.keys.iter() {
-            if same_bytes(key, token.as_bytes()) {
-                found = Some(principal.clone());
+        for key in keys.iter() {
+            if same_bytes(&key.sha256, &digest) {
+                found = Some(Principal {
+                    user_id: key.user.clone(),
+                    admin: key.admin,
+                });
             }
         }
         found.ok_or_else(|| Status::unauthenticated("unknown API key"))
@@ -128,20 +235,46 @@ impl Authenticator {
                 "missing credentials: send the metadata header `authorization: Bearer <key>`",
             ));
         };
-        let Some(identity) = &client.identity else {
+        let mut found: Option<&Principal> = None;
+        for uri in &client.uris {
+            if let Some(p) = self.inner.uris.get(uri) {
+                if found.is_some_and(|f| f != p) {
+                    return Err(Status::unauthenticated(
+                        "the client certificate's URI SANs map to different users through                          [[auth.mtls]]; send `authorization: Bearer <key>`",
+                    ));
+                }
+                found = Some(p);
+            }
+        }
+        if found.is_none()
+            && let Some(cn) = &client.common_name
+        {
+            found = self.inner.common_names.get(cn);
+        }
+        if let Some(p) = found {
+            return Ok(p.clone());
+        }
+        let mut names: Vec<String> = client
+            .uris
+            .iter()
+            .map(|u| format!("URI SAN {}", shown(u)))
+            .collect();
+        if let Some(cn) = &client.common_name {
+            names.push(format!("subject CN {}", shown(cn)));
+        }
+        if names.is_empty() {
             return Err(Status::unauthenticated(
                 "the client certificate has neither a URI SAN nor a subject CN, so it cannot map \
                  to a user through [[auth.mtls]]; send `authorization: Bearer <key>` or use a \
                  certificate with an identity",
             ));
-        };
-        self.identities.get(identity).cloned().ok_or_else(|| {
-            Status::unauthenticated(format!(
-                "the client certificate's identity {identity:?} maps to no user: add \
-                 [[auth.mtls]] identity = {identity:?} to the server's config, or send \
-                 `authorization: Bearer <key>`"
-            ))
-        })
+        }
+        Err(Status::unauthenticated(format!(
+            "the client certificate ({}) maps to no user: add [[auth.mtls]] with identity = \
+             \"<URI SAN>\" or cn = \"<subject CN>\" to the server's config, or send \
+             `authorization: Bearer <key>`",
+            names.join(", ")
+        )))
     }
 
     /// A tonic interceptor that stores the principal in the request
@@ -159,6 +292,40 @@ impl Authenticator {
     }
 }
 
+/// Re-reads the key file on every SIGHUP while `inner` lives; `None`
+/// outside a tokio runtime or where SIGHUP cannot be listened for.
+#[cfg(unix)]
+fn reload_on_sighup(inner: Weak<Inner>) -> Option<tokio_util::task::AbortOnDropHandle<()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let runtime = tokio::runtime::Handle::try_current().ok()?;
+    let _entered = runtime.enter();
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(err) => {
+            tracing::warn!(error = %err,
+                "cannot listen for SIGHUP; the API key file is still reloaded when it changes");
+            return None;
+        }
+    };
+    Some(tokio_util::task::AbortOnDropHandle::new(runtime.spawn(
+        async move {
+            while hangups.recv().await.is_some() {
+                let Some(inner) = inner.upgrade() else {
+                    break;
+                };
+                if let Some(file) = &inner.file {
+                    file.reload(&inner.keys, "SIGHUP");
+                }
+            }
+        },
+    )))
+}
+
+#[cfg(not(unix))]
+fn reload_on_sighup(_: Weak<Inner>) -> Option<tokio_util::task::AbortOnDropHandle<()>> {
+    None
+}
+
 /// The principal the interceptor attached to `req`.
 pub fn principal<T>(req: &Request<T>) -> Result<Principal, Status> {
     req.extensions()
@@ -168,174 +335,4 @@ pub fn principal<T>(req: &Request<T>) -> Result<Principal, Status> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::{ApiKeyConfig, MtlsConfig};
-
-    fn no_env(_: &str) -> Option<String> {
-        None
-    }
-
-    fn auth() -> Authenticator {
-        Authenticator::new(
-            &AuthConfig {
-                api_keys: vec![ApiKeyConfig::inline("secret-a", "alice", false)],
-                mtls: vec![MtlsConfig {
-                    identity: "spiffe://test/bob".into(),
-                    user: "bob".into(),
-                    admin: true,
-                }],
-            },
-            &no_env,
-        )
-        .unwrap()
-    }
-
-    fn cert(identity: Option<&str>) -> ClientCertificate {
-        ClientCertificate {
-            identity: identity.map(str::to_owned),
-        }
-    }
-
-    fn md(value: Option<&str>) -> tonic::metadata::MetadataMap {
-        let mut m = tonic::metadata::MetadataMap::new();
-        if let Some(v) = value {
-            m.insert("authorization", v.parse().unwrap());
-        }
-        m
-    }
-
-    #[test]
-    fn a_known_key_maps_to_its_user() {
-        let who = auth()
-            .authenticate(&md(Some("Bearer secret-a")), None)
-            .unwrap();
-        assert_eq!(who.user_id, "alice");
-        assert!(!who.admin);
-    }
-
-    #[test]
-    fn missing_malformed_and_unknown_keys_are_unauthenticated() {
-        for value in [
-            None,
-            Some("secret-a"),
-            Some("Bearer nope"),
-            Some("Bearer secret-"),
-        ] {
-            let err = auth().authenticate(&md(value), None).unwrap_err();
-            assert_eq!(err.code(), tonic::Code::Unauthenticated, "{value:?}");
-        }
-    }
-
-    #[test]
-    fn the_bearer_scheme_is_case_insensitive() {
-        for value in [
-            "Bearer secret-a",
-            "bearer secret-a",
-            "BEARER secret-a",
-            "bEaReR secret-a",
-        ] {
-            let who = auth().authenticate(&md(Some(value)), None).unwrap();
-            assert_eq!(who.user_id, "alice", "{value}");
-        }
-        for value in ["BEARER nope", "Basic secret-a", "Bearersecret-a"] {
-            let err = auth().authenticate(&md(Some(value)), None).unwrap_err();
-            assert_eq!(err.code(), tonic::Code::Unauthenticated, "{value}");
-        }
-    }
-
-    #[test]
-    fn no_keys_means_the_local_user() {
-        let who = Authenticator::new(&AuthConfig::default(), &no_env)
-            .unwrap()
-            .authenticate(&md(None), Some(&cert(Some("spiffe://test/bob"))))
-            .unwrap();
-        assert_eq!(who.user_id, "local");
-    }
-
-    #[test]
-    fn a_mapped_certificate_is_its_user_when_no_key_is_sent() {
-        let who = auth()
-            .authenticate(&md(None), Some(&cert(Some("spiffe://test/bob"))))
-            .unwrap();
-        assert_eq!((who.user_id.as_str(), who.admin), ("bob", true));
-    }
-
-    #[test]
-    fn a_bearer_key_takes_precedence_over_the_certificate() {
-        let bob = cert(Some("spiffe://test/bob"));
-        let who = auth()
-            .authenticate(&md(Some("Bearer secret-a")), Some(&bob))
-            .unwrap();
-        assert_eq!(who.user_id, "alice");
-        let err = auth()
-            .authenticate(&md(Some("Bearer wrong-key")), Some(&bob))
-            .unwrap_err();
-        assert_eq!(err.code(), tonic::Code::Unauthenticated);
-    }
-
-    #[test]
-    fn an_unmapped_certificate_is_unauthenticated_naming_its_identity() {
-        let err = auth()
-            .authenticate(&md(None), Some(&cert(Some("spiffe://test/mallory"))))
-            .unwrap_err();
-        assert_eq!(err.code(), tonic::Code::Unauthenticated);
-        assert!(
-            err.message().contains("spiffe://test/mallory")
-                && err.message().contains("[[auth.mtls]]"),
-            "{}",
-            err.message()
-        );
-        let err = auth()
-            .authenticate(&md(None), Some(&cert(None)))
-            .unwrap_err();
-        assert!(
-            err.message().contains("neither a URI SAN nor a subject CN"),
-            "{}",
-            err.message()
-        );
-        let who = auth()
-            .authenticate(
-                &md(Some("Bearer secret-a")),
-                Some(&cert(Some("spiffe://test/mallory"))),
-            )
-            .unwrap();
-        assert_eq!(who.user_id, "alice");
-    }
-
-    #[test]
-    fn keys_come_from_files_and_the_environment() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("key");
-        std::fs::write(&file, "from-the-file-key\n").unwrap();
-        let config = AuthConfig {
-            api_keys: vec![
-                ApiKeyConfig {
-                    key: None,
-                    key_file: Some(file),
-                    key_env: None,
-                    user: "filed".into(),
-                    admin: false,
-                },
-                ApiKeyConfig {
-                    key: None,
-                    key_file: None,
-                    key_env: Some("AGENTRT_TEST_KEY".into()),
-                    user: "envy".into(),
-                    admin: false,
-                },
-            ],
-            mtls: Vec::new(),
-        };
-        let env = |name: &str| (name == "AGENTRT_TEST_KEY").then(|| "from-the-env-key".to_owned());
-        let auth = Authenticator::new(&config, &env).unwrap();
-        let who = auth
-            .authenticate(&md(Some("Bearer from-the-file-key")), None)
-            .unwrap();
-        assert_eq!(who.user_id, "filed");
-        let who = auth
-            .authenticate(&md(Some("Bearer from-the-env-key")), None)
-            .unwrap();
-        assert_eq!(who.user_id, "envy");
-    }
-}
+mod tests;

@@ -339,6 +339,8 @@ impl ServerBuilder {
         let local_model = local::load(&self.config).await?;
         self.config = local::effective(self.config, local_model.is_some())?;
         let models = self.models(local_model.map(|m| m as Arc<dyn ModelProvider>))?;
+        let extra: Vec<String> = self.extra_models.iter().map(|(n, _)| n.clone()).collect();
+        crate::telemetry::allow_configured_models(&self.config, &extra);
         let toolbox = Arc::new(self.toolbox()?);
         // Keys and certificates are read here too, so a missing key file
         // or a bad PEM stops start-up before the listening line.

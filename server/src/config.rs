@@ -16,6 +16,8 @@ use serde::Deserialize;
 
 mod cluster;
 mod compaction;
+mod diagnostics;
+mod keys;
 mod local;
 mod quotas;
 mod store;
@@ -24,13 +26,15 @@ mod tls;
 mod tools;
 mod transport;
 
-pub use cluster::{ClusterKey, ClusterSettings};
+pub use cluster::{ClusterKey, ClusterSettings, MIN_CLUSTER_KEY_BYTES};
 pub use compaction::CompactionSettings;
+pub use diagnostics::{cli_error_exit, cli_error_message};
+pub use keys::{ResolvedKey, key_digest, read_api_keys_file, with_api_keys_file};
 pub use local::LocalModelSettings;
 pub use quotas::QuotaSettings;
 pub use store::{StoreKind, StoreSettings, redact_url};
 pub use telemetry::TelemetrySettings;
-pub use tls::{MtlsConfig, ResolvedKey, TlsArgs, TlsSettings};
+pub use tls::{MtlsConfig, TlsArgs, TlsSettings};
 pub use tools::{McpServerConfig, ToolsConfig};
 pub use transport::TransportSettings;
 
@@ -252,14 +256,19 @@ impl ProviderConfig {
     }
 }
 
-/// One `[[auth.api_keys]]` entry: exactly one of `key`, `key_file` or
-/// `key_env` (see [`ApiKeyConfig::inline`]).
+/// One `[[auth.api_keys]]` entry (also the shape of an `api_keys_file`'s
+/// `[[api_keys]]`): exactly one of `key`, `key_sha256`, `key_file` or
+/// `key_env` (see [`ApiKeyConfig::inline`], [`ApiKeyConfig::hashed`]).
 #[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ApiKeyConfig {
     /// The bearer token, inline.
     #[serde(default)]
     pub key: Option<String>,
+    /// The bearer token's SHA-256, 64 hex digits: the config then holds no
+    /// usable key (`printf %s KEY | sha256sum`).
+    #[serde(default)]
+    pub key_sha256: Option<String>,
     /// A file holding the token (e.g. a mounted Secret); trailing
     /// whitespace is not part of it.
     #[serde(default)]
@@ -278,6 +287,10 @@ impl std::fmt::Debug for ApiKeyConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ApiKeyConfig")
             .field("key", &self.key.as_ref().map(|_| "<redacted>"))
+            .field(
+                "key_sha256",
+                &self.key_sha256.as_ref().map(|_| "<redacted>"),
+            )
             .field("key_file", &self.key_file)
             .field("key_env", &self.key_env)
             .field("user", &self.user)
@@ -290,9 +303,15 @@ impl std::fmt::Debug for ApiKeyConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthConfig {
-    /// Bearer keys; none means loopback-only, single user `local`.
+    /// Bearer keys; none (and no `api_keys_file`, no `mtls`) means
+    /// loopback-only, single user `local`.
     #[serde(default)]
     pub api_keys: Vec<ApiKeyConfig>,
+    /// A TOML file of `[[api_keys]]` entries (same shape as
+    /// `[[auth.api_keys]]`), added to them; re-read when it changes and on
+    /// SIGHUP, a bad version keeping the previous keys.
+    #[serde(default)]
+    pub api_keys_file: Option<PathBuf>,
     /// Client-certificate identities → users (mTLS, `[tls] client_ca`).
     #[serde(default)]
     pub mtls: Vec<MtlsConfig>,
@@ -480,7 +499,10 @@ impl Config {
 
     /// Parses a TOML document over the defaults.
     pub fn parse_toml(text: &str) -> Result<Self, ConfigError> {
-        let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
+        // Position and message only: the toml crate's Display quotes the
+        // offending line, which may hold an inline key.
+        let file: FileConfig =
+            toml::from_str(text).map_err(|e| ConfigError(diagnostics::toml_error(text, &e)))?;
         let defaults = Self::default();
         Ok(Self {
             listen: file.listen.unwrap_or(defaults.listen),
@@ -625,29 +647,25 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("duration {text:?} needs a unit (ms, s, m, h)"))?;
+        .ok_or_else(|| "a duration needs a unit (ms, s, m, h)".to_owned())?;
     let (number, unit) = text.split_at(split);
     let n: u64 = number
         .parse()
-        .map_err(|_| format!("duration {text:?} must start with a whole number"))?;
+        .map_err(|_| "a duration must start with a whole number".to_owned())?;
     let millis = match unit {
         "ms" => Some(n),
         "s" => n.checked_mul(1_000),
         "m" => n.checked_mul(60_000),
         "h" => n.checked_mul(3_600_000),
         _ => {
-            return Err(format!(
-                "duration {text:?} has an unknown unit (use ms, s, m, h)"
-            ));
+            return Err("a duration has a unit of ms, s, m or h".to_owned());
         }
     };
     // Every configured duration is added to a clock reading somewhere: a
     // bound keeps that arithmetic far from overflowing.
     match millis.filter(|ms| *ms <= MAX_CONFIG_DURATION_MS) {
         Some(ms) => Ok(Duration::from_millis(ms)),
-        None => Err(format!(
-            "duration {text:?} is too long; the maximum is 87600h (10 years)"
-        )),
+        None => Err("a duration must be at most 87600h (10 years)".to_owned()),
     }
 }
 
@@ -733,7 +751,7 @@ admin = false
         // Huge values are refused, never overflow.
         for huge in ["99999999999999999h", "5124095576030431m", "87601h"] {
             let err = parse_duration(huge).unwrap_err();
-            assert!(err.contains("maximum is 87600h"), "{err}");
+            assert!(err.contains("at most 87600h"), "{err}");
         }
         assert!(Config::parse_toml("heartbeat_interval = \"99999999999999999h\"").is_err());
         assert_eq!(

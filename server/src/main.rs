@@ -39,7 +39,11 @@ async fn shutdown_signal() {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // clap's own errors quote the bad value (it may be a secret).
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => return agentrt_server::config::cli_error_exit(&err),
+    };
     let config = match Config::load(&cli) {
         Ok(c) => c,
         Err(err) => {

@@ -36,7 +36,35 @@ use tracing_subscriber::{EnvFilter, Layer as _};
 
 pub use env::OtelEnv;
 
-use crate::config::LogFormat;
+use crate::config::{BUILTIN_DEFAULT_MODEL, Config, LogFormat};
+
+/// Registers the configured models as the only values the model metrics'
+/// `gen_ai.request.model` label takes (with their providers, the only
+/// `gen_ai.provider.name` values): the default and fast models, the
+/// built-in and local models, each provider's `models` allow-list and
+/// `model_max_tokens` names. Any other model a caller names is counted as
+/// `other`, so callers cannot grow `/metrics` or push the configured
+/// models into the SDK's overflow series. `extra_providers` are providers
+/// registered in code (`ServerBuilder::model_provider`).
+pub fn allow_configured_models(config: &Config, extra_providers: &[String]) {
+    let mut models = vec![
+        config.default_model.clone(),
+        BUILTIN_DEFAULT_MODEL.to_owned(),
+        agentrt_local_model::DEFAULT_MODEL_NAME.to_owned(),
+    ];
+    models.extend(config.fast_model.clone());
+    for p in &config.providers {
+        let listed = p.models.iter().flatten();
+        let sized = p.model_max_tokens.iter().flat_map(|m| m.keys());
+        models.extend(listed.chain(sized).map(|m| format!("{}/{m}", p.name)));
+    }
+    let providers = config
+        .providers
+        .iter()
+        .map(|p| p.name.clone())
+        .chain(extra_providers.iter().cloned());
+    agentrt_runtime::telemetry::metrics::allow_model_labels(providers, models);
+}
 
 /// The installed telemetry; [`Telemetry::shutdown`] flushes what is queued.
 #[derive(Debug)]

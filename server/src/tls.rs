@@ -1,6 +1,6 @@
 //! TLS on the gRPC listener: the rustls server configuration built from the
-//! `[tls]` files, reloaded when they change, and the identity of a verified
-//! client certificate.
+//! `[tls]` files, reloaded when they change, and the names (URI SANs,
+//! subject CN) of a verified client certificate.
 //!
 //! The handshake itself runs in our accept loop ([`crate::transport`]),
 //! inside its handshake timeout and connection caps, so the HTTP/2 preface
@@ -23,25 +23,27 @@ use rustls::server::WebPkiClientVerifier;
 
 use crate::config::{ConfigError, TlsSettings};
 
-/// The identity of a verified client certificate: its first URI SAN (e.g.
-/// a SPIFFE id), else its subject CN; `None` when it has neither. Attached
+/// The names of a verified client certificate that `[[auth.mtls]]` can map
+/// to a user: its URI SANs (e.g. a SPIFFE id) and its subject CN, kept
+/// apart so that a CN spelled like a URI is never taken for one. Attached
 /// to every request of the connection (see [`crate::transport::ConnInfo`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClientCertificate {
-    /// URI SAN, else subject CN.
-    pub identity: Option<String>,
+    /// The URI SANs, in the certificate's order.
+    pub uris: Vec<String>,
+    /// The (last, most specific) subject CN, when it is text.
+    pub common_name: Option<String>,
 }
 
 impl ClientCertificate {
-    /// Reads the identity of a (verified) end-entity certificate.
+    /// Reads the names of a (verified) end-entity certificate.
     pub fn from_der(cert: &CertificateDer<'_>) -> Self {
-        let identity = webpki::EndEntityCert::try_from(cert).ok().and_then(|ee| {
-            ee.valid_uri_names()
-                .next()
-                .map(str::to_owned)
-                .or_else(|| common_name(ee.subject()))
-        });
-        Self { identity }
+        webpki::EndEntityCert::try_from(cert)
+            .map(|ee| Self {
+                uris: ee.valid_uri_names().map(str::to_owned).collect(),
+                common_name: common_name(ee.subject()),
+            })
+            .unwrap_or_default()
     }
 }
 
@@ -108,13 +110,15 @@ fn common_name(mut rdns: &[u8]) -> Option<String> {
 
 /// What identifies a file's version without reading it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Stamp {
+pub(crate) struct Stamp {
     len: u64,
     modified: Option<std::time::SystemTime>,
     inode: u64,
 }
 
-fn stamp(path: &Path) -> Option<Stamp> {
+/// The file's length, modification time and inode; `None` when it cannot
+/// be looked at.
+pub(crate) fn stamp(path: &Path) -> Option<Stamp> {
     let meta = std::fs::metadata(path).ok()?;
     #[cfg(unix)]
     let inode = std::os::unix::fs::MetadataExt::ino(&meta);
@@ -332,21 +336,34 @@ mod tests {
     }
 
     #[test]
-    fn the_identity_is_the_uri_san_else_the_common_name() {
+    fn uri_sans_and_the_common_name_are_read_apart() {
         let spiffe = rcgen::SanType::URI("spiffe://example.org/sa/bob".try_into().unwrap());
+        let other = rcgen::SanType::URI("https://example.org/bob".try_into().unwrap());
         let dns = rcgen::SanType::DnsName("bob.example.org".try_into().unwrap());
-        let both = cert_with(vec![dns.clone(), spiffe], Some("bob-cn"));
+        let both = cert_with(vec![dns.clone(), spiffe, other], Some("bob-cn"));
         assert_eq!(
-            ClientCertificate::from_der(&both).identity.as_deref(),
+            ClientCertificate::from_der(&both),
+            ClientCertificate {
+                uris: vec![
+                    "spiffe://example.org/sa/bob".to_owned(),
+                    "https://example.org/bob".to_owned()
+                ],
+                common_name: Some("bob-cn".to_owned()),
+            }
+        );
+        // A CN spelled like a SPIFFE id is still only a CN.
+        let spoof = cert_with(vec![dns], Some("spiffe://example.org/sa/bob"));
+        let spoof = ClientCertificate::from_der(&spoof);
+        assert!(spoof.uris.is_empty());
+        assert_eq!(
+            spoof.common_name.as_deref(),
             Some("spiffe://example.org/sa/bob")
         );
-        let cn_only = cert_with(vec![dns], Some("bob-cn"));
-        assert_eq!(
-            ClientCertificate::from_der(&cn_only).identity.as_deref(),
-            Some("bob-cn")
-        );
         let neither = cert_with(Vec::new(), None);
-        assert_eq!(ClientCertificate::from_der(&neither).identity, None);
+        assert_eq!(
+            ClientCertificate::from_der(&neither),
+            ClientCertificate::default()
+        );
     }
 
     #[test]
@@ -363,7 +380,10 @@ mod tests {
             assert_eq!(common_name(bad), None, "{bad:?}");
         }
         let garbage = CertificateDer::from(vec![0x30, 0x03, 0x02, 0x01, 0x00]);
-        assert_eq!(ClientCertificate::from_der(&garbage).identity, None);
+        assert_eq!(
+            ClientCertificate::from_der(&garbage),
+            ClientCertificate::default()
+        );
     }
 
     #[test]

@@ -66,17 +66,10 @@ async fn mtls_maps_certificates_to_users_and_refuses_clients_without_one() {
     std::fs::write(&files.client_ca, &clients.pem).unwrap();
     let auth = AuthConfig {
         api_keys: vec![ApiKeyConfig::inline(ALICE_KEY, "alice", false)],
+        api_keys_file: None,
         mtls: vec![
-            MtlsConfig {
-                identity: BOB.into(),
-                user: "bob".into(),
-                admin: false,
-            },
-            MtlsConfig {
-                identity: "carol-by-cn".into(),
-                user: "carol".into(),
-                admin: false,
-            },
+            MtlsConfig::uri(BOB, "bob", false),
+            MtlsConfig::common_name("carol-by-cn", "carol", false),
         ],
     };
     let server = start(&dir.path().join("data"), files.settings(true), auth, None).await;
@@ -148,6 +141,34 @@ async fn mtls_maps_certificates_to_users_and_refuses_clients_without_one() {
             .owner,
         "carol"
     );
+    // A certificate from the trusted CA whose subject CN spells Bob's
+    // SPIFFE id, with no URI SAN, is not Bob (nor anyone).
+    let spoof = connect(&url, &ca.pem, Some(&clients.client_cn(BOB)), None)
+        .await
+        .unwrap();
+    let err = status_of(spoof.create_session(Default::default()).await.unwrap_err());
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+    assert!(
+        err.message().contains(&format!("subject CN {BOB:?}")),
+        "{}",
+        err.message()
+    );
+    // Nor is a certificate with Carol's CN as a URI SAN ("carol-by-cn:x").
+    let uri_carol = connect(
+        &url,
+        &ca.pem,
+        Some(&clients.client_uri("carol-by-cn:x")),
+        None,
+    )
+    .await
+    .unwrap();
+    let err = status_of(
+        uri_carol
+            .create_session(Default::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
     server.stop().await;
 }
 

@@ -108,7 +108,7 @@ pub(crate) async fn p10(env: &Env, plan: &P10Plan) -> Result<P10, String> {
 /// Two replicas on one database; each turn runs on A, with watchers
 /// subscribed through A (local) and through B (forwarded to A).
 async fn forwarding(env: &Env, plan: &P10Plan) -> Result<Forwarding, String> {
-    let key = format!("bench-cluster-key-{}", std::process::id());
+    let key = format!("bench-cluster-key-0123456789abcdef-{}", std::process::id());
     let spec = postgres_spec(&env.spec, &database().await?, Some(&key));
     let w = plan.fwd_watchers.max(1);
     let connections = w.div_ceil(50).max(1) + 1;

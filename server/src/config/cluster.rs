@@ -31,6 +31,11 @@ pub struct ClusterSettings {
     pub key_env: Option<String>,
 }
 
+/// The shortest cluster key accepted, in bytes: a key is a password every
+/// replica's internal service trusts, so it must not be guessable
+/// (`openssl rand -hex 32` gives 64).
+pub const MIN_CLUSTER_KEY_BYTES: usize = 32;
+
 /// The shared cluster key; its Debug output never shows it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ClusterKey(String);
@@ -54,14 +59,21 @@ impl std::fmt::Debug for ClusterKey {
 }
 
 impl ClusterSettings {
-    /// The cluster key, read through `env`. Errors name the variable only.
+    /// The cluster key, read through `env`: at least
+    /// [`MIN_CLUSTER_KEY_BYTES`] bytes. Errors name the variable only.
     pub fn resolve_key(
         &self,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<ClusterKey, ConfigError> {
         let var = self.key_env.as_deref().unwrap_or_default();
         match env(var) {
-            Some(key) if !key.trim().is_empty() => Ok(ClusterKey(key.trim().to_owned())),
+            Some(key) if key.trim().len() >= MIN_CLUSTER_KEY_BYTES => {
+                Ok(ClusterKey(key.trim().to_owned()))
+            }
+            Some(key) if !key.trim().is_empty() => Err(ConfigError(format!(
+                "cluster.key_env: the key in environment variable {var} must be at least \
+                 {MIN_CLUSTER_KEY_BYTES} bytes (e.g. `openssl rand -hex 32`)"
+            ))),
             Some(_) => Err(ConfigError(format!(
                 "cluster.key_env: environment variable {var} is empty; set it to the key all \
                  replicas share"
@@ -200,11 +212,25 @@ mod tests {
         c.validate().unwrap();
         let cluster = c.cluster.as_ref().unwrap();
         assert_eq!(cluster.advertise.as_deref(), Some("http://10.0.0.5:50052"));
+        let long = "hunter2-hunter2-hunter2-hunter2-";
         let key = cluster
-            .resolve_key(&|name| (name == "K").then(|| "hunter2".to_owned()))
+            .resolve_key(&|name| (name == "K").then(|| format!(" {long}\n")))
             .unwrap();
-        assert_eq!(key.expose(), "hunter2");
+        assert_eq!(key.expose(), long);
         assert!(!format!("{key:?}").contains("hunter2"));
+        // One byte short (after trimming) is refused, naming the field and
+        // the minimum but not the key.
+        for short in ["x", "hunter2", &long[..31], &format!(" {} ", &long[..31])] {
+            let err = cluster
+                .resolve_key(&|_| Some(short.to_owned()))
+                .unwrap_err()
+                .0;
+            assert!(
+                err.contains("cluster.key_env") && err.contains("at least 32 bytes"),
+                "{err}"
+            );
+            assert!(!err.contains("hunter2"), "the key leaked: {err}");
+        }
         let err = cluster
             .resolve_key(&|_| Some(" ".to_owned()))
             .unwrap_err()

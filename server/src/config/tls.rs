@@ -1,15 +1,15 @@
 //! The `[tls]` table, its `--tls-*` flags, the `[[auth.mtls]]` mappings and
-//! where API keys come from (`key`, `key_file`, `key_env`): the settings that
-//! decide who may connect and as whom. They are checked before any port is
+//! the checks of `[auth]` (where keys come from is in `keys`): the settings
+//! that decide who may connect and as whom. They are checked before any port is
 //! bound — a missing certificate or key file, or a key whose file or
 //! variable is absent, is a start-up error naming the file, variable or user
 //! (never a key).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::{ApiKeyConfig, AuthConfig, Config, ConfigError};
+use super::{AuthConfig, Config, ConfigError};
 
 /// The `[tls]` table: TLS on the gRPC listener, and mTLS when `client_ca`
 /// is set. The files are re-read when they change (checked as each
@@ -26,8 +26,8 @@ pub struct TlsSettings {
     #[serde(default)]
     pub key: Option<PathBuf>,
     /// PEM CA certificate(s): a client certificate is then required and
-    /// verified against them, and its identity (URI SAN, else subject CN)
-    /// can map to a user through `[[auth.mtls]]`.
+    /// verified against them, and its URI SAN or subject CN can map to a
+    /// user through `[[auth.mtls]]`.
     #[serde(default)]
     pub client_ca: Option<PathBuf>,
 }
@@ -89,14 +89,23 @@ impl TlsArgs {
     }
 }
 
-/// One `[[auth.mtls]]` entry: a verified client certificate whose identity
-/// (its URI SAN such as `spiffe://example.org/ns/app/sa/bob`, else its
-/// subject CN) is `identity` authenticates as `user`.
+/// One `[[auth.mtls]]` entry: a verified client certificate with the URI
+/// SAN `identity` (a SPIFFE id such as
+/// `spiffe://example.org/ns/app/sa/bob`), or with the subject CN `cn`,
+/// authenticates as `user`. Exactly one of `identity` and `cn` is set. The
+/// two are never mixed: `identity` is compared with URI SANs only, `cn`
+/// with the subject CN only, so a certificate whose CN spells a mapped
+/// SPIFFE id is not that user. A certificate whose URI SAN maps to no one
+/// may still map by its CN when a `cn` entry names it.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MtlsConfig {
-    /// The certificate identity, compared exactly.
-    pub identity: String,
+    /// A URI SAN, compared exactly (it must be a URI: `scheme:…`).
+    #[serde(default)]
+    pub identity: Option<String>,
+    /// A subject CN, compared exactly.
+    #[serde(default)]
+    pub cn: Option<String>,
     /// The user it authenticates.
     pub user: String,
     /// Whether the user may call RuntimeAdmin.
@@ -104,151 +113,70 @@ pub struct MtlsConfig {
     pub admin: bool,
 }
 
-/// An API key read from wherever its entry says.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ResolvedKey {
-    /// The bearer token.
-    pub key: String,
-    /// The user it authenticates.
-    pub user: String,
-    /// Whether the user may call RuntimeAdmin.
-    pub admin: bool,
-}
-
-impl std::fmt::Debug for ResolvedKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResolvedKey")
-            .field("key", &"<redacted>")
-            .field("user", &self.user)
-            .field("admin", &self.admin)
-            .finish()
-    }
-}
-
-/// The shortest API key accepted.
-const MIN_KEY_LEN: usize = 8;
-
-impl ApiKeyConfig {
-    /// An entry with the key inline.
-    pub fn inline(key: impl Into<String>, user: impl Into<String>, admin: bool) -> Self {
+impl MtlsConfig {
+    /// An entry mapping the URI SAN `identity` (e.g. a SPIFFE id).
+    pub fn uri(identity: impl Into<String>, user: impl Into<String>, admin: bool) -> Self {
         Self {
-            key: Some(key.into()),
-            key_file: None,
-            key_env: None,
+            identity: Some(identity.into()),
+            cn: None,
             user: user.into(),
             admin,
         }
     }
 
-    fn describe(&self, i: usize) -> String {
-        format!("auth.api_keys[{i}] (user {:?})", self.user)
+    /// An entry mapping the subject CN `cn`.
+    pub fn common_name(cn: impl Into<String>, user: impl Into<String>, admin: bool) -> Self {
+        Self {
+            identity: None,
+            cn: Some(cn.into()),
+            user: user.into(),
+            admin,
+        }
     }
 
-    /// Reads the key from its source; errors name the entry and the file
-    /// or variable, never the key.
-    fn resolve(
-        &self,
-        i: usize,
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<ResolvedKey, ConfigError> {
-        let (key, from) = match (&self.key, &self.key_file, &self.key_env) {
-            (Some(key), None, None) => (key.clone(), "key".to_owned()),
-            (None, Some(path), None) => (
-                read_key_file(path, &self.describe(i))?,
-                format!("key_file {}", path.display()),
-            ),
-            (None, None, Some(var)) => {
-                let value = env(var).ok_or_else(|| {
-                    ConfigError(format!(
-                        "{}: environment variable {var} (key_env) is not set",
-                        self.describe(i)
-                    ))
-                })?;
-                (value.trim_end().to_owned(), format!("key_env {var}"))
-            }
-            _ => {
-                return Err(ConfigError(format!(
-                    "{}: set exactly one of key, key_file (a file holding the key) or key_env \
-                     (an environment variable holding it)",
-                    self.describe(i)
-                )));
-            }
-        };
-        if key.len() < MIN_KEY_LEN {
-            return Err(ConfigError(format!(
-                "{}: the key from {from} must be at least {MIN_KEY_LEN} characters",
-                self.describe(i)
-            )));
+    fn check(&self, i: usize) -> Result<(), ConfigError> {
+        let bad = |why: String| Err(ConfigError(format!("auth.mtls[{i}]: {why}")));
+        if self.user.is_empty() {
+            return bad("user must be non-empty".to_owned());
         }
-        Ok(ResolvedKey {
-            key,
-            user: self.user.clone(),
-            admin: self.admin,
-        })
+        match (&self.identity, &self.cn) {
+            (Some(identity), None) if is_uri(identity) => Ok(()),
+            (Some(identity), None) => bad(format!(
+                "identity {identity:?} is not a URI (a URI SAN such as \"spiffe://…\"); to map a \
+                 subject CN write cn = {identity:?}"
+            )),
+            (None, Some(cn)) if !cn.is_empty() => Ok(()),
+            _ => bad(
+                "set exactly one of identity (a URI SAN such as \"spiffe://…\") or cn (a \
+                 subject CN)"
+                    .to_owned(),
+            ),
+        }
     }
 }
 
-/// A mounted Secret's file; its trailing newline (and other trailing
-/// whitespace, which a bearer token never carries) is not part of the key.
-fn read_key_file(path: &Path, entry: &str) -> Result<String, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        ConfigError(format!(
-            "{entry}: cannot read key_file {}: {e}",
-            path.display()
-        ))
-    })?;
-    Ok(text.trim_end().to_owned())
+/// `scheme:rest` with an RFC 3986 scheme and something after the colon.
+fn is_uri(text: &str) -> bool {
+    text.split_once(':').is_some_and(|(scheme, rest)| {
+        !rest.is_empty()
+            && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    })
 }
 
 impl AuthConfig {
-    /// Every API key, read from its `key`, `key_file` or `key_env`
-    /// (through `env`), checked for length and duplicates.
-    pub fn resolve_keys(
-        &self,
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Vec<ResolvedKey>, ConfigError> {
-        let keys = self
-            .api_keys
-            .iter()
-            .enumerate()
-            .map(|(i, k)| k.resolve(i, env))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut seen = std::collections::BTreeSet::new();
-        if !keys.iter().all(|k| seen.insert(k.key.as_str())) {
-            return Err(ConfigError(
-                "auth.api_keys holds the same key twice".to_owned(),
-            ));
-        }
-        Ok(keys)
-    }
-
-    /// Whether any credentials are configured (keys or mTLS mappings);
-    /// without them every call runs as the single user `local`.
+    /// Whether any credentials are configured (keys, a key file or mTLS
+    /// mappings); without them every call runs as the single user `local`.
+    /// A key file counts even while it lists no key: then no key works.
     pub fn has_credentials(&self) -> bool {
-        !self.api_keys.is_empty() || !self.mtls.is_empty()
+        !self.api_keys.is_empty() || self.api_keys_file.is_some() || !self.mtls.is_empty()
     }
 
     fn validate(&self, tls: &TlsSettings) -> Result<(), ConfigError> {
         for (i, k) in self.api_keys.iter().enumerate() {
-            if k.user.is_empty() {
-                return Err(ConfigError(format!(
-                    "auth.api_keys[{i}]: user must be non-empty"
-                )));
-            }
-            let sources = [k.key.is_some(), k.key_file.is_some(), k.key_env.is_some()];
-            if sources.iter().filter(|s| **s).count() != 1 {
-                return Err(ConfigError(format!(
-                    "{}: set exactly one of key, key_file (a file holding the key) or key_env \
-                     (an environment variable holding it)",
-                    k.describe(i)
-                )));
-            }
-            if k.key.as_ref().is_some_and(|key| key.len() < MIN_KEY_LEN) {
-                return Err(ConfigError(format!(
-                    "{}: key must be at least {MIN_KEY_LEN} characters",
-                    k.describe(i)
-                )));
-            }
+            k.check(&k.describe(i))?;
         }
         let mut inline = std::collections::BTreeSet::new();
         if !self
@@ -261,17 +189,17 @@ impl AuthConfig {
                 "auth.api_keys holds the same key twice".to_owned(),
             ));
         }
-        let mut identities = std::collections::BTreeSet::new();
+        let mut mapped = std::collections::BTreeSet::new();
         for (i, m) in self.mtls.iter().enumerate() {
-            if m.identity.is_empty() || m.user.is_empty() {
+            m.check(i)?;
+            let name = match (&m.identity, &m.cn) {
+                (Some(identity), _) => ("identity", identity.as_str()),
+                (None, cn) => ("cn", cn.as_deref().unwrap_or_default()),
+            };
+            if !mapped.insert(name) {
                 return Err(ConfigError(format!(
-                    "auth.mtls[{i}]: identity and user must be non-empty"
-                )));
-            }
-            if !identities.insert(m.identity.as_str()) {
-                return Err(ConfigError(format!(
-                    "auth.mtls[{i}]: identity {:?} is mapped twice",
-                    m.identity
+                    "auth.mtls[{i}]: {} {:?} is mapped twice",
+                    name.0, name.1
                 )));
             }
         }
@@ -285,7 +213,7 @@ impl AuthConfig {
         if tls.client_ca.is_some() && !self.has_credentials() {
             return Err(ConfigError(
                 "tls.client_ca (--tls-client-ca) is set but no certificate identity maps to a \
-                 user: add [[auth.mtls]] entries (identity = \"spiffe://…\" or a subject CN, \
+                 user: add [[auth.mtls]] entries (identity = \"spiffe://…\" or cn = \"…\", \
                  user = \"…\"), or [[auth.api_keys]]"
                     .to_owned(),
             ));
@@ -330,6 +258,8 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     fn public(extra: &str) -> Result<Config, ConfigError> {
@@ -408,14 +338,35 @@ mod tests {
                 "add [[auth.mtls]]",
             ),
             (
-                "[[auth.mtls]]\nidentity = \"x\"\nuser = \"bob\"",
+                "[[auth.mtls]]\nidentity = \"spiffe://t/x\"\nuser = \"bob\"",
                 "set [tls] client_ca",
             ),
             (
                 "[tls]\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"ca\"\n\
-                 [[auth.mtls]]\nidentity = \"x\"\nuser = \"a\"\n\
-                 [[auth.mtls]]\nidentity = \"x\"\nuser = \"b\"",
-                "mapped twice",
+                 [[auth.mtls]]\nidentity = \"spiffe://t/x\"\nuser = \"a\"\n\
+                 [[auth.mtls]]\nidentity = \"spiffe://t/x\"\nuser = \"b\"",
+                "identity \"spiffe://t/x\" is mapped twice",
+            ),
+            (
+                "[tls]\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"ca\"\n\
+                 [[auth.mtls]]\ncn = \"x\"\nuser = \"a\"\n\
+                 [[auth.mtls]]\ncn = \"x\"\nuser = \"b\"",
+                "cn \"x\" is mapped twice",
+            ),
+            (
+                "[tls]\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"ca\"\n\
+                 [[auth.mtls]]\nidentity = \"bob-cn\"\nuser = \"a\"",
+                "write cn = \"bob-cn\"",
+            ),
+            (
+                "[tls]\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"ca\"\n\
+                 [[auth.mtls]]\nidentity = \"spiffe://t/x\"\ncn = \"x\"\nuser = \"a\"",
+                "exactly one of identity",
+            ),
+            (
+                "[tls]\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"ca\"\n\
+                 [[auth.mtls]]\nuser = \"a\"",
+                "exactly one of identity",
             ),
         ] {
             let err = Config::parse_toml(toml).unwrap().validate().unwrap_err().0;
@@ -436,7 +387,7 @@ mod tests {
                 .unwrap_err()
                 .0;
             assert!(
-                err.contains("exactly one of key, key_file"),
+                err.contains("exactly one of key, key_sha256"),
                 "{keys}: {err}"
             );
             assert!(err.contains("\"alice\""), "{err}");
@@ -494,16 +445,13 @@ mod tests {
             .auth
             .resolve_keys(&|_| Some("envied-key-1".to_owned()))
             .unwrap();
-        let keys: Vec<_> = keys
-            .iter()
-            .map(|k| (k.key.as_str(), k.user.as_str()))
-            .collect();
+        let keys: Vec<_> = keys.iter().map(|k| (k.sha256, k.user.as_str())).collect();
         assert_eq!(
             keys,
             [
-                ("filed-key-1", "alice"),
-                ("envied-key-1", "bob"),
-                ("carols-key-1", "carol")
+                (super::super::key_digest("filed-key-1"), "alice"),
+                (super::super::key_digest("envied-key-1"), "bob"),
+                (super::super::key_digest("carols-key-1"), "carol")
             ]
         );
         assert!(!format!("{c:?}").contains("key-1"));

@@ -76,7 +76,7 @@ impl Cluster {
             upstream: Upstream::start().await,
             db,
             dir: tempfile::tempdir().unwrap(),
-            key: format!("cluster-test-key-{}", std::process::id()),
+            key: format!("cluster-test-key-0123456789abcdef-{}", std::process::id()),
             grace,
             replicas: Vec::new(),
         };

@@ -21,7 +21,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 pub const KEY_VAR: &str = "AGENTRT_TEST_CLUSTER_KEY";
-pub const KEY: &str = "replicas-test-cluster-key";
+pub const KEY: &str = "replicas-test-cluster-key-0123456789abcdef";
 /// Bounds every wait, so a broken build fails instead of hanging.
 pub const WAIT: Duration = Duration::from_secs(20);
 

@@ -3,9 +3,14 @@
 //! runtime, so they bind to it; without one they are no-ops.
 //!
 //! Labels are bounded: outcomes, token types, provider and model names
-//! from the configuration, never a session, turn or user id.
+//! from the configuration, never a session, turn or user id. A caller may
+//! name any model of a provider without an allow-list, so model and
+//! provider labels are kept only when they were registered with
+//! [`allow_model_labels`] (the server registers its configured models);
+//! any other is [`OTHER`].
 
-use std::sync::OnceLock;
+use std::collections::BTreeSet;
+use std::sync::{OnceLock, RwLock};
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
@@ -156,6 +161,59 @@ impl Drop for LiveGuard {
     }
 }
 
+/// The label of a model or provider that was not registered.
+pub const OTHER: &str = "other";
+
+/// The registered label values.
+#[derive(Debug, Default)]
+struct Labels {
+    providers: BTreeSet<String>,
+    /// `provider/model`.
+    models: BTreeSet<String>,
+}
+
+fn labels() -> &'static RwLock<Labels> {
+    static LABELS: OnceLock<RwLock<Labels>> = OnceLock::new();
+    LABELS.get_or_init(RwLock::default)
+}
+
+/// Registers the provider names and `provider/model` names that metrics
+/// may carry as `gen_ai.provider.name` and `gen_ai.request.model`: the
+/// configured ones, never caller-chosen ones. Adds to what was registered
+/// before (the labels are process-wide, like the instruments). A model's
+/// provider is registered with it.
+pub fn allow_model_labels<P, M>(providers: P, models: M)
+where
+    P: IntoIterator,
+    P::Item: Into<String>,
+    M: IntoIterator,
+    M::Item: Into<String>,
+{
+    let mut labels = labels().write().unwrap_or_else(|e| e.into_inner());
+    labels
+        .providers
+        .extend(providers.into_iter().map(Into::into));
+    for model in models {
+        let model: String = model.into();
+        if let Some((provider, _)) = model.split_once('/') {
+            labels.providers.insert(provider.to_owned());
+        }
+        labels.models.insert(model);
+    }
+}
+
+/// The labels of `provider`/`model`: themselves when registered, else
+/// [`OTHER`].
+pub fn model_labels(provider: &str, model: &str) -> (String, String) {
+    let labels = labels().read().unwrap_or_else(|e| e.into_inner());
+    let known_provider = labels.providers.contains(provider);
+    let known_model = known_provider && labels.models.contains(&format!("{provider}/{model}"));
+    (
+        if known_provider { provider } else { OTHER }.to_owned(),
+        if known_model { model } else { OTHER }.to_owned(),
+    )
+}
+
 /// Records a model step's duration and token usage.
 pub(crate) fn model_step(
     provider: &str,
@@ -165,13 +223,14 @@ pub(crate) fn model_step(
     error: Option<&'static str>,
 ) {
     let m = get();
+    let (provider, model) = model_labels(provider, model);
     let mut attrs = vec![
         KeyValue::new(
             super::semconv::GEN_AI_OPERATION_NAME,
             super::semconv::OP_CHAT,
         ),
-        KeyValue::new(super::semconv::GEN_AI_PROVIDER_NAME, provider.to_owned()),
-        KeyValue::new(super::semconv::GEN_AI_REQUEST_MODEL, model.to_owned()),
+        KeyValue::new(super::semconv::GEN_AI_PROVIDER_NAME, provider),
+        KeyValue::new(super::semconv::GEN_AI_REQUEST_MODEL, model),
     ];
     if let Some((input, output)) = usage {
         attrs.push(KeyValue::new(super::semconv::GEN_AI_TOKEN_TYPE, "input"));
@@ -190,4 +249,30 @@ pub(crate) fn model_step(
 /// Records a store operation's duration in `histogram`.
 pub(crate) fn timed(histogram: &Histogram<f64>, took: Duration) {
     histogram.record(took.as_secs_f64(), &[]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_registered_models_and_providers_are_labels() {
+        allow_model_labels(["labels-test-provider"], ["labels-test/model-a"]);
+        assert_eq!(
+            model_labels("labels-test", "model-a"),
+            ("labels-test".to_owned(), "model-a".to_owned())
+        );
+        assert_eq!(
+            model_labels("labels-test", "caller-chosen-1"),
+            ("labels-test".to_owned(), OTHER.to_owned())
+        );
+        assert_eq!(
+            model_labels("labels-test-provider", "model-a"),
+            ("labels-test-provider".to_owned(), OTHER.to_owned())
+        );
+        assert_eq!(
+            model_labels("caller-chosen", "model-a"),
+            (OTHER.to_owned(), OTHER.to_owned())
+        );
+    }
 }
