@@ -235,7 +235,7 @@ mod tests {
             },
             RuntimeError::CompactionFailed(huge.clone()),
             RuntimeError::Elsewhere(lease),
-            RuntimeError::invalid(huge.clone(), huge.clone()),
+            RuntimeError::invalid(huge.clone(), huge),
         ] {
             let text = err.to_string();
             assert!(text.len() < 2048, "{}", text.len());
