@@ -10,13 +10,17 @@
 //!   turn as a `Task`.
 //! - [`errors`]: the A2A errors (status code + `google.rpc.ErrorInfo`) and
 //!   the exhaustive mapping from core errors.
+//! - [`ids`]: the caller's ids checked for size and charset before use.
+//! - [`budget`]: the byte budget of the texts a task repeats.
 //! - [`card`]: the agent card.
 //!
 //! What is not supported, and what it answers instead, is in docs/a2a.md.
 
+pub mod budget;
 pub mod card;
 mod detached;
 pub mod errors;
+pub mod ids;
 pub mod tasks;
 pub mod tools;
 
@@ -35,9 +39,11 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use crate::auth::principal;
+use crate::clip::quoted;
 use crate::services::record_session;
 use errors::{A2aError, from_runtime, from_runtime_for_task, task_not_found};
-use tasks::{Translator, parse_task_id, task_id, task_of};
+use ids::parse_task_id;
+use tasks::{Translator, task_id, task_of};
 
 /// The metadata header naming the A2A protocol version a caller speaks.
 pub const VERSION_HEADER: &str = "a2a-version";
@@ -130,6 +136,7 @@ impl A2aHandler {
         let Some(mut message) = request.message else {
             return Err(A2aError::InvalidParams.status("message is required"));
         };
+        ids::check_message(&message)?;
         if message.role == a2a::Role::Agent as i32 {
             return Err(A2aError::InvalidParams
                 .status("message.role is ROLE_AGENT; a caller's message has ROLE_USER"));
@@ -204,8 +211,10 @@ impl A2aHandler {
         let session = detail.record.session_id.clone();
         if !message.context_id.is_empty() && message.context_id != session {
             return Err(A2aError::InvalidParams.status(format!(
-                "message.task_id {id:?} belongs to context {session:?}, not to message.context_id {:?}",
-                message.context_id
+                "message.task_id {} belongs to context {}, not to message.context_id {}",
+                quoted(id),
+                quoted(&session),
+                quoted(&message.context_id)
             )));
         }
         let state = match detail.record.status {
@@ -219,9 +228,11 @@ impl A2aHandler {
         let result = tools::tool_result(message).map_err(from_runtime)?;
         let (Some(result), TurnStatus::Running) = (result, detail.record.status) else {
             return Err(A2aError::UnsupportedOperation.status(format!(
-                "task {id:?} {state}, and a task here is one exchange (a message to a task \
+                "task {} {state}, and a task here is one exchange (a message to a task \
                  only answers its pending tool call): send the message with context_id \
-                 {session:?} and no task_id to start the next task in that context"
+                 {} and no task_id to start the next task in that context",
+                quoted(id),
+                quoted(&session)
             )));
         };
         let turn_id = detail.record.turn_id.clone();
@@ -306,8 +317,9 @@ fn check_version(metadata: &MetadataMap) -> Result<(), Status> {
         return Ok(());
     }
     Err(A2aError::VersionNotSupported.status(format!(
-        "A2A version {version:?} is not supported here; this server speaks A2A {} over gRPC \
+        "A2A version {} is not supported here; this server speaks A2A {} over gRPC \
          (lf.a2a.v1)",
+        quoted(version),
         card::PROTOCOL_VERSION
     )))
 }
@@ -474,8 +486,8 @@ impl A2aService for A2aHandler {
         let detail = self.lookup(&who, &r.id).await?;
         let not_cancelable = |detail: &TurnDetail| {
             A2aError::TaskNotCancelable.status(format!(
-                "task {:?} has already ended ({}); there is nothing to cancel",
-                r.id,
+                "task {} has already ended ({}); there is nothing to cancel",
+                quoted(&r.id),
                 tasks::state_of(detail.record.status).as_str_name()
             ))
         };
@@ -528,8 +540,8 @@ impl A2aService for A2aHandler {
             None => {
                 let detail = self.lookup(&who, &r.id).await?;
                 Err(A2aError::UnsupportedOperation.status(format!(
-                    "task {:?} is not working any more ({}); read its outcome with GetTask",
-                    r.id,
+                    "task {} is not working any more ({}); read its outcome with GetTask",
+                    quoted(&r.id),
                     tasks::state_of(detail.record.status).as_str_name()
                 )))
             }

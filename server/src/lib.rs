@@ -24,6 +24,8 @@
 //!   replica that owns a session's live turn.
 //! - [`convert`]: protobuf ↔ domain conversions.
 //! - [`status`]: core errors → gRPC statuses (exhaustive).
+//! - [`clip`]: the bound on every echo of a caller's string in an error
+//!   or log line.
 //! - [`auth`]: bearer keys and client certificates → principals, as a
 //!   tonic interceptor.
 //! - [`config`]: the typed, layered configuration.
@@ -44,6 +46,7 @@ mod serve;
 
 pub mod a2a;
 pub mod auth;
+pub mod clip;
 pub mod config;
 pub mod convert;
 pub mod local;

@@ -19,5 +19,6 @@ pub use session_service::SessionServiceHandler;
 
 /// Names the session on the RPC's span (declared empty by the server).
 pub(crate) fn record_session(id: &str) {
-    tracing::Span::current().record("session_id", id);
+    // Recorded before the id is validated: clipped, like every echo.
+    tracing::Span::current().record("session_id", crate::clip::id(id).as_ref());
 }

@@ -8,27 +8,37 @@
 #![deny(clippy::wildcard_enum_match_arm)]
 
 use agentrt_runtime::RuntimeError;
-use agentrt_runtime::error::{FieldViolation, capped_violations, describe};
+use agentrt_runtime::error::{FieldViolation, describe};
 use agentrt_runtime::events::{ErrorCode, TurnOutcome};
-use agentrt_runtime::limits;
 use agentrt_runtime::quota::{Quota, QuotaExceeded};
 use agentrt_runtime::store::StoreError;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, QuotaViolation, StatusExt as _};
+
+use crate::clip;
 
 /// The `google.rpc.ErrorInfo` domain of our errors.
 pub const DOMAIN: &str = "agentrt";
 /// ErrorInfo reason of a busy session.
 pub const SESSION_BUSY: &str = "SESSION_BUSY";
 
-/// Maps a core error to the status the contract names.
+/// Maps a core error to the status the contract names, its message within
+/// [`clip::MAX_MESSAGE_WIRE_BYTES`] whatever the error echoes.
 pub fn from_runtime(err: RuntimeError) -> Status {
+    clip::status(status_of(err))
+}
+
+fn status_of(err: RuntimeError) -> Status {
     match err {
         RuntimeError::SessionNotFound => Status::not_found("session not found"),
         RuntimeError::SessionBusy { turn_id } => Status::with_error_details(
             Code::Aborted,
             "the session already has a live turn; wait for it to finish, watch it with Subscribe, or stop it",
-            ErrorDetails::with_error_info(SESSION_BUSY, DOMAIN, [("turn_id".to_owned(), turn_id)]),
+            ErrorDetails::with_error_info(
+                SESSION_BUSY,
+                DOMAIN,
+                [("turn_id".to_owned(), clip::id(&turn_id).into_owned())],
+            ),
         ),
         RuntimeError::SessionCompacting => Status::with_error_details(
             Code::Aborted,
@@ -61,7 +71,8 @@ pub fn from_runtime(err: RuntimeError) -> Status {
             "the session's live turn {} runs on replica {}, which cannot be reached from here \
              (this replica has no [cluster] table to forward the call); retry when the turn \
              has ended, or send the call to that replica",
-            lease.turn_id, lease.replica_id
+            clip::id(&lease.turn_id),
+            clip::id(&lease.replica_id)
         )),
         RuntimeError::QuotaExceeded(quota) => quota_exceeded(&quota),
         RuntimeError::Store(err) => from_store(err),
@@ -93,17 +104,14 @@ pub fn quota_exceeded(quota: &QuotaExceeded) -> Status {
     Status::with_error_details(Code::ResourceExhausted, format!("{quota}{hint}"), details)
 }
 
-/// Longest `grpc-message` of an invalid-argument status, in characters.
-const MAX_MESSAGE_CHARS: usize = 2048;
-
 /// `INVALID_ARGUMENT` with a `BadRequest`: the first violations (each
-/// clipped) and a count of the rest, so the trailers stay a few KiB however
-/// many fields a request got wrong — a client must see the error, not
-/// "metadata too large".
+/// clipped, within [`clip::MAX_VIOLATION_BYTES`]) and a count of the rest,
+/// so the trailers stay a few KiB however many fields a request got wrong —
+/// a client must see the error, not "metadata too large".
 fn invalid_argument(violations: Vec<FieldViolation>) -> Status {
-    let message = limits::display_clip(&describe(&violations), MAX_MESSAGE_CHARS);
+    let message = clip::message(describe(&violations));
     let mut details = ErrorDetails::new();
-    for v in capped_violations(violations) {
+    for v in clip::violations(violations) {
         details.add_bad_request_violation(v.field, v.description);
     }
     Status::with_error_details(Code::InvalidArgument, message, details)
@@ -154,7 +162,7 @@ pub fn code_of(code: ErrorCode) -> Code {
 /// The trailing status of a finished turn: `None` (OK) on success,
 /// otherwise the outcome's code with the turn error's message.
 pub fn trailing_status(outcome: TurnOutcome, error: Option<(ErrorCode, &str)>) -> Option<Status> {
-    match outcome {
+    let status = match outcome {
         TurnOutcome::Success => None,
         TurnOutcome::Error => {
             let (code, message) = error.unwrap_or((ErrorCode::Internal, "the turn failed"));
@@ -164,12 +172,14 @@ pub fn trailing_status(outcome: TurnOutcome, error: Option<(ErrorCode, &str)>) -
         TurnOutcome::TimedOut => Some(Status::deadline_exceeded(
             error.map_or("the turn reached its time limit", |(_, m)| m),
         )),
-    }
+    };
+    status.map(clip::status)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agentrt_runtime::limits;
 
     #[test]
     fn busy_is_aborted_with_session_busy_error_info() {
@@ -202,18 +212,21 @@ mod tests {
         let status = from_runtime(RuntimeError::InvalidArgument(violations));
         assert_eq!(status.code(), Code::InvalidArgument);
         let bad = status.get_error_details().bad_request().cloned().unwrap();
-        assert_eq!(bad.field_violations.len(), limits::MAX_VIOLATIONS + 1);
+        let shown = bad.field_violations.len();
+        assert!((2..=limits::MAX_VIOLATIONS + 1).contains(&shown), "{shown}");
         assert!(
-            bad.field_violations[limits::MAX_VIOLATIONS]
+            bad.field_violations[shown - 1]
                 .description
-                .contains("99990 more")
+                .contains(&format!("{} more", 100_000 - (shown - 1))),
+            "{:?}",
+            bad.field_violations[shown - 1]
         );
         assert!(
-            status.details().len() < 8 << 10,
+            status.details().len() < 3 << 10,
             "{}",
             status.details().len()
         );
-        assert!(status.message().chars().count() <= MAX_MESSAGE_CHARS + 1);
+        assert!(clip::wire_len(status.message()) <= clip::MAX_MESSAGE_WIRE_BYTES);
         assert!(!status.message().contains(['\r', '\n']));
     }
 

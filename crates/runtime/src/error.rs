@@ -16,6 +16,12 @@ pub const MAX_FIELD_CHARS: usize = 128;
 pub const MAX_DESCRIPTION_CHARS: usize = 256;
 /// Longest echo of a caller's value inside a description, in characters.
 pub const MAX_ECHO_CHARS: usize = 40;
+/// Longest id (turn, replica, address) in an error's `Display`, in
+/// characters.
+pub const MAX_DISPLAY_ID_CHARS: usize = 64;
+/// Longest free text (a compaction failure's cause) in an error's
+/// `Display`, in characters.
+pub const MAX_DISPLAY_TEXT_CHARS: usize = 512;
 
 /// `value` as it may appear in an error: at most `chars` characters (with
 /// `…` when cut), control characters escaped, so an echoed value can
@@ -107,7 +113,10 @@ pub enum RuntimeError {
     #[error("session not found")]
     SessionNotFound,
     /// The session already has a live turn.
-    #[error("session is busy with turn {turn_id}")]
+    #[error(
+        "session is busy with turn {}",
+        display_clip(turn_id, MAX_DISPLAY_ID_CHARS)
+    )]
     SessionBusy {
         /// The live turn.
         turn_id: String,
@@ -116,7 +125,7 @@ pub enum RuntimeError {
     #[error("session is being compacted")]
     SessionCompacting,
     /// `CompactSession` could not produce a summary; nothing changed.
-    #[error("compaction failed: {0}")]
+    #[error("compaction failed: {}", display_clip(.0, MAX_DISPLAY_TEXT_CHARS))]
     CompactionFailed(String),
     /// The session is archived and takes no new turns.
     #[error("session is archived; unarchive it to start new turns")]
@@ -148,7 +157,12 @@ pub enum RuntimeError {
     /// The session's live turn runs on another replica (a shared store's
     /// lease names it): the call must be sent to that replica, which the
     /// gRPC adapter does over the cluster's internal service.
-    #[error("the session's live turn {} runs on replica {} at {}", .0.turn_id, .0.replica_id, .0.address)]
+    #[error(
+        "the session's live turn {} runs on replica {} at {}",
+        display_clip(&.0.turn_id, MAX_DISPLAY_ID_CHARS),
+        display_clip(&.0.replica_id, MAX_DISPLAY_ID_CHARS),
+        display_clip(&.0.address, MAX_DISPLAY_ID_CHARS)
+    )]
     Elsewhere(Lease),
     /// One of the principal's quotas is full ([`crate::quota`]); nothing
     /// was stored.
@@ -222,5 +236,28 @@ mod tests {
             "image/png\\r\\nX…"
         );
         assert_eq!(display_clip("short", 40), "short");
+    }
+
+    #[test]
+    fn displayed_errors_stay_short_whatever_they_carry() {
+        let huge = "t\n".repeat(1 << 20);
+        let lease = Lease {
+            replica_id: huge.clone(),
+            turn_id: huge.clone(),
+            address: huge.clone(),
+            expires_at: std::time::SystemTime::UNIX_EPOCH,
+        };
+        for err in [
+            RuntimeError::SessionBusy {
+                turn_id: huge.clone(),
+            },
+            RuntimeError::CompactionFailed(huge.clone()),
+            RuntimeError::Elsewhere(lease),
+            RuntimeError::invalid(huge.clone(), huge),
+        ] {
+            let text = err.to_string();
+            assert!(text.len() < 2048, "{}", text.len());
+            assert!(!text.contains('\n'));
+        }
     }
 }

@@ -9,16 +9,14 @@
 use std::collections::HashMap;
 
 use agentrt_runtime::RuntimeError;
-use agentrt_runtime::error::{capped_violations, describe};
-use agentrt_runtime::limits;
+use agentrt_runtime::error::{FieldViolation, describe};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt as _};
 
+use crate::clip;
+
 /// The `google.rpc.ErrorInfo` domain of A2A errors.
 pub const A2A_DOMAIN: &str = "a2a-protocol.org";
-
-/// Longest message of an invalid-params status, in characters.
-const MAX_MESSAGE_CHARS: usize = 2048;
 
 /// The A2A errors this binding answers with (the protocol's error
 /// catalogue, as far as agentrt can hit it).
@@ -72,29 +70,53 @@ impl A2aError {
         self.status_with(message, HashMap::new())
     }
 
-    /// [`A2aError::status`] with ErrorInfo metadata.
+    /// [`A2aError::status`] with ErrorInfo metadata. The message and the
+    /// metadata values are clipped ([`clip::message`], [`clip::id`]).
     pub fn status_with(
         self,
         message: impl Into<String>,
         metadata: HashMap<String, String>,
     ) -> Status {
+        let metadata = metadata
+            .into_iter()
+            .map(|(k, v)| (clip::id(&k).into_owned(), clip::id(&v).into_owned()))
+            .collect::<HashMap<_, _>>();
         let mut details = ErrorDetails::new();
         details.set_error_info(self.reason(), A2A_DOMAIN, metadata);
-        Status::with_error_details(self.code(), message, details)
+        Status::with_error_details(self.code(), clip::message(message.into()), details)
     }
 }
 
-/// The A2A error for a task id that names nothing this caller can see.
+/// The A2A error for a task id that names nothing this caller can see (the
+/// id quoted clipped, so the trailers stay small however long it was).
 pub fn task_not_found(task_id: &str) -> Status {
     A2aError::TaskNotFound.status(format!(
-        "task {task_id:?} not found: it is not a task id this server returned, or it belongs to \
-         another user or a deleted context"
+        "task {} not found: it is not a task id this server returned, or it belongs to \
+         another user or a deleted context",
+        clip::quoted(task_id)
     ))
 }
 
+/// `InvalidParamsError` about `violations`, also as a `BadRequest`
+/// (clipped and counted as [`clip::violations`] does).
+pub fn invalid_params(violations: Vec<FieldViolation>) -> Status {
+    let message = clip::message(describe(&violations));
+    let mut details = ErrorDetails::new();
+    details.set_error_info(A2aError::InvalidParams.reason(), A2A_DOMAIN, HashMap::new());
+    for v in clip::violations(violations) {
+        details.add_bad_request_violation(v.field, v.description);
+    }
+    Status::with_error_details(A2aError::InvalidParams.code(), message, details)
+}
+
 /// Maps a core error to the A2A error (or plain gRPC status, where A2A has
-/// no error of its own) the SDKs expect.
+/// no error of its own) the SDKs expect, its message clipped
+/// ([`clip::status`]).
 pub fn from_runtime(err: RuntimeError) -> Status {
+    clip::status(status_of(err))
+}
+
+fn status_of(err: RuntimeError) -> Status {
     match err {
         RuntimeError::SessionNotFound => A2aError::TaskNotFound.status(
             "context not found: it is not a context id this server returned, or it belongs to \
@@ -122,15 +144,7 @@ pub fn from_runtime(err: RuntimeError) -> Status {
             "the context's session is archived; unarchive it (agentrt.v1 UpdateSession) to send \
              new messages",
         ),
-        RuntimeError::InvalidArgument(violations) => {
-            let message = limits::display_clip(&describe(&violations), MAX_MESSAGE_CHARS);
-            let mut details = ErrorDetails::new();
-            details.set_error_info(A2aError::InvalidParams.reason(), A2A_DOMAIN, HashMap::new());
-            for v in capped_violations(violations) {
-                details.add_bad_request_violation(v.field, v.description);
-            }
-            Status::with_error_details(A2aError::InvalidParams.code(), message, details)
-        }
+        RuntimeError::InvalidArgument(violations) => invalid_params(violations),
         // No A2A error of their own: the agentrt.v1 status, which the SDKs
         // raise as their generic client error with this code and message.
         err @ (RuntimeError::CompactionFailed(_)
@@ -253,6 +267,24 @@ mod tests {
         let status = from_runtime(RuntimeError::Unavailable("draining"));
         assert_eq!(status.code(), Code::Unavailable);
         assert!(status.details().is_empty());
+    }
+
+    #[test]
+    fn a_huge_task_id_is_quoted_clipped() {
+        let id = format!("s/{}", "\u{e9}%\n".repeat(1 << 20));
+        for status in [
+            task_not_found(&id),
+            from_runtime_for_task(&id, RuntimeError::SessionNotFound),
+        ] {
+            assert_eq!(status.code(), Code::NotFound);
+            assert!(crate::clip::wire_len(status.message()) < 1024);
+            assert!(!status.message().contains('\n'));
+            assert!(status.details().len() < 1024, "{}", status.details().len());
+        }
+        let busy = from_runtime(RuntimeError::SessionBusy {
+            turn_id: "t".repeat(1 << 20),
+        });
+        assert!(busy.details().len() < 1024, "{}", busy.details().len());
     }
 
     #[test]

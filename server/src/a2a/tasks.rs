@@ -15,19 +15,14 @@ use agentrt_runtime::events::{EventKind, TurnEvent, TurnOutcome};
 use agentrt_runtime::runtime::TurnDetail;
 use agentrt_runtime::types::{ContentBlock, Role, TurnStatus};
 
+use super::budget::{self, Clipped, Entry};
+
 /// The one artifact of a task: the agent's answer text.
 pub const ANSWER_ARTIFACT: &str = "answer";
 
 /// The task id of turn `turn_id` of session `session_id`.
 pub fn task_id(session_id: &str, turn_id: &str) -> String {
     format!("{session_id}/{turn_id}")
-}
-
-/// The (session id, turn id) a task id names; `None` for an id this
-/// server never returned.
-pub fn parse_task_id(id: &str) -> Option<(&str, &str)> {
-    let (session, turn) = id.rsplit_once('/')?;
-    (!session.is_empty() && !turn.is_empty() && !session.contains('/')).then_some((session, turn))
 }
 
 /// A protobuf timestamp.
@@ -59,6 +54,20 @@ pub fn agent_message(
         parts: vec![text_part(text)],
         ..Default::default()
     }
+}
+
+/// An agent message whose text is `text` within [`budget::MESSAGE_BYTES`]
+/// (the marker and metadata say when it was cut).
+fn budgeted_message(
+    message_id: String,
+    context_id: &str,
+    task_id: &str,
+    text: Clipped,
+) -> a2a::Message {
+    let cut = text.cut_from();
+    let mut message = agent_message(message_id, context_id, task_id, text.finish(context_id));
+    message.metadata = cut.map(budget::truncated_metadata);
+    message
 }
 
 /// The A2A state of a stored turn status.
@@ -95,14 +104,15 @@ fn text_of(content: &[ContentBlock]) -> String {
 
 /// The task a stored turn is: its status (with the agent's last message
 /// once it has ended), the answer artifact, and at most `history_length`
-/// of its most recent user and agent messages (all when `None`).
+/// of its most recent user and agent messages (all when `None`) — the
+/// texts within their budgets ([`budget`]).
 pub fn task_of(detail: &TurnDetail, history_length: Option<i32>) -> a2a::Task {
     let record = &detail.record;
     let id = task_id(&record.session_id, &record.turn_id);
     let context = &record.session_id;
-    let mut history = Vec::new();
-    let mut answer = String::new();
-    let mut last_agent: Option<(String, String)> = None;
+    let mut entries = Vec::new();
+    let mut answer = Clipped::new(budget::ARTIFACT_BYTES);
+    let mut last_agent: Option<(String, Clipped)> = None;
     for m in &detail.messages {
         let role = match m.body.role {
             Role::User => a2a::Role::User,
@@ -114,32 +124,41 @@ pub fn task_of(detail: &TurnDetail, history_length: Option<i32>) -> a2a::Task {
             continue;
         }
         if role == a2a::Role::Agent {
-            answer.push_str(&text);
-            last_agent = Some((m.body.id.clone(), text.clone()));
+            answer.push(&text);
+            last_agent = Some((m.body.id.clone(), Clipped::of(&text, budget::MESSAGE_BYTES)));
         }
-        history.push(a2a::Message {
-            message_id: m.body.id.clone(),
-            context_id: context.clone(),
-            task_id: id.clone(),
-            role: role as i32,
-            parts: vec![text_part(text)],
-            ..Default::default()
+        entries.push(Entry {
+            id: m.body.id.clone(),
+            role,
+            text,
         });
     }
     if let Some(n) = history_length {
         let keep = usize::try_from(n.max(0)).unwrap_or(0);
-        let drop = history.len().saturating_sub(keep);
-        history.drain(..drop);
+        let drop = entries.len().saturating_sub(keep);
+        entries.drain(..drop);
     }
+    let history = budget::history(entries, context)
+        .into_iter()
+        .map(|(entry, cut)| a2a::Message {
+            message_id: entry.id,
+            context_id: context.clone(),
+            task_id: id.clone(),
+            role: entry.role as i32,
+            parts: vec![text_part(entry.text)],
+            metadata: cut.map(budget::truncated_metadata),
+            ..Default::default()
+        })
+        .collect();
     let state = state_of(record.status);
     let message = match (record.status, &record.error) {
         (TurnStatus::Running, _) => None,
         (TurnStatus::Error | TurnStatus::TimedOut | TurnStatus::Interrupted, Some(error)) => {
-            Some(agent_message(
+            Some(budgeted_message(
                 format!("{}:status", record.turn_id),
                 context,
                 &id,
-                error.clone(),
+                Clipped::of(error, budget::MESSAGE_BYTES),
             ))
         }
         (TurnStatus::Interrupted, None) => Some(agent_message(
@@ -151,15 +170,17 @@ pub fn task_of(detail: &TurnDetail, history_length: Option<i32>) -> a2a::Task {
         (
             TurnStatus::Success | TurnStatus::Canceled | TurnStatus::Error | TurnStatus::TimedOut,
             _,
-        ) => last_agent.map(|(mid, text)| agent_message(mid, context, &id, text)),
+        ) => last_agent.map(|(mid, text)| budgeted_message(mid, context, &id, text)),
     };
     let artifacts = if answer.is_empty() {
         Vec::new()
     } else {
+        let cut = answer.cut_from();
         vec![a2a::Artifact {
             artifact_id: ANSWER_ARTIFACT.to_owned(),
             name: ANSWER_ARTIFACT.to_owned(),
-            parts: vec![text_part(answer)],
+            parts: vec![text_part(answer.finish(context))],
+            metadata: cut.map(budget::truncated_metadata),
             ..Default::default()
         }]
     };
@@ -189,8 +210,9 @@ pub struct Translator {
     started: bool,
     /// A chunk of the answer was sent (the next ones append).
     chunked: bool,
-    /// The whole answer so far.
-    answer: String,
+    /// The answer so far, within [`budget::MESSAGE_BYTES`] (for the
+    /// terminal status message).
+    answer: Clipped,
     /// The stored id of the turn's latest agent message.
     agent_message_id: Option<String>,
     /// The turn's error message, for a FAILED end.
@@ -207,7 +229,8 @@ pub struct Translator {
 impl Translator {
     /// For the turn of a SendStreamingMessage: its first event sends the
     /// `Task` (SUBMITTED, the caller's message as its history).
-    pub fn for_send(task_id: String, context_id: String, user: a2a::Message) -> Self {
+    pub fn for_send(task_id: String, context_id: String, mut user: a2a::Message) -> Self {
+        budget::clip_message(&mut user);
         Self::new(task_id, context_id, Some(user))
     }
 
@@ -251,7 +274,7 @@ impl Translator {
             user,
             started: false,
             chunked: false,
-            answer: String::new(),
+            answer: Clipped::new(budget::MESSAGE_BYTES),
             agent_message_id: None,
             error: None,
             finished: false,
@@ -332,7 +355,7 @@ impl Translator {
             // message.
             match &event.kind {
                 EventKind::Text(text) => {
-                    self.answer.push_str(text);
+                    self.answer.push(text);
                     self.chunked |= !text.is_empty();
                     return;
                 }
@@ -358,7 +381,7 @@ impl Translator {
                 }
                 // Each delta goes out at once (no delta waits for the next
                 // one); the end of the answer is an empty closing chunk.
-                self.answer.push_str(text);
+                self.answer.push(text);
                 out.push_back(self.chunk(text.clone(), false));
             }
             EventKind::MessageStored { id, role, .. } => {
@@ -372,16 +395,19 @@ impl Translator {
                     out.push_back(self.chunk(String::new(), true));
                 }
                 let state = state_of_outcome(*outcome);
+                let answer = std::mem::replace(&mut self.answer, Clipped::new(0));
                 let text = match (state, &self.error) {
-                    (a2a::TaskState::Failed, Some(error)) => Some(error.clone()),
-                    _ => (!self.answer.is_empty()).then(|| self.answer.clone()),
+                    (a2a::TaskState::Failed, Some(error)) => {
+                        Some(Clipped::of(error, budget::MESSAGE_BYTES))
+                    }
+                    _ => (!answer.is_empty()).then_some(answer),
                 };
                 let message = text.map(|text| {
                     let id = self
                         .agent_message_id
                         .clone()
                         .unwrap_or_else(|| format!("{}:status", self.task_id));
-                    agent_message(id, &self.context_id, &self.task_id, text)
+                    budgeted_message(id, &self.context_id, &self.task_id, text)
                 });
                 out.push_back(self.status(state, message, event.at));
                 self.finished = true;
@@ -426,123 +452,4 @@ fn response(payload: a2a::stream_response::Payload) -> a2a::StreamResponse {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use agentrt_runtime::types::Usage;
-    use std::time::Duration;
-
-    fn ev(kind: EventKind) -> TurnEvent {
-        TurnEvent {
-            seq: 0,
-            at: SystemTime::now(),
-            kind,
-        }
-    }
-
-    #[test]
-    fn task_ids_round_trip_and_foreign_ids_are_refused() {
-        let id = task_id("s-1", "0190-abc");
-        assert_eq!(parse_task_id(&id), Some(("s-1", "0190-abc")));
-        for bad in ["", "nope", "/t", "s/", "a/b/c"] {
-            assert_eq!(parse_task_id(bad), None, "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn a_turn_streams_task_working_chunks_and_the_terminal_status() {
-        let mut out = VecDeque::new();
-        let user = a2a::Message::default();
-        let mut t = Translator::for_send("s/t".into(), "s".into(), user);
-        t.on_event(
-            &ev(EventKind::TurnStarted {
-                model: "m".into(),
-                thinking: None,
-                user_message_seq: 1,
-                system_overridden: false,
-            }),
-            &mut out,
-        );
-        for delta in ["echo", ": ", "hi"] {
-            t.on_event(&ev(EventKind::Text(delta.into())), &mut out);
-        }
-        t.on_event(
-            &ev(EventKind::TurnFinished {
-                outcome: TurnOutcome::Success,
-                cancel_reason: None,
-                usage: Usage::default(),
-                duration: Duration::ZERO,
-            }),
-            &mut out,
-        );
-        assert!(t.finished());
-        let kinds: Vec<_> = out.iter().map(|r| r.payload.clone().unwrap()).collect();
-        assert!(
-            matches!(&kinds[0], a2a::stream_response::Payload::Task(t) if t.status.as_ref().unwrap().state == a2a::TaskState::Submitted as i32 && t.history.len() == 1)
-        );
-        assert!(
-            matches!(&kinds[1], a2a::stream_response::Payload::StatusUpdate(s) if s.status.as_ref().unwrap().state == a2a::TaskState::Working as i32)
-        );
-        let chunks: Vec<(String, bool, bool)> = kinds[2..6]
-            .iter()
-            .map(|k| match k {
-                a2a::stream_response::Payload::ArtifactUpdate(a) => {
-                    let part = &a.artifact.as_ref().unwrap().parts[0];
-                    let Some(a2a::part::Content::Text(text)) = &part.content else {
-                        panic!("a text part")
-                    };
-                    (text.clone(), a.append, a.last_chunk)
-                }
-                other => panic!("an artifact update, got {other:?}"),
-            })
-            .collect();
-        assert_eq!(
-            chunks,
-            [
-                ("echo".to_owned(), false, false),
-                (": ".to_owned(), true, false),
-                ("hi".to_owned(), true, false),
-                (String::new(), true, true)
-            ]
-        );
-        let a2a::stream_response::Payload::StatusUpdate(last) = &kinds[6] else {
-            panic!("the terminal status")
-        };
-        let status = last.status.as_ref().unwrap();
-        assert_eq!(status.state, a2a::TaskState::Completed as i32);
-        let text = &status.message.as_ref().unwrap().parts[0].content;
-        assert_eq!(text, &Some(a2a::part::Content::Text("echo: hi".into())));
-        assert_eq!(out.len(), 7);
-    }
-
-    #[test]
-    fn a_failed_turn_ends_failed_with_its_error() {
-        let mut out = VecDeque::new();
-        let mut t = Translator::for_subscribe("s/t".into(), "s".into(), &mut out);
-        t.on_event(
-            &ev(EventKind::Error {
-                code: agentrt_runtime::events::ErrorCode::Unavailable,
-                message: "upstream said no".into(),
-            }),
-            &mut out,
-        );
-        t.on_event(
-            &ev(EventKind::TurnFinished {
-                outcome: TurnOutcome::Error,
-                cancel_reason: None,
-                usage: Usage::default(),
-                duration: Duration::ZERO,
-            }),
-            &mut out,
-        );
-        assert_eq!(out.len(), 2);
-        let Some(a2a::stream_response::Payload::StatusUpdate(s)) = &out[1].payload else {
-            panic!("a status update")
-        };
-        let status = s.status.as_ref().unwrap();
-        assert_eq!(status.state, a2a::TaskState::Failed as i32);
-        assert_eq!(
-            status.message.as_ref().unwrap().parts[0].content,
-            Some(a2a::part::Content::Text("upstream said no".into()))
-        );
-    }
-}
+mod tests;

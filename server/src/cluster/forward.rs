@@ -21,6 +21,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status, Streaming};
 
 use super::{KEY_HEADER, NO_LISTENER, WireKey, principal_to_pb};
+use crate::clip;
 
 /// Most cached channels (one per owner address).
 pub(crate) const MAX_CHANNELS: usize = 64;
@@ -51,17 +52,19 @@ fn unreachable(status: &Status) -> bool {
 /// — UNAVAILABLE naming the replica.
 pub(crate) fn owner_status(lease: &Lease, status: Status) -> Status {
     if !unreachable(&status) {
-        return status;
+        // The owner's own error map bounds it; bounded again all the same.
+        return clip::status(status);
     }
     tracing::warn!(
-        replica_id = %lease.replica_id,
-        address = %lease.address,
-        error = %status.message(),
+        replica_id = %clip::id(&lease.replica_id),
+        address = %clip::id(&lease.address),
+        error = %clip::message(status.message().to_owned()),
         "cannot reach the replica that owns the session's live turn"
     );
     Status::unavailable(format!(
         "the session's live turn {} runs on replica {}, which cannot be reached from here; retry",
-        lease.turn_id, lease.replica_id
+        clip::id(&lease.turn_id),
+        clip::id(&lease.replica_id)
     ))
 }
 
@@ -92,14 +95,15 @@ impl Forwarder {
                         "the session's live turn {} runs on replica {}, which has no cluster \
                          listener to forward the call to; send it to that replica, or retry \
                          when the turn has ended",
-                        lease.turn_id, lease.replica_id
+                        clip::id(&lease.turn_id),
+                        clip::id(&lease.replica_id)
                     )));
                 }
                 None => {
                     let endpoint = Endpoint::from_shared(lease.address.clone()).map_err(|_| {
                         Status::unavailable(format!(
                             "replica {} advertises an address that is not a URL; retry later",
-                            lease.replica_id
+                            clip::id(&lease.replica_id)
                         ))
                     })?;
                     let channel = endpoint
