@@ -11,7 +11,13 @@
 //! | `sessions`         | id                                                 | [`Session`]    |
 //! | `session_activity` | owner `\0` last_active_at (u64 BE ns since epoch) id | empty        |
 //! | `messages`         | session id `\0` seq (u64 BE)                       | [`Message`]    |
+//! | `messages`         | session id `\0` `u64::MAX` (BE) body file name     | seq (u64 BE)   |
 //! | `turns`            | session id `\0` turn id                            | [`TurnRecord`] |
+//!
+//! A message record above 4 KiB keeps its body in a file of its own and
+//! only a reference (version byte 2) in the tree, and the file's name under
+//! the session's prefix, after every seq: see [`bodies`] for why (sled's
+//! page cache does not count large values) and how that stays durable.
 //!
 //! NUL separates key parts, so ids and owners must not contain it (validated
 //! upstream; `create_session` refuses them too, or a prefix scan of one
@@ -52,6 +58,9 @@ use sled::transaction::{
 };
 use sled::{Batch, IVec, Tree};
 
+mod bodies;
+
+use self::bodies::{Bodies, Outgoing};
 use super::flusher::Flusher;
 use super::size::{Budget, message_wire_bytes, session_wire_bytes};
 use super::{
@@ -99,6 +108,8 @@ pub struct SledStore {
     lifecycle: Arc<tokio::sync::Mutex<()>>,
     /// Flushes for every writer at once (group commit).
     flusher: Flusher,
+    /// Message bodies above [`bodies::INLINE_MAX`], outside the trees.
+    bodies: Bodies,
 }
 
 // sled's own Debug dumps every tree's contents.
@@ -138,6 +149,9 @@ impl SledStore {
             .map_err(|_| fail("sled panicked (damaged database?)".to_owned()))?
             .map_err(|e| fail(e.to_string()))?;
         usage::init(&sessions, &usage)?;
+        let bodies = Bodies::open(&path, |key| {
+            messages.contains_key(key).map_err(|e| backend("read", e))
+        })?;
         let lifecycle = Arc::default();
         // The flusher keeps the database open (the trees share it too).
         let flusher = Flusher::start(db)?;
@@ -150,6 +164,7 @@ impl SledStore {
             usage,
             lifecycle,
             flusher,
+            bodies,
         })
     }
 
@@ -169,10 +184,14 @@ impl SledStore {
         let now = SystemTime::now();
         let mut last = 0;
         for chunk in messages.chunks(IMPORT_BATCH) {
+            let mut outgoing = Vec::with_capacity(chunk.len());
+            for message in chunk {
+                outgoing.push(self.outgoing(session_id, message).await?);
+            }
             last = (&self.sessions, &self.activity, &self.messages)
                 .transaction(|(s, a, m)| {
                     let mut seq = 0;
-                    for message in chunk {
+                    for message in &outgoing {
                         let (session, stored) = append_tx(s, a, m, session_id, None, message, now)?;
                         write_session_tx(s, &session)?;
                         seq = stored.seq;
@@ -180,9 +199,25 @@ impl SledStore {
                     Ok(seq)
                 })
                 .map_err(tx_err)?;
+            outgoing.into_iter().for_each(keep_body);
         }
         self.flush_db().await?;
         Ok(last)
+    }
+
+    /// `new` ready for [`append_tx`]: a body above [`bodies::INLINE_MAX`]
+    /// is written to its file (and synced) first.
+    async fn outgoing<'a>(
+        &self,
+        session_id: &str,
+        new: &'a NewMessage,
+    ) -> Result<Outgoing<'a>, StoreError> {
+        let Some(body) = bodies::external_body(new)? else {
+            return Ok((new, None));
+        };
+        let (files, prefix) = (self.bodies.clone(), body_key_prefix(session_id));
+        let pending = blocking(move || files.write(&prefix, &body)).await?;
+        Ok((new, Some(pending)))
     }
 
     fn session_exists(&self, id: &str) -> Result<bool, StoreError> {
@@ -214,7 +249,12 @@ impl SledStore {
     /// Removes messages and turns stored under `id` (see the module doc).
     async fn purge_children(&self, id: &str) -> Result<(), StoreError> {
         let (messages, turns, prefix) = (self.messages.clone(), self.turns.clone(), child(id));
-        blocking(move || purge_prefix(&messages, &prefix).and(purge_prefix(&turns, &prefix))).await
+        let files = self.bodies.clone();
+        blocking(move || {
+            purge_prefix(&messages, &prefix, |keys| files.forget(&prefix, keys))?;
+            purge_prefix(&turns, &prefix, |_| {})
+        })
+        .await
     }
 
     /// The scan behind [`Store::history`], or `None` when it finds nothing.
@@ -234,6 +274,8 @@ impl SledStore {
         };
         Ok(Some(HistoryScan {
             messages: self.messages.clone(),
+            bodies: self.bodies.clone(),
+            body_keys: body_key_prefix(session_id),
             range: message_key(session_id, first)..=message_key(session_id, u64::MAX),
             session,
             query: *query,
@@ -389,6 +431,7 @@ impl Store for SledStore {
         // The model request waits for this write (docs/contract.md §3.3), so the
         // transaction runs right here and the flush on the flusher.
         let now = SystemTime::now();
+        let user_message = self.outgoing(&turn.session_id, &user_message).await?;
         let trees = (
             &self.sessions,
             &self.activity,
@@ -419,6 +462,7 @@ impl Store for SledStore {
                 Ok(message)
             })
             .map_err(tx_err)?;
+        keep_body(user_message);
         self.durable_write(write_started).await?;
         Ok(message)
     }
@@ -431,14 +475,16 @@ impl Store for SledStore {
     ) -> Result<Message, StoreError> {
         let write_started = std::time::Instant::now();
         let now = SystemTime::now();
+        let outgoing = self.outgoing(session_id, &message).await?;
         let message = (&self.sessions, &self.activity, &self.messages)
             .transaction(|(s, a, m)| {
                 let (session, message) =
-                    append_tx(s, a, m, session_id, Some(incarnation), &message, now)?;
+                    append_tx(s, a, m, session_id, Some(incarnation), &outgoing, now)?;
                 write_session_tx(s, &session)?;
                 Ok(message)
             })
             .map_err(tx_err)?;
+        keep_body(outgoing);
         self.durable_write(write_started).await?;
         Ok(message)
     }
@@ -467,7 +513,11 @@ impl Store for SledStore {
         let write_started = std::time::Instant::now();
         let record = encode(&turn)?;
         let now = SystemTime::now();
-        let stored = (&self.sessions, &self.activity, &self.messages, &self.turns)
+        let last = match &last {
+            Some(message) => Some(self.outgoing(&turn.session_id, message).await?),
+            None => None,
+        };
+        let written = (&self.sessions, &self.activity, &self.messages, &self.turns)
             .transaction(|(s, a, m, t)| {
                 let (mut session, stored) = match &last {
                     Some(message) => {
@@ -490,8 +540,9 @@ impl Store for SledStore {
                 Ok(stored)
             })
             .map_err(tx_err)?;
+        last.into_iter().for_each(keep_body);
         self.durable_write(write_started).await?;
-        Ok(stored)
+        Ok(written)
     }
 
     async fn get_turn(
@@ -564,10 +615,12 @@ impl Store for SledStore {
         through_seq: u64,
     ) -> Result<Message, StoreError> {
         let now = SystemTime::now();
-        let stored = (&self.sessions, &self.activity, &self.messages)
+        let summary = self.outgoing(session_id, &summary).await?;
+        let written = (&self.sessions, &self.activity, &self.messages)
             .transaction(|(s, a, m)| {
                 let session = session_as_tx(s, session_id, incarnation)?;
-                super::check_compaction(&session, &summary, through_seq).map_err(TxError::Abort)?;
+                super::check_compaction(&session, summary.0, through_seq)
+                    .map_err(TxError::Abort)?;
                 let (mut session, stored) =
                     append_tx(s, a, m, session_id, Some(incarnation), &summary, now)?;
                 session.compacted(through_seq, stored.seq);
@@ -575,8 +628,9 @@ impl Store for SledStore {
                 Ok(stored)
             })
             .map_err(tx_err)?;
+        keep_body(summary);
         self.flush_db().await?;
-        Ok(stored)
+        Ok(written)
     }
 
     async fn set_title_if_empty(
@@ -623,6 +677,9 @@ impl Store for SledStore {
 /// One page of a session's messages, read by [`HistoryScan::run`].
 struct HistoryScan {
     messages: Tree,
+    bodies: Bodies,
+    /// Where the reference keys of the session's body files begin.
+    body_keys: Vec<u8>,
     range: std::ops::RangeInclusive<Vec<u8>>,
     session: Session,
     query: HistoryQuery,
@@ -635,7 +692,9 @@ impl HistoryScan {
         let mut budget = Budget::new(self.query.max_bytes);
         for entry in self.messages.range(self.range) {
             let (key, raw) = entry.map_err(|e| backend("scan", e))?;
-            let mut message: Message = decode(MESSAGES, &key, &raw)?;
+            let mut message = self.bodies.load(&key, &raw, |name| {
+                [self.body_keys.as_slice(), name.as_bytes()].concat()
+            })?;
             message.compacted = self.session.covers(&message);
             if !self.query.include_compacted && message.compacted {
                 continue;
@@ -762,7 +821,7 @@ fn append_tx(
     m: &TransactionalTree,
     session_id: &str,
     incarnation: Option<&str>,
-    new: &NewMessage,
+    (new, body): &Outgoing<'_>,
     now: SystemTime,
 ) -> TxResult<(Session, Message)> {
     let mut session = match incarnation {
@@ -771,12 +830,18 @@ fn append_tx(
     };
     let old_index = activity_key(&session);
     let message = session
-        .append(new.clone(), now)
+        .append((*new).clone(), now)
         .ok_or_else(|| TxError::Abort(seq_exhausted()))?;
-    m.insert(
-        message_key(session_id, message.seq),
-        encode(&message).map_err(TxError::Abort)?,
-    )?;
+    let key = message_key(session_id, message.seq);
+    match body {
+        None => m.insert(key, encode(&message).map_err(TxError::Abort)?)?,
+        Some(file) => {
+            // The file's reference key, in the same transaction.
+            let reference = [body_key_prefix(session_id).as_slice(), file.name()].concat();
+            m.insert(reference, &message.seq.to_be_bytes()[..])?;
+            m.insert(key, file.record(message.seq).map_err(TxError::Abort)?)?
+        }
+    };
     reindex_tx(a, &session, old_index)?;
     Ok((session, message))
 }
@@ -823,7 +888,16 @@ fn load_session(sessions: &Tree, id: &str) -> Result<Option<Session>, StoreError
     }
 }
 
-fn purge_prefix(tree: &Tree, prefix: &[u8]) -> Result<(), StoreError> {
+/// The outgoing message's body file (if any) is referenced now.
+fn keep_body((_, body): Outgoing<'_>) {
+    if let Some(file) = body {
+        file.keep();
+    }
+}
+
+/// Removes every key under `prefix`, in batches; `removed` sees each
+/// batch once it is gone.
+fn purge_prefix(tree: &Tree, prefix: &[u8], removed: impl Fn(&[IVec])) -> Result<(), StoreError> {
     loop {
         let keys = tree.scan_prefix(prefix).keys().take(PURGE_BATCH);
         let keys = keys
@@ -833,8 +907,9 @@ fn purge_prefix(tree: &Tree, prefix: &[u8]) -> Result<(), StoreError> {
             return Ok(());
         }
         let mut batch = Batch::default();
-        keys.into_iter().for_each(|key| batch.remove(key));
+        keys.iter().for_each(|key| batch.remove(key));
         tree.apply_batch(batch).map_err(|e| backend("delete", e))?;
+        removed(&keys);
     }
 }
 
@@ -891,6 +966,14 @@ fn child(parent: &str) -> Vec<u8> {
 
 fn message_key(session_id: &str, seq: u64) -> Vec<u8> {
     [child(session_id).as_slice(), &seq.to_be_bytes()].concat()
+}
+
+/// What the reference keys of a session's body files begin with: after
+/// every message key of the session (`u64::MAX` is the largest seq, and a
+/// reference key is longer), so history scans never reach them, and under
+/// its prefix, so purging the session removes them.
+fn body_key_prefix(session_id: &str) -> Vec<u8> {
+    message_key(session_id, u64::MAX)
 }
 
 fn turn_key(session_id: &str, turn_id: &str) -> Vec<u8> {
