@@ -88,7 +88,13 @@ impl Clipped {
         if more.len() <= room {
             self.text.push_str(more);
         } else {
-            self.text.push_str(&more[..more.floor_char_boundary(room)]);
+            // The longest prefix within `room` that ends on a char boundary
+            // (str::floor_char_boundary is newer than the MSRV).
+            let end = (0..=room)
+                .rev()
+                .find(|&i| more.is_char_boundary(i))
+                .unwrap_or(0);
+            self.text.push_str(&more[..end]);
             self.cut = true;
         }
     }
