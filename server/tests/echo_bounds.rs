@@ -233,6 +233,10 @@ fn a2a_message(context_id: &str, task_id: &str, message_id: &str) -> a2a::SendMe
     }
 }
 
+/// One error case: label, path, extra headers, request body, the expected
+/// `grpc-status`.
+type Case<'a> = (&'a str, String, Vec<(&'a str, String)>, Vec<u8>, &'a str);
+
 #[tokio::test]
 async fn huge_caller_strings_in_any_error_keep_grpc_message_under_1_kib() {
     let (server, _dir) = start().await;
@@ -253,7 +257,7 @@ async fn huge_caller_strings_in_any_error_keep_grpc_message_under_1_kib() {
     let a2a_path = |m: &str| format!("/lf.a2a.v1.A2AService/{m}");
     let sessions = |m: &str| format!("/agentrt.v1.SessionService/{m}");
     let runtime = |m: &str| format!("/agentrt.v1.AgentRuntime/{m}");
-    let mut cases: Vec<(&str, String, Vec<(&str, String)>, Vec<u8>, &str)> = Vec::new();
+    let mut cases: Vec<Case<'_>> = Vec::new();
     for (label, s) in [("ascii", &ascii), ("wide", &wide), ("odd", &odd)] {
         let id = format!("s/{s}");
         cases.extend([
