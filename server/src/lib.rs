@@ -46,6 +46,9 @@ pub mod a2a;
 pub mod auth;
 pub mod config;
 pub mod convert;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod local;
 pub mod services;
 pub mod status;

@@ -17,9 +17,9 @@ use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, Turn
 
 mod flusher;
 mod memory;
-mod postgres;
+pub(crate) mod postgres;
 mod size;
-mod sled_store;
+pub(crate) mod sled_store;
 #[cfg(test)]
 pub(crate) mod testing;
 

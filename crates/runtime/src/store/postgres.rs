@@ -44,7 +44,7 @@ use super::{
 };
 use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord};
 
-mod codec;
+pub(crate) mod codec;
 mod error;
 mod history;
 mod leases;
