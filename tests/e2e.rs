@@ -5,6 +5,7 @@ mod e2e {
     mod chat;
     mod compaction;
     mod control;
+    mod fault_matrix;
     pub(crate) mod harness;
     mod identity;
     mod isolation;

@@ -275,7 +275,7 @@ impl A2aHandler {
 
 /// The user text of a message: its text parts, in order. Other parts are
 /// refused (agentrt's A2A binding takes text only).
-fn user_content(message: &a2a::Message) -> Result<Vec<ContentBlock>, Status> {
+pub(crate) fn user_content(message: &a2a::Message) -> Result<Vec<ContentBlock>, Status> {
     if message.parts.is_empty() {
         return Err(A2aError::InvalidParams.status("message.parts is empty; send a text part"));
     }

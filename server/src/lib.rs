@@ -49,6 +49,9 @@ pub mod auth;
 pub mod clip;
 pub mod config;
 pub mod convert;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod local;
 pub mod services;
 pub mod status;

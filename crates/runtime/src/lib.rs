@@ -22,6 +22,9 @@
 pub mod compaction;
 pub mod error;
 pub mod events;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod hub;
 pub mod limits;
 pub mod model;

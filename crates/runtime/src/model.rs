@@ -24,7 +24,7 @@ use crate::types::{Message, StopReason, ThinkingLevel, Usage};
 pub mod anthropic;
 pub mod echo;
 pub mod endpoint;
-mod http;
+pub(crate) mod http;
 pub mod openai;
 pub mod retry;
 pub mod sse;

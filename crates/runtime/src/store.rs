@@ -18,11 +18,11 @@ use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, Turn
 
 mod flusher;
 mod memory;
-mod postgres;
+pub(crate) mod postgres;
 #[cfg(test)]
 mod quota_tests;
 pub(crate) mod size;
-mod sled_store;
+pub(crate) mod sled_store;
 #[cfg(test)]
 pub(crate) mod testing;
 

@@ -47,6 +47,29 @@ pub enum FakeReply {
         /// The raw body piece repeated.
         chunk: Vec<u8>,
     },
+    /// `200 OK` with `text/event-stream`, then `chunks`, then the
+    /// connection reset (RST, not a clean close): a peer or a middlebox
+    /// dropping the stream mid-way.
+    Reset {
+        /// Raw body pieces written before the reset.
+        chunks: Vec<Vec<u8>>,
+    },
+    /// `200 OK` with `text/event-stream`, then `chunks` one at a time,
+    /// `every` apart, then `[DONE]` when `done`, then close: a slow but
+    /// live upstream.
+    Drip {
+        /// Raw body pieces, written in order.
+        chunks: Vec<Vec<u8>>,
+        /// The pause before each piece.
+        every: std::time::Duration,
+        /// Append the `[DONE]` sentinel event.
+        done: bool,
+    },
+    /// This request's connection is reset unanswered and the fake stops
+    /// listening: every later connection is refused. The replies before it
+    /// are served as usual, so a turn can meet a refusal mid-way (e.g.
+    /// after a tool call).
+    Refuse,
     /// A non-streaming reply with this status and JSON body.
     Status {
         /// HTTP status code.
@@ -195,13 +218,45 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>) {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((socket, _)) = accepted else { continue };
+                if matches!(reply_for(&shared, index), FakeReply::Refuse) {
+                    record_then_reset(socket, &shared).await;
+                    break;
+                }
                 connections.spawn(handle(socket, Arc::clone(&shared), index));
                 index += 1;
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
     }
+    // Closed: new connections are refused; the open ones finish.
+    drop(listener);
+    while connections.join_next().await.is_some() {}
 }
+
+/// What request `index` gets: its entry, else the last one, else a 500.
+fn reply_for(shared: &Shared, index: usize) -> FakeReply {
+    shared
+        .script
+        .get(index)
+        .or(shared.script.last())
+        .cloned()
+        .unwrap_or(FakeReply::Status {
+            code: 500,
+            body: r#"{"error":{"message":"no scripted reply"}}"#.into(),
+        })
+}
+
+/// Records the request on `socket`, then resets the connection.
+async fn record_then_reset(mut socket: TcpStream, shared: &Shared) {
+    if let Some(request) = read_request(&mut socket).await {
+        shared.requests.lock().expect("fake state").push(request);
+        shared.requests_seen.send_modify(|n| *n += 1);
+    }
+    let _ = socket.set_zero_linger();
+}
+
+const STREAM_HEAD: &str = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                           cache-control: no-cache\r\nconnection: close\r\n\r\n";
 
 async fn handle(mut socket: TcpStream, shared: Arc<Shared>, index: usize) {
     // Each scripted piece should leave as its own segment, so clients see
@@ -213,16 +268,40 @@ async fn handle(mut socket: TcpStream, shared: Arc<Shared>, index: usize) {
     shared.requests.lock().expect("fake state").push(request);
     shared.requests_seen.send_modify(|n| *n += 1);
 
-    let reply = shared
-        .script
-        .get(index)
-        .or(shared.script.last())
-        .cloned()
-        .unwrap_or(FakeReply::Status {
-            code: 500,
-            body: r#"{"error":{"message":"no scripted reply"}}"#.into(),
-        });
-    match reply {
+    match reply_for(&shared, index) {
+        // Handled by the accept loop.
+        FakeReply::Refuse => {}
+        FakeReply::Reset { chunks } => {
+            if socket.write_all(STREAM_HEAD.as_bytes()).await.is_err() {
+                return;
+            }
+            for chunk in &chunks {
+                if socket.write_all(chunk).await.is_err() {
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+            let _ = socket.flush().await;
+            // SO_LINGER 0: dropping the socket sends RST.
+            let _ = socket.set_zero_linger();
+        }
+        FakeReply::Drip {
+            chunks,
+            every,
+            done,
+        } => {
+            if socket.write_all(STREAM_HEAD.as_bytes()).await.is_err() {
+                return;
+            }
+            let done_chunk = done.then(|| b"data: [DONE]\n\n".to_vec());
+            for chunk in chunks.iter().chain(done_chunk.iter()) {
+                tokio::time::sleep(every).await;
+                if socket.write_all(chunk).await.is_err() {
+                    return;
+                }
+            }
+            let _ = socket.shutdown().await;
+        }
         FakeReply::Status { code, body } => write_status(&mut socket, code, &[], &body).await,
         FakeReply::StatusWithHeaders {
             code,

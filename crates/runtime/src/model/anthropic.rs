@@ -284,7 +284,7 @@ fn stop_reason(wire: &str) -> StopReason {
 
 /// The decoding state of one Messages stream.
 #[derive(Default)]
-struct EventDecoder {
+pub(crate) struct EventDecoder {
     decoded: VecDeque<ModelEvent>,
     blocks: BTreeMap<u64, Block>,
     stop_reason: Option<StopReason>,

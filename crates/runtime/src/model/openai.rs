@@ -352,7 +352,7 @@ fn stop_reason(finish_reason: &str) -> StopReason {
 
 /// The decoding state of one Chat Completions stream.
 #[derive(Default)]
-struct ChunkDecoder {
+pub(crate) struct ChunkDecoder {
     decoded: VecDeque<ModelEvent>,
     finish_reason: Option<StopReason>,
     /// The last usage relayed.

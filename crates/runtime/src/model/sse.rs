@@ -178,8 +178,11 @@ impl SseParser {
         };
         match field {
             b"data" => {
+                // Bounded after decoding: each invalid byte becomes a
+                // three-byte U+FFFD, so the raw length understates it.
+                let value = String::from_utf8_lossy(value);
                 self.check_len(self.data.len() + value.len() + 1)?;
-                self.data.push_str(&String::from_utf8_lossy(value));
+                self.data.push_str(&value);
                 self.data.push('\n');
             }
             b"event" => {
@@ -341,6 +344,18 @@ mod tests {
         let mut parser = SseParser::with_limit(16);
         parser.push(b"data: 01234567\n").unwrap();
         assert!(parser.push(b"data: 01234567\n").is_err());
+    }
+
+    #[test]
+    fn invalid_utf8_counts_against_the_limit_as_decoded() {
+        // Found by fuzz/fuzz_targets/sse.rs: ten invalid bytes within a
+        // 16-byte bound became 30 bytes of U+FFFD.
+        let mut parser = SseParser::with_limit(16);
+        let line = [b"data:".as_slice(), &[0xff; 10], b"\n\n"].concat();
+        assert_eq!(parser.push(&line), Err(SseError::TooLong { limit: 16 }));
+        let mut parser = SseParser::with_limit(16);
+        let events = parser.push(b"data:\xff\xff\xff\xff\n\n").unwrap();
+        assert_eq!(events[0].data, "\u{fffd}".repeat(4));
     }
 
     #[test]

@@ -45,7 +45,7 @@ use super::{
 use crate::quota::WriteQuota;
 use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord};
 
-mod codec;
+pub(crate) mod codec;
 mod error;
 mod history;
 mod leases;

@@ -920,14 +920,18 @@ async fn blocking<T: Send + 'static>(
     joined.map_err(|e| StoreError::Backend(format!("store task failed: {e}")))?
 }
 
-fn encode<T: Serialize>(record: &T) -> Result<Vec<u8>, StoreError> {
+pub(crate) fn encode<T: Serialize>(record: &T) -> Result<Vec<u8>, StoreError> {
     let mut out = vec![RECORD_VERSION];
     serde_json::to_writer(&mut out, record)
         .map_err(|e| StoreError::Backend(format!("encoding a record: {e}")))?;
     Ok(out)
 }
 
-fn decode<T: DeserializeOwned>(tree: &str, key: &[u8], value: &[u8]) -> Result<T, StoreError> {
+pub(crate) fn decode<T: DeserializeOwned>(
+    tree: &str,
+    key: &[u8],
+    value: &[u8],
+) -> Result<T, StoreError> {
     let corrupt = |reason: String| StoreError::Corrupt {
         key: printable(tree, key),
         reason,

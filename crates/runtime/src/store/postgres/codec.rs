@@ -204,16 +204,22 @@ pub(super) fn turn(session_id: &str, row: &Row) -> Result<TurnRecord, StoreError
 }
 
 fn decode<T: DeserializeOwned>(c: &Columns<'_>, raw: &[u8]) -> Result<T, StoreError> {
+    decode_record(raw).map_err(|reason| c.corrupt(reason))
+}
+
+/// A `record` column's value ([`RECORD_VERSION`], then JSON), or why it
+/// cannot be read.
+pub(crate) fn decode_record<T: DeserializeOwned>(raw: &[u8]) -> Result<T, String> {
     match raw.split_first() {
-        None => Err(c.corrupt("empty record".to_owned())),
+        None => Err("empty record".to_owned()),
         Some((&RECORD_VERSION, json)) => serde_json::from_slice(json)
-            .map_err(|e| c.corrupt(format!("undecodable version {RECORD_VERSION} record: {e}"))),
-        Some((version, _)) => Err(c.corrupt(format!("unknown record version {version}"))),
+            .map_err(|e| format!("undecodable version {RECORD_VERSION} record: {e}")),
+        Some((version, _)) => Err(format!("unknown record version {version}")),
     }
 }
 
 /// The record encoding of the sled store: [`RECORD_VERSION`], then JSON.
-pub(super) fn encode<T: Serialize>(record: &T) -> Result<Vec<u8>, StoreError> {
+pub(crate) fn encode<T: Serialize>(record: &T) -> Result<Vec<u8>, StoreError> {
     let mut out = vec![RECORD_VERSION];
     serde_json::to_writer(&mut out, record)
         .map_err(|e| StoreError::Backend(format!("encoding a record: {e}")))?;
@@ -234,7 +240,7 @@ pub(super) fn status(status: TurnStatus) -> &'static str {
 
 /// Nanoseconds since the epoch (negative before it), or an error past the
 /// year 2262 — bigint's range.
-pub(super) fn nanos(at: SystemTime) -> Result<i64, StoreError> {
+pub(crate) fn nanos(at: SystemTime) -> Result<i64, StoreError> {
     let out_of_range = || StoreError::Backend(format!("time {at:?} is out of range"));
     match at.duration_since(UNIX_EPOCH) {
         Ok(after) => i64::try_from(after.as_nanos()).map_err(|_| out_of_range()),
@@ -244,7 +250,7 @@ pub(super) fn nanos(at: SystemTime) -> Result<i64, StoreError> {
     }
 }
 
-fn from_nanos(nanos: i64) -> SystemTime {
+pub(crate) fn from_nanos(nanos: i64) -> SystemTime {
     let magnitude = Duration::from_nanos(nanos.unsigned_abs());
     if nanos >= 0 {
         UNIX_EPOCH + magnitude

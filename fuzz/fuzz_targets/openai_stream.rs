@@ -1,0 +1,6 @@
+//! The OpenAI-compatible chunk decoder behind the SSE parser.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| agentrt_runtime::fuzzing::openai_stream(data));
