@@ -5,7 +5,7 @@
 #![no_main]
 
 use agentrt_proto::a2a::v1 as a2a;
-use agentrt_server::a2a::{errors, tasks, tools};
+use agentrt_server::a2a::{errors, ids, tasks, tools};
 use libfuzzer_sys::fuzz_target;
 use prost::Message as _;
 
@@ -20,7 +20,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = agentrt_server::fuzzing::a2a_user_content(&message);
     let _ = tools::extra_tools(message.metadata.as_ref());
     let _ = tools::tool_result(&message);
-    if let Some((session, turn)) = tasks::parse_task_id(&message.task_id) {
+    if let Some((session, turn)) = ids::parse_task_id(&message.task_id) {
         assert_eq!(tasks::task_id(session, turn), message.task_id);
     }
     let _ = errors::task_not_found(&message.task_id);
