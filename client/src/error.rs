@@ -115,7 +115,7 @@ pub enum Error {
         status: Box<Status>,
     },
     /// `UNAVAILABLE` from the server (draining, store down, model down).
-    #[error("unavailable: {message}; retry later")]
+    #[error("unavailable: {message}{}", unless_said(.message))]
     Unavailable {
         /// The server's message.
         message: String,
@@ -386,10 +386,36 @@ pub(crate) fn cause_chain(err: &(dyn StdError + 'static)) -> String {
     out
 }
 
+/// "; retry later" unless the server's message already says when to retry
+/// (the store's and the draining messages do), so the CLI does not print
+/// the advice twice.
+fn unless_said(message: &str) -> &'static str {
+    if message.contains("retry") {
+        ""
+    } else {
+        "; retry later"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use tonic_types::ErrorDetails;
+
+    #[test]
+    fn unavailable_advises_a_retry_once() {
+        let said = Error::from_status(
+            Status::unavailable("the store is unavailable; retry later"),
+            "s",
+            "http://127.0.0.1:1",
+        );
+        assert_eq!(
+            said.to_string(),
+            "unavailable: the store is unavailable; retry later"
+        );
+        let unsaid = Error::from_status(Status::unavailable("draining"), "s", "http://127.0.0.1:1");
+        assert_eq!(unsaid.to_string(), "unavailable: draining; retry later");
+    }
 
     #[test]
     fn busy_and_bad_request_are_decoded_from_the_details() {
