@@ -49,9 +49,10 @@ use crate::config::TransportSettings;
 
 pub use accept::{Conn, ConnInfo, Incoming, incoming};
 pub use catch_panic::{CatchPanic, CatchPanicLayer};
-pub use limits::{OpenResponse, RequestLimits, RequestLimitsLayer};
+pub use lifetime::OpenCall;
+pub use limits::{HeldResponse, RequestLimits, RequestLimitsLayer};
 pub(crate) use limits::{anonymous_services, streaming_request_paths};
-pub use principals::{Counted, PerPrincipal, PrincipalStreams};
+pub use principals::{PerPrincipal, PrincipalSlot, PrincipalStreams};
 
 /// File descriptors the server needs besides its connections: the store,
 /// the listener, the runtime, model and MCP clients.

@@ -73,7 +73,7 @@ impl ConnState {
 
 /// One open call of a connection (see [`ConnState::open_call`]).
 #[derive(Debug)]
-pub(super) struct OpenCall(Arc<ConnState>);
+pub struct OpenCall(Arc<ConnState>);
 
 impl Drop for OpenCall {
     fn drop(&mut self) {

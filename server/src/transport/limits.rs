@@ -146,7 +146,7 @@ where
     type Response = http::Response<Body>;
     type Error = S::Error;
     type Future = futures::future::Either<
-        OpenResponse<S::Future>,
+        HeldResponse<S::Future, OpenCall>,
         futures::future::Ready<Result<http::Response<Body>, S::Error>>,
     >;
 
@@ -168,7 +168,7 @@ where
             open = Some(info.state.open_call());
         }
         if req.body().is_end_stream() {
-            return futures::future::Either::Left(OpenResponse::new(self.inner.call(req), open));
+            return futures::future::Either::Left(HeldResponse::new(self.inner.call(req), open));
         }
         let peer = req
             .extensions()
@@ -215,60 +215,64 @@ where
                 remaining: 0,
             })
         });
-        futures::future::Either::Left(OpenResponse::new(self.inner.call(req), open))
+        futures::future::Either::Left(HeldResponse::new(self.inner.call(req), open))
     }
 }
 
-/// The response future of [`RequestLimits`]: the response body it yields
-/// keeps the call counted as open on its connection until it ends.
-pub struct OpenResponse<F> {
+/// A response future whose body holds `G` until the response ends: the
+/// call stays counted (open on its connection, [`RequestLimits`]; a place
+/// of its principal, [`super::PerPrincipal`]) for as long as it streams.
+pub struct HeldResponse<F, G> {
     inner: Pin<Box<F>>,
-    open: Option<OpenCall>,
+    guard: Option<G>,
 }
 
-impl<F> std::fmt::Debug for OpenResponse<F> {
+impl<F, G> std::fmt::Debug for HeldResponse<F, G> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenResponse").finish_non_exhaustive()
+        f.debug_struct("HeldResponse")
+            .field("held", &self.guard.is_some())
+            .finish_non_exhaustive()
     }
 }
 
-impl<F> OpenResponse<F> {
-    fn new(inner: F, open: Option<OpenCall>) -> Self {
+impl<F, G> HeldResponse<F, G> {
+    pub(super) fn new(inner: F, guard: Option<G>) -> Self {
         Self {
             inner: Box::pin(inner),
-            open,
+            guard,
         }
     }
 }
 
-impl<F, E> Future for OpenResponse<F>
+impl<F, G, E> Future for HeldResponse<F, G>
 where
     F: Future<Output = Result<http::Response<Body>, E>>,
+    G: Send + Unpin + 'static,
 {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let response = std::task::ready!(this.inner.as_mut().poll(cx))?;
-        Poll::Ready(Ok(match this.open.take() {
+        Poll::Ready(Ok(match this.guard.take() {
             None => response,
-            Some(open) => response.map(|body| {
-                Body::new(OpenBody {
+            Some(guard) => response.map(|body| {
+                Body::new(HeldBody {
                     inner: body,
-                    _open: open,
+                    _guard: guard,
                 })
             }),
         }))
     }
 }
 
-/// A response body that holds its call's [`OpenCall`] until dropped.
-struct OpenBody {
+/// A response body that holds its call's guard until dropped.
+struct HeldBody<G> {
     inner: Body,
-    _open: OpenCall,
+    _guard: G,
 }
 
-impl HttpBody for OpenBody {
+impl<G: Unpin> HttpBody for HeldBody<G> {
     type Data = Bytes;
     type Error = Status;
 

@@ -7,19 +7,17 @@
 //! (it leaves the pool of connections that never authenticated).
 
 use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use agentrt_runtime::types::Principal;
-use bytes::Bytes;
-use http_body::{Body as HttpBody, Frame, SizeHint};
 use tonic::body::Body;
 use tonic::server::NamedService;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt as _};
 
 use super::accept::ConnInfo;
+use super::limits::HeldResponse;
 use crate::config::TransportSettings;
 
 /// Open calls per principal, shared by every service it wraps.
@@ -31,7 +29,7 @@ pub struct PrincipalStreams {
 
 /// One open call of a principal, given back on drop.
 #[derive(Debug)]
-struct PrincipalSlot {
+pub struct PrincipalSlot {
     user: String,
     counts: Arc<Mutex<HashMap<String, usize>>>,
 }
@@ -113,7 +111,7 @@ where
     type Response = http::Response<Body>;
     type Error = S::Error;
     type Future = futures::future::Either<
-        Counted<S::Future>,
+        HeldResponse<S::Future, PrincipalSlot>,
         futures::future::Ready<Result<http::Response<Body>, S::Error>>,
     >;
 
@@ -145,71 +143,7 @@ where
             },
             _ => None,
         };
-        futures::future::Either::Left(Counted {
-            inner: Box::pin(self.inner.call(req)),
-            slot,
-        })
-    }
-}
-
-/// The response future of [`PerPrincipal`]: its body holds the
-/// principal's place until the response ends.
-pub struct Counted<F> {
-    inner: Pin<Box<F>>,
-    slot: Option<PrincipalSlot>,
-}
-
-impl<F> std::fmt::Debug for Counted<F> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Counted")
-            .field("slot", &self.slot)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<F, E> std::future::Future for Counted<F>
-where
-    F: std::future::Future<Output = Result<http::Response<Body>, E>>,
-{
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        let response = std::task::ready!(this.inner.as_mut().poll(cx))?;
-        Poll::Ready(Ok(match this.slot.take() {
-            None => response,
-            Some(slot) => response.map(|body| {
-                Body::new(CountedBody {
-                    inner: body,
-                    _slot: slot,
-                })
-            }),
-        }))
-    }
-}
-
-struct CountedBody {
-    inner: Body,
-    _slot: PrincipalSlot,
-}
-
-impl HttpBody for CountedBody {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        futures::future::Either::Left(HeldResponse::new(self.inner.call(req), slot))
     }
 }
 
