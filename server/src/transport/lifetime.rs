@@ -71,7 +71,7 @@ impl ConnState {
     }
 }
 
-/// One open call of a connection (see [`ConnState::open_call`]).
+/// One open call of a connection, given back on drop (`ConnState::open_call`).
 #[derive(Debug)]
 pub struct OpenCall(Arc<ConnState>);
 
