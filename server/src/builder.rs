@@ -260,13 +260,14 @@ impl ServerBuilder {
         let path = self.config.data_dir.join("store");
         let shown = path.display().to_string();
         let cache_bytes = self.config.store_cache_mb.saturating_mul(1 << 20);
+        let min_free = self.config.store_min_free_mb.saturating_mul(1 << 20);
         let opened = tokio::task::spawn_blocking(move || {
             std::fs::create_dir_all(&path).map_err(|e| {
                 agentrt_runtime::store::StoreError::Backend(format!(
                     "cannot create the directory: {e}"
                 ))
             })?;
-            SledStore::open_with_cache(&path, cache_bytes)
+            SledStore::open_with_cache(&path, cache_bytes).map(|s| s.with_min_free(min_free))
         })
         .await
         .map_err(|e| ServerError::Store {

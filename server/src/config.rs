@@ -70,6 +70,10 @@ pub struct Cli {
     /// Memory sled may use to cache the store, in MiB [default: 16].
     #[arg(long, env = "AGENTRT_STORE_CACHE_MB")]
     pub store_cache_mb: Option<u64>,
+    /// Free space sled keeps on its disk, in MiB: under it new sessions and
+    /// turns are refused [default: 128].
+    #[arg(long, env = "AGENTRT_STORE_MIN_FREE_MB")]
+    pub store_min_free_mb: Option<u64>,
     /// GGUF file of the local model (default:
     /// `<data-dir>/models/SmolLM2-135M-Instruct.Q4_1.gguf`).
     #[arg(long, env = "AGENTRT_MODEL_PATH")]
@@ -339,6 +343,7 @@ struct FileConfig {
     stalled_reader_timeout: Option<Duration>,
     log_format: Option<LogFormat>,
     store_cache_mb: Option<u64>,
+    store_min_free_mb: Option<u64>,
     #[serde(default)]
     providers: Vec<ProviderConfig>,
     #[serde(default)]
@@ -404,6 +409,13 @@ pub struct Config {
     /// (measured: 10,000 idle sessions took 5.7 KB each with 64, 4.4 KB
     /// with 16, at the same durable turns/s).
     pub store_cache_mb: u64,
+    /// Free space the sled store keeps on its data directory's filesystem,
+    /// in MiB. Default 128. Under it new sessions and turns are refused
+    /// (`UNAVAILABLE`, readiness NOT_SERVING) until space returns; under a
+    /// quarter of it running turns' writes too (they end ERROR): sled
+    /// itself must never meet a full disk, after which it takes no write
+    /// until restarted. 0 turns the reserve off.
+    pub store_min_free_mb: u64,
     /// HTTP model providers.
     pub providers: Vec<ProviderConfig>,
     /// Credentials.
@@ -450,6 +462,7 @@ impl Default for Config {
             stalled_reader_timeout: Duration::from_secs(30),
             log_format: LogFormat::Text,
             store_cache_mb: 16,
+            store_min_free_mb: 128,
             providers: Vec::new(),
             auth: AuthConfig::default(),
             mcp_servers: Vec::new(),
@@ -524,6 +537,7 @@ impl Config {
                 .unwrap_or(defaults.stalled_reader_timeout),
             log_format: file.log_format.unwrap_or_default(),
             store_cache_mb: file.store_cache_mb.unwrap_or(defaults.store_cache_mb),
+            store_min_free_mb: file.store_min_free_mb.unwrap_or(defaults.store_min_free_mb),
             providers: file.providers,
             auth: file.auth,
             mcp_servers: file.mcp_servers,
@@ -562,6 +576,9 @@ impl Config {
         }
         if let Some(v) = cli.store_cache_mb {
             self.store_cache_mb = v;
+        }
+        if let Some(v) = cli.store_min_free_mb {
+            self.store_min_free_mb = v;
         }
         cli.tls.apply(&mut self.tls);
         if let Some(v) = cli.metrics_listen {
@@ -631,6 +648,12 @@ impl Config {
             return Err(ConfigError(format!(
                 "store_cache_mb is {}; it must be between 4 and 65536",
                 self.store_cache_mb
+            )));
+        }
+        if self.store_min_free_mb > 1 << 20 {
+            return Err(ConfigError(format!(
+                "store_min_free_mb is {}; it must be at most 1048576 (1 TiB)",
+                self.store_min_free_mb
             )));
         }
         self.validate_local_model()?;

@@ -7,10 +7,12 @@
 //! phase (SERVING only while calls are admitted); [`LIVENESS`] is SERVING
 //! for as long as the process serves at all — a drain must not look like a
 //! dead process to a liveness probe, or the orchestrator would restart the
-//! pod mid-drain (docs/contract.md §7).
+//! pod mid-drain (docs/contract.md §7) — except once the store failed for
+//! good ([`Phase::StoreFailed`]): then a restart is what it needs.
 
 use std::sync::{Arc, Mutex};
 
+use agentrt_runtime::StoreHealth;
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 use tonic_health::ServingStatus;
@@ -33,10 +35,16 @@ pub(crate) enum Phase {
     Starting,
     /// Calls are admitted: readiness SERVING.
     Serving,
-    /// The shared store (PostgreSQL) cannot be reached: readiness
-    /// NOT_SERVING (new Chats are refused), liveness SERVING; back to
-    /// [`Phase::Serving`] when it answers again.
+    /// The shared store (PostgreSQL) cannot be reached, or the store's
+    /// disk is under its reserve: readiness NOT_SERVING (new Chats are
+    /// refused), liveness SERVING; back to [`Phase::Serving`] when it
+    /// answers again or space returns.
     StoreDown,
+    /// The store (sled) failed a write and takes none until the process
+    /// restarts: readiness and liveness NOT_SERVING, so the orchestrator
+    /// restarts it. Final, like [`Phase::Draining`], and it overrides a
+    /// drain.
+    StoreFailed,
     /// An admin `Drain` or the shutdown began: readiness NOT_SERVING, so
     /// the orchestrator stops routing here; liveness stays SERVING. Final:
     /// no later phase is reported.
@@ -69,40 +77,58 @@ impl Health {
     pub(crate) async fn set(&self, phase: Phase) {
         {
             let mut now = self.phase.lock().unwrap_or_else(|p| p.into_inner());
-            if *now == Phase::Draining && phase != Phase::Draining {
+            let stays = match *now {
+                Phase::StoreFailed => true,
+                Phase::Draining => phase != Phase::StoreFailed,
+                Phase::Starting | Phase::Serving | Phase::StoreDown => false,
+            };
+            if stays && *now != phase {
                 return;
             }
             *now = phase;
         }
         let ready = match phase {
             Phase::Serving => ServingStatus::Serving,
-            Phase::Starting | Phase::StoreDown | Phase::Draining => ServingStatus::NotServing,
+            Phase::Starting | Phase::StoreDown | Phase::Draining | Phase::StoreFailed => {
+                ServingStatus::NotServing
+            }
         };
         self.reporter.set_service_status("", ready).await;
         self.reporter.set_service_status(READINESS, ready).await;
-        if phase == Phase::Starting {
-            // Set once: it never changes while the process serves.
-            self.reporter
-                .set_service_status(LIVENESS, ServingStatus::Serving)
-                .await;
+        match phase {
+            // Set at the start; it changes only when the store failed.
+            Phase::Starting => {
+                self.reporter
+                    .set_service_status(LIVENESS, ServingStatus::Serving)
+                    .await;
+            }
+            Phase::StoreFailed => {
+                self.reporter
+                    .set_service_status(LIVENESS, ServingStatus::NotServing)
+                    .await;
+            }
+            Phase::Serving | Phase::StoreDown | Phase::Draining => {}
         }
     }
 
-    /// Follows whether the store answers ([`Phase::StoreDown`] while it
-    /// does not; [`Phase::Serving`] again when it does), until the returned
-    /// handle is dropped. Call it once serving.
+    /// Follows whether the store can take writes ([`Phase::StoreDown`]
+    /// while it cannot reach it or its disk is full, [`Phase::Serving`]
+    /// again when it can, [`Phase::StoreFailed`] for good), until the
+    /// returned handle is dropped. Call it once serving.
     pub(crate) fn follow_store(
         &self,
-        mut reachable: watch::Receiver<bool>,
+        mut store: watch::Receiver<StoreHealth>,
     ) -> AbortOnDropHandle<()> {
         let health = self.clone();
         AbortOnDropHandle::new(tokio::spawn(async move {
             loop {
-                let up = *reachable.borrow_and_update();
-                health
-                    .set(if up { Phase::Serving } else { Phase::StoreDown })
-                    .await;
-                if reachable.changed().await.is_err() {
+                let phase = match *store.borrow_and_update() {
+                    StoreHealth::Writable => Phase::Serving,
+                    StoreHealth::Unreachable | StoreHealth::DiskFull => Phase::StoreDown,
+                    StoreHealth::Failed => Phase::StoreFailed,
+                };
+                health.set(phase).await;
+                if store.changed().await.is_err() {
                     return;
                 }
             }

@@ -117,10 +117,7 @@ impl Prepared {
         // routing here before the process is told to stop. The watchers are
         // aborted when serving ends.
         let _drain_watch = health.drain_on(runtime.draining());
-        let _store_watch = runtime
-            .replica_id()
-            .is_some()
-            .then(|| health.follow_store(runtime.store_reachable()));
+        let _store_watch = health.follow_store(runtime.store_health());
         tracing::info!(
             addr = %addr.map_or_else(|| "unknown".to_owned(), |a| a.to_string()),
             default_model = %config.default_model,

@@ -128,6 +128,13 @@ fn from_store(err: StoreError) -> Status {
             tracing::error!(error = %err, "store failure");
             Status::unavailable("the store is unavailable; retry later")
         }
+        StoreError::DiskFull(_) => {
+            tracing::error!(error = %err, "store disk full");
+            Status::unavailable(
+                "the server's disk is full: nothing was stored; retry once space is freed (or on \
+                 another replica)",
+            )
+        }
         StoreError::Unavailable(_) => {
             tracing::warn!(error = %err, "store unreachable");
             Status::unavailable("the database cannot be reached; retry later")

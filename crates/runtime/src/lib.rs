@@ -38,5 +38,5 @@ pub mod types;
 pub use error::RuntimeError;
 pub use runtime::{
     ChatInput, CompactionReport, HistoryPage, OnDisconnect, Runtime, RuntimeConfig, RuntimeStats,
-    SessionList, SessionStatus, TurnStream, load_context,
+    SessionList, SessionStatus, StoreHealth, TurnStream, load_context,
 };

@@ -43,6 +43,7 @@ mod runners;
 mod sessions;
 mod slots;
 mod spans;
+mod store_health;
 mod stream;
 mod title;
 mod tools;
@@ -60,6 +61,7 @@ pub use compact::CompactionReport;
 pub use context::load_context;
 pub use control::SessionStatus;
 pub use sessions::{HistoryPage, SessionList};
+pub use store_health::StoreHealth;
 pub use stream::TurnStream;
 pub use title::{TITLE_MAX_CHARS, extract_title};
 pub use turns::TurnDetail;
@@ -212,8 +214,10 @@ pub(crate) struct Inner {
     pub(crate) runners: Runners,
     /// Admitting, draining, closed; and every task the runtime spawns.
     pub(crate) lifecycle: Lifecycle,
-    /// The shared-store state: `None` on a store one process owns.
-    pub(crate) shared: Option<leases::Shared>,
+    /// Whether the store is shared by several replicas (leases).
+    pub(crate) shared: bool,
+    /// Whether the store can take writes (pinged once a second).
+    pub(crate) health: store_health::HealthWatch,
     /// Live turns and the minute's turns per owner, on a store only this
     /// process writes (a shared store counts them itself).
     pub(crate) turn_meter: Arc<crate::quota::TurnMeter>,
@@ -264,10 +268,11 @@ impl Runtime {
     ) -> Result<Self, RuntimeError> {
         let models = Selection::new(models, &config)?;
         recovery::recover(store.as_ref()).await?;
-        let shared = store.replica_id().is_some().then(leases::Shared::new);
+        let shared = store.replica_id().is_some();
         let runtime = Self {
             inner: Arc::new(Inner {
                 shared,
+                health: store_health::HealthWatch::new(shared),
                 config,
                 store,
                 models,

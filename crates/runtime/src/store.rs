@@ -54,6 +54,12 @@ pub enum StoreError {
     /// be retried.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// The filesystem (or the database server's disk) has no room for the
+    /// write: free space is below the store's reserve, or a write failed
+    /// with "no space left". Nothing was written; retrying once space is
+    /// freed succeeds.
+    #[error("the disk is full: {0}")]
+    DiskFull(String),
     /// [`Store::begin_turn`] on a shared store: another turn holds the
     /// session's unexpired lease (cluster-wide busy). Nothing was written.
     #[error("the session's lease is held by turn {} on replica {}", .0.turn_id, .0.replica_id)]
@@ -513,8 +519,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         Ok(Vec::new())
     }
 
-    /// Whether the store answers now (readiness). A store in this process
-    /// always does.
+    /// Whether the store can take writes now (readiness, polled once a
+    /// second). `Err(DiskFull)` while its disk is below the reserve (it
+    /// passes when space returns); on a shared store any other error means
+    /// "unreachable", on a store in this process "failed until restart".
+    /// A store in memory always can.
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
     }

@@ -73,9 +73,7 @@ impl Runtime {
         mut input: ChatInput,
     ) -> Result<TurnStream, RuntimeError> {
         self.inner.lifecycle.admitting()?;
-        if let Some(shared) = &self.inner.shared {
-            shared.admitting()?;
-        }
+        self.inner.health.admitting()?;
         let checked = validate::chat_input(&input, &self.inner.config)?;
         // The session record's one read before the slot; `store_user`
         // re-reads it under the slot.
@@ -251,7 +249,7 @@ impl Runtime {
                 return self.rejected(&session, &record, e).await;
             }
         };
-        if inner.shared.is_some() {
+        if inner.shared {
             // The lease is committed: the renewer may renew it from now on.
             live.mark_leased();
         }
@@ -280,6 +278,7 @@ impl Runtime {
             context: Arc::default(),
             compacted: false,
             store_failed: false,
+            disk_full: false,
             first_chat: Some(first_chat),
             _live_metric: crate::telemetry::metrics::LiveGuard::turn(),
             _quota: counted,
@@ -350,7 +349,7 @@ impl Runtime {
         record: &TurnRecord,
         err: RuntimeError,
     ) -> Result<TurnStream, RuntimeError> {
-        if self.inner.shared.is_some()
+        if self.inner.shared
             && let RuntimeError::Store(StoreError::Backend(_)) = &err
             && let Some(rid) = &record.request_id
         {

@@ -11,9 +11,9 @@
 //!   replica may already have taken the session over;
 //! - the *sweeper* interrupts turns whose owner let their lease expire (a
 //!   dead replica), on every replica, every half lease time;
-//! - the *pinger* checks once a second that the store answers: while it
-//!   does not, new Chats are refused at once (no pool wait) and readiness
-//!   follows [`Runtime::store_reachable`].
+//! - the *pinger* (`store_health`, on every store) checks once a second
+//!   that the store answers: while it does not, new Chats are refused at
+//!   once (no pool wait) and readiness follows [`Runtime::store_health`].
 //!
 //! And the one question the calls ask: does another replica hold this
 //! session's lease ([`Runtime::lease_elsewhere`])? On a store one process
@@ -22,18 +22,12 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::slots::LiveTurn;
 use super::{Inner, Runtime};
 use crate::error::RuntimeError;
 use crate::store::{Lease, LeaseKey};
-
-/// How often the store is pinged for readiness.
-const PING_INTERVAL: Duration = Duration::from_secs(1);
-/// How long a ping may take before the store counts as unreachable.
-const PING_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What a Chat is told while the store cannot be reached.
 pub(crate) const STORE_DOWN: RuntimeError = RuntimeError::Unavailable(
@@ -45,33 +39,6 @@ pub(crate) const STORE_DOWN: RuntimeError = RuntimeError::Unavailable(
 pub(crate) const LEASE_LOST_MESSAGE: &str = "this replica lost the session's lease (the database \
      was unreachable or the lease expired); the turn was stopped and stores nothing more — retry \
      the turn";
-
-/// The shared-store state of a runtime (none on a single-node store; this
-/// replica's id is the store's, [`crate::store::Store::replica_id`]).
-#[derive(Debug)]
-pub(crate) struct Shared {
-    /// Whether the store answered its last ping.
-    reachable: watch::Sender<bool>,
-}
-
-impl Shared {
-    /// The shared-store state, reachable until a ping says otherwise (the
-    /// store was just opened).
-    pub(crate) fn new() -> Self {
-        Self {
-            reachable: watch::Sender::new(true),
-        }
-    }
-
-    /// `Err` while the store cannot be reached.
-    pub(crate) fn admitting(&self) -> Result<(), RuntimeError> {
-        if *self.reachable.borrow() {
-            Ok(())
-        } else {
-            Err(STORE_DOWN)
-        }
-    }
-}
 
 impl Runtime {
     /// The session's lease when another replica holds it (its live turn
@@ -103,30 +70,28 @@ impl Runtime {
         }
     }
 
-    /// Watches whether the store answers (always `true` on a single-node
-    /// store). Readiness follows it.
-    pub fn store_reachable(&self) -> watch::Receiver<bool> {
-        match &self.inner.shared {
-            Some(shared) => shared.reachable.subscribe(),
-            None => watch::Sender::new(true).subscribe(),
-        }
-    }
-
     /// This replica's id on a shared store, `None` on a single-node one.
     pub fn replica_id(&self) -> Option<&str> {
         self.inner.store.replica_id()
     }
 }
 
-/// Starts the renewer, the sweeper and the pinger (see the module docs)
-/// when the store is shared. Jobs of the runtime's: shutdown waits for them.
+/// Starts the pinger on every store, and the renewer and the sweeper (see
+/// the module docs) when the store is shared. Jobs of the runtime's:
+/// shutdown waits for them.
 pub(crate) fn spawn_jobs(runtime: &Runtime) {
-    if runtime.inner.shared.is_none() {
+    let weak = Arc::downgrade(&runtime.inner);
+    let lifecycle = &runtime.inner.lifecycle;
+    every(
+        runtime,
+        super::store_health::PING_INTERVAL,
+        super::store_health::Pinger(weak.clone()),
+        lifecycle.background(),
+    );
+    if !runtime.inner.shared {
         return;
     }
     let ttl = runtime.inner.config.lease_ttl;
-    let weak = Arc::downgrade(&runtime.inner);
-    let lifecycle = &runtime.inner.lifecycle;
     // A draining replica's turns keep their leases until they end.
     every(
         runtime,
@@ -134,17 +99,11 @@ pub(crate) fn spawn_jobs(runtime: &Runtime) {
         Renewer::new(ttl, weak.clone()),
         lifecycle.turns_over(),
     );
-    every(
-        runtime,
-        ttl / 2,
-        Sweeper(weak.clone()),
-        lifecycle.background(),
-    );
-    every(runtime, PING_INTERVAL, Pinger(weak), lifecycle.background());
+    every(runtime, ttl / 2, Sweeper(weak), lifecycle.background());
 }
 
 /// One of the jobs: a step run every period.
-trait Job: Send + 'static {
+pub(crate) trait Job: Send + 'static {
     /// One step; `false` once the runtime is gone.
     fn tick(&mut self, period: Duration) -> impl std::future::Future<Output = bool> + Send;
 }
@@ -268,8 +227,11 @@ impl Job for Sweeper {
         let Some(inner) = self.0.upgrade() else {
             return false;
         };
-        match tokio::time::timeout(period.max(PING_TIMEOUT), inner.store.sweep_expired_leases())
-            .await
+        match tokio::time::timeout(
+            period.max(super::store_health::PING_TIMEOUT),
+            inner.store.sweep_expired_leases(),
+        )
+        .await
         {
             Ok(Ok(swept)) => {
                 for turn in &swept {
@@ -289,39 +251,6 @@ impl Job for Sweeper {
             }
             Ok(Err(err)) => tracing::debug!(error = %err, "sweeping expired leases failed"),
             Err(_) => tracing::debug!("sweeping expired leases timed out"),
-        }
-        true
-    }
-}
-
-/// The pinger: records whether the store answers.
-struct Pinger(Weak<Inner>);
-
-impl Job for Pinger {
-    async fn tick(&mut self, _period: Duration) -> bool {
-        let Some(inner) = self.0.upgrade() else {
-            return false;
-        };
-        let Some(shared) = &inner.shared else {
-            return false;
-        };
-        let up = match tokio::time::timeout(PING_TIMEOUT, inner.store.ping()).await {
-            Ok(Ok(())) => true,
-            Ok(Err(err)) => {
-                tracing::debug!(error = %err, "store ping failed");
-                false
-            }
-            Err(_) => false,
-        };
-        let changed = shared.reachable.send_if_modified(|was| {
-            let changed = *was != up;
-            *was = up;
-            changed
-        });
-        if changed && up {
-            tracing::info!("the database is reachable again; admitting turns");
-        } else if changed {
-            tracing::error!("the database cannot be reached; refusing new turns until it is back");
         }
         true
     }

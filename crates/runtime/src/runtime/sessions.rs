@@ -185,7 +185,7 @@ impl Runtime {
     pub(crate) fn write_quota(&self, who: &Principal) -> WriteQuota {
         WriteQuota {
             limits: self.inner.config.quotas.limits_for(who),
-            count_turns: self.inner.shared.is_some(),
+            count_turns: self.inner.shared,
         }
     }
 

@@ -85,6 +85,8 @@ pub(crate) struct Turn {
     pub(crate) compacted: bool,
     /// A store write of this turn failed.
     pub(crate) store_failed: bool,
+    /// ... because the store's disk is full (what the callers are told).
+    pub(crate) disk_full: bool,
     /// The first model step's span, made at admission (its request starts
     /// there).
     pub(crate) first_chat: Option<tracing::Span>,
@@ -364,6 +366,7 @@ impl Turn {
                 if matches!(err, StoreError::LeaseLost { .. }) {
                     self.live.lose_lease();
                 }
+                self.disk_full |= matches!(err, StoreError::DiskFull(_));
                 self.store_failed = true;
                 false
             }
@@ -430,7 +433,12 @@ impl Turn {
             }
             Err(err) if had_last => {
                 tracing::error!(error = %err, "storing the answer and the turn record failed");
-                let message = "the answer could not be stored".to_owned();
+                self.disk_full |= matches!(err, StoreError::DiskFull(_));
+                let message = if self.disk_full {
+                    DISK_FULL_MESSAGE.to_owned()
+                } else {
+                    "the answer could not be stored".to_owned()
+                };
                 outcome = TurnOutcome::Error;
                 self.record.status = status_of(outcome);
                 self.record.error = Some(message.clone());
@@ -505,13 +513,20 @@ impl Turn {
     }
 }
 
-fn store_failed() -> (TurnOutcome, Option<(ErrorCode, String)>) {
+/// What a turn's callers are told when its output met a full disk.
+const DISK_FULL_MESSAGE: &str = "the server's disk is full: the turn's output could not be stored \
+     (what was stored before stays); retry once space is freed";
+
+/// The outcome of a turn whose write failed; `disk_full` names the cause.
+fn store_failed(disk_full: bool) -> (TurnOutcome, Option<(ErrorCode, String)>) {
+    let message = if disk_full {
+        DISK_FULL_MESSAGE
+    } else {
+        "the turn's output could not be stored"
+    };
     (
         TurnOutcome::Error,
-        Some((
-            ErrorCode::Unavailable,
-            "the turn's output could not be stored".to_owned(),
-        )),
+        Some((ErrorCode::Unavailable, message.to_owned())),
     )
 }
 

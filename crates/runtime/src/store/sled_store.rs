@@ -59,8 +59,10 @@ use sled::transaction::{
 use sled::{Batch, IVec, Tree};
 
 mod bodies;
+pub(super) mod disk;
 
 use self::bodies::{Bodies, Outgoing};
+use self::disk::Disk;
 use super::flusher::Flusher;
 use super::size::{Budget, message_wire_bytes, session_wire_bytes};
 use super::{
@@ -110,6 +112,8 @@ pub struct SledStore {
     flusher: Flusher,
     /// Message bodies above [`bodies::INLINE_MAX`], outside the trees.
     bodies: Bodies,
+    /// The free-space reserve, and whether sled failed a write.
+    disk: Arc<Disk>,
 }
 
 // sled's own Debug dumps every tree's contents.
@@ -155,6 +159,7 @@ impl SledStore {
         let lifecycle = Arc::default();
         // The flusher keeps the database open (the trees share it too).
         let flusher = Flusher::start(db)?;
+        let disk = Arc::new(Disk::new(path.clone(), disk::DEFAULT_MIN_FREE_BYTES));
         Ok(Self {
             path,
             sessions,
@@ -165,7 +170,31 @@ impl SledStore {
             lifecycle,
             flusher,
             bodies,
+            disk,
         })
+    }
+
+    /// Keeps `bytes` free on the data directory's filesystem instead of
+    /// the default 128 MiB: under it new sessions and turns are refused,
+    /// under a quarter of it running turns' writes too, each with
+    /// [`StoreError::DiskFull`] and nothing written (see `disk.rs` for why
+    /// sled must never meet a full disk). 0 turns the reserve off.
+    #[must_use]
+    pub fn with_min_free(mut self, bytes: u64) -> Self {
+        self.disk = Arc::new(Disk::new(self.path.clone(), bytes));
+        self
+    }
+
+    /// A transaction's error; a storage failure (sled's log write) marks
+    /// the store failed.
+    fn tx_failed(&self, e: TransactionError<StoreError>) -> StoreError {
+        match e {
+            TransactionError::Abort(e) => e,
+            TransactionError::Storage(e @ sled::Error::Io(_)) => {
+                self.disk.fail(backend("transaction", e))
+            }
+            TransactionError::Storage(e) => backend("transaction", e),
+        }
     }
 
     fn load_session(&self, id: &str) -> Result<Option<Session>, StoreError> {
@@ -181,6 +210,7 @@ impl SledStore {
         session_id: &str,
         messages: Vec<NewMessage>,
     ) -> Result<u64, StoreError> {
+        self.disk.admit()?;
         let now = SystemTime::now();
         let mut last = 0;
         for chunk in messages.chunks(IMPORT_BATCH) {
@@ -198,7 +228,7 @@ impl SledStore {
                     }
                     Ok(seq)
                 })
-                .map_err(tx_err)?;
+                .map_err(|e| self.tx_failed(e))?;
             outgoing.into_iter().for_each(keep_body);
         }
         self.flush_db().await?;
@@ -233,7 +263,9 @@ impl SledStore {
     /// deadlock it (sled 0.34.7). A blocking flush on the store's flusher
     /// thread instead, shared by every writer waiting at the time.
     async fn flush_db(&self) -> Result<(), StoreError> {
-        self.flusher.flush().await
+        // sled keeps the first failed log write as an error for every
+        // later call: the store has failed (disk.rs).
+        self.flusher.flush().await.map_err(|e| self.disk.fail(e))
     }
 
     /// Ends a turn's write that began at `started`: records its duration
@@ -313,6 +345,7 @@ impl Store for SledStore {
             let reason = "session id and owner must not contain NUL";
             return Err(StoreError::Backend(reason.to_owned()));
         }
+        self.disk.admit()?;
         let guard = self.lifecycle.lock().await;
         // Again under the lock: a concurrent create may have won, and its
         // messages must not be purged as leftovers.
@@ -334,7 +367,7 @@ impl Store for SledStore {
                 a.insert(activity_key(&session), IVec::default())?;
                 Ok(CreateOutcome::Created(session.clone()))
             })
-            .map_err(tx_err)?;
+            .map_err(|e| self.tx_failed(e))?;
         drop(guard);
         if matches!(outcome, CreateOutcome::Created(_)) {
             self.flush_db().await?;
@@ -357,6 +390,7 @@ impl Store for SledStore {
     }
 
     async fn update_session(&self, id: &str, update: SessionUpdate) -> Result<Session, StoreError> {
+        self.disk.admit()?;
         let now = SystemTime::now();
         let session = (&self.sessions, &self.activity)
             .transaction(|(s, a)| {
@@ -368,7 +402,7 @@ impl Store for SledStore {
                 write_session_tx(s, &session)?;
                 Ok(session)
             })
-            .map_err(tx_err)?;
+            .map_err(|e| self.tx_failed(e))?;
         self.flush_db().await?;
         Ok(session)
     }
@@ -402,7 +436,7 @@ impl Store for SledStore {
                 }
                 Ok(true)
             })
-            .map_err(tx_err)?;
+            .map_err(|e| self.tx_failed(e))?;
         if removed {
             self.purge_children(id).await?;
             drop(guard);
@@ -426,6 +460,7 @@ impl Store for SledStore {
         user_message: NewMessage,
         quota: &WriteQuota,
     ) -> Result<Message, StoreError> {
+        self.disk.admit()?;
         let bytes = stored_bytes(&user_message);
         let write_started = std::time::Instant::now();
         // The model request waits for this write (docs/contract.md §3.3), so the
@@ -461,7 +496,7 @@ impl Store for SledStore {
                 write_session_tx(s, &session)?;
                 Ok(message)
             })
-            .map_err(tx_err)?;
+            .map_err(|e| self.tx_failed(e))?;
         keep_body(user_message);
         self.durable_write(write_started).await?;
         Ok(message)
@@ -473,6 +508,7 @@ impl Store for SledStore {
         incarnation: &str,
         message: NewMessage,
     ) -> Result<Message, StoreError> {
+        self.disk.running()?;
         let write_started = std::time::Instant::now();
         let now = SystemTime::now();
         let outgoing = self.outgoing(session_id, &message).await?;
@@ -483,7 +519,7 @@ impl Store for SledStore {
                 write_session_tx(s, &session)?;
                 Ok(message)
             })
-            .map_err(tx_err)?;
+            .map_err(|e| self.tx_failed(e))?;
         keep_body(outgoing);
         self.durable_write(write_started).await?;
         Ok(message)
@@ -501,7 +537,7 @@ impl Store for SledStore {
                 }
                 Ok(())
             })
-            .map_err(tx_err)?;
+            .map_err(|e| self.tx_failed(e))?;
         self.durable_write(write_started).await
     }
 
@@ -514,7 +550,10 @@ impl Store for SledStore {
         let record = encode(&turn)?;
         let now = SystemTime::now();
         let last = match &last {
-            Some(message) => Some(self.outgoing(&turn.session_id, message).await?),
+            Some(message) => {
+                self.disk.running()?;
+                Some(self.outgoing(&turn.session_id, message).await?)
+            }
             None => None,
         };
         let written = (&self.sessions, &self.activity, &self.messages, &self.turns)
@@ -539,7 +578,7 @@ impl Store for SledStore {
                 write_session_tx(s, &session)?;
                 Ok(stored)
             })
-            .map_err(tx_err)?;
+            .map_err(|e| self.tx_failed(e))?;
         last.into_iter().for_each(keep_body);
         self.durable_write(write_started).await?;
         Ok(written)
@@ -627,7 +666,7 @@ impl Store for SledStore {
                 write_session_tx(s, &session)?;
                 Ok(stored)
             })
-            .map_err(tx_err)?;
+            .map_err(|e| self.tx_failed(e))?;
         keep_body(summary);
         self.flush_db().await?;
         Ok(written)
@@ -649,7 +688,7 @@ impl Store for SledStore {
                 write_session_tx(s, &session)?;
                 Ok(true)
             })
-            .map_err(tx_err)?;
+            .map_err(|e| self.tx_failed(e))?;
         if set {
             self.flush_db().await?;
         }
@@ -671,6 +710,11 @@ impl Store for SledStore {
 
     async fn flush(&self) -> Result<(), StoreError> {
         self.flush_db().await
+    }
+
+    /// The reserve and the failed state (`disk.rs`): a statvfs, no write.
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.disk.check()
     }
 }
 
@@ -949,7 +993,12 @@ fn printable(tree: &str, key: &[u8]) -> String {
 }
 
 fn backend(what: &str, e: sled::Error) -> StoreError {
-    StoreError::Backend(format!("sled {what}: {e}"))
+    match &e {
+        sled::Error::Io(io) if disk::is_full(io) => {
+            StoreError::DiskFull(format!("sled {what}: {e}"))
+        }
+        _ => StoreError::Backend(format!("sled {what}: {e}")),
+    }
 }
 
 fn not_found() -> TxError<StoreError> {

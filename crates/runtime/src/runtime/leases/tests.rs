@@ -13,7 +13,7 @@ use futures::StreamExt as _;
 use crate::error::RuntimeError;
 use crate::events::{ErrorCode, EventKind, TurnOutcome};
 use crate::model::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream, Models};
-use crate::runtime::{ChatInput, Runtime, RuntimeConfig, TurnStream};
+use crate::runtime::{ChatInput, Runtime, RuntimeConfig, StoreHealth, TurnStream};
 use crate::store::{
     CreateOutcome, HistoryQuery, Lease, LeaseKey, ListQuery, MemoryStore, MessagePage, SessionPage,
     Store, StoreError,
@@ -432,10 +432,10 @@ async fn an_unreachable_store_refuses_chats_until_it_answers_again() {
     let rt = runtime(&store, Duration::from_secs(60)).await;
     let who = Principal::local();
     let id = session(&rt).await;
-    let mut reachable = rt.store_reachable();
-    assert!(*reachable.borrow());
+    let mut reachable = rt.store_health();
+    assert_eq!(*reachable.borrow(), StoreHealth::Writable);
     store.down.store(true, Ordering::SeqCst);
-    tokio::time::timeout(WAIT, reachable.wait_for(|up| !*up))
+    tokio::time::timeout(WAIT, reachable.wait_for(|h| *h == StoreHealth::Unreachable))
         .await
         .unwrap()
         .unwrap();
@@ -444,7 +444,7 @@ async fn an_unreachable_store_refuses_chats_until_it_answers_again() {
         other => panic!("expected UNAVAILABLE, got {:?}", other.map(|_| ())),
     }
     store.down.store(false, Ordering::SeqCst);
-    tokio::time::timeout(WAIT, reachable.wait_for(|up| *up))
+    tokio::time::timeout(WAIT, reachable.wait_for(|h| *h == StoreHealth::Writable))
         .await
         .unwrap()
         .unwrap();
@@ -463,8 +463,8 @@ async fn a_single_node_store_has_no_replica_and_no_jobs() {
     .await
     .unwrap();
     assert_eq!(rt.replica_id(), None);
-    assert!(rt.inner.shared.is_none());
-    assert!(*rt.store_reachable().borrow());
+    assert!(!rt.inner.shared);
+    assert_eq!(*rt.store_health().borrow(), StoreHealth::Writable);
 }
 
 #[tokio::test]

@@ -48,7 +48,9 @@ pub(super) fn pg_error(what: &str, e: &tokio_postgres::Error) -> StoreError {
             db.message(),
             code.code()
         );
-        return if not_now(code) {
+        return if *code == SqlState::DISK_FULL {
+            StoreError::DiskFull(text)
+        } else if not_now(code) {
             StoreError::Unavailable(text)
         } else {
             StoreError::Backend(text)
