@@ -114,6 +114,8 @@ pub struct SledStore {
     bodies: Bodies,
     /// The free-space reserve, and whether sled failed a write.
     disk: Arc<Disk>,
+    /// Every owner's stored bytes (`usage.rs`).
+    owners: Arc<usage::Owners>,
 }
 
 // sled's own Debug dumps every tree's contents.
@@ -153,6 +155,7 @@ impl SledStore {
             .map_err(|_| fail("sled panicked (damaged database?)".to_owned()))?
             .map_err(|e| fail(e.to_string()))?;
         usage::init(&sessions, &usage)?;
+        let owners = Arc::new(usage::Owners::load(&sessions, &usage)?);
         let bodies = Bodies::open(&path, |key| {
             messages.contains_key(key).map_err(|e| backend("read", e))
         })?;
@@ -171,6 +174,7 @@ impl SledStore {
             flusher,
             bodies,
             disk,
+            owners,
         })
     }
 
@@ -416,27 +420,32 @@ impl Store for SledStore {
         let removed = (&self.sessions, &self.activity, &self.usage)
             .transaction(|(s, a, u)| {
                 let Some(raw) = s.get(id.as_bytes())? else {
-                    return Ok(false);
+                    return Ok(None);
                 };
                 // A corrupt record must stay deletable; its index entry then
                 // dangles, and listing skips it.
                 match decode::<Session>(SESSIONS, id.as_bytes(), &raw) {
                     Ok(session) if incarnation.is_some_and(|i| !session.is_incarnation(i)) => {
-                        return Ok(false);
+                        Ok(None)
                     }
                     Ok(session) => {
                         s.remove(id.as_bytes())?;
                         drop(a.remove(activity_key(&session))?);
-                        usage::remove_session_tx(u, &session.owner, id)?;
+                        let bytes = usage::remove_session_tx(u, &session.owner, id)?;
+                        Ok(Some(Some((session.owner, bytes))))
                     }
                     Err(e) => {
                         tracing::warn!(session_id = %id, error = %e, "deleting a corrupt session record");
                         s.remove(id.as_bytes())?;
+                        Ok(Some(None))
                     }
                 }
-                Ok(true)
             })
             .map_err(|e| self.tx_failed(e))?;
+        if let Some(Some((owner, bytes))) = &removed {
+            self.owners.forget(owner, *bytes);
+        }
+        let removed = removed.is_some();
         if removed {
             self.purge_children(id).await?;
             drop(guard);
@@ -474,6 +483,9 @@ impl Store for SledStore {
             &self.turns,
             &self.usage,
         );
+        // Reserved on the first run of the transaction's closure (sled may
+        // run it again after a conflict; the owner is the same).
+        let reserved = std::cell::RefCell::new(None);
         let message = trees
             .transaction(|(s, a, m, t, u)| {
                 let (mut session, message) = append_tx(
@@ -485,7 +497,11 @@ impl Store for SledStore {
                     &user_message,
                     now,
                 )?;
-                usage::add_bytes_tx(u, &session.owner, &session.id, bytes, &quota.limits)?;
+                if reserved.borrow().is_none() {
+                    let held = self.owners.reserve(&session.owner, bytes, &quota.limits)?;
+                    *reserved.borrow_mut() = Some(held);
+                }
+                usage::add_bytes_tx(u, &session.owner, &session.id, bytes)?;
                 let record = TurnRecord {
                     user_message_seq: message.seq,
                     ..turn.clone()
@@ -497,6 +513,9 @@ impl Store for SledStore {
                 Ok(message)
             })
             .map_err(|e| self.tx_failed(e))?;
+        if let Some(held) = reserved.into_inner() {
+            held.commit();
+        }
         keep_body(user_message);
         self.durable_write(write_started).await?;
         Ok(message)
