@@ -135,6 +135,14 @@ fn from_store(err: StoreError) -> Status {
                  another replica)",
             )
         }
+        StoreError::Failed(_) => {
+            tracing::error!(error = %err, "store failed");
+            Status::unavailable(
+                "the server's store failed a write (its disk is full or failing) and takes none \
+                 until the server restarts; this call's data may or may not have been stored — \
+                 retry with the same request_id once it is back",
+            )
+        }
         StoreError::Unavailable(_) => {
             tracing::warn!(error = %err, "store unreachable");
             Status::unavailable("the database cannot be reached; retry later")

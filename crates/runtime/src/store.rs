@@ -60,6 +60,12 @@ pub enum StoreError {
     /// freed succeeds.
     #[error("the disk is full: {0}")]
     DiskFull(String),
+    /// A store in this process failed a write (sled: its log write met a
+    /// full or failing disk). Whether that write reached the disk is
+    /// unknown — it may be there after a restart — and the store takes no
+    /// write until the process restarts.
+    #[error("the store failed a write and takes none until restarted: {0}")]
+    Failed(String),
     /// [`Store::begin_turn`] on a shared store: another turn holds the
     /// session's unexpired lease (cluster-wide busy). Nothing was written.
     #[error("the session's lease is held by turn {} on replica {}", .0.turn_id, .0.replica_id)]

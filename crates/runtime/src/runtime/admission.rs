@@ -278,7 +278,7 @@ impl Runtime {
             context: Arc::default(),
             compacted: false,
             store_failed: false,
-            disk_full: false,
+            store_cause: None,
             first_chat: Some(first_chat),
             _live_metric: crate::telemetry::metrics::LiveGuard::turn(),
             _quota: counted,

@@ -80,6 +80,7 @@ impl HealthWatch {
         match answer {
             Some(Ok(())) => Some(StoreHealth::Writable),
             Some(Err(StoreError::DiskFull(_))) => Some(StoreHealth::DiskFull),
+            Some(Err(StoreError::Failed(_))) => Some(StoreHealth::Failed),
             Some(Err(err)) if self.shared => {
                 tracing::debug!(error = %err, "store ping failed");
                 Some(StoreHealth::Unreachable)
@@ -169,6 +170,8 @@ mod tests {
         let shared = HealthWatch::new(true);
         let full = || Some(Err(StoreError::DiskFull("x".into())));
         let broken = || Some(Err(StoreError::Backend("x".into())));
+        let failed = || Some(Err(StoreError::Failed("x".into())));
+        assert_eq!(shared.classify(failed()), Some(StoreHealth::Failed));
         assert_eq!(single.classify(Some(Ok(()))), Some(StoreHealth::Writable));
         assert_eq!(single.classify(full()), Some(StoreHealth::DiskFull));
         assert_eq!(shared.classify(full()), Some(StoreHealth::DiskFull));

@@ -85,8 +85,9 @@ pub(crate) struct Turn {
     pub(crate) compacted: bool,
     /// A store write of this turn failed.
     pub(crate) store_failed: bool,
-    /// ... because the store's disk is full (what the callers are told).
-    pub(crate) disk_full: bool,
+    /// Why a store write of this turn failed, when that is worth telling
+    /// the callers (the disk is full, the store failed for good).
+    pub(crate) store_cause: Option<&'static str>,
     /// The first model step's span, made at admission (its request starts
     /// there).
     pub(crate) first_chat: Option<tracing::Span>,
@@ -366,7 +367,7 @@ impl Turn {
                 if matches!(err, StoreError::LeaseLost { .. }) {
                     self.live.lose_lease();
                 }
-                self.disk_full |= matches!(err, StoreError::DiskFull(_));
+                self.store_cause = self.store_cause.or(cause_of(&err));
                 self.store_failed = true;
                 false
             }
@@ -433,12 +434,11 @@ impl Turn {
             }
             Err(err) if had_last => {
                 tracing::error!(error = %err, "storing the answer and the turn record failed");
-                self.disk_full |= matches!(err, StoreError::DiskFull(_));
-                let message = if self.disk_full {
-                    DISK_FULL_MESSAGE.to_owned()
-                } else {
-                    "the answer could not be stored".to_owned()
-                };
+                self.store_cause = self.store_cause.or(cause_of(&err));
+                let message = self
+                    .store_cause
+                    .unwrap_or("the answer could not be stored")
+                    .to_owned();
                 outcome = TurnOutcome::Error;
                 self.record.status = status_of(outcome);
                 self.record.error = Some(message.clone());
@@ -513,17 +513,31 @@ impl Turn {
     }
 }
 
-/// What a turn's callers are told when its output met a full disk.
-const DISK_FULL_MESSAGE: &str = "the server's disk is full: the turn's output could not be stored \
-     (what was stored before stays); retry once space is freed";
+/// What a turn's callers are told when a write failed for `err`, if it
+/// says more than "could not be stored".
+fn cause_of(err: &StoreError) -> Option<&'static str> {
+    match err {
+        StoreError::DiskFull(_) => Some(
+            "the server's disk is full: the turn's output could not be stored (what was stored \
+             before stays); retry once space is freed",
+        ),
+        StoreError::Failed(_) => Some(
+            "the server's store failed a write (its disk is full or failing): the turn's last \
+             output may or may not have been stored, and the server needs a restart",
+        ),
+        StoreError::SessionNotFound
+        | StoreError::Corrupt { .. }
+        | StoreError::Backend(_)
+        | StoreError::Unavailable(_)
+        | StoreError::Busy(_)
+        | StoreError::QuotaExceeded(_)
+        | StoreError::LeaseLost { .. } => None,
+    }
+}
 
-/// The outcome of a turn whose write failed; `disk_full` names the cause.
-fn store_failed(disk_full: bool) -> (TurnOutcome, Option<(ErrorCode, String)>) {
-    let message = if disk_full {
-        DISK_FULL_MESSAGE
-    } else {
-        "the turn's output could not be stored"
-    };
+/// The outcome of a turn whose write failed; `cause` says why, if known.
+fn store_failed(cause: Option<&str>) -> (TurnOutcome, Option<(ErrorCode, String)>) {
+    let message = cause.unwrap_or("the turn's output could not be stored");
     (
         TurnOutcome::Error,
         Some((ErrorCode::Unavailable, message.to_owned())),

@@ -156,7 +156,7 @@ impl Turn {
             .store_partial(output, StopReason::ToolUse, emitter)
             .await
         {
-            return Some(store_failed(self.disk_full));
+            return Some(store_failed(self.store_cause));
         }
         match self
             .run_tools(std::mem::take(&mut output.tool_calls), emitter)
@@ -171,7 +171,7 @@ impl Turn {
                 self.store_timeout_notice(emitter).await;
                 Some((TurnOutcome::TimedOut, None))
             }
-            ToolsEnd::StoreFailed => Some(store_failed(self.disk_full)),
+            ToolsEnd::StoreFailed => Some(store_failed(self.store_cause)),
         }
     }
 

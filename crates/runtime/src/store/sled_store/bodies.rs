@@ -151,7 +151,13 @@ impl Bodies {
         let fan = self.dir.join(&name[..2]);
         let path = fan.join(&name);
         let fail = |e: io::Error| {
-            StoreError::Backend(format!("writing a message body to {}: {e}", path.display()))
+            let what = format!("writing a message body to {}: {e}", path.display());
+            // The file is removed and nothing refers to it: nothing stored.
+            if super::disk::is_full(&e) {
+                StoreError::DiskFull(what)
+            } else {
+                StoreError::Backend(what)
+            }
         };
         if !fan.is_dir() {
             fs::create_dir_all(&fan).map_err(fail)?;

@@ -60,30 +60,31 @@ impl Disk {
         self.has(self.min_free / 4, "the turn's output was not stored")
     }
 
-    /// What readiness asks: [`Disk::admit`] — a failed store is `Backend`
+    /// What readiness asks: [`Disk::admit`] — a failed store is `Failed`
     /// (until restart), too little room `DiskFull` (until it returns).
     pub(super) fn check(&self) -> Result<(), StoreError> {
         self.admit()
     }
 
     /// Records that sled failed a write: from now on every call is
-    /// refused (see the module docs). Returns `err`.
+    /// refused (see the module docs). `err` becomes [`StoreError::Failed`]:
+    /// sled may have written part of its log, so the write may be there
+    /// after a restart.
     pub(super) fn fail(&self, err: StoreError) -> StoreError {
-        if self.failed.set(err.to_string()).is_ok() {
+        let why = err.to_string();
+        if self.failed.set(why.clone()).is_ok() {
             tracing::error!(
                 error = %err,
                 "the sled store failed a write and refuses every write until the server restarts \
                  (free space on its disk first)"
             );
         }
-        err
+        StoreError::Failed(why)
     }
 
     fn has(&self, needed: u64, refused: &str) -> Result<(), StoreError> {
         if let Some(why) = self.failed.get() {
-            return Err(StoreError::Backend(format!(
-                "the store failed a write ({why}) and takes none until the server restarts"
-            )));
+            return Err(StoreError::Failed(why.clone()));
         }
         if needed == 0 {
             return Ok(());
@@ -137,11 +138,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let disk = Disk::new(dir.path().to_owned(), 0);
         let err = disk.fail(StoreError::DiskFull("No space left on device".into()));
-        assert!(matches!(err, StoreError::DiskFull(_)));
+        assert!(matches!(err, StoreError::Failed(_)), "{err:?}");
         for refused in [disk.admit(), disk.running(), disk.check()] {
             let err = refused.unwrap_err();
-            assert!(matches!(err, StoreError::Backend(_)), "{err:?}");
-            assert!(err.to_string().contains("restarts"), "{err}");
+            assert!(matches!(err, StoreError::Failed(_)), "{err:?}");
+            assert!(err.to_string().contains("No space left"), "{err}");
         }
     }
 
