@@ -244,9 +244,14 @@ impl Report {
                     f.hard_ok_before, f.hard_ok_after, f.hard_refused, f.hard_failed
                 ),
             ),
+            ("hard full: what refusals said", f.hard_refusals.join(" · ")),
             (
-                "hard full: disk full → liveness NOT_SERVING, ms",
-                opt(f.liveness_down_ms),
+                "hard full: what failed turns said",
+                f.hard_failures.join(" · "),
+            ),
+            (
+                "hard full: free after the fill; → liveness NOT_SERVING, ms",
+                format!("{}; {}", mib(f.hard_free), opt(f.liveness_down_ms)),
             ),
             (
                 "restart (kill -9, space freed) → readiness, ms",
