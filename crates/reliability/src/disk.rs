@@ -35,6 +35,7 @@ mod hard;
 mod phases;
 mod turn;
 
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -100,6 +101,11 @@ pub(crate) struct Figures {
     /// history after it.
     pub(crate) acks_checked: u64,
     pub(crate) messages: u64,
+    /// Messages in history after the restart that no client saw
+    /// acknowledged: a figure, not a verdict (phases 1 and 2 check that
+    /// refused work stores nothing; under phase 3's failed sled write the
+    /// outcome of that write is not known to the server either).
+    pub(crate) unacked: Vec<String>,
     pub(crate) wall: Duration,
     pub(crate) violations: Vec<String>,
 }
@@ -123,6 +129,8 @@ struct Ctx<'a> {
     /// Per session: every `message_stored` (seq, id) a client received.
     acks: Vec<Vec<(u64, String)>>,
     keys: u64,
+    /// Every turn a client saw admitted, and what went wrong.
+    turns: HashMap<String, Option<String>>,
     fig: Figures,
 }
 
@@ -155,6 +163,7 @@ impl Ctx<'_> {
 
     fn record(&mut self, i: usize, turn: &Turn) {
         self.acks[i].extend(turn.acks.iter().map(|(s, id, _)| (*s, id.clone())));
+        self.turns.insert(turn.turn_id.clone(), turn.told());
         self.fig.acked += turn.acks.len() as u64;
         self.fig.turns_ok += u64::from(turn.succeeded());
     }
@@ -256,6 +265,19 @@ async fn final_check(ctx: &mut Ctx<'_>, c: &Client) -> Result<(), String> {
             .history(&sid)
             .await
             .map_err(|e| format!("{sid}: GetHistory: {e}"))?;
+        let acked: HashSet<&str> = ctx.acks[i].iter().map(|(_, id)| id.as_str()).collect();
+        for m in history.iter().filter(|m| !acked.contains(m.id.as_str())) {
+            let whose = match ctx.turns.get(&m.turn_id) {
+                None => "a Chat refused at admission".to_owned(),
+                Some(Some(told)) => format!("a turn told {told:?}"),
+                Some(None) => "a turn that succeeded".to_owned(),
+            };
+            ctx.fig.unacked.push(format!(
+                "{sid} seq {}: the {:?} message of {whose}",
+                m.seq,
+                m.role()
+            ));
+        }
         let (mut mirror, mut v) = (Mirror::default(), Vec::new());
         mirror.extend(&sid, history, &mut v);
         for (seq, id) in &ctx.acks[i] {
@@ -311,6 +333,7 @@ pub(crate) async fn run(
         sids: (0..plan.sessions).map(|i| format!("disk-{i}")).collect(),
         acks: vec![Vec::new(); plan.sessions],
         keys: 0,
+        turns: HashMap::new(),
         fig: Figures::default(),
     };
     let server = Server::start(&spec(plan.min_free_mb)).await?;

@@ -262,6 +262,14 @@ impl Report {
                 format!("{} / {}", f.acked, f.acks_checked),
             ),
             ("messages in history at the end", f.messages.to_string()),
+            (
+                "of which stored but never acknowledged to a client",
+                if f.unacked.is_empty() {
+                    "0".to_owned()
+                } else {
+                    format!("{}: {}", f.unacked.len(), f.unacked.join(", "))
+                },
+            ),
             ("wall time", format!("{:.1} s", f.wall.as_secs_f64())),
             ("violations", f.violations.len().to_string()),
         ];

@@ -154,24 +154,48 @@ impl Filler {
         }
     }
 
-    /// Keeps the filesystem full until `stop`: every 20 ms whatever was
-    /// freed (a file the server removed) is taken again. Runs on a blocking
-    /// thread; join the handle after setting `stop`.
-    pub(crate) fn keep_full(
-        &mut self,
-        stop: Arc<AtomicBool>,
-    ) -> Result<tokio::task::JoinHandle<()>, String> {
+    /// Keeps the filesystem full until the [`Keeper`] is stopped (or
+    /// dropped): every 20 ms whatever was freed (a file the server removed)
+    /// is taken again, on a blocking thread.
+    pub(crate) fn keep_full(&mut self) -> Result<Keeper, String> {
         let mut file = self
             .file
             .try_clone()
             .map_err(|e| format!("clone {}: {e}", self.path.display()))?;
-        Ok(tokio::task::spawn_blocking(move || {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = tokio::task::spawn_blocking(move || {
             let chunk = vec![0x5a_u8; 64 << 10];
-            while !stop.load(Ordering::SeqCst) {
+            while !flag.load(Ordering::SeqCst) {
                 while file.write_all(&chunk).is_ok() {}
                 std::thread::sleep(Duration::from_millis(20));
             }
-        }))
+        });
+        Ok(Keeper { stop, thread })
+    }
+}
+
+/// The thread of [`Filler::keep_full`]; dropping it tells the thread to
+/// stop, [`Keeper::stop`] also waits for it (and its copy of the file's
+/// descriptor, which holds the space).
+#[derive(Debug)]
+pub(crate) struct Keeper {
+    stop: Arc<AtomicBool>,
+    thread: tokio::task::JoinHandle<()>,
+}
+
+impl Keeper {
+    pub(crate) async fn stop(mut self) -> Result<(), String> {
+        self.stop.store(true, Ordering::SeqCst);
+        (&mut self.thread)
+            .await
+            .map_err(|e| format!("the filler's keeper: {e}"))
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
     }
 }
 

@@ -43,16 +43,18 @@ fn take(texts: &Mutex<BTreeSet<String>>) -> Vec<String> {
     texts.into_iter().collect()
 }
 
-/// Small turns back to back on one session until `stop`; what was
-/// acknowledged, and what went wrong that should not have.
-async fn hard_loop(
-    c: Client,
-    sid: String,
-    mut rng: Rng,
-    hard: Arc<Hard>,
-    limit: Duration,
-) -> (Vec<(u64, String)>, Vec<String>) {
-    let (mut acks, mut problems) = (Vec::new(), Vec::new());
+/// What one session's loop saw.
+struct Seen {
+    acks: Vec<(u64, String)>,
+    /// Every turn admitted: id, and what went wrong.
+    turns: Vec<(String, Option<String>)>,
+    /// What went wrong that should not have.
+    problems: Vec<String>,
+}
+
+/// Small turns back to back on one session until `stop`.
+async fn hard_loop(c: Client, sid: String, mut rng: Rng, hard: Arc<Hard>, limit: Duration) -> Seen {
+    let (mut acks, mut turns, mut problems) = (Vec::new(), Vec::new(), Vec::new());
     for n in 0.. {
         if hard.stop.load(Ordering::SeqCst) {
             break;
@@ -78,6 +80,7 @@ async fn hard_loop(
                 let mut t = Turn::default();
                 t.finish(&mut stream, limit).await;
                 acks.extend(t.acks.iter().map(|(s, id, _)| (*s, id.clone())));
+                turns.push((t.turn_id.clone(), t.told()));
                 let filled = hard.filled.load(Ordering::SeqCst);
                 let counter = match (t.succeeded(), filled) {
                     (true, false) => &hard.ok_before,
@@ -89,15 +92,8 @@ async fn hard_loop(
                     }
                 };
                 counter.fetch_add(1, Ordering::SeqCst);
-                if filled && !t.succeeded() {
-                    let said = t
-                        .errors
-                        .first()
-                        .map(|(c, m)| format!("error event {c:?}: {m}"));
-                    note(
-                        &hard.failures,
-                        said.or(t.broken.clone()).unwrap_or_default(),
-                    );
+                if let (true, Some(told)) = (filled, t.told()) {
+                    note(&hard.failures, told);
                 }
                 if t.broken.as_deref().is_some_and(|b| b.starts_with("no end")) {
                     problems.push(format!("{sid}: turn {} hung: {t:?}", t.turn_id));
@@ -106,7 +102,11 @@ async fn hard_loop(
             }
         }
     }
-    (acks, problems)
+    Seen {
+        acks,
+        turns,
+        problems,
+    }
 }
 
 /// Phase 3: the disk full to the last page under running turns; returns
@@ -132,8 +132,7 @@ pub(super) async fn hard_full(ctx: &mut Ctx<'_>, server: &Server) -> Result<Fill
     hard.filled.store(true, Ordering::SeqCst);
     filler.fill_completely();
     let filled = Instant::now();
-    let keep = Arc::new(AtomicBool::new(false));
-    let keeper = filler.keep_full(Arc::clone(&keep))?;
+    let keeper = filler.keep_full()?;
     let free = ctx.free()?;
     ctx.fig.hard_free = free;
     let why = format!(
@@ -150,17 +149,15 @@ pub(super) async fn hard_full(ctx: &mut Ctx<'_>, server: &Server) -> Result<Fill
     }
     hard.stop.store(true, Ordering::SeqCst);
     while let Some(joined) = loops.join_next().await {
-        let (i, (acks, problems)) = joined.map_err(|e| format!("hard-full loop: {e}"))?;
-        ctx.fig.acked += acks.len() as u64;
-        ctx.acks[i].extend(acks);
-        for p in problems {
+        let (i, seen) = joined.map_err(|e| format!("hard-full loop: {e}"))?;
+        ctx.fig.acked += seen.acks.len() as u64;
+        ctx.acks[i].extend(seen.acks);
+        ctx.turns.extend(seen.turns);
+        for p in seen.problems {
             ctx.violate(PHASE, p);
         }
     }
-    keep.store(true, Ordering::SeqCst);
-    keeper
-        .await
-        .map_err(|e| format!("the filler's keeper: {e}"))?;
+    keeper.stop().await?;
     let f = &mut ctx.fig;
     f.hard_ok_before = hard.ok_before.load(Ordering::SeqCst);
     f.hard_ok_after = hard.ok_after.load(Ordering::SeqCst);

@@ -70,6 +70,21 @@ impl Turn {
         self.outcome == Some(proto::TurnOutcome::Success) && self.broken.is_none()
     }
 
+    /// What the caller was told went wrong: `None` when it succeeded.
+    pub(super) fn told(&self) -> Option<String> {
+        if self.succeeded() {
+            return None;
+        }
+        let said = self
+            .errors
+            .first()
+            .map(|(c, m)| format!("error event {c:?}: {m}"));
+        Some(
+            said.or_else(|| self.broken.clone())
+                .unwrap_or_else(|| format!("{:?}", self.outcome)),
+        )
+    }
+
     pub(super) fn ended_disk_full(&self) -> bool {
         self.errors
             .iter()
@@ -101,4 +116,42 @@ pub(super) fn big_text(key: &str, bytes: u64) -> String {
         s.push_str(" padding");
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_turn_ended_disk_full_only_with_the_unavailable_error_event() {
+        let mut t = Turn {
+            outcome: Some(proto::TurnOutcome::Error),
+            ..Turn::default()
+        };
+        assert!(!t.ended_disk_full());
+        t.errors
+            .push((proto::ErrorCode::Internal, "disk is full".into()));
+        assert!(!t.ended_disk_full(), "the code must be UNAVAILABLE");
+        t.errors.push((
+            proto::ErrorCode::Unavailable,
+            "the server's disk is full: retry".into(),
+        ));
+        assert!(t.ended_disk_full());
+        assert_eq!(
+            t.told().as_deref(),
+            Some("error event Internal: disk is full")
+        );
+        let ok = Turn {
+            outcome: Some(proto::TurnOutcome::Success),
+            ..Turn::default()
+        };
+        assert!(ok.succeeded() && ok.told().is_none());
+    }
+
+    #[test]
+    fn a_big_text_is_a_directive_of_the_size_asked() {
+        let t = big_text("k1", 10_000);
+        assert!(t.starts_with(&directive(Mode::Text, 3, "k1")));
+        assert!((10_000..10_010).contains(&t.len()));
+    }
 }
