@@ -285,7 +285,11 @@ async fn session_loop(
 
 /// Waits until the session's last turn is no longer running; returns its
 /// outcome.
-async fn settled(c: &Client, sid: &str, limit: Duration) -> Result<proto::TurnOutcome, String> {
+pub(crate) async fn settled(
+    c: &Client,
+    sid: &str,
+    limit: Duration,
+) -> Result<proto::TurnOutcome, String> {
     let until = Instant::now() + limit;
     loop {
         let s = c

@@ -13,7 +13,11 @@
 //!   write under `KEY` ([`Fake::take_emits`]) so a client in this process
 //!   measures relay lag on one clock;
 //! - `long`: `TOKENS` fat tokens as fast as the socket takes them (abusive
-//!   callers' turns).
+//!   callers' turns);
+//! - `gate`: one token, then nothing until the gate opens
+//!   ([`Fake::set_gate`]), then `TOKENS` fat tokens at once: answers that
+//!   are still streaming when the battery changes the world under them
+//!   (the disk fills).
 //!
 //! A request whose last message is a tool result gets a short text answer;
 //! anything else (a compaction summary, a title) a three-token answer.
@@ -33,6 +37,9 @@ const MAX_REQUEST: usize = 16 << 20;
 /// Most emit records kept (a client that never collects them cannot grow
 /// the map without bound).
 const MAX_RECORDS: usize = 100_000;
+/// Longest a `gate` answer waits for its gate: a battery that failed
+/// before opening it must not leave the server's turns hanging for ever.
+const GATE_LIMIT: Duration = Duration::from_secs(120);
 
 /// What one turn's first model request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +49,7 @@ pub(crate) enum Mode {
     CallerTool,
     Lag,
     Long,
+    Gated,
 }
 
 impl Mode {
@@ -52,6 +60,7 @@ impl Mode {
             Mode::CallerTool => "ctool",
             Mode::Lag => "lag",
             Mode::Long => "long",
+            Mode::Gated => "gate",
         }
     }
 }
@@ -72,6 +81,7 @@ fn parse_directive(text: &str) -> Option<(Mode, u32, String)> {
         "ctool" => Mode::CallerTool,
         "lag" => Mode::Lag,
         "long" => Mode::Long,
+        "gate" => Mode::Gated,
         _ => return None,
     };
     let tokens = words.next()?.parse().ok()?;
@@ -88,6 +98,8 @@ pub(crate) fn token_indices(text: &str) -> impl Iterator<Item = usize> + '_ {
 struct Shared {
     period: Duration,
     emits: Mutex<HashMap<String, Vec<Instant>>>,
+    /// Open (`true`) lets `gate` answers go on; closed at start.
+    gate: tokio::sync::watch::Sender<bool>,
 }
 
 /// The running fake; dropping it closes the listener and every connection.
@@ -116,6 +128,7 @@ impl Fake {
         let shared = Arc::new(Shared {
             period,
             emits: Mutex::new(HashMap::new()),
+            gate: tokio::sync::watch::Sender::new(false),
         });
         let task = tokio::spawn(accept(listener, Arc::clone(&shared)));
         Ok(Self { addr, shared, task })
@@ -124,6 +137,11 @@ impl Fake {
     /// `http://127.0.0.1:PORT/v1`.
     pub(crate) fn base_url(&self) -> String {
         format!("http://{}/v1", self.addr)
+    }
+
+    /// Opens (or closes) the gate that `gate` answers wait for.
+    pub(crate) fn set_gate(&self, open: bool) {
+        self.shared.gate.send_replace(open);
     }
 
     /// The emit instants of the `lag` stream `key` (removed).
@@ -287,6 +305,24 @@ async fn write(socket: &mut TcpStream, payload: &[u8]) -> bool {
     socket.write_all(&out).await.is_ok()
 }
 
+/// Writes `tokens` fat (251-byte) text tokens as fast as the socket takes
+/// them; `false` when the client went away.
+async fn fat_tokens(socket: &mut TcpStream, tokens: u32) -> bool {
+    let fat = format!("{} ", "x".repeat(250));
+    let piece = text_event(&fat);
+    let mut batch = Vec::new();
+    for _ in 0..tokens {
+        push_chunk(&mut batch, &piece);
+        if batch.len() >= 16 * 1024 {
+            if socket.write_all(&batch).await.is_err() {
+                return false;
+            }
+            batch.clear();
+        }
+    }
+    socket.write_all(&batch).await.is_ok()
+}
+
 /// Writes one streamed answer; `false` when the client went away.
 async fn stream(socket: &mut TcpStream, shared: &Shared, plan: (Mode, u32, String)) -> bool {
     let (mode, tokens, key) = plan;
@@ -313,19 +349,19 @@ async fn stream(socket: &mut TcpStream, shared: &Shared, plan: (Mode, u32, Strin
             "tool_calls"
         }
         Mode::Long => {
-            let fat = format!("{} ", "x".repeat(250));
-            let piece = text_event(&fat);
-            let mut batch = Vec::new();
-            for _ in 0..tokens {
-                push_chunk(&mut batch, &piece);
-                if batch.len() >= 16 * 1024 {
-                    if socket.write_all(&batch).await.is_err() {
-                        return false;
-                    }
-                    batch.clear();
-                }
+            if !fat_tokens(socket, tokens).await {
+                return false;
             }
-            if socket.write_all(&batch).await.is_err() {
+            "stop"
+        }
+        Mode::Gated => {
+            if !write(socket, &text_event("g ")).await {
+                return false;
+            }
+            let mut gate = shared.gate.subscribe();
+            // A timeout or a dropped fake opens it: the answer goes on.
+            let _ = tokio::time::timeout(GATE_LIMIT, gate.wait_for(|open| *open)).await;
+            if !fat_tokens(socket, tokens).await {
                 return false;
             }
             "stop"
@@ -369,6 +405,7 @@ mod tests {
             Mode::CallerTool,
             Mode::Lag,
             Mode::Long,
+            Mode::Gated,
         ] {
             let d = directive(mode, 7, "k-1");
             assert_eq!(parse_directive(&d), Some((mode, 7, "k-1".to_owned())));

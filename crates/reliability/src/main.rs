@@ -11,7 +11,13 @@
 //!   nothing else stored;
 //! - `abuse`: callers that stop reading, callers that vanish mid-turn and
 //!   one connection opening many streams, next to victim sessions whose
-//!   relay lag is measured; the server's RSS as a figure.
+//!   relay lag is measured; the server's RSS as a figure;
+//! - `disk`: the sled store on a small tmpfs filled under it — refused at
+//!   admission below `store_min_free_mb` with readiness NOT_SERVING and
+//!   back without a restart, running turns ended ERROR when even their
+//!   writes are refused, liveness NOT_SERVING once the disk is full to the
+//!   last page, and every acknowledged message there after a restart
+//!   (needs root, to mount the tmpfs).
 //!
 //! ```text
 //! cargo build -p agentrt-server -p agentrt-reliability
@@ -23,16 +29,20 @@
 //! Verdicts are deterministic: any violation exits 1 after printing it
 //! with the seed and cycle that reproduce it. Timing figures (lag, RSS,
 //! restart time) are reported; only the RSS bound (and, when asked for,
-//! `--lag-p99-ms`) is a verdict.
+//! `--lag-p99-ms`) is a verdict, besides the disk battery's bounds on how
+//! long the health service may take to say the disk is full or free (10 s,
+//! ten times the server's poll).
 
 mod abuse;
 mod crash;
+mod disk;
 mod fake;
 mod mirror;
 mod races;
 mod report;
 mod rng;
 mod server;
+mod tmpfs;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -47,7 +57,7 @@ use crate::server::{Server, Spec};
 #[derive(Debug, Parser)]
 #[command(
     name = "agentrt-reliability",
-    about = "Reliability battery: kill -9 cycles, admission races, abusive clients"
+    about = "Reliability battery: kill -9 cycles, admission races, abusive clients, a full disk"
 )]
 struct Cli {
     /// The agentrt-server binary [default: `agentrt-server` next to this
@@ -62,13 +72,14 @@ struct Cli {
     #[arg(long)]
     no_server_tools: bool,
     /// CI sizes (200 crash cycles on sled, 100 on PostgreSQL, 1,000 races,
-    /// 50+50+100 abusers).
+    /// 50+50+100 abusers, 4 sessions on the full disk).
     #[arg(long)]
     short: bool,
     /// The seed of every random choice [default: from the clock; printed].
     #[arg(long, env = "AGENTRT_RELIABILITY_SEED")]
     seed: Option<u64>,
-    /// Only these parts, comma-separated: crash,races,abuse.
+    /// Only these parts, comma-separated: crash,races,abuse,disk (disk
+    /// needs root: it mounts a tmpfs).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Stores of the crash cycles, comma-separated: sled,postgres.
@@ -167,6 +178,8 @@ async fn run(cli: &Cli, seed: u64, out: &mut report::Report) -> Result<(), Strin
                 dir: dir.path().to_owned(),
                 config: server::config(&fake.base_url(), mcp.as_deref(), &tail),
                 env,
+                data_dir: None,
+                args: Vec::new(),
             };
             let plan = crash::Plan {
                 // A PostgreSQL cycle waits for the dead process's lease (1 s,
@@ -206,6 +219,8 @@ async fn run(cli: &Cli, seed: u64, out: &mut report::Report) -> Result<(), Strin
             dir: dir.path().to_owned(),
             config: server::config(&fake.base_url(), None, ""),
             env: Vec::new(),
+            data_dir: None,
+            args: Vec::new(),
         };
         let server = Server::start(&spec).await?;
         let plan = races::Plan {
@@ -229,6 +244,8 @@ async fn run(cli: &Cli, seed: u64, out: &mut report::Report) -> Result<(), Strin
             dir: dir.path().to_owned(),
             config: server::config(&fake.base_url(), None, ""),
             env: Vec::new(),
+            data_dir: None,
+            args: Vec::new(),
         };
         let mut server = Server::start(&spec).await?;
         let plan = if cli.short {
@@ -263,6 +280,29 @@ async fn run(cli: &Cli, seed: u64, out: &mut report::Report) -> Result<(), Strin
         let fig = abuse::run(&mut server, &fake, &plan, seed).await?;
         out.abuse(&fig, &plan);
         server.kill9().await?;
+    }
+    if wants(cli, "disk") {
+        let dir = temp_dir("agentrt-disk-")?;
+        let plan = disk::Plan {
+            size_mb: 64,
+            min_free_mb: 16,
+            sessions: if cli.short { 4 } else { 8 },
+            turns_before: 2,
+            big_bytes: (150_000, 250_000),
+            answer_tokens: 400,
+            health_limit: Duration::from_secs(10),
+            turn_limit: Duration::from_secs(60),
+        };
+        eprintln!(
+            "agentrt-reliability: disk: a {} MiB tmpfs, store_min_free_mb {}, {} sessions",
+            plan.size_mb, plan.min_free_mb, plan.sessions
+        );
+        let result = disk::run(&binary, &fake, dir.path(), &plan, seed).await;
+        if result.as_ref().map_or(true, |f| !f.violations.is_empty()) {
+            let kept = dir.keep();
+            eprintln!("agentrt-reliability: kept {} (server.log)", kept.display());
+        }
+        out.disk(&result?, &plan);
     }
     Ok(())
 }

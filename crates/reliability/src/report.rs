@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::{abuse, crash, races};
+use crate::{abuse, crash, disk, races};
 
 /// Sections in run order, and every violation.
 #[derive(Debug)]
@@ -194,6 +194,87 @@ impl Report {
         ];
         self.sections
             .push(format!("## Abusive clients\n\n{}", table(&rows)));
+        self.violations.extend(f.violations.iter().cloned());
+    }
+
+    pub(crate) fn disk(&mut self, f: &disk::Figures, plan: &disk::Plan) {
+        let opt = |v: Option<f64>| {
+            v.map_or_else(|| "never (violation)".to_owned(), |v| format!("{v:.0}"))
+        };
+        let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
+        let rows = [
+            (
+                "tmpfs / store_min_free_mb",
+                format!("{} MiB / {} MiB", plan.size_mb, plan.min_free_mb),
+            ),
+            (
+                "sessions / turns succeeded in all",
+                format!("{} / {}", plan.sessions, f.turns_ok),
+            ),
+            (
+                "watermark: free when checked; Chat / CreateSession refused \"disk is full\"",
+                format!(
+                    "{}; {} / {}",
+                    mib(f.watermark_free),
+                    f.refused_chat,
+                    f.refused_create
+                ),
+            ),
+            (
+                "watermark: fill → readiness NOT_SERVING / filler removed → SERVING, ms",
+                format!("{} / {}", opt(f.watermark_down_ms), opt(f.watermark_up_ms)),
+            ),
+            (
+                "mid-turn: free when answers came; turns ended ERROR \"disk is full\"",
+                format!(
+                    "{}; {} of {}",
+                    mib(f.mid_free),
+                    f.mid_disk_full,
+                    f.mid_turns
+                ),
+            ),
+            (
+                "mid-turn: fill → readiness NOT_SERVING / filler removed → SERVING, ms",
+                format!("{} / {}", opt(f.mid_down_ms), opt(f.mid_up_ms)),
+            ),
+            (
+                "hard full: turns ok before / ok after / refused / failed after the fill",
+                format!(
+                    "{} / {} / {} / {}",
+                    f.hard_ok_before, f.hard_ok_after, f.hard_refused, f.hard_failed
+                ),
+            ),
+            ("hard full: what refusals said", f.hard_refusals.join(" · ")),
+            (
+                "hard full: what failed turns said",
+                f.hard_failures.join(" · "),
+            ),
+            (
+                "hard full: free after the fill; → liveness NOT_SERVING, ms",
+                format!("{}; {}", mib(f.hard_free), opt(f.liveness_down_ms)),
+            ),
+            (
+                "restart (kill -9, space freed) → readiness, ms",
+                opt(f.restart_ms),
+            ),
+            (
+                "messages acknowledged (message_stored) in all / before the last restart, each checked after it",
+                format!("{} / {}", f.acked, f.acks_checked),
+            ),
+            ("messages in history at the end", f.messages.to_string()),
+            (
+                "of which stored but never acknowledged to a client",
+                if f.unacked.is_empty() {
+                    "0".to_owned()
+                } else {
+                    format!("{}: {}", f.unacked.len(), f.unacked.join(", "))
+                },
+            ),
+            ("wall time", format!("{:.1} s", f.wall.as_secs_f64())),
+            ("violations", f.violations.len().to_string()),
+        ];
+        self.sections
+            .push(format!("## Disk full\n\n{}", table(&rows)));
         self.violations.extend(f.violations.iter().cloned());
     }
 

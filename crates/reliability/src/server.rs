@@ -1,7 +1,7 @@
 //! The server under test: the real `agentrt-server` binary as a child
 //! process on `127.0.0.1:0`, its config written to the run directory, its
 //! log appended to `server.log` there. [`Server::kill9`] is the crash;
-//! dropping a [`Server`] kills it too.
+//! dropping a [`Server`] kills it too. [`Health`] polls its health service.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -14,12 +14,27 @@ use tokio::process::{ChildStdout, Command};
 #[derive(Debug, Clone)]
 pub(crate) struct Spec {
     pub(crate) binary: PathBuf,
-    /// The run directory (config, log); the data dir is `dir/data`.
+    /// The run directory (config, log); the data dir is `dir/data` unless
+    /// `data_dir` says otherwise.
     pub(crate) dir: PathBuf,
     /// The whole TOML config.
     pub(crate) config: String,
     /// Extra environment (the PostgreSQL URL).
     pub(crate) env: Vec<(String, String)>,
+    /// The data dir when not `dir/data` (the disk battery's is on a small
+    /// tmpfs, its log is not).
+    pub(crate) data_dir: Option<PathBuf>,
+    /// Extra command-line flags.
+    pub(crate) args: Vec<String>,
+}
+
+impl Spec {
+    /// `dir/data` unless `data_dir` is set.
+    pub(crate) fn data_dir(&self) -> PathBuf {
+        self.data_dir
+            .clone()
+            .unwrap_or_else(|| self.dir.join("data"))
+    }
 }
 
 /// The config every battery server runs with: the fake upstream as
@@ -74,9 +89,10 @@ impl Server {
         cmd.arg("--listen")
             .arg("127.0.0.1:0")
             .arg("--data-dir")
-            .arg(spec.dir.join("data"))
+            .arg(spec.data_dir())
             .arg("--config")
             .arg(&config)
+            .args(&spec.args)
             .env("AGENTRT_LOG", "warn")
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
@@ -202,6 +218,66 @@ async fn wait_ready(url: &str, limit: Duration) -> Result<(), String> {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     Err(format!("not ready within {limit:?}: {last}"))
+}
+
+/// The server's gRPC health service on one connection.
+#[derive(Debug, Clone)]
+pub(crate) struct Health {
+    client: tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>,
+}
+
+/// A health service's answer: SERVING, NOT_SERVING, ...
+pub(crate) type Serving = tonic_health::pb::health_check_response::ServingStatus;
+
+impl Health {
+    pub(crate) async fn connect(url: &str) -> Result<Self, String> {
+        let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
+            .map_err(|e| format!("url {url}: {e}"))?
+            .connect_timeout(Duration::from_secs(1))
+            .connect()
+            .await
+            .map_err(|e| format!("health: connect {url}: {e}"))?;
+        Ok(Self {
+            client: tonic_health::pb::health_client::HealthClient::new(channel),
+        })
+    }
+
+    /// What `service` reports now.
+    pub(crate) async fn check(&self, service: &str) -> Result<Serving, String> {
+        let req = tonic_health::pb::HealthCheckRequest {
+            service: service.to_owned(),
+        };
+        let mut client = self.client.clone();
+        match tokio::time::timeout(Duration::from_secs(1), client.check(req)).await {
+            Ok(Ok(r)) => Ok(r.get_ref().status()),
+            Ok(Err(e)) => Err(format!("health check {service:?}: {e}")),
+            Err(_) => Err(format!("health check {service:?} timed out")),
+        }
+    }
+
+    /// Polls `service` (every 20 ms) until it reports `want`; the time it
+    /// took, or what it last said when `limit` passed.
+    pub(crate) async fn wait(
+        &self,
+        service: &str,
+        want: Serving,
+        limit: Duration,
+    ) -> Result<Duration, String> {
+        let start = Instant::now();
+        loop {
+            let last = match self.check(service).await {
+                Ok(s) if s == want => return Ok(start.elapsed()),
+                Ok(s) => format!("{s:?}"),
+                Err(e) => e,
+            };
+            if start.elapsed() >= limit {
+                return Err(format!(
+                    "health {service:?} not {want:?} within {limit:?}: {last}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 /// `n` clients, each on its own connection.
