@@ -13,8 +13,10 @@
 //!
 //! An owner's stored bytes are *not* a key written by every turn: all the
 //! sessions of one owner would conflict on it (sled retries a conflicting
-//! transaction; measured as 6–9 % fewer durable turns/s with 8 sessions of
-//! one user). sled is opened by one process, so the owner totals live in
+//! transaction; with it, `agentrt-bench --only s6` alternated on one
+//! machine gave 1,176 and 1,217 durable turns/s with 8 sessions of one
+//! user, without it 1,221, 1,271 and 1,278). sled is opened by one
+//! process, so the owner totals live in
 //! memory ([`Owners`]), summed from the session keys at open; a turn
 //! reserves its bytes there before its transaction commits (so two turns
 //! cannot both pass the limit) and gives them back if it does not.
