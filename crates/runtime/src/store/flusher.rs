@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 
 use super::StoreError;
 
-type Waiter = oneshot::Sender<Result<(), sled::Error>>;
+type Waiter = oneshot::Sender<Result<(), String>>;
 
 /// The handle to the flusher thread. When the last clone is dropped the
 /// thread is told to stop and joined, so the database is closed (and its
@@ -70,9 +70,6 @@ impl Flusher {
         }
         match rx.await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(sled::Error::Io(e))) if super::sled_store::disk::is_full(&e) => {
-                Err(StoreError::DiskFull(format!("sled flush: {e}")))
-            }
             Ok(Err(e)) => Err(StoreError::Backend(format!("sled flush: {e}"))),
             Err(_) => Err(StoreError::Backend(
                 "the flush thread stopped before flushing".to_owned(),
@@ -86,7 +83,7 @@ fn run(db: &Db, waiting: &mpsc::Receiver<Waiter>) {
         let mut batch = vec![first];
         batch.extend(waiting.try_iter());
         let started = std::time::Instant::now();
-        let result = db.flush().map(drop);
+        let result = db.flush().map(drop).map_err(|e| e.to_string());
         crate::telemetry::metrics::timed(
             &crate::telemetry::metrics::get().store_flush,
             started.elapsed(),

@@ -59,7 +59,7 @@ use sled::transaction::{
 use sled::{Batch, IVec, Tree};
 
 mod bodies;
-pub(super) mod disk;
+mod disk;
 
 use self::bodies::{Bodies, Outgoing};
 use self::disk::Disk;
@@ -733,7 +733,7 @@ impl Store for SledStore {
 
     /// The reserve and the failed state (`disk.rs`): a statvfs, no write.
     async fn ping(&self) -> Result<(), StoreError> {
-        self.disk.check()
+        self.disk.admit()
     }
 }
 

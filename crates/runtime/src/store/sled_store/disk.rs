@@ -19,7 +19,7 @@
 //! store takes writes again as soon as space is back. If the disk fills
 //! anyway (another process, a reserve of 0) and sled fails a write, the
 //! store is *failed* ([`Disk::fail`]): every later call says so, and
-//! [`Disk::check`] — the readiness ping — reports it, so the server stops
+//! [`Disk::admit`] — what the readiness ping asks — reports it, so the server stops
 //! claiming liveness and is restarted.
 
 use std::path::PathBuf;
@@ -58,12 +58,6 @@ impl Disk {
     /// reserve is still free.
     pub(super) fn running(&self) -> Result<(), StoreError> {
         self.has(self.min_free / 4, "the turn's output was not stored")
-    }
-
-    /// What readiness asks: [`Disk::admit`] — a failed store is `Failed`
-    /// (until restart), too little room `DiskFull` (until it returns).
-    pub(super) fn check(&self) -> Result<(), StoreError> {
-        self.admit()
     }
 
     /// Records that sled failed a write: from now on every call is
@@ -108,7 +102,7 @@ impl Disk {
 }
 
 /// Whether `e` is the filesystem saying it has no room (ENOSPC, EDQUOT).
-pub(in crate::store) fn is_full(e: &std::io::Error) -> bool {
+pub(super) fn is_full(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::StorageFull
         || e.kind() == std::io::ErrorKind::QuotaExceeded
         || matches!(e.raw_os_error(), Some(28 | 122))
@@ -139,7 +133,7 @@ mod tests {
         let disk = Disk::new(dir.path().to_owned(), 0);
         let err = disk.fail(StoreError::DiskFull("No space left on device".into()));
         assert!(matches!(err, StoreError::Failed(_)), "{err:?}");
-        for refused in [disk.admit(), disk.running(), disk.check()] {
+        for refused in [disk.admit(), disk.running()] {
             let err = refused.unwrap_err();
             assert!(matches!(err, StoreError::Failed(_)), "{err:?}");
             assert!(err.to_string().contains("No space left"), "{err}");
