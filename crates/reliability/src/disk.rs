@@ -201,6 +201,33 @@ impl Ctx<'_> {
         }
     }
 
+    /// The end of a phase: no session busy; the filler removed, readiness
+    /// SERVING again (the time it took, `None` past the bound); then a
+    /// turn on every session.
+    async fn space_returns(
+        &mut self,
+        c: &Client,
+        health: &Health,
+        phase: &str,
+        filler: Filler,
+    ) -> Option<f64> {
+        self.none_busy(c, phase).await;
+        drop(filler);
+        let freed = Instant::now();
+        let up = self
+            .wait_health(
+                health,
+                phase,
+                "readiness",
+                Serving::Serving,
+                "filler removed",
+            )
+            .await;
+        let up = up.and(ms(freed.elapsed()));
+        self.every_session_turns(c, phase).await;
+        up
+    }
+
     /// Every session's message ids.
     async fn histories(&self, c: &Client) -> Result<Vec<Vec<String>>, String> {
         let mut out = Vec::new();

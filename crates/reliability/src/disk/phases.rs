@@ -120,20 +120,7 @@ pub(super) async fn watermark(
             );
         }
     }
-    ctx.none_busy(c, PHASE).await;
-    drop(filler);
-    let freed = Instant::now();
-    let up = ctx
-        .wait_health(
-            health,
-            PHASE,
-            "readiness",
-            Serving::Serving,
-            "filler removed",
-        )
-        .await;
-    ctx.fig.watermark_up_ms = up.and(ms(freed.elapsed()));
-    ctx.every_session_turns(c, PHASE).await;
+    ctx.fig.watermark_up_ms = ctx.space_returns(c, health, PHASE, filler).await;
     Ok(())
 }
 
@@ -235,19 +222,6 @@ pub(super) async fn mid_turn(
             );
         }
     }
-    ctx.none_busy(c, PHASE).await;
-    drop(filler);
-    let freed = Instant::now();
-    let up = ctx
-        .wait_health(
-            health,
-            PHASE,
-            "readiness",
-            Serving::Serving,
-            "filler removed",
-        )
-        .await;
-    ctx.fig.mid_up_ms = up.and(ms(freed.elapsed()));
-    ctx.every_session_turns(c, PHASE).await;
+    ctx.fig.mid_up_ms = ctx.space_returns(c, health, PHASE, filler).await;
     Ok(())
 }
