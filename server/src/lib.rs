@@ -53,6 +53,7 @@ pub mod convert;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod local;
+pub mod process;
 pub mod services;
 pub mod status;
 pub mod telemetry;

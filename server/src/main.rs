@@ -51,12 +51,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // Before any thread exists: candle sizes its compute pools from the
-    // environment only (see agentrt_local_model::threads). On success this
-    // does not return.
-    let reexec = agentrt_local_model::threads::reexec_with_threads(
+    // Before any thread exists: candle's compute pools and glibc's malloc
+    // arenas are sized from the environment only (see process.rs). When
+    // something is missing this re-executes the binary with it and, on
+    // success, does not return.
+    let mut env = agentrt_local_model::threads::thread_env(
         config.local_model.resolve(&config.data_dir).threads,
     );
+    env.extend(agentrt_server::process::malloc_env(|name| {
+        std::env::var_os(name)
+    }));
+    let reexec = agentrt_server::process::reexec_with(env);
     let otel = match OtelEnv::from_lookup(&|name| std::env::var(name).ok()) {
         Ok(o) => o,
         Err(err) => {
@@ -92,7 +97,7 @@ fn main() -> ExitCode {
         }
     };
     if let Err(why) = reexec {
-        tracing::warn!(%why, "candle keeps its default thread count");
+        tracing::warn!(%why, "candle keeps its default thread count and malloc its default arenas");
     }
     // Every connection is a descriptor: the default soft limit (often
     // 1024) would be met long before transport.max_connections.

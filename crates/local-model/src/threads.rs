@@ -9,10 +9,11 @@
 //!
 //! Setting a variable of our own process is `unsafe` in edition 2024 (other
 //! threads may read the environment), and the workspace forbids `unsafe`.
-//! Instead, the binary calls [`reexec_with_threads`] first thing in `main`,
-//! before it starts any thread: when neither variable is set it replaces
-//! itself (same pid, same arguments) with a copy whose environment has
-//! them. An operator who sets either variable keeps full control.
+//! Instead, the binary asks [`thread_env`] first thing in `main`, before it
+//! starts any thread, and when that is not empty replaces itself (same pid,
+//! same arguments) with a copy whose environment has the variables
+//! (`agentrt-server`'s `process.rs`). An operator who sets either variable
+//! keeps full control.
 //! [`compute_threads`] reports what candle actually uses, for the log.
 
 /// The variables candle reads.
@@ -20,39 +21,17 @@ pub const CANDLE_NUM_THREADS: &str = "CANDLE_NUM_THREADS";
 /// rayon's variable, which candle falls back on.
 pub const RAYON_NUM_THREADS: &str = "RAYON_NUM_THREADS";
 
-/// Re-executes this binary with candle's thread count set to `threads`
-/// when the environment does not set it already. Returns `Ok(())` when
-/// nothing had to be done; on success it does not return; `Err` says why
-/// the re-exec failed (the caller logs it and carries on with candle's
-/// default thread count).
-pub fn reexec_with_threads(threads: usize) -> Result<(), String> {
+/// What the environment must add for candle to use `threads` threads:
+/// both variables, or nothing when either is set already (an operator who
+/// sets one keeps full control).
+pub fn thread_env(threads: usize) -> Vec<(&'static str, String)> {
     if std::env::var_os(CANDLE_NUM_THREADS).is_some()
         || std::env::var_os(RAYON_NUM_THREADS).is_some()
     {
-        return Ok(());
+        return Vec::new();
     }
-    #[cfg(unix)]
-    {
-        use std::os::unix::process::CommandExt as _;
-        let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
-        let mut args = std::env::args_os();
-        let mut command = std::process::Command::new(exe);
-        if let Some(arg0) = args.next() {
-            command.arg0(arg0);
-        }
-        let n = threads.max(1).to_string();
-        let err = command
-            .args(args)
-            .env(CANDLE_NUM_THREADS, &n)
-            .env(RAYON_NUM_THREADS, &n)
-            .exec();
-        Err(format!("cannot re-execute this binary: {err}"))
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = threads;
-        Err("re-executing is supported on unix only".to_owned())
-    }
+    let n = threads.max(1).to_string();
+    vec![(CANDLE_NUM_THREADS, n.clone()), (RAYON_NUM_THREADS, n)]
 }
 
 /// The compute threads candle uses: the calling thread plus its barrier
