@@ -10,7 +10,7 @@ use agentrt_client::proto;
 use agentrt_client::proto::runtime_admin_client::RuntimeAdminClient;
 use agentrt_client::proto::session_service_client::SessionServiceClient;
 use agentrt_runtime::store::{
-    CreateOutcome, HistoryQuery, ListQuery, MemoryStore, MessagePage, SessionPage, Store,
+    CreateOutcome, HistoryQuery, Leases, ListQuery, MemoryStore, MessagePage, SessionPage, Store,
     StoreError,
 };
 use agentrt_runtime::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord};
@@ -231,6 +231,9 @@ impl Store for PanickyStore {
     }
     async fn flush(&self) -> Result<(), StoreError> {
         self.0.flush().await
+    }
+    fn leases(&self) -> Option<&dyn Leases> {
+        None
     }
 }
 

@@ -9,7 +9,7 @@ use crate::model::http::SseDecoder;
 use crate::model::openai::ChunkDecoder;
 use crate::model::sse::{DEFAULT_MAX_EVENT_BYTES, SseError, SseEvent, SseParser};
 use crate::store::postgres::codec;
-use crate::store::sled_store;
+use crate::store::{record, sled};
 use crate::types::{LastTurn, Message, Session, TurnRecord};
 
 /// Read-slice sizes from a seed: 1 to 16 bytes, a different pattern per
@@ -186,10 +186,10 @@ macro_rules! record_kinds {
 /// The sled store's record codec (version byte, then JSON).
 pub fn sled_record(data: &[u8]) {
     fn decode<T: serde::de::DeserializeOwned>(raw: &[u8]) -> Result<T, crate::store::StoreError> {
-        sled_store::decode("fuzz", b"key", raw)
+        sled::decode("fuzz", b"key", raw)
     }
     fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
-        sled_store::encode(value).expect("a decoded record does not encode")
+        record::encode(value).expect("a decoded record does not encode")
     }
     record_kinds!(data, decode, encode);
 }
@@ -198,10 +198,10 @@ pub fn sled_record(data: &[u8]) {
 /// timestamps (first byte odd: eight bytes of a time).
 pub fn pg_record(data: &[u8]) {
     fn decode<T: serde::de::DeserializeOwned>(raw: &[u8]) -> Result<T, String> {
-        codec::decode_record(raw)
+        record::decode(raw)
     }
     fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
-        codec::encode(value).expect("a decoded record does not encode")
+        record::encode(value).expect("a decoded record does not encode")
     }
     if let Some((&0xff, rest)) = data.split_first() {
         let mut bytes = [0u8; 8];

@@ -268,7 +268,7 @@ impl Runtime {
     ) -> Result<Self, RuntimeError> {
         let models = Selection::new(models, &config)?;
         recovery::recover(store.as_ref()).await?;
-        let shared = store.replica_id().is_some();
+        let shared = store.leases().is_some();
         let runtime = Self {
             inner: Arc::new(Inner {
                 shared,

@@ -8,6 +8,11 @@
 //! rules of the domain types (`types/session.rs`). Every write that returns
 //! `Ok` is durable by the time it returns (sled: flushed; PostgreSQL:
 //! committed), so the runtime may acknowledge it (`message_stored`).
+//!
+//! A store several replicas share also has [`Leases`] (one live turn per
+//! session cluster-wide), reached through [`Store::leases`]; both engines
+//! write the record encoding of `record.rs`. The sled engine is laid out by
+//! topic under `sled/`, as the PostgreSQL one is under `postgres/`.
 
 use std::time::SystemTime;
 
@@ -17,19 +22,22 @@ use crate::quota::WriteQuota;
 use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord};
 
 mod flusher;
+pub(crate) mod leases;
 mod memory;
 pub(crate) mod postgres;
 #[cfg(test)]
 mod quota_tests;
+pub(crate) mod record;
 pub(crate) mod size;
-pub(crate) mod sled_store;
+pub(crate) mod sled;
 #[cfg(test)]
 pub(crate) mod testing;
 
+pub use self::sled::SledStore;
+pub use leases::{Lease, LeaseKey, Leases};
 pub use memory::MemoryStore;
 pub use postgres::{PgConfig, PostgresStore};
 pub use size::{message_wire_bytes, session_wire_bytes};
-pub use sled_store::SledStore;
 
 /// Errors of a store.
 #[derive(Debug, thiserror::Error)]
@@ -84,35 +92,6 @@ pub enum StoreError {
     },
 }
 
-/// A session's lease in a store shared by several replicas: which replica
-/// runs the session's live turn, and until when it is trusted to.
-///
-/// Taken by [`Store::begin_turn`] in the transaction that stores the user
-/// message, renewed by its owner ([`Store::renew_leases`]) while the turn
-/// runs, released by [`Store::finish_turn`]. A lease past `expires_at`
-/// belongs to a replica presumed dead: the next `begin_turn` or
-/// [`Store::sweep_expired_leases`] interrupts its turn.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lease {
-    /// The owner replica's id ([`Store::replica_id`] of its store).
-    pub replica_id: String,
-    /// Where other replicas reach the owner's internal service.
-    pub address: String,
-    /// The live turn.
-    pub turn_id: String,
-    /// When the lease lapses unless renewed (the database's clock).
-    pub expires_at: SystemTime,
-}
-
-/// A live turn whose lease its replica renews.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct LeaseKey {
-    /// The session.
-    pub session_id: String,
-    /// The turn holding the session's lease.
-    pub turn_id: String,
-}
-
 /// The result stored for a tool call whose turn ended without it: every
 /// tool call in history has exactly one result. Pure, so a store can use it
 /// inside its own transaction: for `turn`'s messages (any order, other
@@ -152,7 +131,7 @@ pub fn open_call_results(turn_id: &str, messages: &[Message], why: &str) -> Vec<
 }
 
 /// The tool result [`Store::recover_interrupted`] and
-/// [`Store::sweep_expired_leases`] store for a call a dead process never
+/// [`Leases::sweep_expired_leases`] store for a call a dead process never
 /// finished.
 pub const INTERRUPTED_TOOL: &str = "the server stopped before this tool call finished";
 
@@ -484,46 +463,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Flushes everything to durable storage.
     async fn flush(&self) -> Result<(), StoreError>;
 
-    // --- Several replicas on one store -------------------------------------
-    //
-    // A store that one process owns (sled, memory) keeps the defaults: no
-    // leases, nothing to renew or sweep. A shared store (PostgreSQL) takes a
-    // session's lease in `begin_turn`, refuses a second live turn
-    // cluster-wide with `StoreError::Busy`, refuses writes of a turn whose
-    // lease lapsed with `StoreError::LeaseLost`, releases the lease in
-    // `finish_turn`, and in `recover_interrupted` interrupts only turns no
-    // live replica owns (an expired lease, or one left under this replica's
-    // own id) — never another live replica's.
-
-    /// The id of the replica this store writes leases for; `None` for a
-    /// store only one process uses (no leases).
-    fn replica_id(&self) -> Option<&str> {
-        None
-    }
-
-    /// The session's unexpired lease, if any (its live turn, on whichever
-    /// replica). Always `None` for a store without leases.
-    async fn lease(&self, session_id: &str) -> Result<Option<Lease>, StoreError> {
-        let _ = session_id;
-        Ok(None)
-    }
-
-    /// Extends this replica's leases of `turns` by the store's lease time;
-    /// returns the turn ids whose lease this replica no longer holds (those
-    /// turns must stop and store nothing more).
-    async fn renew_leases(&self, turns: &[LeaseKey]) -> Result<Vec<String>, StoreError> {
-        let _ = turns;
-        Ok(Vec::new())
-    }
-
-    /// Interrupts every turn whose lease expired: the record becomes
-    /// `Interrupted`, its tool calls without a result get an error result
-    /// (as start-up recovery does), the lease is released — one transaction
-    /// per turn. Returns the turns it changed. Safe to call from every
-    /// replica at once.
-    async fn sweep_expired_leases(&self) -> Result<Vec<TurnRecord>, StoreError> {
-        Ok(Vec::new())
-    }
+    /// The lease capability of a store several replicas share
+    /// ([`Leases`]); `None` for a store one process owns (sled, memory),
+    /// which then never refuses a turn as busy elsewhere. Required, so a
+    /// new engine states which it is.
+    fn leases(&self) -> Option<&dyn Leases>;
 
     /// Whether the store can take writes now (readiness, polled once a
     /// second). `Err(DiskFull)` while its disk is below the reserve (it

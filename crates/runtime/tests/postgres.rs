@@ -98,7 +98,8 @@ fn result(turn_id: &str, call: &str) -> NewMessage {
 
 /// The session's current lease.
 async fn lease(store: &dyn Store, session_id: &str) -> Option<Lease> {
-    store.lease(session_id).await.expect("lease")
+    let leases = store.leases().expect("a PostgreSQL store has leases");
+    leases.lease(session_id).await.expect("lease")
 }
 
 /// Waits until the session's lease has lapsed on the database's clock

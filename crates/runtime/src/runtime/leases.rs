@@ -49,12 +49,11 @@ impl Runtime {
         &self,
         session_id: &str,
     ) -> Result<Option<Lease>, RuntimeError> {
-        let Some(me) = self.replica_id() else {
+        let Some(leases) = self.inner.store.leases() else {
             return Ok(None);
         };
-        Ok(self
-            .inner
-            .store
+        let me = leases.replica_id();
+        Ok(leases
             .lease(session_id)
             .await?
             .filter(|l| l.replica_id != me))
@@ -72,7 +71,7 @@ impl Runtime {
 
     /// This replica's id on a shared store, `None` on a single-node one.
     pub fn replica_id(&self) -> Option<&str> {
-        self.inner.store.replica_id()
+        self.inner.store.leases().map(|leases| leases.replica_id())
     }
 }
 
@@ -156,6 +155,10 @@ impl Job for Renewer {
         let Some(inner) = self.inner.upgrade() else {
             return false;
         };
+        // Started only on a store with leases.
+        let Some(leases) = inner.store.leases() else {
+            return false;
+        };
         let mut live = inner.slots.live_with_sessions();
         // A turn still being admitted has no committed lease to renew (a
         // renewal would report it lost); its admission commits one.
@@ -172,7 +175,7 @@ impl Job for Renewer {
                 turn_id: t.turn_id.clone(),
             })
             .collect();
-        match tokio::time::timeout(period, inner.store.renew_leases(&keys)).await {
+        match tokio::time::timeout(period, leases.renew_leases(&keys)).await {
             Ok(Ok(lost)) => {
                 self.renewed = sent;
                 for (session_id, turn) in live.iter().filter(|(_, t)| lost.contains(&t.turn_id)) {
@@ -227,9 +230,13 @@ impl Job for Sweeper {
         let Some(inner) = self.0.upgrade() else {
             return false;
         };
+        // Started only on a store with leases.
+        let Some(leases) = inner.store.leases() else {
+            return false;
+        };
         match tokio::time::timeout(
             period.max(super::store_health::PING_TIMEOUT),
-            inner.store.sweep_expired_leases(),
+            leases.sweep_expired_leases(),
         )
         .await
         {

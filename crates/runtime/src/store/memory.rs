@@ -10,7 +10,7 @@ use async_trait::async_trait;
 
 use super::size::{Budget, message_wire_bytes, session_wire_bytes};
 use super::{
-    CreateOutcome, HistoryQuery, ListCursor, ListQuery, MessagePage, SessionPage, Store,
+    CreateOutcome, HistoryQuery, Leases, ListCursor, ListQuery, MessagePage, SessionPage, Store,
     StoreError, seq_exhausted,
 };
 use crate::quota::{Quota, QuotaLimits, WriteQuota, stored_bytes};
@@ -357,6 +357,10 @@ impl Store for MemoryStore {
 
     async fn flush(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    fn leases(&self) -> Option<&dyn Leases> {
+        None
     }
 }
 

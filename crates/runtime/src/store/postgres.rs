@@ -39,8 +39,8 @@ use deadpool_postgres::{
 };
 
 use super::{
-    CreateOutcome, HistoryQuery, Lease, LeaseKey, ListQuery, MessagePage, SessionPage, Store,
-    StoreError,
+    CreateOutcome, HistoryQuery, Lease, LeaseKey, Leases, ListQuery, MessagePage, SessionPage,
+    Store, StoreError,
 };
 use crate::quota::WriteQuota;
 use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord};
@@ -360,20 +360,8 @@ impl Store for PostgresStore {
         Ok(())
     }
 
-    fn replica_id(&self) -> Option<&str> {
-        Some(&self.replica_id)
-    }
-
-    async fn lease(&self, session_id: &str) -> Result<Option<Lease>, StoreError> {
-        self.live_lease(session_id).await
-    }
-
-    async fn renew_leases(&self, turns: &[LeaseKey]) -> Result<Vec<String>, StoreError> {
-        self.renew(turns).await
-    }
-
-    async fn sweep_expired_leases(&self) -> Result<Vec<TurnRecord>, StoreError> {
-        self.sweep().await
+    fn leases(&self) -> Option<&dyn Leases> {
+        Some(self)
     }
 
     /// `SELECT 1` within the connect timeout.
@@ -389,5 +377,24 @@ impl Store for PostgresStore {
                 self.target, self.connect_timeout
             ))),
         }
+    }
+}
+
+#[async_trait]
+impl Leases for PostgresStore {
+    fn replica_id(&self) -> &str {
+        &self.replica_id
+    }
+
+    async fn lease(&self, session_id: &str) -> Result<Option<Lease>, StoreError> {
+        self.live_lease(session_id).await
+    }
+
+    async fn renew_leases(&self, turns: &[LeaseKey]) -> Result<Vec<String>, StoreError> {
+        self.renew(turns).await
+    }
+
+    async fn sweep_expired_leases(&self) -> Result<Vec<TurnRecord>, StoreError> {
+        self.sweep().await
     }
 }

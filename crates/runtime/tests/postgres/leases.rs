@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use agentrt_runtime::store::{INTERRUPTED_TOOL, Lease, LeaseKey, PostgresStore, Store, StoreError};
+use agentrt_runtime::store::{
+    INTERRUPTED_TOOL, Lease, LeaseKey, Leases, PostgresStore, Store, StoreError,
+};
 use agentrt_runtime::types::{
     ContentBlock, Message, NewMessage, Role, Session, TurnRecord, TurnStatus,
 };

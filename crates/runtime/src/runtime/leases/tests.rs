@@ -15,8 +15,8 @@ use crate::events::{ErrorCode, EventKind, TurnOutcome};
 use crate::model::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream, Models};
 use crate::runtime::{ChatInput, Runtime, RuntimeConfig, StoreHealth, TurnStream};
 use crate::store::{
-    CreateOutcome, HistoryQuery, Lease, LeaseKey, ListQuery, MemoryStore, MessagePage, SessionPage,
-    Store, StoreError,
+    CreateOutcome, HistoryQuery, Lease, LeaseKey, Leases, ListQuery, MemoryStore, MessagePage,
+    SessionPage, Store, StoreError,
 };
 use crate::types::{
     ContentBlock, Message, NewMessage, NewSession, Principal, Session, SessionUpdate, TurnRecord,
@@ -184,8 +184,21 @@ impl Store for Shared {
     async fn flush(&self) -> Result<(), StoreError> {
         Ok(())
     }
-    fn replica_id(&self) -> Option<&str> {
-        Some(ME)
+    fn leases(&self) -> Option<&dyn Leases> {
+        Some(self)
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("the test cut the database".into()));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Leases for Shared {
+    fn replica_id(&self) -> &str {
+        ME
     }
     async fn lease(&self, session_id: &str) -> Result<Option<Lease>, StoreError> {
         Ok(lock(&self.leases).get(session_id).cloned())
@@ -202,11 +215,8 @@ impl Store for Shared {
         }
         Ok(std::mem::take(&mut *lock(&self.lost)))
     }
-    async fn ping(&self) -> Result<(), StoreError> {
-        if self.down.load(Ordering::SeqCst) {
-            return Err(StoreError::Unavailable("the test cut the database".into()));
-        }
-        Ok(())
+    async fn sweep_expired_leases(&self) -> Result<Vec<TurnRecord>, StoreError> {
+        Ok(Vec::new())
     }
 }
 

@@ -2,7 +2,7 @@
 //! layout of `migrations/*.sql`.
 //!
 //! Sessions are columns (so they can be indexed, filtered and read by
-//! people); messages and turn records are the sled store's record encoding
+//! people); messages and turn records are the record encoding of `store/record.rs`
 //! (a version byte, then serde_json) in a `bytea`, next to the columns the
 //! queries use. A value that does not decode is [`StoreError::Corrupt`],
 //! never a panic.
@@ -11,13 +11,12 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_postgres::GenericClient;
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_postgres::types::{FromSql, Json, ToSql};
 use tokio_postgres::{Row, Statement};
 
 use super::error::pg_error;
-use crate::store::sled_store::RECORD_VERSION;
+use crate::store::record;
 use crate::store::{Lease, StoreError};
 use crate::types::{LastTurn, Message, Session, TurnRecord, TurnStatus};
 
@@ -204,26 +203,7 @@ pub(super) fn turn(session_id: &str, row: &Row) -> Result<TurnRecord, StoreError
 }
 
 fn decode<T: DeserializeOwned>(c: &Columns<'_>, raw: &[u8]) -> Result<T, StoreError> {
-    decode_record(raw).map_err(|reason| c.corrupt(reason))
-}
-
-/// A `record` column's value ([`RECORD_VERSION`], then JSON), or why it
-/// cannot be read.
-pub(crate) fn decode_record<T: DeserializeOwned>(raw: &[u8]) -> Result<T, String> {
-    match raw.split_first() {
-        None => Err("empty record".to_owned()),
-        Some((&RECORD_VERSION, json)) => serde_json::from_slice(json)
-            .map_err(|e| format!("undecodable version {RECORD_VERSION} record: {e}")),
-        Some((version, _)) => Err(format!("unknown record version {version}")),
-    }
-}
-
-/// The record encoding of the sled store: [`RECORD_VERSION`], then JSON.
-pub(crate) fn encode<T: Serialize>(record: &T) -> Result<Vec<u8>, StoreError> {
-    let mut out = vec![RECORD_VERSION];
-    serde_json::to_writer(&mut out, record)
-        .map_err(|e| StoreError::Backend(format!("encoding a record: {e}")))?;
-    Ok(out)
+    record::decode(raw).map_err(|reason| c.corrupt(reason))
 }
 
 /// The `status` column of a turn.

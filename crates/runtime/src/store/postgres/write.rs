@@ -13,7 +13,7 @@ use deadpool_postgres::Transaction;
 use super::PostgresStore;
 use super::codec::{self, Locked, SessionParams, locked_cols, update_session};
 use super::error::pg_error;
-use crate::store::{StoreError, seq_exhausted};
+use crate::store::{StoreError, record, seq_exhausted};
 use crate::types::{Message, NewMessage, Session, TurnRecord};
 
 /// What a session write does to the lease columns.
@@ -153,7 +153,7 @@ pub(super) async fn append(
 ) -> Result<Message, StoreError> {
     codec::check_text("a message's turn id", [new.turn_id.as_str()])?;
     let message = session.append(new, now).ok_or_else(seq_exhausted)?;
-    let record = codec::encode(&message)?;
+    let record = record::encode(&message)?;
     let seq = codec::big(message.seq)?;
     let sql = "INSERT INTO messages (session_id, seq, turn_id, record) VALUES ($1, $2, $3, $4)";
     codec::execute(
@@ -177,7 +177,7 @@ pub(super) async fn put_turn(
             .into_iter()
             .chain(turn.request_id.as_deref()),
     )?;
-    let record = codec::encode(turn)?;
+    let record = record::encode(turn)?;
     let status = codec::status(turn.status);
     let sql = if begin {
         "INSERT INTO turns (session_id, turn_id, request_id, status, record) \

@@ -34,8 +34,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{MESSAGES, RECORD_VERSION, decode, encode, printable};
+use super::{MESSAGES, decode, printable};
 use crate::store::StoreError;
+use crate::store::record::{RECORD_VERSION, encode};
 use crate::types::{Message, NewMessage};
 
 /// The largest message record kept inside sled; larger bodies go to files.
@@ -405,7 +406,7 @@ mod tests {
         assert_eq!(files(dir.path()).len(), 1);
         let raw = store
             .messages
-            .get(super::super::message_key(&id, 2))
+            .get(super::super::keys::message_key(&id, 2))
             .expect("get")
             .expect("record");
         assert_eq!(raw[0], EXTERNAL_VERSION);
@@ -484,7 +485,7 @@ mod tests {
         // transaction), and a file cut short in its header.
         store
             .bodies
-            .write(&super::super::body_key_prefix(&id), b"\x01{}")
+            .write(&super::super::keys::body_key_prefix(&id), b"\x01{}")
             .expect("write")
             .keep();
         let cut = store.bodies.write(b"k", b"").expect("write");

@@ -27,7 +27,8 @@ use std::sync::{Arc, Mutex};
 use sled::Tree;
 use sled::transaction::{ConflictableTransactionError as TxError, TransactionalTree};
 
-use super::{SESSIONS, TxResult, backend, decode};
+use super::tx::TxResult;
+use super::{SESSIONS, backend, decode};
 use crate::quota::{Quota, QuotaLimits};
 use crate::store::StoreError;
 use crate::types::Session;

@@ -1,0 +1,239 @@
+//! Turns: the turn record with its user message, the messages a turn
+//! appends, its final record (with its last message), the turn lookups,
+//! and start-up recovery of turns a crash left running.
+
+use std::time::SystemTime;
+
+use sled::Tree;
+use sled::transaction::{ConflictableTransactionError as TxError, Transactional};
+
+use super::keys::{child, turn_key};
+use super::tx::{append_tx, session_as_tx, session_tx, write_session_tx};
+use super::{SledStore, TURNS, backend, blocking, decode, keep_body, tx_err, usage};
+use crate::quota::{WriteQuota, stored_bytes};
+use crate::store::StoreError;
+use crate::store::record::encode;
+use crate::types::{Message, NewMessage, TurnRecord, TurnStatus};
+
+impl SledStore {
+    pub(super) async fn begin(
+        &self,
+        turn: TurnRecord,
+        user_message: NewMessage,
+        quota: &WriteQuota,
+    ) -> Result<Message, StoreError> {
+        self.disk.admit()?;
+        let bytes = stored_bytes(&user_message);
+        let write_started = std::time::Instant::now();
+        // The model request waits for this write (docs/contract.md §3.3), so the
+        // transaction runs right here and the flush on the flusher.
+        let now = SystemTime::now();
+        let user_message = self.outgoing(&turn.session_id, &user_message).await?;
+        let trees = (
+            &self.sessions,
+            &self.activity,
+            &self.messages,
+            &self.turns,
+            &self.usage,
+        );
+        // Reserved on the first run of the transaction's closure (sled may
+        // run it again after a conflict; the owner is the same).
+        let reserved = std::cell::RefCell::new(None);
+        let message = trees
+            .transaction(|(s, a, m, t, u)| {
+                let (mut session, message) = append_tx(
+                    s,
+                    a,
+                    m,
+                    &turn.session_id,
+                    Some(&turn.incarnation),
+                    &user_message,
+                    now,
+                )?;
+                if reserved.borrow().is_none() {
+                    let held = self.owners.reserve(&session.owner, bytes, &quota.limits)?;
+                    *reserved.borrow_mut() = Some(held);
+                }
+                usage::add_bytes_tx(u, &session.owner, &session.id, bytes)?;
+                let record = TurnRecord {
+                    user_message_seq: message.seq,
+                    ..turn.clone()
+                };
+                let key = turn_key(&record.session_id, &record.turn_id);
+                t.insert(key, encode(&record).map_err(TxError::Abort)?)?;
+                session.begin_turn(&record);
+                write_session_tx(s, &session)?;
+                Ok(message)
+            })
+            .map_err(|e| self.tx_failed(e))?;
+        if let Some(held) = reserved.into_inner() {
+            held.commit();
+        }
+        keep_body(user_message);
+        self.durable_write(write_started).await?;
+        Ok(message)
+    }
+
+    pub(super) async fn append(
+        &self,
+        session_id: &str,
+        incarnation: &str,
+        message: NewMessage,
+    ) -> Result<Message, StoreError> {
+        self.disk.running()?;
+        let write_started = std::time::Instant::now();
+        let now = SystemTime::now();
+        let outgoing = self.outgoing(session_id, &message).await?;
+        let message = (&self.sessions, &self.activity, &self.messages)
+            .transaction(|(s, a, m)| {
+                let (session, message) =
+                    append_tx(s, a, m, session_id, Some(incarnation), &outgoing, now)?;
+                write_session_tx(s, &session)?;
+                Ok(message)
+            })
+            .map_err(|e| self.tx_failed(e))?;
+        keep_body(outgoing);
+        self.durable_write(write_started).await?;
+        Ok(message)
+    }
+
+    pub(super) async fn finish(&self, turn: TurnRecord) -> Result<(), StoreError> {
+        let write_started = std::time::Instant::now();
+        let record = encode(&turn)?;
+        (&self.sessions, &self.turns)
+            .transaction(|(s, t)| {
+                let mut session = session_as_tx(s, &turn.session_id, &turn.incarnation)?;
+                t.insert(turn_key(&turn.session_id, &turn.turn_id), record.clone())?;
+                if session.finish_turn(&turn) {
+                    write_session_tx(s, &session)?;
+                }
+                Ok(())
+            })
+            .map_err(|e| self.tx_failed(e))?;
+        self.durable_write(write_started).await
+    }
+
+    pub(super) async fn finish_with(
+        &self,
+        turn: TurnRecord,
+        last: Option<NewMessage>,
+    ) -> Result<Option<Message>, StoreError> {
+        let write_started = std::time::Instant::now();
+        let record = encode(&turn)?;
+        let now = SystemTime::now();
+        let last = match &last {
+            Some(message) => {
+                self.disk.running()?;
+                Some(self.outgoing(&turn.session_id, message).await?)
+            }
+            None => None,
+        };
+        let written = (&self.sessions, &self.activity, &self.messages, &self.turns)
+            .transaction(|(s, a, m, t)| {
+                let (mut session, stored) = match &last {
+                    Some(message) => {
+                        let (session, stored) = append_tx(
+                            s,
+                            a,
+                            m,
+                            &turn.session_id,
+                            Some(&turn.incarnation),
+                            message,
+                            now,
+                        )?;
+                        (session, Some(stored))
+                    }
+                    None => (session_as_tx(s, &turn.session_id, &turn.incarnation)?, None),
+                };
+                t.insert(turn_key(&turn.session_id, &turn.turn_id), record.clone())?;
+                session.finish_turn(&turn);
+                write_session_tx(s, &session)?;
+                Ok(stored)
+            })
+            .map_err(|e| self.tx_failed(e))?;
+        last.into_iter().for_each(keep_body);
+        self.durable_write(write_started).await?;
+        Ok(written)
+    }
+
+    pub(super) fn turn(
+        &self,
+        session_id: &str,
+        turn_id: &str,
+    ) -> Result<Option<TurnRecord>, StoreError> {
+        if !self.session_exists(session_id)? {
+            return Ok(None);
+        }
+        let key = turn_key(session_id, turn_id);
+        match self.turns.get(&key).map_err(|e| backend("read", e))? {
+            None => Ok(None),
+            Some(raw) => decode(TURNS, &key, &raw).map(Some),
+        }
+    }
+
+    pub(super) async fn turn_by_request(
+        &self,
+        session_id: &str,
+        request_id: &str,
+    ) -> Result<Option<TurnRecord>, StoreError> {
+        if !self.session_exists(session_id)? {
+            return Ok(None);
+        }
+        let (turns, prefix, request_id) =
+            (self.turns.clone(), child(session_id), request_id.to_owned());
+        blocking(move || {
+            for entry in turns.scan_prefix(&prefix) {
+                let (key, raw) = entry.map_err(|e| backend("scan", e))?;
+                let turn: TurnRecord = decode(TURNS, &key, &raw)?;
+                if turn.started_by(&request_id) {
+                    return Ok(Some(turn));
+                }
+            }
+            Ok(None)
+        })
+        .await
+    }
+
+    pub(super) async fn recover(&self) -> Result<Vec<TurnRecord>, StoreError> {
+        let (sessions, turns) = (self.sessions.clone(), self.turns.clone());
+        let changed = blocking(move || recover_blocking(&sessions, &turns)).await?;
+        self.flush_db().await?;
+        Ok(changed)
+    }
+}
+
+fn recover_blocking(sessions: &Tree, turns: &Tree) -> Result<Vec<TurnRecord>, StoreError> {
+    let now = SystemTime::now();
+    let mut running = Vec::new();
+    for entry in turns.iter() {
+        let (key, raw) = entry.map_err(|e| backend("scan", e))?;
+        if decode::<TurnRecord>(TURNS, &key, &raw)?.status == TurnStatus::Running {
+            running.push(key);
+        }
+    }
+    let mut changed = Vec::new();
+    for key in running {
+        // Re-read in the transaction: the turn may have finished since.
+        let outcome = (sessions, turns).transaction(|(s, t)| {
+            let Some(raw) = t.get(&key)? else {
+                return Ok(None);
+            };
+            let mut turn: TurnRecord = decode(TURNS, &key, &raw).map_err(TxError::Abort)?;
+            if !turn.interrupt(now) {
+                return Ok(None);
+            }
+            let Some(mut session) = session_tx(s, &turn.session_id)? else {
+                tracing::warn!(turn_id = %turn.turn_id, "dropping a turn of a deleted session");
+                t.remove(&key)?;
+                return Ok(None);
+            };
+            t.insert(&key, encode(&turn).map_err(TxError::Abort)?)?;
+            if session.recover_turn(&turn) {
+                write_session_tx(s, &session)?;
+            }
+            Ok(Some(turn))
+        });
+        changed.extend(outcome.map_err(tx_err)?);
+    }
+    Ok(changed)
+}
