@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod auth;
 mod cluster;
 mod compaction;
 mod diagnostics;
@@ -26,6 +27,7 @@ mod tls;
 mod tools;
 mod transport;
 
+pub use auth::{AuthConfig, MtlsConfig};
 pub use cluster::{ClusterKey, ClusterSettings, MIN_CLUSTER_KEY_BYTES};
 pub use compaction::CompactionSettings;
 pub use diagnostics::{cli_error_exit, cli_error_message};
@@ -34,7 +36,7 @@ pub use local::LocalModelSettings;
 pub use quotas::QuotaSettings;
 pub use store::{StoreKind, StoreSettings, redact_url};
 pub use telemetry::TelemetrySettings;
-pub use tls::{MtlsConfig, TlsArgs, TlsSettings};
+pub use tls::{TlsArgs, TlsSettings};
 pub use tools::{McpServerConfig, ToolsConfig};
 pub use transport::TransportSettings;
 
@@ -301,24 +303,6 @@ impl std::fmt::Debug for ApiKeyConfig {
             .field("admin", &self.admin)
             .finish()
     }
-}
-
-/// The `[auth]` table.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AuthConfig {
-    /// Bearer keys; none (and no `api_keys_file`, no `mtls`) means
-    /// loopback-only, single user `local`.
-    #[serde(default)]
-    pub api_keys: Vec<ApiKeyConfig>,
-    /// A TOML file of `[[api_keys]]` entries (same shape as
-    /// `[[auth.api_keys]]`), added to them; re-read when it changes and on
-    /// SIGHUP, a bad version keeping the previous keys.
-    #[serde(default)]
-    pub api_keys_file: Option<PathBuf>,
-    /// Client-certificate identities → users (mTLS, `[tls] client_ca`).
-    #[serde(default)]
-    pub mtls: Vec<MtlsConfig>,
 }
 
 /// The TOML file's shape (every key optional).
