@@ -17,12 +17,12 @@
 //! What is not supported, and what it answers instead, is in docs/a2a.md.
 
 pub mod budget;
+pub mod caller_tools;
 pub mod card;
 mod detached;
 pub mod errors;
 pub mod ids;
 pub mod tasks;
-pub mod tools;
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -145,7 +145,8 @@ impl A2aHandler {
             return self.answer_tool_call(who, &message).await;
         }
         let content = user_content(&message)?;
-        let extra_tools = tools::extra_tools(request.metadata.as_ref()).map_err(from_runtime)?;
+        let extra_tools =
+            caller_tools::extra_tools(request.metadata.as_ref()).map_err(from_runtime)?;
         let limit = self.runtime.quota_limits(who).detached_tasks;
         self.detached
             .admit(&self.runtime, who, limit)
@@ -198,7 +199,7 @@ impl A2aHandler {
     }
 
     /// A message to an existing task: the result of the tool call it waits
-    /// for (a data part, see [`tools::tool_result`]), delivered through
+    /// for (a data part, see [`caller_tools::tool_result`]), delivered through
     /// SubmitToolResult's core path. A task is one exchange otherwise, so
     /// any other message to a task is refused.
     async fn answer_tool_call(
@@ -225,7 +226,7 @@ impl A2aHandler {
             | TurnStatus::TimedOut
             | TurnStatus::Interrupted => "has ended",
         };
-        let result = tools::tool_result(message).map_err(from_runtime)?;
+        let result = caller_tools::tool_result(message).map_err(from_runtime)?;
         let (Some(result), TurnStatus::Running) = (result, detail.record.status) else {
             return Err(A2aError::UnsupportedOperation.status(format!(
                 "task {} {state}, and a task here is one exchange (a message to a task \

@@ -340,7 +340,7 @@ async fn the_a2a_errors_carry_the_reasons_the_sdks_decode() {
 }
 
 fn json_value(v: serde_json::Value) -> prost_types::Value {
-    agentrt_server::a2a::tools::from_json(&v)
+    agentrt_server::a2a::caller_tools::from_json(&v)
 }
 
 #[tokio::test]
@@ -395,7 +395,7 @@ async fn a_caller_tool_call_is_input_required_and_its_result_resumes_the_task() 
         panic!("a data part, got {part:?}")
     };
     assert_eq!(
-        agentrt_server::a2a::tools::to_json(data),
+        agentrt_server::a2a::caller_tools::to_json(data),
         serde_json::json!({"tool_call": {"call_id": "call_1", "name": "lookup", "arguments": {"q": "x"}}})
     );
 

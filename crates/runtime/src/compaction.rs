@@ -1,7 +1,7 @@
 //! Compaction of long conversations (docs/contract.md §3.6), the parts that need no
 //! runtime state: token estimates, where to cut, the summariser request and
 //! the truncation fallback. The runtime's side (events, the store write,
-//! the `CompactSession` call) is in `runtime/compact.rs`.
+//! the `CompactSession` call) is in `runtime/compaction.rs`.
 //!
 //! A conversation's context is its latest summary (if any) followed by the
 //! uncompacted *tail*: every message after the session's

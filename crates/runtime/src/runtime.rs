@@ -30,7 +30,8 @@ use crate::types::{CancelReason, ContentBlock, Principal, ThinkingLevel};
 
 mod admin;
 mod admission;
-mod compact;
+mod caller_tools;
+mod compaction;
 mod context;
 mod control;
 mod keys;
@@ -46,7 +47,6 @@ mod spans;
 mod store_health;
 mod stream;
 mod title;
-mod tools;
 mod turn;
 mod turns;
 mod validate;
@@ -57,7 +57,7 @@ use runners::Runners;
 use slots::{LiveTurn, Slots};
 
 pub use admin::RuntimeStats;
-pub use compact::CompactionReport;
+pub use compaction::CompactionReport;
 pub use context::load_context;
 pub use control::SessionStatus;
 pub use sessions::{HistoryPage, SessionList};

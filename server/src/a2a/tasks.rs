@@ -424,7 +424,11 @@ impl Translator {
                     context_id: self.context_id.clone(),
                     task_id: self.task_id.clone(),
                     role: a2a::Role::Agent as i32,
-                    parts: vec![super::tools::call_part(call_id, name, arguments_json)],
+                    parts: vec![super::caller_tools::call_part(
+                        call_id,
+                        name,
+                        arguments_json,
+                    )],
                     ..Default::default()
                 };
                 let update = self.status(a2a::TaskState::InputRequired, Some(message), event.at);

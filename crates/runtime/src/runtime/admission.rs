@@ -544,7 +544,7 @@ fn offered(
         return Err(RuntimeError::InvalidArgument(violations));
     }
     let all = runner.tools.iter().cloned().chain(extra).collect();
-    Ok(super::tools::offered(all, excluded))
+    Ok(super::caller_tools::offered(all, excluded))
 }
 
 /// Whether the runner's model can take this turn: a model that cannot call

@@ -17,8 +17,8 @@ use std::time::SystemTime;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use super::caller_tools::Pending;
 use super::lock;
-use super::tools::Pending;
 use crate::error::RuntimeError;
 use crate::events::Phase;
 use crate::hub::TurnHub;

@@ -26,7 +26,7 @@ use crate::events::{ErrorCode, EventKind, Phase, StepKind, TurnOutcome};
 use crate::store::StoreError;
 use crate::types::{Message, NewMessage, Role, StopReason, TurnRecord, TurnStatus, Usage};
 
-mod compact;
+mod compaction;
 mod emitter;
 pub(crate) mod prestart;
 mod step;

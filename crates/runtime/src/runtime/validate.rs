@@ -55,7 +55,7 @@ pub(super) fn chat_input(
         check_model_name("model", model)?;
     }
     let timeout = turn_timeout(input, config)?;
-    super::tools::validate_tools(&input.extra_tools, &input.excluded_tools)?;
+    super::caller_tools::validate_tools(&input.extra_tools, &input.excluded_tools)?;
     let max_steps = match input.max_steps {
         Some(0) => return Err(RuntimeError::invalid("max_steps", "must be at least 1")),
         Some(n) => n.min(config.max_steps.max(1) * 8),

@@ -17,7 +17,6 @@ use super::{TIMEOUT_NOTICE, Turn, store_failed, until};
 use crate::events::{ErrorCode, EventKind, Phase, ToolStatus, ToolUse, TurnOutcome};
 use crate::model::ToolSpec;
 use crate::runtime::runners::Runner;
-use crate::runtime::tools::{input_summary, result_detail};
 use crate::toolbox::{ToolCallInfo, ToolKind, ToolOutcome, Toolbox};
 use crate::types::{CancelReason, ContentBlock, NewMessage, Role, StopReason};
 
@@ -313,5 +312,56 @@ impl Turn {
             vec![ContentBlock::text(TIMEOUT_NOTICE)],
         );
         self.store(notice, emitter).await;
+    }
+}
+
+/// Longest input summary and result detail in `tool_use` events.
+const SUMMARY_CHARS: usize = 80;
+const DETAIL_CHARS: usize = 120;
+
+fn clip(text: &str, chars: usize) -> String {
+    let mut out: String = text.chars().take(chars).collect();
+    if text.chars().count() > chars {
+        out.push('…');
+    }
+    out
+}
+
+/// A short, single-line rendering of a call's arguments.
+fn input_summary(arguments_json: &str) -> String {
+    let compact = serde_json::from_str::<serde_json::Value>(arguments_json)
+        .map(|v| v.to_string())
+        .unwrap_or_else(|_| arguments_json.replace('\n', " "));
+    clip(&compact, SUMMARY_CHARS)
+}
+
+/// The first line of a result, clipped; "N lines" for multi-line results.
+fn result_detail(content: &str) -> String {
+    let lines = content.lines().count();
+    let first = content.lines().next().unwrap_or_default();
+    if lines > 1 {
+        format!("{} ({lines} lines)", clip(first, DETAIL_CHARS))
+    } else {
+        clip(first, DETAIL_CHARS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summaries_are_short_single_lines() {
+        assert_eq!(
+            input_summary("{ \"city\":\n \"Oslo\" }"),
+            r#"{"city":"Oslo"}"#
+        );
+        assert!(
+            input_summary(&format!("{{\"x\":\"{}\"}}", "y".repeat(500)))
+                .chars()
+                .count()
+                <= 81
+        );
+        assert_eq!(result_detail("sunny\nwindy"), "sunny (2 lines)");
     }
 }

@@ -1,7 +1,7 @@
 //! Compaction inside the runtime: summarising the older part of a
 //! session's context with a model and storing the summary — before a
 //! turn's first model step when its context is over the budget (the hook
-//! is the turn's, in `turn::compact`), or now, for a `CompactSession` call.
+//! is the turn's, in `turn::compaction`), or now, for a `CompactSession` call.
 
 use super::context::Context;
 use super::models::Resolved;

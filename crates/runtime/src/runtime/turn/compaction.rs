@@ -7,7 +7,7 @@ use super::emitter::Emitter;
 use super::{Turn, until};
 use crate::compaction;
 use crate::events::{Compaction, CompactionStatus, EventKind};
-use crate::runtime::compact::{compact, covered};
+use crate::runtime::compaction::{compact, covered};
 use crate::runtime::context::Context;
 use crate::types::{Message, Role};
 

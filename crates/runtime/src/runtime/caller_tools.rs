@@ -1,6 +1,6 @@
-//! Caller-executed tools: validation of per-call tool declarations, the
-//! registry of calls waiting for `SubmitToolResult`, and the summaries shown
-//! in `tool_use` events.
+//! Caller-executed tools: validation of per-call tool declarations and the
+//! registry of calls waiting for `SubmitToolResult` (the tool phase of a
+//! turn, for every tool, is `turn/tools.rs`).
 
 use std::collections::{HashMap, HashSet};
 
@@ -15,9 +15,6 @@ use crate::types::Principal;
 
 /// Longest tool description.
 const MAX_DESCRIPTION: usize = 4 << 10;
-/// Longest input summary and result detail in events.
-const SUMMARY_CHARS: usize = 80;
-const DETAIL_CHARS: usize = 120;
 
 /// Calls of one turn waiting for their result, and those already answered
 /// (so a second submit is told ALREADY_EXISTS rather than "unknown").
@@ -99,33 +96,6 @@ pub(crate) fn offered(extra: Vec<ToolSpec>, excluded: &[String]) -> Vec<ToolSpec
         .into_iter()
         .filter(|t| !excluded.iter().any(|e| e == &t.name))
         .collect()
-}
-
-fn clip(text: &str, chars: usize) -> String {
-    let mut out: String = text.chars().take(chars).collect();
-    if text.chars().count() > chars {
-        out.push('…');
-    }
-    out
-}
-
-/// A short, single-line rendering of a call's arguments.
-pub(crate) fn input_summary(arguments_json: &str) -> String {
-    let compact = serde_json::from_str::<serde_json::Value>(arguments_json)
-        .map(|v| v.to_string())
-        .unwrap_or_else(|_| arguments_json.replace('\n', " "));
-    clip(&compact, SUMMARY_CHARS)
-}
-
-/// The first line of a result, clipped; "N lines" for multi-line results.
-pub(crate) fn result_detail(content: &str) -> String {
-    let lines = content.lines().count();
-    let first = content.lines().next().unwrap_or_default();
-    if lines > 1 {
-        format!("{} ({lines} lines)", clip(first, DETAIL_CHARS))
-    } else {
-        clip(first, DETAIL_CHARS)
-    }
 }
 
 impl Runtime {
@@ -213,20 +183,5 @@ mod tests {
             offered.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
             ["b"]
         );
-    }
-
-    #[test]
-    fn summaries_are_short_single_lines() {
-        assert_eq!(
-            input_summary("{ \"city\":\n \"Oslo\" }"),
-            r#"{"city":"Oslo"}"#
-        );
-        assert!(
-            input_summary(&format!("{{\"x\":\"{}\"}}", "y".repeat(500)))
-                .chars()
-                .count()
-                <= 81
-        );
-        assert_eq!(result_detail("sunny\nwindy"), "sunny (2 lines)");
     }
 }
