@@ -1,0 +1,40 @@
+//! `RuntimeAdmin`: statistics, drain, runner resets (admin principals only).
+
+use std::time::Duration;
+
+use crate::{Client, Error, proto};
+
+impl Client {
+    /// The server's runtime statistics (admin principals only).
+    pub async fn runtime_stats(&self) -> Result<proto::RuntimeStats, Error> {
+        let mut stub = self.admin.clone();
+        self.call(None, proto::GetRuntimeStatsRequest {}, |r| async move {
+            stub.get_runtime_stats(r).await
+        })
+        .await
+    }
+
+    /// Stops admitting turns and waits up to `timeout` until none is live;
+    /// returns how many are still live (admin principals only).
+    pub async fn drain(&self, timeout: Option<Duration>) -> Result<u32, Error> {
+        let req = proto::DrainRequest {
+            timeout: timeout.and_then(|t| prost_types::Duration::try_from(t).ok()),
+        };
+        let mut stub = self.admin.clone();
+        self.call(None, req, |r| async move { stub.drain(r).await })
+            .await
+            .map(|r| r.remaining)
+    }
+
+    /// Closes cached runners — all, or `user_id`'s — and returns how many
+    /// (admin principals only).
+    pub async fn reset_runners(&self, user_id: &str) -> Result<u32, Error> {
+        let req = proto::ResetRunnersRequest {
+            user_id: user_id.to_owned(),
+        };
+        let mut stub = self.admin.clone();
+        self.call(None, req, |r| async move { stub.reset_runners(r).await })
+            .await
+            .map(|r| r.count)
+    }
+}
