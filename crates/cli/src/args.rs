@@ -1,0 +1,343 @@
+//! The command line: the clap types of every command and their arguments.
+
+use std::time::Duration;
+
+use agentrt_client::ThinkingLevel;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  the turn ended without success (error, cancelled, timed out) or another failure
+  2  bad command line
+  3  cannot connect, or an unusable URL / TLS / token setting
+  4  not found (session, turn, tool call)
+  5  the session is busy with a live turn (watch it or stop it)
+  6  the request was refused (invalid argument, failed precondition, already exists)
+  7  not allowed (unauthenticated, permission denied)
+  8  the server is unavailable, overloaded or the deadline passed (retry later)";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "agentrt",
+    version,
+    about = "Command-line client for an agentrt server",
+    after_help = EXIT_CODES
+)]
+pub(crate) struct Cli {
+    /// Server URL, with its scheme: http://host:port or https://host:port.
+    #[arg(
+        long,
+        env = "AGENTRT_URL",
+        default_value = "http://127.0.0.1:50051",
+        global = true
+    )]
+    pub(crate) url: String,
+    /// Bearer API key (not needed for a loopback server without keys).
+    #[arg(long, env = "AGENTRT_TOKEN", global = true, hide_env_values = true)]
+    pub(crate) token: Option<String>,
+    /// PEM CA certificate that signed the server's certificate (https:// URLs).
+    #[arg(long, env = "AGENTRT_CA", global = true)]
+    pub(crate) ca: Option<std::path::PathBuf>,
+    /// PEM client certificate for mTLS (with --key).
+    #[arg(long, env = "AGENTRT_CLIENT_CERT", global = true, requires = "key")]
+    pub(crate) cert: Option<std::path::PathBuf>,
+    /// PEM private key of --cert.
+    #[arg(long, env = "AGENTRT_CLIENT_KEY", global = true, requires = "cert")]
+    pub(crate) key: Option<std::path::PathBuf>,
+    /// Allow sending the token over plaintext http:// to a host that is not
+    /// loopback.
+    #[arg(long, global = true)]
+    pub(crate) insecure: bool,
+    /// Output format: text for people, json for scripts.
+    #[arg(long, value_enum, default_value_t = Format::Text, global = true)]
+    pub(crate) output: Format,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// `--output`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Format {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Create, list, read, update and delete sessions.
+    #[command(subcommand)]
+    Sessions(SessionsCommand),
+    /// Send a message and stream the answer. Without --session a new session
+    /// is created (and deleted again if the message is refused).
+    Chat(ChatArgs),
+    /// Watch a session's live turn (resumes after a dropped connection).
+    Watch {
+        /// The session.
+        session: String,
+        /// Only the events after this seq.
+        #[arg(long, default_value_t = 0)]
+        after_seq: u64,
+        /// With no live turn, wait for the next one instead of ending.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Stop a session's live turn.
+    Stop {
+        /// The session.
+        session: String,
+    },
+    /// Show whether a session has a live turn, and what it is doing.
+    Status {
+        /// The session.
+        session: String,
+    },
+    /// Print a session's stored messages (all, or one page).
+    History(HistoryArgs),
+    /// Compact a session's history now.
+    Compact {
+        /// The session.
+        session: String,
+    },
+    /// Answer a caller-executed tool call of a live turn.
+    ToolResult {
+        /// The session.
+        session: String,
+        /// The turn that made the call.
+        #[arg(long)]
+        turn: String,
+        /// The call id.
+        #[arg(long)]
+        call: String,
+        /// Report the result as an error.
+        #[arg(long)]
+        error: bool,
+        /// The result; read from stdin when absent or `-`.
+        content: Option<String>,
+    },
+    /// Show a session and its history.
+    Show {
+        /// The session.
+        session: String,
+    },
+    /// Operator calls (admin principals only).
+    #[command(subcommand)]
+    Admin(AdminCommand),
+    /// Same as `sessions create`.
+    #[command(hide = true)]
+    Create(CreateArgs),
+    /// Same as `sessions list`.
+    #[command(hide = true)]
+    List(ListArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum SessionsCommand {
+    /// Create a session and print its id.
+    Create(CreateArgs),
+    /// List your sessions, newest activity first.
+    List(ListArgs),
+    /// Show one session.
+    Get {
+        /// The session.
+        session: String,
+    },
+    /// Change a session's title, model, system prompt or archived flag.
+    Update {
+        /// The session.
+        session: String,
+        /// New title.
+        #[arg(long)]
+        title: Option<String>,
+        /// New provider/model.
+        #[arg(long)]
+        model: Option<String>,
+        /// New system prompt.
+        #[arg(long)]
+        system: Option<String>,
+        /// Archive (true) or unarchive (false).
+        #[arg(long)]
+        archived: Option<bool>,
+    },
+    /// Delete a session and its history.
+    Delete {
+        /// The session.
+        session: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CreateArgs {
+    /// Client-chosen id (idempotent).
+    #[arg(long)]
+    pub(crate) id: Option<String>,
+    /// Title.
+    #[arg(long, default_value = "")]
+    pub(crate) title: String,
+    /// provider/model for this session.
+    #[arg(long, default_value = "")]
+    pub(crate) model: String,
+    /// System prompt.
+    #[arg(long, default_value = "")]
+    pub(crate) system: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ListArgs {
+    /// Include archived sessions.
+    #[arg(long)]
+    pub(crate) all: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct HistoryArgs {
+    /// The session.
+    pub(crate) session: String,
+    /// One page of at most this many messages (default: every page).
+    #[arg(long)]
+    pub(crate) limit: Option<u32>,
+    /// Only the messages after this seq.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) after_seq: u64,
+    /// Leave out messages replaced by a compaction summary.
+    #[arg(long)]
+    pub(crate) no_compacted: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ChatArgs {
+    /// The session (default: a new one).
+    #[arg(long, short)]
+    pub(crate) session: Option<String>,
+    /// provider/model for this turn.
+    #[arg(long)]
+    pub(crate) model: Option<String>,
+    /// System prompt for this turn only.
+    #[arg(long)]
+    pub(crate) system: Option<String>,
+    /// Thinking level.
+    #[arg(long, value_enum)]
+    pub(crate) thinking: Option<Thinking>,
+    /// The turn's time limit, e.g. 90, 90s, 2m, 500ms.
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) timeout: Option<Duration>,
+    /// What the server does with the turn if this connection drops;
+    /// `continue` also makes this command resume the stream.
+    #[arg(long, value_enum, default_value_t = Disconnect::Cancel)]
+    pub(crate) on_disconnect: Disconnect,
+    /// Do not show reasoning.
+    #[arg(long)]
+    pub(crate) no_reasoning: bool,
+    /// The message; read from stdin when absent (and stdin is not a
+    /// terminal) or `-`.
+    pub(crate) text: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum Thinking {
+    None,
+    Minimal,
+    Low,
+    Medium,
+    High,
+    Xhigh,
+}
+
+impl From<Thinking> for ThinkingLevel {
+    fn from(t: Thinking) -> Self {
+        match t {
+            Thinking::None => ThinkingLevel::None,
+            Thinking::Minimal => ThinkingLevel::Minimal,
+            Thinking::Low => ThinkingLevel::Low,
+            Thinking::Medium => ThinkingLevel::Medium,
+            Thinking::High => ThinkingLevel::High,
+            Thinking::Xhigh => ThinkingLevel::Xhigh,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum Disconnect {
+    Cancel,
+    Continue,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum AdminCommand {
+    /// Live turns, cached runners, watchers, stored sessions, uptime.
+    Stats,
+    /// Stop admitting turns and wait until none is live.
+    Drain {
+        /// How long to wait, e.g. 30s.
+        #[arg(long, value_parser = parse_duration)]
+        timeout: Option<Duration>,
+    },
+    /// Close cached runners (all, or one user's).
+    Reset {
+        /// Only this user's runners.
+        #[arg(long, default_value = "")]
+        user: String,
+    },
+}
+
+/// `90`, `90s`, `2m`, `500ms`, `1.5s`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (number, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 90, 90s, 2m, 500ms)"))?;
+    let secs = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        other => return Err(format!("unknown unit {other:?} (use ms, s, m or h)")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_flags_parse_and_a_client_certificate_needs_its_key() {
+        let cli = Cli::try_parse_from([
+            "agentrt",
+            "--url",
+            "https://h:1",
+            "--ca",
+            "ca.pem",
+            "--cert",
+            "me.pem",
+            "--key",
+            "me.key",
+            "sessions",
+            "list",
+        ])
+        .unwrap();
+        assert_eq!(cli.ca.as_deref(), Some(std::path::Path::new("ca.pem")));
+        assert_eq!(cli.cert.as_deref(), Some(std::path::Path::new("me.pem")));
+        assert_eq!(cli.key.as_deref(), Some(std::path::Path::new("me.key")));
+        for lone in [["--cert", "me.pem"], ["--key", "me.key"]] {
+            let args = ["agentrt", lone[0], lone[1], "list"];
+            assert!(
+                Cli::try_parse_from(args).is_err(),
+                "{lone:?} alone was accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn durations_take_units() {
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("3d").is_err());
+    }
+}

@@ -1,0 +1,16 @@
+//! The `admin` commands: the operator calls.
+
+use agentrt_client::Client;
+
+use crate::args::AdminCommand;
+use crate::failure::Outcome;
+use crate::output::Out;
+
+pub(crate) async fn admin(client: &Client, out: &Out, cmd: AdminCommand) -> Outcome {
+    match cmd {
+        AdminCommand::Stats => out.stats(&client.runtime_stats().await?),
+        AdminCommand::Drain { timeout } => out.drained(client.drain(timeout).await?),
+        AdminCommand::Reset { user } => out.reset(client.reset_runners(&user).await?),
+    }
+    Ok(())
+}
