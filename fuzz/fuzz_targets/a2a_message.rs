@@ -5,7 +5,7 @@
 #![no_main]
 
 use agentrt_proto::a2a::v1 as a2a;
-use agentrt_server::a2a::{errors, ids, tasks, tools};
+use agentrt_server::a2a::{caller_tools, errors, ids, tasks};
 use libfuzzer_sys::fuzz_target;
 use prost::Message as _;
 
@@ -13,13 +13,13 @@ fuzz_target!(|data: &[u8]| {
     let Ok(request) = a2a::SendMessageRequest::decode(data) else {
         return;
     };
-    let _ = tools::extra_tools(request.metadata.as_ref());
+    let _ = caller_tools::extra_tools(request.metadata.as_ref());
     let Some(message) = request.message else {
         return;
     };
     let _ = agentrt_server::fuzzing::a2a_user_content(&message);
-    let _ = tools::extra_tools(message.metadata.as_ref());
-    let _ = tools::tool_result(&message);
+    let _ = caller_tools::extra_tools(message.metadata.as_ref());
+    let _ = caller_tools::tool_result(&message);
     if let Some((session, turn)) = ids::parse_task_id(&message.task_id) {
         assert_eq!(tasks::task_id(session, turn), message.task_id);
     }
