@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::types::{NewMessage, Principal};
+use crate::types::Principal;
 
 /// One of the quotas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -173,13 +173,6 @@ pub struct WriteQuota {
     /// Whether the store counts live turns and the minute's turns itself
     /// (a shared store); otherwise the runtime counts them in the process.
     pub count_turns: bool,
-}
-
-/// The bytes a user message counts for the `stored_bytes` quota: what
-/// [`message_wire_bytes`](crate::store::message_wire_bytes) counts for it
-/// once stored (an upper bound of its encoding; its seq does not change it).
-pub fn stored_bytes(new: &NewMessage) -> u64 {
-    crate::store::size::new_message_wire_bytes(new) as u64
 }
 
 /// The start of the calendar minute holding `now`, and how long until the

@@ -34,6 +34,7 @@ mod caller_tools;
 mod compaction;
 mod context;
 mod control;
+mod jobs;
 mod keys;
 mod leases;
 mod lifecycle;

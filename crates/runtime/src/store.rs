@@ -37,7 +37,7 @@ pub use self::sled::SledStore;
 pub use leases::{Lease, LeaseKey, Leases};
 pub use memory::MemoryStore;
 pub use postgres::{PgConfig, PostgresStore};
-pub use size::{message_wire_bytes, session_wire_bytes};
+pub use size::{message_wire_bytes, session_wire_bytes, stored_bytes};
 
 /// Errors of a store.
 #[derive(Debug, thiserror::Error)]

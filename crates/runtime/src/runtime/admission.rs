@@ -28,16 +28,17 @@ use std::time::{Instant, SystemTime};
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument as _;
 
+use self::offer::{admit_model, offered};
 use super::runners::{Runner, RunnerKey};
-use super::slots::{Claim, LiveTurn};
+use super::slots::{Claim, LiveTurn, TurnSlot};
 use super::turn::prestart::{self, FirstRequest, Prestart};
-use super::turn::{Emitter, Turn};
+use super::turn::{Emitter, Turn, TurnHolds, TurnPlan};
 use super::validate::{self, Checked};
-use super::{ChatInput, Inner, Runtime, TurnStream, replay, spans};
-use crate::error::{FieldViolation, RuntimeError};
+use super::{ChatInput, Inner, OnDisconnect, Runtime, TurnStream, replay, spans};
+use crate::error::RuntimeError;
 use crate::hub::TurnHub;
 use crate::model::{Reservation, ToolSpec};
-use crate::quota::WriteQuota;
+use crate::quota::{LiveTurnGuard, WriteQuota};
 use crate::store::StoreError;
 use crate::types::{Message, NewMessage, Principal, Role, Session, TurnRecord, TurnStatus, Usage};
 
@@ -148,84 +149,72 @@ impl Runtime {
         input: ChatInput,
         plan: Plan,
     ) -> Result<TurnStream, RuntimeError> {
-        let inner = &self.inner;
-        let Plan {
-            checked,
-            runner,
-            tools,
-            reservation,
-            system_prompt,
-            system_overridden,
-            quota,
-        } = plan;
-        let turn_id = crate::types::new_id();
         let admitted_at = Instant::now();
         let live = Arc::new(LiveTurn::new(
-            turn_id.clone(),
+            crate::types::new_id(),
             session.incarnation.clone(),
             input.request_id.clone(),
-            TurnHub::new(inner.config.replay),
+            TurnHub::new(self.inner.config.replay),
         ));
-        let slot = match inner.slots.claim_turn(&session, &live)? {
+        let slot = match self.inner.slots.claim_turn(&session, &live)? {
             Claim::Claimed(slot) => slot,
             // A concurrent retry of the same request joins the turn.
             Claim::Joined(busy) => return Ok(TurnStream::attached(session.id.clone(), &busy, 0)),
         };
-        // On a store only this process writes, live turns and the minute's
-        // turns are counted here (a shared store counts them in
-        // `begin_turn`'s transaction).
-        let counted = if quota.count_turns {
-            None
-        } else {
-            match inner
-                .turn_meter
-                .admit(&session.owner, &quota.limits, SystemTime::now())
-            {
-                Ok(counted) => counted,
-                Err(refused) => {
-                    live.hub.abort();
-                    drop(slot);
-                    return Err(RuntimeError::QuotaExceeded(refused));
-                }
+        let counted = match self.meter(&session.owner, &plan.quota) {
+            Ok(counted) => counted,
+            Err(refused) => {
+                abandon(&live, slot, None);
+                return Err(refused);
             }
         };
-        let record = TurnRecord {
-            turn_id: turn_id.clone(),
-            session_id: session.id.clone(),
-            status: TurnStatus::Running,
-            started_at: live.started_at,
-            finished_at: None,
-            model: runner.key.model.clone(),
-            thinking: runner.key.thinking,
-            system_overridden,
-            usage: Usage::default(),
-            user_message_seq: 0,
-            error: None,
-            cancel_reason: None,
-            request_id: input.request_id,
-            incarnation: session.incarnation.clone(),
+        let held = Held {
+            live,
+            slot,
+            counted,
+            admitted_at,
         };
-        let user_message = NewMessage::new(&turn_id, Role::User, input.content);
+        self.start(session, input, plan, held).await
+    }
+
+    /// Stores the user message with the turn's record (the durable start;
+    /// the first model request is already on its way) and launches the
+    /// turn; a refused write leaves no trace.
+    async fn start(
+        &self,
+        session: Session,
+        input: ChatInput,
+        plan: Plan,
+        held: Held,
+    ) -> Result<TurnStream, RuntimeError> {
+        let Held {
+            live,
+            slot,
+            counted,
+            admitted_at,
+        } = held;
+        let turn_id = live.turn_id.clone();
+        let runner = plan.runner;
+        let record = running_record(&session, &live, &runner, plan.system_overridden);
         // The turn's span, a child of the caller's (the RPC span), carried
         // explicitly into the spawned turn; its first model step's span is
         // made here because that request starts during admission.
         let span = spans::invoke_agent(&session, &turn_id, &runner.key.model);
         let first_chat = spans::chat(&span, &runner.key.model);
         let first = FirstRequest {
-            tools: tools.clone(),
+            tools: plan.tools.clone(),
             max_output_tokens: input.max_output_tokens,
-            reservation,
+            reservation: plan.reservation,
             span: first_chat.clone(),
         };
-        // On failure the slot is freed and the hub is closed for any retry
-        // that already joined: a rejected admission leaves no trace.
         let write = TurnWrite {
             record: record.clone(),
-            user_message,
-            quota,
+            user_message: NewMessage::new(&turn_id, Role::User, input.content),
+            quota: plan.quota,
         };
+        let system_prompt = plan.system_prompt;
         let begun = store_user(
-            inner,
+            &self.inner,
             &runner,
             &session,
             write,
@@ -241,22 +230,11 @@ impl Runtime {
         } = match begun {
             Ok(begun) => begun,
             Err(e) => {
-                live.hub.abort();
-                drop(slot);
-                if let Some(counted) = counted {
-                    counted.refund();
-                }
+                abandon(&live, slot, counted);
                 return self.rejected(&session, &record, e).await;
             }
         };
-        if inner.shared {
-            // The lease is committed: the renewer may renew it from now on.
-            live.mark_leased();
-        }
-        let (tx, rx) = mpsc::channel(inner.config.event_buffer.max(1));
-        let turn = Turn {
-            inner: Arc::clone(inner),
-            live: Arc::clone(&live),
+        let plan = TurnPlan {
             runner,
             record: TurnRecord {
                 user_message_seq: user.seq,
@@ -264,43 +242,71 @@ impl Runtime {
             },
             user_message: user,
             system_prompt,
-            guard: Some(slot),
-            started: admitted_at,
-            deadline: checked.deadline_from(admitted_at),
-            tools,
-            max_steps: checked.max_steps,
+            session,
+            tools: plan.tools,
+            max_steps: plan.checked.max_steps,
             max_output_tokens: input.max_output_tokens,
-            usage: Usage::default(),
-            final_message: None,
-            open_step: None,
-            prestart: Some(prestart),
-            session: session.clone(),
-            context: Arc::default(),
-            compacted: false,
-            store_failed: false,
-            store_cause: None,
-            first_chat: Some(first_chat),
-            _live_metric: crate::telemetry::metrics::LiveGuard::turn(),
-            _quota: counted,
+            started: admitted_at,
+            deadline: plan.checked.deadline_from(admitted_at),
         };
+        let holds = TurnHolds {
+            slot,
+            prestart,
+            first_chat,
+            quota: counted,
+        };
+        Ok(self.launch(live, plan, holds, input.on_disconnect, span))
+    }
+
+    /// Spawns the turn admission stored and planned (its user message is
+    /// durable, its lease committed) and hands the caller its stream.
+    fn launch(
+        &self,
+        live: Arc<LiveTurn>,
+        plan: TurnPlan,
+        holds: TurnHolds,
+        on_disconnect: OnDisconnect,
+        span: tracing::Span,
+    ) -> TurnStream {
+        let inner = &self.inner;
+        if inner.shared {
+            // The lease is committed: the renewer may renew it from now on.
+            live.mark_leased();
+        }
+        let (tx, rx) = mpsc::channel(inner.config.event_buffer.max(1));
+        let session = plan.session.clone();
+        let turn_id = plan.record.turn_id.clone();
         let emitter = Emitter::new(
             Arc::clone(&live),
             tx,
             &inner.config,
-            input.on_disconnect,
-            admitted_at,
+            on_disconnect,
+            plan.started,
         );
+        let turn = Turn::new(Arc::clone(inner), Arc::clone(&live), plan, holds);
         inner
             .lifecycle
             .spawn_turn(turn.run(emitter).instrument(span));
         inner.slots.wake_waiters(&session, &live);
-        Ok(TurnStream::own(
-            session.id,
-            turn_id,
-            rx,
-            live,
-            input.on_disconnect,
-        ))
+        TurnStream::own(session.id, turn_id, rx, live, on_disconnect)
+    }
+
+    /// On a store only this process writes, counts the turn against its
+    /// owner's live-turn and per-minute quotas here (a shared store counts
+    /// them in `begin_turn`'s transaction): the guard keeps it counted while
+    /// the turn lives.
+    fn meter(
+        &self,
+        owner: &str,
+        quota: &WriteQuota,
+    ) -> Result<Option<LiveTurnGuard>, RuntimeError> {
+        if quota.count_turns {
+            return Ok(None);
+        }
+        self.inner
+            .turn_meter
+            .admit(owner, &quota.limits, SystemTime::now())
+            .map_err(RuntimeError::QuotaExceeded)
     }
 
     /// The turn a request id already started in this session, as a stream:
@@ -487,16 +493,28 @@ async fn store_user(
             prestart,
         });
     }
-    // Something else wrote to the session although this turn holds its
-    // slot (a store anomaly, never seen in the normal course): start again
-    // from the store as it is now — the only third read.
+    drop(prestart);
+    reload(inner, runner, session, user, system_prompt, first).await
+}
+
+/// Something else wrote to the session although this turn holds its slot
+/// (a store anomaly, never seen in the normal course): the context is
+/// loaded again from the store as it is now — the only third read — after
+/// the user message `user` stored.
+async fn reload(
+    inner: &Arc<Inner>,
+    runner: &Arc<Runner>,
+    session: Session,
+    user: Message,
+    system_prompt: Option<String>,
+    first: FirstRequest,
+) -> Result<Begun, RuntimeError> {
     tracing::warn!(
         session_id = %session.id,
         expected = session.next_seq,
         stored = user.seq,
         "the session changed while its turn was being admitted; reloading its context"
     );
-    drop(prestart);
     let mut session = inner
         .store
         .get_session(&session.id)
@@ -521,97 +539,52 @@ async fn store_user(
     })
 }
 
-/// The tools offered to the model for one call: the runner's server tools
-/// and the caller's, minus the excluded names. A caller tool may not take
-/// a server tool's name.
-fn offered(
-    runner: &Runner,
-    extra: Vec<ToolSpec>,
-    excluded: &[String],
-) -> Result<Vec<ToolSpec>, RuntimeError> {
-    let violations: Vec<_> = extra
-        .iter()
-        .enumerate()
-        .filter(|(_, t)| runner.tools.iter().any(|s| s.name == t.name))
-        .map(|(i, t)| {
-            FieldViolation::new(
-                format!("extra_tools[{i}].name"),
-                format!("{:?} is the name of a server tool", t.name),
-            )
-        })
-        .collect();
-    if !violations.is_empty() {
-        return Err(RuntimeError::InvalidArgument(violations));
-    }
-    let all = runner.tools.iter().cloned().chain(extra).collect();
-    Ok(super::caller_tools::offered(all, excluded))
+/// What a turn being admitted holds before its durable start.
+struct Held {
+    live: Arc<LiveTurn>,
+    slot: TurnSlot,
+    /// Its count against the owner's quotas (a store only this process
+    /// writes).
+    counted: Option<LiveTurnGuard>,
+    admitted_at: Instant,
 }
 
-/// Whether the runner's model can take this turn: a model that cannot call
-/// tools is not offered any (the caller learns why instead of the model
-/// silently ignoring them), `max_output_tokens` is within the provider's
-/// maximum, and a provider whose queue is full refuses the turn now rather
-/// than admitting it into a long wait. The capacity it reserves for the
-/// first step (if the provider bounds its queue) is returned, to go with
-/// the first request; dropping it gives it back.
-fn admit_model(
-    runner: &Runner,
-    offered: &[ToolSpec],
-    max_output_tokens: Option<u32>,
-) -> Result<Option<Reservation>, RuntimeError> {
-    if !offered.is_empty()
-        && !runner
-            .model
-            .provider
-            .supports_tools(&runner.model.provider_model)
-    {
-        let field = if runner.tools.is_empty() {
-            "extra_tools"
-        } else {
-            "model"
-        };
-        return Err(RuntimeError::invalid(
-            field,
-            format!(
-                "model {} cannot call tools, and this turn offers {} tool(s); remove extra_tools \
-                 (or exclude the server tools with excluded_tools), choose a model that can call \
-                 tools, or let the operator allow running it without tools",
-                runner.key.model,
-                offered.len()
-            ),
-        ));
+/// A rejected admission leaves no trace: the slot freed, the hub closed
+/// for any retry that already joined, the quota count given back.
+fn abandon(live: &LiveTurn, slot: TurnSlot, counted: Option<LiveTurnGuard>) {
+    live.hub.abort();
+    drop(slot);
+    if let Some(counted) = counted {
+        counted.refund();
     }
-    if let Some(asked) = max_output_tokens {
-        let limit = runner
-            .model
-            .provider
-            .max_output_tokens_limit(&runner.model.provider_model);
-        if asked == 0 {
-            return Err(RuntimeError::invalid(
-                "max_output_tokens",
-                "must be at least 1 (leave it unset for the model's default)",
-            ));
-        }
-        if let Some(limit) = limit.filter(|limit| asked > *limit) {
-            return Err(RuntimeError::invalid(
-                "max_output_tokens",
-                format!(
-                    "{asked} is more than the maximum of {limit} for model {}",
-                    runner.key.model
-                ),
-            ));
-        }
-    }
-    runner
-        .model
-        .provider
-        .reserve(&runner.model.provider_model)
-        .map_err(|_| {
-            RuntimeError::ResourceExhausted(
-                "the model is busy: too many turns are queued for it; retry later",
-            )
-        })
 }
 
+/// The record of a turn about to begin (`Running`; its user message's seq
+/// is set by the store).
+fn running_record(
+    session: &Session,
+    live: &LiveTurn,
+    runner: &Runner,
+    system_overridden: bool,
+) -> TurnRecord {
+    TurnRecord {
+        turn_id: live.turn_id.clone(),
+        session_id: session.id.clone(),
+        status: TurnStatus::Running,
+        started_at: live.started_at,
+        finished_at: None,
+        model: runner.key.model.clone(),
+        thinking: runner.key.thinking,
+        system_overridden,
+        usage: Usage::default(),
+        user_message_seq: 0,
+        error: None,
+        cancel_reason: None,
+        request_id: live.request_id.clone(),
+        incarnation: session.incarnation.clone(),
+    }
+}
+
+mod offer;
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,5 @@
 //! Several replicas on one shared store (PostgreSQL): what the core does
-//! differently when [`crate::store::Store::replica_id`] names this replica.
+//! differently when the store has [`Leases`](crate::store::Leases).
 //!
 //! It owns three background jobs, which exist only on a shared store:
 //!
@@ -22,18 +22,11 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
-
+use super::jobs::{Job, every};
 use super::slots::LiveTurn;
 use super::{Inner, Runtime};
 use crate::error::RuntimeError;
 use crate::store::{Lease, LeaseKey};
-
-/// What a Chat is told while the store cannot be reached.
-pub(crate) const STORE_DOWN: RuntimeError = RuntimeError::Unavailable(
-    "the database cannot be reached; this replica refuses new turns until it is back (retry, or \
-     send the call to another replica)",
-);
 
 /// The error a turn's callers get when its replica lost the session's lease.
 pub(crate) const LEASE_LOST_MESSAGE: &str = "this replica lost the session's lease (the database \
@@ -99,36 +92,6 @@ pub(crate) fn spawn_jobs(runtime: &Runtime) {
         lifecycle.turns_over(),
     );
     every(runtime, ttl / 2, Sweeper(weak), lifecycle.background());
-}
-
-/// One of the jobs: a step run every period.
-pub(crate) trait Job: Send + 'static {
-    /// One step; `false` once the runtime is gone.
-    fn tick(&mut self, period: Duration) -> impl std::future::Future<Output = bool> + Send;
-}
-
-/// Runs `job` every `period` (the first step after one period) until
-/// `stop` is cancelled or the runtime is dropped.
-fn every(runtime: &Runtime, period: Duration, mut job: impl Job, stop: CancellationToken) {
-    let period = period.max(Duration::from_millis(10));
-    runtime.inner.lifecycle.spawn_job(async move {
-        let mut timer = tokio::time::interval(period);
-        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        timer.tick().await;
-        loop {
-            tokio::select! {
-                () = stop.cancelled() => return,
-                _ = timer.tick() => {}
-            }
-            let keep_going = tokio::select! {
-                () = stop.cancelled() => return,
-                go = job.tick(period) => go,
-            };
-            if !keep_going {
-                return;
-            }
-        }
-    });
 }
 
 /// The renewer's state.

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::TurnStream;
+use super::turn::TurnEnd;
 use crate::error::RuntimeError;
 use crate::events::{ErrorCode, EventKind, TurnEvent, TurnOutcome};
 use crate::store::Store;
-use crate::types::{ContentBlock, Role, TurnRecord, TurnStatus};
+use crate::types::{ContentBlock, Message, Role, TurnRecord, TurnStatus};
 
 /// Messages of one turn are contiguous in history; this bounds the read.
 const MAX_TURN_MESSAGES: usize = 10_000;
@@ -29,50 +30,8 @@ pub(crate) async fn replay_turn(
         user_message_seq: record.user_message_seq,
         system_overridden: record.system_overridden,
     }];
-    for m in messages
-        .iter()
-        .take_while(|m| m.body.turn_id == record.turn_id)
-    {
-        if m.body.role == Role::Assistant {
-            for block in &m.body.content {
-                match block {
-                    ContentBlock::Thinking { thinking, .. } => {
-                        kinds.push(EventKind::Reasoning(thinking.clone()))
-                    }
-                    ContentBlock::Text { text } => kinds.push(EventKind::Text(text.clone())),
-                    _ => {}
-                }
-            }
-        }
-        kinds.push(EventKind::MessageStored {
-            seq: m.seq,
-            id: m.body.id.clone(),
-            role: m.body.role,
-        });
-    }
-    let (outcome, error) = match record.status {
-        TurnStatus::Success => (TurnOutcome::Success, None),
-        TurnStatus::Canceled => (TurnOutcome::Canceled, None),
-        TurnStatus::TimedOut => (TurnOutcome::TimedOut, None),
-        TurnStatus::Error => (
-            TurnOutcome::Error,
-            Some((
-                ErrorCode::Unavailable,
-                record
-                    .error
-                    .clone()
-                    .unwrap_or_else(|| "the turn failed".to_owned()),
-            )),
-        ),
-        TurnStatus::Interrupted | TurnStatus::Running => (
-            TurnOutcome::Error,
-            Some((
-                ErrorCode::Unavailable,
-                "the turn was interrupted by a server restart; send a new request to try again"
-                    .to_owned(),
-            )),
-        ),
-    };
+    kinds.extend(stored_events(&record, &messages));
+    let TurnEnd { outcome, error } = ending(&record);
     if let Some((code, message)) = error {
         kinds.push(EventKind::Error { code, message });
     }
@@ -106,4 +65,49 @@ pub(crate) async fn replay_turn(
         record.turn_id,
         events,
     ))
+}
+
+/// The events a finished turn's stored messages stand for: the text and
+/// reasoning of its answers, and one `MessageStored` each.
+fn stored_events(record: &TurnRecord, messages: &[Message]) -> Vec<EventKind> {
+    let mut kinds = Vec::new();
+    for m in messages
+        .iter()
+        .take_while(|m| m.body.turn_id == record.turn_id)
+    {
+        if m.body.role == Role::Assistant {
+            for block in &m.body.content {
+                match block {
+                    ContentBlock::Thinking { thinking, .. } => {
+                        kinds.push(EventKind::Reasoning(thinking.clone()))
+                    }
+                    ContentBlock::Text { text } => kinds.push(EventKind::Text(text.clone())),
+                    _ => {}
+                }
+            }
+        }
+        kinds.push(EventKind::MessageStored {
+            seq: m.seq,
+            id: m.body.id.clone(),
+            role: m.body.role,
+        });
+    }
+    kinds
+}
+
+/// How a finished turn ended, from its record.
+fn ending(record: &TurnRecord) -> TurnEnd {
+    match record.status {
+        TurnStatus::Success => TurnEnd::of(TurnOutcome::Success),
+        TurnStatus::Canceled => TurnEnd::of(TurnOutcome::Canceled),
+        TurnStatus::TimedOut => TurnEnd::of(TurnOutcome::TimedOut),
+        TurnStatus::Error => TurnEnd::failed(
+            ErrorCode::Unavailable,
+            record.error.as_deref().unwrap_or("the turn failed"),
+        ),
+        TurnStatus::Interrupted | TurnStatus::Running => TurnEnd::failed(
+            ErrorCode::Unavailable,
+            "the turn was interrupted by a server restart; send a new request to try again",
+        ),
+    }
 }

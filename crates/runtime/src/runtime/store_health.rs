@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::leases::STORE_DOWN;
+use super::jobs::Job;
 use super::{Inner, Runtime};
 use crate::error::RuntimeError;
 use crate::store::StoreError;
@@ -27,6 +27,12 @@ use crate::store::StoreError;
 pub(crate) const PING_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a ping may take before a shared store counts as unreachable.
 pub(crate) const PING_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What a Chat is told while the store cannot be reached.
+pub(crate) const STORE_DOWN: RuntimeError = RuntimeError::Unavailable(
+    "the database cannot be reached; this replica refuses new turns until it is back (retry, or \
+     send the call to another replica)",
+);
 
 /// What a Chat is told once the store failed for good.
 const STORE_FAILED: RuntimeError = RuntimeError::Unavailable(
@@ -145,7 +151,7 @@ impl Runtime {
 /// The pinger: records the store's health every [`PING_INTERVAL`].
 pub(crate) struct Pinger(pub(crate) Weak<Inner>);
 
-impl super::leases::Job for Pinger {
+impl Job for Pinger {
     async fn tick(&mut self, _period: Duration) -> bool {
         let Some(inner) = self.0.upgrade() else {
             return false;

@@ -6,9 +6,10 @@
 //! - [`emitter`]: the [`Emitter`] every event goes through.
 //! - [`prestart`]: the context load and first model request, started during
 //!   admission.
-//! - [`compact`]: compacting an over-budget context before the first step.
+//! - [`compaction`]: compacting an over-budget context before the first step.
 //! - [`step`]: one model step and what its end means.
 //! - [`tools`]: the tool phase after a step that called tools.
+//! - [`finish`]: the last write and the end of the turn.
 //!
 //! Store writes are never raced against cancellation: once a write starts it
 //! completes, so a stop can cut a model stream but never a record.
@@ -28,10 +29,12 @@ use crate::types::{Message, NewMessage, Role, StopReason, TurnRecord, TurnStatus
 
 mod compaction;
 mod emitter;
+mod finish;
 pub(crate) mod prestart;
 mod step;
 mod tools;
 
+use super::context::Context;
 pub(crate) use emitter::Emitter;
 use prestart::{FirstStep, Loaded, Prestart};
 use step::{StepEnd, StepOutput};
@@ -52,50 +55,103 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_default()
 }
 
+/// How a turn ended: its outcome and, for an error, what its callers are
+/// told (an `Error` event before `TurnFinished`).
+#[derive(Debug)]
+pub(super) struct TurnEnd {
+    pub(super) outcome: TurnOutcome,
+    pub(super) error: Option<(ErrorCode, String)>,
+}
+
+impl TurnEnd {
+    /// Ended as `outcome`, with nothing to tell beyond it.
+    pub(super) const fn of(outcome: TurnOutcome) -> Self {
+        Self {
+            outcome,
+            error: None,
+        }
+    }
+
+    /// Ended in error, telling the callers `code` and `message`.
+    pub(super) fn failed(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            outcome: TurnOutcome::Error,
+            error: Some((code, message.into())),
+        }
+    }
+}
+
 pub(crate) struct Turn {
-    pub(crate) inner: Arc<Inner>,
-    pub(crate) live: Arc<LiveTurn>,
+    inner: Arc<Inner>,
+    live: Arc<LiveTurn>,
+    runner: Arc<Runner>,
+    record: TurnRecord,
+    user_message: Message,
+    system_prompt: Option<String>,
+    guard: Option<TurnSlot>,
+    started: Instant,
+    deadline: Option<tokio::time::Instant>,
+    /// Tools offered to the model (the runner's server tools and the
+    /// caller's).
+    tools: Vec<crate::model::ToolSpec>,
+    max_steps: u32,
+    /// The call's `max_output_tokens`, sent with every model step.
+    max_output_tokens: Option<u32>,
+    /// Usage summed over the turn's steps.
+    usage: Usage,
+    /// The final answer, stored together with the turn record.
+    final_message: Option<NewMessage>,
+    /// The step whose FINISH follows the final answer's `message_stored`.
+    open_step: Option<u32>,
+    /// The context load and first model request started during admission.
+    prestart: Option<Prestart>,
+    /// The session as admission re-read it under the slot.
+    session: crate::types::Session,
+    /// What the model is sent: loaded once (by the prestart task, or
+    /// compacted first), then every message the turn stores is appended.
+    context: Arc<Vec<Message>>,
+    /// The context was compacted (or truncated) during this turn.
+    compacted: bool,
+    /// A store write of this turn failed.
+    store_failed: bool,
+    /// Why a store write of this turn failed, when that is worth telling
+    /// the callers (the disk is full, the store failed for good).
+    store_cause: Option<&'static str>,
+    /// The first model step's span, made at admission (its request starts
+    /// there).
+    first_chat: Option<tracing::Span>,
+    /// Counts the turn in `agentrt.turns.live` while it exists.
+    _live_metric: crate::telemetry::metrics::LiveGuard,
+    /// Counts the turn against its owner's `live_turns` quota while it
+    /// exists (on a store only this process writes).
+    _quota: Option<crate::quota::LiveTurnGuard>,
+}
+
+/// What admission hands a turn, fixed for its whole run.
+pub(crate) struct TurnPlan {
     pub(crate) runner: Arc<Runner>,
+    /// The turn's record as `begin_turn` stored it.
     pub(crate) record: TurnRecord,
     pub(crate) user_message: Message,
     pub(crate) system_prompt: Option<String>,
-    pub(crate) guard: Option<TurnSlot>,
-    pub(crate) started: Instant,
-    pub(crate) deadline: Option<tokio::time::Instant>,
-    /// Tools offered to the model (the runner's server tools and the
-    /// caller's).
-    pub(crate) tools: Vec<crate::model::ToolSpec>,
-    pub(crate) max_steps: u32,
-    /// The call's `max_output_tokens`, sent with every model step.
-    pub(crate) max_output_tokens: Option<u32>,
-    /// Usage summed over the turn's steps.
-    pub(crate) usage: Usage,
-    /// The final answer, stored together with the turn record.
-    pub(crate) final_message: Option<NewMessage>,
-    /// The step whose FINISH follows the final answer's `message_stored`.
-    pub(crate) open_step: Option<u32>,
-    /// The context load and first model request started during admission.
-    pub(crate) prestart: Option<Prestart>,
     /// The session as admission re-read it under the slot.
     pub(crate) session: crate::types::Session,
-    /// What the model is sent: loaded once (by the prestart task, or
-    /// compacted first), then every message the turn stores is appended.
-    pub(crate) context: Arc<Vec<Message>>,
-    /// The context was compacted (or truncated) during this turn.
-    pub(crate) compacted: bool,
-    /// A store write of this turn failed.
-    pub(crate) store_failed: bool,
-    /// Why a store write of this turn failed, when that is worth telling
-    /// the callers (the disk is full, the store failed for good).
-    pub(crate) store_cause: Option<&'static str>,
-    /// The first model step's span, made at admission (its request starts
-    /// there).
-    pub(crate) first_chat: Option<tracing::Span>,
-    /// Counts the turn in `agentrt.turns.live` while it exists.
-    pub(crate) _live_metric: crate::telemetry::metrics::LiveGuard,
-    /// Counts the turn against its owner's `live_turns` quota while it
-    /// exists (on a store only this process writes).
-    pub(crate) _quota: Option<crate::quota::LiveTurnGuard>,
+    pub(crate) tools: Vec<crate::model::ToolSpec>,
+    pub(crate) max_steps: u32,
+    pub(crate) max_output_tokens: Option<u32>,
+    /// When the turn was admitted, and when it must end.
+    pub(crate) started: Instant,
+    pub(crate) deadline: Option<tokio::time::Instant>,
+}
+
+/// What a turn holds while it runs, besides its plan: the session's slot,
+/// the context load and first request started at admission (with that
+/// request's span), and its owner's live-turn count.
+pub(crate) struct TurnHolds {
+    pub(crate) slot: TurnSlot,
+    pub(crate) prestart: Prestart,
+    pub(crate) first_chat: tracing::Span,
+    pub(crate) quota: Option<crate::quota::LiveTurnGuard>,
 }
 
 /// Resolves at `deadline`, or never.
@@ -107,6 +163,41 @@ async fn until(deadline: Option<tokio::time::Instant>) {
 }
 
 impl Turn {
+    /// The turn admission planned, ready to run.
+    pub(crate) fn new(
+        inner: Arc<Inner>,
+        live: Arc<LiveTurn>,
+        plan: TurnPlan,
+        holds: TurnHolds,
+    ) -> Self {
+        Self {
+            inner,
+            live,
+            runner: plan.runner,
+            record: plan.record,
+            user_message: plan.user_message,
+            system_prompt: plan.system_prompt,
+            guard: Some(holds.slot),
+            started: plan.started,
+            deadline: plan.deadline,
+            tools: plan.tools,
+            max_steps: plan.max_steps,
+            max_output_tokens: plan.max_output_tokens,
+            usage: Usage::default(),
+            final_message: None,
+            open_step: None,
+            prestart: Some(holds.prestart),
+            session: plan.session,
+            context: Arc::default(),
+            compacted: false,
+            store_failed: false,
+            store_cause: None,
+            first_chat: Some(holds.first_chat),
+            _live_metric: crate::telemetry::metrics::LiveGuard::turn(),
+            _quota: holds.quota,
+        }
+    }
+
     /// Runs the turn to its end. A panic anywhere in it — the context
     /// load, compaction, a model step, the tool phase, the final writes —
     /// is contained here: the turn still ends with exactly one
@@ -116,7 +207,7 @@ impl Turn {
         let body = AssertUnwindSafe(self.body(&mut emitter))
             .catch_unwind()
             .await;
-        let (outcome, error) = match body {
+        let end = match body {
             Ok(ended) => ended,
             Err(panic) => {
                 tracing::error!(panic = %panic_text(&*panic), "a turn panicked");
@@ -125,10 +216,10 @@ impl Turn {
         };
         // However the body ended, a turn whose replica lost the session's
         // lease stored nothing since and is reported as that.
-        let (outcome, error) = if self.live.lease_lost() {
+        let TurnEnd { outcome, error } = if self.live.lease_lost() {
             self.lease_lost_outcome()
         } else {
-            (outcome, error)
+            end
         };
         if let Some((code, message)) = &error {
             emitter
@@ -166,7 +257,7 @@ impl Turn {
     /// After a panic in the turn's body: nothing half-done reaches history
     /// (an answer not yet stored is dropped, tool calls already stored get
     /// an error result each), and the outcome is an internal error.
-    async fn panicked(&mut self) -> (TurnOutcome, Option<(ErrorCode, String)>) {
+    async fn panicked(&mut self) -> TurnEnd {
         self.final_message = None;
         self.open_step = None;
         self.store_failed = true;
@@ -179,30 +270,42 @@ impl Turn {
         {
             tracing::error!(error = %err, "answering the open tool calls of a failed turn failed");
         }
-        (
-            TurnOutcome::Error,
-            Some((ErrorCode::Internal, INTERNAL_MESSAGE.to_owned())),
-        )
+        TurnEnd::failed(ErrorCode::Internal, INTERNAL_MESSAGE)
     }
 
     /// The outcome of a turn whose replica lost the session's lease
     /// (`LiveTurn::lose_lease`, or a write the store refused with
     /// `LeaseLost`): nothing more is stored — no answer, no record — and
     /// the callers get UNAVAILABLE.
-    fn lease_lost_outcome(&mut self) -> (TurnOutcome, Option<(ErrorCode, String)>) {
+    fn lease_lost_outcome(&mut self) -> TurnEnd {
         self.final_message = None;
         self.record.cancel_reason = None;
         self.store_failed = true;
-        (
-            TurnOutcome::Error,
-            Some((
-                ErrorCode::Unavailable,
-                crate::runtime::leases::LEASE_LOST_MESSAGE.to_owned(),
-            )),
+        TurnEnd::failed(
+            ErrorCode::Unavailable,
+            crate::runtime::leases::LEASE_LOST_MESSAGE,
         )
     }
 
-    async fn body(&mut self, emitter: &mut Emitter) -> (TurnOutcome, Option<(ErrorCode, String)>) {
+    /// The turn's states, from `Loading` to `Finishing`, one at a time.
+    async fn body(&mut self, emitter: &mut Emitter) -> TurnEnd {
+        self.announce(emitter).await;
+        let mut state = State::Loading;
+        loop {
+            state = match state {
+                State::Loading => self.load().await,
+                State::Compacting { context, tokens } => {
+                    self.compact(context, tokens, emitter).await
+                }
+                State::Stepping { index, first } => self.step(index, first, emitter).await,
+                State::Tools { index, output } => self.tools(index, output, emitter).await,
+                State::Finishing(end) => return end,
+            };
+        }
+    }
+
+    /// `TurnStarted`, then the user message admission stored.
+    async fn announce(&self, emitter: &mut Emitter) {
         emitter
             .emit(EventKind::TurnStarted {
                 model: self.record.model.clone(),
@@ -218,7 +321,11 @@ impl Turn {
                 role: Role::User,
             })
             .await;
+    }
 
+    /// Waits for the context admission started loading: the first step
+    /// (with the request admission started), or compaction first.
+    async fn load(&mut self) -> State {
         let loaded = match self.prestart.take() {
             Some(prestart) => prestart.loaded().await,
             None => Err(StoreError::Backend("the turn has no context".to_owned())),
@@ -226,125 +333,130 @@ impl Turn {
         match loaded {
             Ok((Loaded::Sent(messages), first)) => {
                 self.context = messages;
-                self.agent_loop(first, emitter).await
+                State::Stepping { index: 1, first }
             }
             Ok((Loaded::NeedsCompaction { context, tokens }, _)) => {
-                self.compacted = true;
-                let span = tracing::info_span!(
-                    "compaction",
-                    otel.name = "agentrt.compaction",
-                    tokens_before = tokens,
-                );
-                let compacted = tracing::Instrument::instrument(
-                    self.compact_context(context, tokens, emitter),
-                    span,
-                )
-                .await;
-                self.context = Arc::new(compacted);
-                self.agent_loop(None, emitter).await
+                State::Compacting { context, tokens }
             }
             Err(err) => {
                 tracing::error!(error = %err, "loading the conversation failed");
-                (
-                    TurnOutcome::Error,
-                    Some((
-                        ErrorCode::Unavailable,
-                        "the conversation could not be loaded".to_owned(),
-                    )),
-                )
+                State::Finishing(TurnEnd::failed(
+                    ErrorCode::Unavailable,
+                    "the conversation could not be loaded",
+                ))
             }
         }
     }
 
-    /// Model step → tool calls → results → model step ..., until the model
-    /// answers without calling tools, something ends the turn, or
-    /// `max_steps` is reached.
-    async fn agent_loop(
-        &mut self,
-        mut first: Option<FirstStep>,
-        emitter: &mut Emitter,
-    ) -> (TurnOutcome, Option<(ErrorCode, String)>) {
-        let mut index = 0;
-        loop {
-            index += 1;
-            emitter
-                .emit(EventKind::Step {
-                    kind: StepKind::Start,
-                    index,
-                })
+    /// Compacts an over-budget context, then the first step.
+    async fn compact(&mut self, context: Context, tokens: u64, emitter: &mut Emitter) -> State {
+        self.compacted = true;
+        let span = tracing::info_span!(
+            "compaction",
+            otel.name = "agentrt.compaction",
+            tokens_before = tokens,
+        );
+        let compacted =
+            tracing::Instrument::instrument(self.compact_context(context, tokens, emitter), span)
                 .await;
-            let mut output = StepOutput::default();
-            let span = self.first_chat.take().unwrap_or_else(|| {
-                crate::runtime::spans::chat(&tracing::Span::current(), &self.record.model)
-            });
-            let step_started = Instant::now();
-            let step = AssertUnwindSafe(tracing::Instrument::instrument(
-                self.model_step(first.take(), &mut output, emitter),
-                span.clone(),
-            ))
-            .catch_unwind()
-            .await;
-            self.close_chat(&span, step.as_ref().ok(), &output, step_started);
-            if let Some(usage) = &output.usage {
-                self.usage.add(usage);
-            }
-            let result = match step {
-                Ok(StepEnd::Finished(_)) if !output.tool_calls.is_empty() => {
-                    self.tool_step(&mut output, emitter).await
-                }
-                Ok(end) => {
-                    // Calls without results must never reach history.
-                    output.tool_calls.clear();
-                    Some(self.conclude(end, &mut output, emitter).await)
-                }
-                Err(panic) => {
-                    tracing::error!(panic = %panic_text(&*panic), "model step panicked");
-                    output.tool_calls.clear();
-                    self.store_partial(&output, StopReason::Error, emitter)
-                        .await;
-                    Some((
-                        TurnOutcome::Error,
-                        Some((ErrorCode::Internal, INTERNAL_MESSAGE.to_owned())),
-                    ))
-                }
-            };
-            if self.final_message.is_some() {
-                // Closed in `finish`, after the answer is stored.
-                self.open_step = Some(index);
-            } else {
-                emitter
-                    .emit(EventKind::Step {
-                        kind: StepKind::Finish,
-                        index,
-                    })
-                    .await;
-            }
-            match result {
-                Some(end) => return end,
-                None if index >= self.max_steps => {
-                    return (
-                        TurnOutcome::Error,
-                        Some((
-                            ErrorCode::ResourceExhausted,
-                            format!(
-                                "the agent loop reached max_steps ({}) without a final answer",
-                                self.max_steps
-                            ),
-                        )),
-                    );
-                }
-                None => {}
-            }
+        self.context = Arc::new(compacted);
+        State::Stepping {
+            index: 1,
+            first: None,
         }
     }
 
-    /// Appends a message (never raced against cancellation) and announces
-    /// it. `false` when the store failed.
-    async fn store(&mut self, message: NewMessage, emitter: &mut Emitter) -> bool {
+    /// Model step `index` (`first`: the request admission started): its
+    /// tool calls go to the tool phase; any other end concludes the turn.
+    async fn step(&mut self, index: u32, first: Option<FirstStep>, emitter: &mut Emitter) -> State {
+        emitter
+            .emit(EventKind::Step {
+                kind: StepKind::Start,
+                index,
+            })
+            .await;
+        let mut output = StepOutput::default();
+        let span = self.first_chat.take().unwrap_or_else(|| {
+            crate::runtime::spans::chat(&tracing::Span::current(), &self.record.model)
+        });
+        let step_started = Instant::now();
+        let step = AssertUnwindSafe(tracing::Instrument::instrument(
+            self.model_step(first, &mut output, emitter),
+            span.clone(),
+        ))
+        .catch_unwind()
+        .await;
+        self.close_chat(&span, step.as_ref().ok(), &output, step_started);
+        if let Some(usage) = &output.usage {
+            self.usage.add(usage);
+        }
+        let end = match step {
+            Ok(StepEnd::Finished(_)) if !output.tool_calls.is_empty() => {
+                return State::Tools { index, output };
+            }
+            Ok(end) => {
+                // Calls without results must never reach history.
+                output.tool_calls.clear();
+                self.conclude(end, &mut output, emitter).await
+            }
+            Err(panic) => {
+                tracing::error!(panic = %panic_text(&*panic), "model step panicked");
+                output.tool_calls.clear();
+                // The panic is what the callers are told, whatever the write.
+                self.store_partial(&output, StopReason::Error, emitter)
+                    .await
+                    .ok();
+                TurnEnd::failed(ErrorCode::Internal, INTERNAL_MESSAGE)
+            }
+        };
+        if self.final_message.is_some() {
+            // Closed in `finish`, after the answer is stored.
+            self.open_step = Some(index);
+        } else {
+            self.close_step(index, emitter).await;
+        }
+        State::Finishing(end)
+    }
+
+    /// The tool phase of step `index`; then the next step, unless it ended
+    /// the turn or the turn reached `max_steps`.
+    async fn tools(&mut self, index: u32, mut output: StepOutput, emitter: &mut Emitter) -> State {
+        let ended = self.tool_step(&mut output, emitter).await;
+        self.close_step(index, emitter).await;
+        match ended {
+            Err(end) => State::Finishing(end),
+            Ok(()) if index >= self.max_steps => State::Finishing(TurnEnd::failed(
+                ErrorCode::ResourceExhausted,
+                format!(
+                    "the agent loop reached max_steps ({}) without a final answer",
+                    self.max_steps
+                ),
+            )),
+            Ok(()) => State::Stepping {
+                index: index + 1,
+                first: None,
+            },
+        }
+    }
+
+    async fn close_step(&self, index: u32, emitter: &mut Emitter) {
+        emitter
+            .emit(EventKind::Step {
+                kind: StepKind::Finish,
+                index,
+            })
+            .await;
+    }
+
+    /// The one write wrapper: appends a message (never raced against
+    /// cancellation) and announces it. A write the turn cannot make — its
+    /// lease is lost, or the store failed it — is the turn's end, returned
+    /// as the `Err` for the finishing state.
+    async fn store(&mut self, message: NewMessage, emitter: &mut Emitter) -> Result<(), TurnEnd> {
         if self.live.lease_lost() {
             // Another replica may own the session now: nothing more.
             self.store_failed = true;
-            return false;
+            return Err(self.lease_lost_outcome());
         }
         self.live.set_phase(Phase::Storing);
         let role = message.role;
@@ -360,157 +472,39 @@ impl Turn {
                 emitter
                     .emit(EventKind::MessageStored { seq, id, role })
                     .await;
-                true
+                Ok(())
             }
             Err(err) => {
                 tracing::error!(error = %err, role = ?role, "storing a message failed");
+                self.store_failed = true;
                 if matches!(err, StoreError::LeaseLost { .. }) {
                     self.live.lose_lease();
+                    return Err(self.lease_lost_outcome());
                 }
                 self.store_cause = self.store_cause.or(cause_of(&err));
-                self.store_failed = true;
-                false
+                Err(store_failed(self.store_cause))
             }
-        }
-    }
-
-    async fn finish(
-        &mut self,
-        mut outcome: TurnOutcome,
-        error: Option<String>,
-        emitter: &mut Emitter,
-    ) {
-        self.live.set_phase(Phase::Finishing);
-        let usage = self.usage;
-        self.record.status = status_of(outcome);
-        self.record.finished_at = Some(SystemTime::now());
-        self.record.usage = usage;
-        self.record.error = error;
-        let last = self.final_message.take();
-        let had_last = last.is_some();
-        let answer = match &last {
-            Some(m) if self.session.title.is_empty() => crate::types::flatten_text(&m.content),
-            _ => String::new(),
-        };
-        let finished = if self.live.lease_lost() {
-            Err(StoreError::LeaseLost {
-                turn_id: self.record.turn_id.clone(),
-            })
-        } else {
-            self.inner
-                .store
-                .finish_turn_with(self.record.clone(), last)
-                .await
-        };
-        match finished {
-            Ok(Some(stored)) => {
-                let (seq, id) = (stored.seq, stored.body.id.clone());
-                Arc::make_mut(&mut self.context).push(stored);
-                self.keep_context(seq + 1);
-                emitter
-                    .emit(EventKind::MessageStored {
-                        seq,
-                        id,
-                        role: Role::Assistant,
-                    })
-                    .await;
-            }
-            Ok(None) => {
-                let next = self.context.last().map_or(0, |m| m.seq + 1);
-                self.keep_context(next);
-            }
-            Err(StoreError::LeaseLost { .. }) => {
-                self.store_failed = true;
-                if !self.live.lease_lost() {
-                    // Found out by this write: the callers learn it now.
-                    tracing::warn!("the store refused the turn's last write: its lease was lost");
-                    self.live.lose_lease();
-                    let (lost, error) = self.lease_lost_outcome();
-                    outcome = lost;
-                    if let Some((code, message)) = error {
-                        emitter.emit(EventKind::Error { code, message }).await;
-                    }
-                }
-            }
-            Err(err) if had_last => {
-                tracing::error!(error = %err, "storing the answer and the turn record failed");
-                self.store_cause = self.store_cause.or(cause_of(&err));
-                let message = self
-                    .store_cause
-                    .unwrap_or("the answer could not be stored")
-                    .to_owned();
-                outcome = TurnOutcome::Error;
-                self.record.status = status_of(outcome);
-                self.record.error = Some(message.clone());
-                emitter
-                    .emit(EventKind::Error {
-                        code: ErrorCode::Unavailable,
-                        message,
-                    })
-                    .await;
-                if let Err(err) = self.inner.store.finish_turn(self.record.clone()).await {
-                    tracing::error!(error = %err, "storing the turn record failed");
-                }
-            }
-            Err(err) => tracing::error!(error = %err, "storing the turn record failed"),
-        }
-        if let Some(index) = self.open_step.take() {
-            emitter
-                .emit(EventKind::Step {
-                    kind: StepKind::Finish,
-                    index,
-                })
-                .await;
-        }
-        self.runner.touch();
-        // Free the session before the caller sees the end, so a caller that
-        // starts its next turn on `TurnFinished` is never told it is busy.
-        drop(self.guard.take());
-        emitter
-            .emit(EventKind::TurnFinished {
-                outcome,
-                cancel_reason: self.record.cancel_reason,
-                usage,
-                duration: self.started.elapsed(),
-            })
-            .await;
-        self.finished_summary(outcome, usage);
-        if self.session.title.is_empty() && outcome == TurnOutcome::Success {
-            crate::runtime::title::spawn(
-                Arc::clone(&self.inner),
-                self.record.session_id.clone(),
-                self.record.incarnation.clone(),
-                answer,
-            );
         }
     }
 }
 
-impl Turn {
-    /// The turn's one summary log line, its outcome on the turn's span and
-    /// in `agentrt.turns`.
-    fn finished_summary(&self, outcome: TurnOutcome, usage: Usage) {
-        crate::runtime::spans::turn_finished(
-            &tracing::Span::current(),
-            &self.record.session_id,
-            &self.record.turn_id,
-            &self.record.model,
-            outcome,
-            self.started.elapsed(),
-            usage,
-        );
-    }
-
-    /// Leaves the context on the runner for the next turn, unless this
-    /// turn compacted (the session's compaction state moved) or any of its
-    /// writes failed (then the context may not match the store).
-    fn keep_context(&mut self, next_seq: u64) {
-        if self.compacted || self.store_failed || next_seq == 0 {
-            return;
-        }
-        let messages = Arc::unwrap_or_clone(std::mem::take(&mut self.context));
-        self.runner.keep_context(&self.session, next_seq, messages);
-    }
+/// Where a turn is: the body moves from one state to the next until
+/// `Finishing`, which carries how it ended (the finishing itself —
+/// the last write, `TurnFinished` — is [`Turn::finish`]).
+enum State {
+    /// Waiting for the context admission started loading.
+    Loading,
+    /// The loaded context is over the budget and is compacted first.
+    Compacting { context: Context, tokens: u64 },
+    /// Model step `index`; `first` is the request admission started.
+    Stepping {
+        index: u32,
+        first: Option<FirstStep>,
+    },
+    /// Step `index` called tools: run them and store their results.
+    Tools { index: u32, output: StepOutput },
+    /// The turn ended so.
+    Finishing(TurnEnd),
 }
 
 /// What a turn's callers are told when a write failed for `err`, if it
@@ -536,21 +530,9 @@ fn cause_of(err: &StoreError) -> Option<&'static str> {
 }
 
 /// The outcome of a turn whose write failed; `cause` says why, if known.
-fn store_failed(cause: Option<&str>) -> (TurnOutcome, Option<(ErrorCode, String)>) {
+fn store_failed(cause: Option<&str>) -> TurnEnd {
     let message = cause.unwrap_or("the turn's output could not be stored");
-    (
-        TurnOutcome::Error,
-        Some((ErrorCode::Unavailable, message.to_owned())),
-    )
-}
-
-fn status_of(outcome: TurnOutcome) -> TurnStatus {
-    match outcome {
-        TurnOutcome::Success => TurnStatus::Success,
-        TurnOutcome::Error => TurnStatus::Error,
-        TurnOutcome::Canceled => TurnStatus::Canceled,
-        TurnOutcome::TimedOut => TurnStatus::TimedOut,
-    }
+    TurnEnd::failed(ErrorCode::Unavailable, message)
 }
 
 #[cfg(test)]

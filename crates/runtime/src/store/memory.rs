@@ -13,7 +13,8 @@ use super::{
     CreateOutcome, HistoryQuery, Leases, ListCursor, ListQuery, MessagePage, SessionPage, Store,
     StoreError, seq_exhausted,
 };
-use crate::quota::{Quota, QuotaLimits, WriteQuota, stored_bytes};
+use crate::quota::{Quota, QuotaLimits, WriteQuota};
+use crate::store::stored_bytes;
 use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord, new_id};
 
 /// A [`Store`] that keeps everything in memory.

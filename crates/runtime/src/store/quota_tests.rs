@@ -4,7 +4,8 @@
 
 use super::testing::{running_turn, text_message};
 use super::{CreateOutcome, MemoryStore, SledStore, Store, StoreError};
-use crate::quota::{Quota, QuotaLimits, WriteQuota, stored_bytes};
+use crate::quota::{Quota, QuotaLimits, WriteQuota};
+use crate::store::stored_bytes;
 use crate::types::{NewSession, Role};
 
 fn quota(limits: QuotaLimits) -> WriteQuota {

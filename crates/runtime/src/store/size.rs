@@ -66,6 +66,14 @@ pub(crate) fn new_message_wire_bytes(body: &NewMessage) -> usize {
         + body.content.iter().map(block).sum::<usize>()
 }
 
+/// The bytes a user message counts for the `stored_bytes` quota
+/// ([`QuotaLimits::stored_bytes`](crate::quota::QuotaLimits::stored_bytes)):
+/// what [`message_wire_bytes`] counts for it once stored (an upper bound of
+/// its encoding; its seq does not change it).
+pub fn stored_bytes(new: &NewMessage) -> u64 {
+    new_message_wire_bytes(new) as u64
+}
+
 /// Bytes `s` takes as an `agentrt.v1.Session` inside a page, at most.
 pub fn session_wire_bytes(s: &Session) -> usize {
     let fixed = FIELD // the element's own framing in the page

@@ -8,7 +8,7 @@ use futures::StreamExt as _;
 
 use super::emitter::Emitter;
 use super::prestart::FirstStep;
-use super::{TIMEOUT_NOTICE, Turn, until};
+use super::{Turn, TurnEnd, until};
 use crate::events::{ErrorCode, EventKind, Phase, TurnOutcome};
 use crate::model::{ModelError, ModelEvent, ModelRequest};
 use crate::types::{CancelReason, ContentBlock, NewMessage, Role, StopReason, Usage};
@@ -97,6 +97,57 @@ impl StepOutput {
 }
 
 /// How a model step's request starts.
+/// What one item of the provider's stream does to the step, once
+/// [`StepOutput::absorb`] kept it: a delta to relay, the step's end, or
+/// nothing more.
+enum Absorbed {
+    Relay(EventKind),
+    End(StepEnd),
+    Kept,
+}
+
+impl StepOutput {
+    /// Keeps `item` in the step's output (text, reasoning, signature,
+    /// usage, tool calls) and says what follows from it.
+    fn absorb(&mut self, item: Option<Result<ModelEvent, ModelError>>) -> Absorbed {
+        match item {
+            None => Absorbed::End(StepEnd::Failed(ModelError::Truncated(
+                "the provider stream ended without finishing".to_owned(),
+            ))),
+            Some(Err(e)) => Absorbed::End(StepEnd::Failed(e)),
+            Some(Ok(ModelEvent::TextDelta(t))) => {
+                self.text.push_str(&t);
+                Absorbed::Relay(EventKind::Text(t))
+            }
+            Some(Ok(ModelEvent::ReasoningDelta(t))) => {
+                self.reasoning.push_str(&t);
+                Absorbed::Relay(EventKind::Reasoning(t))
+            }
+            Some(Ok(ModelEvent::ThinkingSignature(s))) => {
+                self.signature = s;
+                Absorbed::Kept
+            }
+            Some(Ok(ModelEvent::Usage(u))) => {
+                self.usage = Some(u);
+                Absorbed::Kept
+            }
+            Some(Ok(ModelEvent::ToolCall {
+                id,
+                name,
+                arguments_json,
+            })) => {
+                self.tool_calls.push(ToolCallRequest {
+                    id,
+                    name,
+                    arguments_json,
+                });
+                Absorbed::Kept
+            }
+            Some(Ok(ModelEvent::Finished(reason))) => Absorbed::End(StepEnd::Finished(reason)),
+        }
+    }
+}
+
 type StartFuture<'a> = std::pin::Pin<
     Box<
         dyn std::future::Future<Output = Result<crate::model::ModelStream, ModelError>> + Send + 'a,
@@ -137,34 +188,11 @@ impl Turn {
             .model
             .provider
             .max_step_output_bytes(&self.runner.model.provider_model);
+        let mut stream = match self.open_stream(first, emitter).await {
+            Ok(stream) => stream,
+            Err(end) => return end,
+        };
         let cancel = &self.live.cancel;
-        let start = match first {
-            Some(first) => Box::pin(first) as StartFuture<'_>,
-            None => self.runner.model.provider.stream(ModelRequest {
-                model: self.runner.model.provider_model.clone(),
-                system_prompt: self.system_prompt.clone(),
-                messages: self.context.clone(),
-                thinking: self.runner.key.thinking,
-                tools: self.tools.clone(),
-                max_output_tokens: self.max_output_tokens,
-                reservation: None,
-            }),
-        };
-        tokio::pin!(start);
-        let mut stream = loop {
-            tokio::select! {
-                biased;
-                () = cancel.cancelled() => return self.cancelled(),
-                () = until(self.deadline) => return StepEnd::TimedOut,
-                started = &mut start => match started {
-                    Ok(s) => break s,
-                    Err(e) => return StepEnd::Failed(e),
-                },
-                () = tokio::time::sleep_until(emitter.heartbeat_due()) => {
-                    emitter.emit(EventKind::Heartbeat { phase: Phase::Model, tool: None }).await;
-                }
-            }
-        };
         // Per relayed item: no timer registered, no lock taken. The
         // futures below are armed once per step; an item that is ready is
         // taken without polling them, and Stop and the deadline are
@@ -215,39 +243,49 @@ impl Turn {
                     step_started.elapsed().as_secs_f64(),
                 );
             }
-            match item {
-                None => {
-                    return StepEnd::Failed(ModelError::Truncated(
-                        "the provider stream ended without finishing".to_owned(),
-                    ));
-                }
-                Some(Err(e)) => return StepEnd::Failed(e),
-                Some(Ok(ModelEvent::TextDelta(t))) => {
-                    output.text.push_str(&t);
-                    emitter.emit(EventKind::Text(t)).await;
+            match output.absorb(item) {
+                Absorbed::Relay(event) => {
+                    emitter.emit(event).await;
                     if output.bytes() > max_bytes {
                         return output.cut(max_bytes);
                     }
                 }
-                Some(Ok(ModelEvent::ReasoningDelta(t))) => {
-                    output.reasoning.push_str(&t);
-                    emitter.emit(EventKind::Reasoning(t)).await;
-                    if output.bytes() > max_bytes {
-                        return output.cut(max_bytes);
-                    }
+                Absorbed::End(end) => return end,
+                Absorbed::Kept => {}
+            }
+        }
+    }
+
+    /// The step's model stream: the first request admission started, or a
+    /// new one; waiting for it ends the step on Stop or the deadline, and
+    /// keeps the heartbeat going.
+    async fn open_stream(
+        &self,
+        first: Option<FirstStep>,
+        emitter: &mut Emitter,
+    ) -> Result<crate::model::ModelStream, StepEnd> {
+        let start = match first {
+            Some(first) => Box::pin(first) as StartFuture<'_>,
+            None => self.runner.model.provider.stream(ModelRequest {
+                model: self.runner.model.provider_model.clone(),
+                system_prompt: self.system_prompt.clone(),
+                messages: self.context.clone(),
+                thinking: self.runner.key.thinking,
+                tools: self.tools.clone(),
+                max_output_tokens: self.max_output_tokens,
+                reservation: None,
+            }),
+        };
+        tokio::pin!(start);
+        loop {
+            tokio::select! {
+                biased;
+                () = self.live.cancel.cancelled() => return Err(self.cancelled()),
+                () = until(self.deadline) => return Err(StepEnd::TimedOut),
+                started = &mut start => return started.map_err(StepEnd::Failed),
+                () = tokio::time::sleep_until(emitter.heartbeat_due()) => {
+                    emitter.emit(EventKind::Heartbeat { phase: Phase::Model, tool: None }).await;
                 }
-                Some(Ok(ModelEvent::ThinkingSignature(s))) => output.signature = s,
-                Some(Ok(ModelEvent::Usage(u))) => output.usage = Some(u),
-                Some(Ok(ModelEvent::ToolCall {
-                    id,
-                    name,
-                    arguments_json,
-                })) => output.tool_calls.push(ToolCallRequest {
-                    id,
-                    name,
-                    arguments_json,
-                }),
-                Some(Ok(ModelEvent::Finished(reason))) => return StepEnd::Finished(reason),
             }
         }
     }
@@ -285,53 +323,52 @@ impl Turn {
         end: StepEnd,
         output: &mut StepOutput,
         emitter: &mut Emitter,
-    ) -> (TurnOutcome, Option<(ErrorCode, String)>) {
+    ) -> TurnEnd {
         match end {
             StepEnd::Finished(reason) => {
                 self.emit_usage(output, emitter).await;
                 // Stored with the turn record in one durable write.
                 self.final_message = self.assistant_message(output, reason);
-                (TurnOutcome::Success, None)
+                TurnEnd::of(TurnOutcome::Success)
             }
             StepEnd::Failed(err) => {
                 tracing::warn!(error = %err, "model step failed");
-                self.store_partial(output, StopReason::Error, emitter).await;
-                (
-                    TurnOutcome::Error,
-                    Some((model_error_code(&err), err.public_message().to_owned())),
-                )
+                // The model's error is what the callers are told.
+                self.store_partial(output, StopReason::Error, emitter)
+                    .await
+                    .ok();
+                TurnEnd::failed(model_error_code(&err), err.public_message())
             }
             StepEnd::Cancelled(reason) => {
                 self.record.cancel_reason = Some(reason);
+                // Stopped either way (a lost lease is reported by `run`).
                 self.store_partial(output, reason.stop_reason(), emitter)
-                    .await;
-                (TurnOutcome::Canceled, None)
+                    .await
+                    .ok();
+                TurnEnd::of(TurnOutcome::Canceled)
             }
             StepEnd::TimedOut => {
+                // Timed out either way (a lost lease is reported by `run`).
                 self.store_partial(output, StopReason::Timeout, emitter)
-                    .await;
-                let notice = NewMessage::new(
-                    &self.record.turn_id,
-                    Role::Notice,
-                    vec![ContentBlock::text(TIMEOUT_NOTICE)],
-                );
-                self.store(notice, emitter).await;
-                (TurnOutcome::TimedOut, None)
+                    .await
+                    .ok();
+                self.store_timeout_notice(emitter).await;
+                TurnEnd::of(TurnOutcome::TimedOut)
             }
         }
     }
 
     /// Stores the assistant message of the step (if it produced anything)
-    /// and announces it. `false` when the store failed.
+    /// and announces it; `Err` as [`Turn::store`].
     pub(super) async fn store_partial(
         &mut self,
         output: &StepOutput,
         reason: StopReason,
         emitter: &mut Emitter,
-    ) -> bool {
+    ) -> Result<(), TurnEnd> {
         match self.assistant_message(output, reason) {
             Some(message) => self.store(message, emitter).await,
-            None => true,
+            None => Ok(()),
         }
     }
 

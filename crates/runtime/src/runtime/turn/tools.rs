@@ -9,12 +9,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
 use tokio::sync::{Semaphore, oneshot};
 
 use super::emitter::Emitter;
 use super::step::{StepEnd, StepOutput, ToolCallRequest};
-use super::{TIMEOUT_NOTICE, Turn, store_failed, until};
-use crate::events::{ErrorCode, EventKind, Phase, ToolStatus, ToolUse, TurnOutcome};
+use super::{TIMEOUT_NOTICE, Turn, TurnEnd, until};
+use crate::events::{EventKind, Phase, ToolStatus, ToolUse, TurnOutcome};
 use crate::model::ToolSpec;
 use crate::runtime::runners::Runner;
 use crate::toolbox::{ToolCallInfo, ToolKind, ToolOutcome, Toolbox};
@@ -26,7 +27,6 @@ enum ToolsEnd {
     Done,
     Cancelled(CancelReason),
     TimedOut,
-    StoreFailed,
 }
 
 /// Where a tool call goes.
@@ -144,83 +144,45 @@ fn caller_result(
 
 impl Turn {
     /// Stores the assistant message with its tool calls, runs the calls and
-    /// stores their results. `None` when the loop should go on.
+    /// stores their results. `Ok` when the loop should go on; `Err` is how
+    /// the turn ended.
     pub(super) async fn tool_step(
         &mut self,
         output: &mut StepOutput,
         emitter: &mut Emitter,
-    ) -> Option<(TurnOutcome, Option<(ErrorCode, String)>)> {
+    ) -> Result<(), TurnEnd> {
         self.emit_usage(output, emitter).await;
-        if !self
-            .store_partial(output, StopReason::ToolUse, emitter)
-            .await
-        {
-            return Some(store_failed(self.store_cause));
-        }
+        self.store_partial(output, StopReason::ToolUse, emitter)
+            .await?;
         match self
             .run_tools(std::mem::take(&mut output.tool_calls), emitter)
-            .await
+            .await?
         {
-            ToolsEnd::Done => None,
+            ToolsEnd::Done => Ok(()),
             ToolsEnd::Cancelled(reason) => {
                 self.record.cancel_reason = Some(reason);
-                Some((TurnOutcome::Canceled, None))
+                Err(TurnEnd::of(TurnOutcome::Canceled))
             }
             ToolsEnd::TimedOut => {
                 self.store_timeout_notice(emitter).await;
-                Some((TurnOutcome::TimedOut, None))
+                Err(TurnEnd::of(TurnOutcome::TimedOut))
             }
-            ToolsEnd::StoreFailed => Some(store_failed(self.store_cause)),
         }
     }
 
     /// Announces the calls, waits (concurrently) for their results, bounded
     /// by cancellation and the deadline, and stores every call's result in
     /// call order — calls left without one get an error result, so each
-    /// call in history has exactly one result.
-    async fn run_tools(&mut self, calls: Vec<ToolCallRequest>, emitter: &mut Emitter) -> ToolsEnd {
-        use futures::stream::FuturesUnordered;
-
+    /// call in history has exactly one result. `Err` when a result could
+    /// not be stored.
+    async fn run_tools(
+        &mut self,
+        calls: Vec<ToolCallRequest>,
+        emitter: &mut Emitter,
+    ) -> Result<ToolsEnd, TurnEnd> {
         self.live.set_phase(Phase::Tool);
-        let toolbox = Arc::clone(&self.inner.toolbox);
-        // Server calls of this step share the parallelism limit.
-        let permits = Arc::new(toolbox.permits());
         let mut results: Vec<Option<ToolOutcome>> = vec![None; calls.len()];
-        let mut waits = FuturesUnordered::<ToolWait>::new();
-        for (i, call) in calls.iter().enumerate() {
-            emitter
-                .emit(EventKind::ToolUse(Box::new(ToolUse {
-                    call_id: call.id.clone(),
-                    tool_name: call.name.clone(),
-                    status: ToolStatus::Running,
-                    input_summary: input_summary(&call.arguments_json),
-                    arguments_json: call.arguments_json.clone(),
-                    detail: String::new(),
-                    content: String::new(),
-                })))
-                .await;
-            match route(&toolbox, &self.runner, &self.tools, call).await {
-                Route::Server => waits.push(server_call(
-                    Arc::clone(&toolbox),
-                    Arc::clone(&permits),
-                    i,
-                    call.clone(),
-                    self.inner.config.capture_content,
-                )),
-                Route::Caller(arguments_json) => {
-                    let rx = crate::runtime::lock(&self.live.pending_tools).wait_for(&call.id);
-                    emitter
-                        .emit(EventKind::ToolCall {
-                            call_id: call.id.clone(),
-                            name: call.name.clone(),
-                            arguments_json,
-                        })
-                        .await;
-                    waits.push(caller_result(Arc::clone(&toolbox), i, call.clone(), rx));
-                }
-                Route::Done(output) => results[i] = Some(output),
-            }
-        }
+        let mut waits = self.dispatch(&calls, &mut results, emitter).await;
         let cancel = self.live.cancel.clone();
         let mut end = ToolsEnd::Done;
         while !waits.is_empty() {
@@ -259,11 +221,60 @@ impl Turn {
         };
         for (call, result) in calls.into_iter().zip(results) {
             let output = result.unwrap_or_else(|| ToolOutcome::error(missing));
-            if !self.store_tool_result(call, output, emitter).await {
-                return ToolsEnd::StoreFailed;
+            self.store_tool_result(call, output, emitter).await?;
+        }
+        Ok(end)
+    }
+
+    /// Announces each call (`tool_use` RUNNING) and routes it: a server
+    /// call starts (returned, to be awaited), a caller call is announced
+    /// with a `ToolCall` event and waited for, and a call answered at once
+    /// (unknown tool, a hook's answer) has its result in `results`.
+    async fn dispatch(
+        &self,
+        calls: &[ToolCallRequest],
+        results: &mut [Option<ToolOutcome>],
+        emitter: &mut Emitter,
+    ) -> FuturesUnordered<ToolWait> {
+        let toolbox = Arc::clone(&self.inner.toolbox);
+        // Server calls of this step share the parallelism limit.
+        let permits = Arc::new(toolbox.permits());
+        let waits = FuturesUnordered::<ToolWait>::new();
+        for (i, call) in calls.iter().enumerate() {
+            emitter
+                .emit(EventKind::ToolUse(Box::new(ToolUse {
+                    call_id: call.id.clone(),
+                    tool_name: call.name.clone(),
+                    status: ToolStatus::Running,
+                    input_summary: input_summary(&call.arguments_json),
+                    arguments_json: call.arguments_json.clone(),
+                    detail: String::new(),
+                    content: String::new(),
+                })))
+                .await;
+            match route(&toolbox, &self.runner, &self.tools, call).await {
+                Route::Server => waits.push(server_call(
+                    Arc::clone(&toolbox),
+                    Arc::clone(&permits),
+                    i,
+                    call.clone(),
+                    self.inner.config.capture_content,
+                )),
+                Route::Caller(arguments_json) => {
+                    let rx = crate::runtime::lock(&self.live.pending_tools).wait_for(&call.id);
+                    emitter
+                        .emit(EventKind::ToolCall {
+                            call_id: call.id.clone(),
+                            name: call.name.clone(),
+                            arguments_json,
+                        })
+                        .await;
+                    waits.push(caller_result(Arc::clone(&toolbox), i, call.clone(), rx));
+                }
+                Route::Done(output) => results[i] = Some(output),
             }
         }
-        end
+        waits
     }
 
     /// Stores one tool result, then announces it (DONE/ERROR): a result is
@@ -273,7 +284,7 @@ impl Turn {
         call: ToolCallRequest,
         output: ToolOutcome,
         emitter: &mut Emitter,
-    ) -> bool {
+    ) -> Result<(), TurnEnd> {
         let message = NewMessage::new(
             &self.record.turn_id,
             Role::Tool,
@@ -284,9 +295,7 @@ impl Turn {
                 is_error: output.is_error,
             }],
         );
-        if !self.store(message, emitter).await {
-            return false;
-        }
+        self.store(message, emitter).await?;
         emitter
             .emit(EventKind::ToolUse(Box::new(ToolUse {
                 call_id: call.id,
@@ -302,16 +311,18 @@ impl Turn {
                 content: output.content,
             })))
             .await;
-        true
+        Ok(())
     }
 
-    async fn store_timeout_notice(&mut self, emitter: &mut Emitter) {
+    /// Stores the NOTICE of a turn that reached its deadline; a failed
+    /// write changes nothing (the turn timed out either way).
+    pub(super) async fn store_timeout_notice(&mut self, emitter: &mut Emitter) {
         let notice = NewMessage::new(
             &self.record.turn_id,
             Role::Notice,
             vec![ContentBlock::text(TIMEOUT_NOTICE)],
         );
-        self.store(notice, emitter).await;
+        self.store(notice, emitter).await.ok();
     }
 }
 

@@ -9,7 +9,8 @@ use deadpool_postgres::Transaction;
 use super::codec::{self, Locked};
 use super::write::{self, LeaseWrite};
 use super::{PostgresStore, quota};
-use crate::quota::{WriteQuota, stored_bytes};
+use crate::quota::WriteQuota;
+use crate::store::stored_bytes;
 use crate::store::{INTERRUPTED_TOOL, StoreError, open_call_results};
 use crate::types::{Message, NewMessage, Session, TurnRecord};
 

@@ -10,9 +10,10 @@ use sled::transaction::{ConflictableTransactionError as TxError, Transactional};
 use super::keys::{child, turn_key};
 use super::tx::{append_tx, session_as_tx, session_tx, write_session_tx};
 use super::{SledStore, TURNS, backend, blocking, decode, keep_body, tx_err, usage};
-use crate::quota::{WriteQuota, stored_bytes};
+use crate::quota::WriteQuota;
 use crate::store::StoreError;
 use crate::store::record::encode;
+use crate::store::stored_bytes;
 use crate::types::{Message, NewMessage, TurnRecord, TurnStatus};
 
 impl SledStore {
