@@ -1,11 +1,8 @@
-//! Generates the agentrt.v1 protobuf and gRPC code — and the replicas'
-//! internal agentrt.cluster.v1 service, and the A2A protocol's
+//! Generates the agentrt.v1 protobuf and gRPC code — and the A2A protocol's
 //! `lf.a2a.v1` (the vendored normative file, proto/lf/a2a/v1) — with protox
 //! (a pure-Rust protobuf compiler), so no system `protoc` is needed.
 
 use std::{env, fs, path::PathBuf};
-
-use prost::Message as _;
 
 const PROTOS: &[&str] = &[
     "proto/agentrt/v1/common.proto",
@@ -14,13 +11,9 @@ const PROTOS: &[&str] = &[
     "proto/agentrt/v1/admin.proto",
 ];
 
-/// The internal service between replicas: compiled into its own descriptor
-/// set, so the public port's reflection never lists it.
 /// The A2A protocol's service (served on the public port beside
 /// agentrt.v1, and listed by its reflection).
 const A2A_PROTOS: &[&str] = &["proto/lf/a2a/v1/a2a.proto"];
-
-const CLUSTER_PROTOS: &[&str] = &["proto/agentrt/cluster/v1/cluster.proto"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
@@ -35,14 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .open_files(PROTOS.iter().chain(A2A_PROTOS))?
         .encode_file_descriptor_set();
     fs::write(out_dir.join("agentrt_descriptor.bin"), public)?;
-    let cluster = protox::compile(CLUSTER_PROTOS, ["proto"])?;
-    fs::write(
-        out_dir.join("cluster_descriptor.bin"),
-        cluster.encode_to_vec(),
-    )?;
-    // One code generation for both (the cluster set includes the agentrt.v1
-    // files it imports), so each message type is generated once.
-    let all = protox::compile(PROTOS.iter().chain(CLUSTER_PROTOS), ["proto"])?;
+    let all = protox::compile(PROTOS, ["proto"])?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

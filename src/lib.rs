@@ -6,14 +6,11 @@
 //!
 //! - [`v1`]: messages, `*_server` and `*_client` modules for
 //!   `SessionService` and `AgentRuntime`.
-//! - [`cluster::v1`]: the replicas' internal service (`agentrt.cluster.v1`,
-//!   not part of the public contract).
 //! - [`a2a::v1`]: the A2A protocol's `lf.a2a.v1` (messages and the
 //!   `A2AService` stubs), generated from the vendored normative
 //!   `proto/lf/a2a/v1/a2a.proto`.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors (agentrt.v1 and
-//!   lf.a2a.v1), for server reflection;
-//!   [`CLUSTER_FILE_DESCRIPTOR_SET`]: the internal service's.
+//!   lf.a2a.v1), for server reflection.
 //! - [`codec`]: the codec the stubs use (prost, with a small encode buffer).
 
 pub mod codec;
@@ -29,22 +26,6 @@ pub mod v1 {
     tonic::include_proto!("agentrt.v1");
 }
 
-/// The `agentrt.cluster.v1` package: the internal service replicas use to
-/// forward calls to the replica that owns a session's live turn. Not part of
-/// the public contract (see `proto/agentrt/cluster/v1/cluster.proto`).
-pub mod cluster {
-    /// Version 1 of the internal service.
-    #[allow(
-        missing_docs,
-        missing_debug_implementations,
-        unreachable_pub,
-        clippy::all
-    )]
-    pub mod v1 {
-        tonic::include_proto!("agentrt.cluster.v1");
-    }
-}
-
 /// The A2A protocol (`lf.a2a.v1`), served beside `agentrt.v1`.
 pub mod a2a {
     /// Version 1 of the A2A protocol's gRPC binding.
@@ -58,11 +39,6 @@ pub mod a2a {
         tonic::include_proto!("lf.a2a.v1");
     }
 }
-
-/// Encoded `FileDescriptorSet` of `agentrt.cluster.v1` (and the files it
-/// imports), for the internal listener's RPC metrics and request limits.
-pub const CLUSTER_FILE_DESCRIPTOR_SET: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/cluster_descriptor.bin"));
 
 /// Encoded `FileDescriptorSet` of every `agentrt.v1` proto file, the A2A
 /// protocol's `lf.a2a.v1` (and the well-known and `google.api` files they

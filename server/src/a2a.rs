@@ -29,18 +29,20 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use agentrt_proto::a2a::v1 as a2a;
+use agentrt_proto::a2a::v1::a2a_service_client::A2aServiceClient;
 use agentrt_proto::a2a::v1::a2a_service_server::A2aService;
-use agentrt_runtime::Runtime;
 use agentrt_runtime::runtime::TurnDetail;
 use agentrt_runtime::runtime::{ChatInput, OnDisconnect, TurnStream};
-use agentrt_runtime::types::{ContentBlock, NewSession, Principal, TurnStatus};
+use agentrt_runtime::types::{ContentBlock, NewSession, TurnStatus};
+use agentrt_runtime::{Runtime, RuntimeError};
 use futures::{Stream, StreamExt as _};
 use tonic::metadata::MetadataMap;
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-use crate::auth::principal;
+use crate::call::Call;
 use crate::clip::quoted;
-use crate::services::record_session;
+use crate::cluster::Forwarder;
 use errors::{A2aError, from_runtime, from_runtime_for_task, task_not_found};
 use ids::parse_task_id;
 use tasks::{Translator, task_id, task_of};
@@ -52,6 +54,33 @@ pub const A2A_AGENT_ID: &str = "a2a";
 
 /// A stream of A2A responses.
 pub type A2aStream = Pin<Box<dyn Stream<Item = Result<a2a::StreamResponse, Status>> + Send>>;
+
+/// The owner's client, the one forwarded calls of this service go through.
+type Owner = A2aServiceClient<Channel>;
+
+/// Why a SendMessage did not start or continue a task here.
+enum Refused {
+    /// Refused, with this status.
+    Status(Status),
+    /// The context's live turn runs on another replica (the core's
+    /// `Elsewhere`): the message goes there.
+    Elsewhere(RuntimeError),
+}
+
+impl From<Status> for Refused {
+    fn from(status: Status) -> Self {
+        Self::Status(status)
+    }
+}
+
+/// A core error met while starting a task: a turn on another replica is
+/// forwarded, any other error is `map`ped.
+fn refused(err: RuntimeError, map: impl FnOnce(RuntimeError) -> Status) -> Refused {
+    match err {
+        elsewhere @ RuntimeError::Elsewhere(_) => Refused::Elsewhere(elsewhere),
+        other => Refused::Status(map(other)),
+    }
+}
 
 /// What a SendMessage started or continued.
 enum Sent {
@@ -103,6 +132,8 @@ impl Sent {
 #[derive(Debug, Clone)]
 pub struct A2aHandler {
     runtime: Runtime,
+    /// Sends calls for turns of other replicas to their owner (`[cluster]`).
+    forward: Option<Arc<Forwarder>>,
     card: Arc<a2a::AgentCard>,
     /// Tasks left working by their callers (the `detached_tasks` quota).
     detached: Arc<detached::Detached>,
@@ -111,38 +142,61 @@ pub struct A2aHandler {
 impl A2aHandler {
     /// Serves tasks of `runtime`, describing itself with `card`.
     pub fn new(runtime: Runtime, card: a2a::AgentCard) -> Self {
+        Self::with_forwarder(runtime, card, None)
+    }
+
+    /// Serves tasks of `runtime`, forwarding calls for tasks live on other
+    /// replicas with `forward`.
+    pub(crate) fn with_forwarder(
+        runtime: Runtime,
+        card: a2a::AgentCard,
+        forward: Option<Arc<Forwarder>>,
+    ) -> Self {
         Self {
             runtime,
+            forward,
             card: Arc::new(card),
             detached: Arc::default(),
         }
     }
 
+    fn forwarder(&self) -> Option<&Forwarder> {
+        self.forward.as_deref()
+    }
+
+    /// A copy of `request` where it may have to be forwarded: a message to
+    /// an existing context (its task may be live on another replica).
+    fn forwardable(&self, request: &a2a::SendMessageRequest) -> Option<a2a::SendMessageRequest> {
+        let existing = request
+            .message
+            .as_ref()
+            .is_some_and(|m| !m.context_id.is_empty() || !m.task_id.is_empty());
+        (self.forward.is_some() && existing).then(|| request.clone())
+    }
+
     /// Admits the message's turn — in a new context (session) when it
     /// names none — or, for a message to a task, delivers the tool result
     /// it carries.
-    async fn start(
-        &self,
-        who: &Principal,
-        request: a2a::SendMessageRequest,
-    ) -> Result<Sent, Status> {
+    async fn start(&self, call: &Call, request: a2a::SendMessageRequest) -> Result<Sent, Refused> {
+        let who = &call.who;
         if request
             .configuration
             .as_ref()
             .is_some_and(|c| c.task_push_notification_config.is_some())
         {
-            return Err(push_not_supported());
+            return Err(push_not_supported().into());
         }
         let Some(mut message) = request.message else {
-            return Err(A2aError::InvalidParams.status("message is required"));
+            return Err(A2aError::InvalidParams.status("message is required").into());
         };
         ids::check_message(&message)?;
         if message.role == a2a::Role::Agent as i32 {
             return Err(A2aError::InvalidParams
-                .status("message.role is ROLE_AGENT; a caller's message has ROLE_USER"));
+                .status("message.role is ROLE_AGENT; a caller's message has ROLE_USER")
+                .into());
         }
         if !message.task_id.is_empty() {
-            return self.answer_tool_call(who, &message).await;
+            return self.answer_tool_call(call, &message).await;
         }
         let content = user_content(&message)?;
         let extra_tools =
@@ -152,23 +206,8 @@ impl A2aHandler {
             .admit(&self.runtime, who, limit)
             .await
             .map_err(from_runtime)?;
-        let created = message.context_id.is_empty();
-        let session_id = if created {
-            let new = NewSession {
-                agent_id: A2A_AGENT_ID.to_owned(),
-                ..NewSession::default()
-            };
-            self.runtime
-                .create_session(who, new)
-                .await
-                .map_err(from_runtime)?
-                .id
-        } else {
-            message.context_id.clone()
-        };
-        record_session(&session_id);
         let input = ChatInput {
-            session_id: session_id.clone(),
+            session_id: message.context_id.clone(),
             content,
             // A task outlives the call that sent it: a caller that drops
             // the stream comes back with SubscribeToTask or GetTask.
@@ -179,19 +218,18 @@ impl A2aHandler {
             extra_tools,
             ..ChatInput::default()
         };
-        let turn = match self.runtime.chat(who, input).await {
-            Ok(turn) => turn,
-            Err(err) => {
-                if created {
-                    // Refused at admission: the context made for it would
-                    // be an empty session nobody asked for.
-                    if let Err(cleanup) = self.runtime.delete_session(who, &session_id).await {
-                        tracing::warn!(%session_id, error = %cleanup, "could not delete the refused message's new session");
-                    }
-                }
-                return Err(from_runtime(err));
-            }
+        let admitted = if message.context_id.is_empty() {
+            let new = NewSession {
+                agent_id: A2A_AGENT_ID.to_owned(),
+                ..NewSession::default()
+            };
+            self.runtime.chat_in_new_session(who, new, input).await
+        } else {
+            call.session(&message.context_id);
+            self.runtime.chat(who, input).await
         };
+        let turn = admitted.map_err(|err| refused(err, from_runtime))?;
+        call.session(turn.session_id());
         message.context_id = turn.session_id().to_owned();
         message.task_id = task_id(turn.session_id(), turn.turn_id());
         message.role = a2a::Role::User as i32;
@@ -202,21 +240,20 @@ impl A2aHandler {
     /// for (a data part, see [`caller_tools::tool_result`]), delivered through
     /// SubmitToolResult's core path. A task is one exchange otherwise, so
     /// any other message to a task is refused.
-    async fn answer_tool_call(
-        &self,
-        who: &Principal,
-        message: &a2a::Message,
-    ) -> Result<Sent, Status> {
+    async fn answer_tool_call(&self, call: &Call, message: &a2a::Message) -> Result<Sent, Refused> {
+        let who = &call.who;
         let id = &message.task_id;
-        let detail = self.lookup(who, id).await?;
+        let detail = self.lookup(call, id).await?;
         let session = detail.record.session_id.clone();
         if !message.context_id.is_empty() && message.context_id != session {
-            return Err(A2aError::InvalidParams.status(format!(
-                "message.task_id {} belongs to context {}, not to message.context_id {}",
-                quoted(id),
-                quoted(&session),
-                quoted(&message.context_id)
-            )));
+            return Err(A2aError::InvalidParams
+                .status(format!(
+                    "message.task_id {} belongs to context {}, not to message.context_id {}",
+                    quoted(id),
+                    quoted(&session),
+                    quoted(&message.context_id)
+                ))
+                .into());
         }
         let state = match detail.record.status {
             TurnStatus::Running => "is still working",
@@ -228,13 +265,15 @@ impl A2aHandler {
         };
         let result = caller_tools::tool_result(message).map_err(from_runtime)?;
         let (Some(result), TurnStatus::Running) = (result, detail.record.status) else {
-            return Err(A2aError::UnsupportedOperation.status(format!(
-                "task {} {state}, and a task here is one exchange (a message to a task \
-                 only answers its pending tool call): send the message with context_id \
-                 {} and no task_id to start the next task in that context",
-                quoted(id),
-                quoted(&session)
-            )));
+            return Err(A2aError::UnsupportedOperation
+                .status(format!(
+                    "task {} {state}, and a task here is one exchange (a message to a task \
+                     only answers its pending tool call): send the message with context_id \
+                     {} and no task_id to start the next task in that context",
+                    quoted(id),
+                    quoted(&session)
+                ))
+                .into());
         };
         let turn_id = detail.record.turn_id.clone();
         self.runtime
@@ -247,12 +286,12 @@ impl A2aHandler {
                 result.is_error,
             )
             .await
-            .map_err(from_runtime)?;
+            .map_err(|err| refused(err, from_runtime))?;
         let turn = self
             .runtime
             .subscribe(who, &session, 0, false)
             .await
-            .map_err(|err| from_runtime_for_task(id, err))?
+            .map_err(|err| refused(err, |err| from_runtime_for_task(id, err)))?
             .filter(|turn| turn.turn_id() == turn_id);
         Ok(Sent::Resumed {
             task_id: id.clone(),
@@ -262,12 +301,27 @@ impl A2aHandler {
         })
     }
 
-    /// The turn a task id names, for `who`.
-    async fn lookup(&self, who: &Principal, id: &str) -> Result<TurnDetail, Status> {
+    /// Stops the task's turn if it is the session's live one here; whether
+    /// it was. `Err` is the core's (a turn on another replica included).
+    async fn stop_live(&self, call: &Call, detail: &TurnDetail) -> Result<bool, RuntimeError> {
+        let session = &detail.record.session_id;
+        let status = self.runtime.session_status(&call.who, session).await?;
+        let live = status
+            .live
+            .as_ref()
+            .is_some_and(|(turn, _, _)| *turn == detail.record.turn_id);
+        if live {
+            self.runtime.stop_session(&call.who, session).await?;
+        }
+        Ok(live)
+    }
+
+    /// The turn a task id names, for the caller.
+    async fn lookup(&self, call: &Call, id: &str) -> Result<TurnDetail, Status> {
         let (session, turn) = parse_task_id(id).ok_or_else(|| task_not_found(id))?;
-        record_session(session);
+        call.session(session);
         self.runtime
-            .turn(who, session, turn)
+            .turn(&call.who, session, turn)
             .await
             .map_err(|err| from_runtime_for_task(id, err))?
             .ok_or_else(|| task_not_found(id))
@@ -325,11 +379,10 @@ fn check_version(metadata: &MetadataMap) -> Result<(), Status> {
     )))
 }
 
-/// The caller and the request, once the version is accepted.
-fn accept<T>(req: Request<T>) -> Result<(Principal, T), Status> {
+/// The call and the request, once the version is accepted.
+fn accept<T>(req: Request<T>) -> Result<(Call, T), Status> {
     check_version(req.metadata())?;
-    let who = principal(&req)?;
-    Ok((who, req.into_inner()))
+    Call::open(req)
 }
 
 /// A turn's events as A2A responses, until the terminal status.
@@ -384,18 +437,36 @@ impl A2aService for A2aHandler {
         &self,
         req: Request<a2a::SendMessageRequest>,
     ) -> Result<Response<a2a::SendMessageResponse>, Status> {
-        let (who, r) = accept(req)?;
+        let (call, r) = accept(req)?;
         let (history_length, immediately) = r
             .configuration
             .as_ref()
             .map_or((None, false), |c| (c.history_length, c.return_immediately));
+        let kept = self.forwardable(&r);
+        let sent = match (self.start(&call, r).await, kept) {
+            (Ok(sent), _) => sent,
+            (Err(Refused::Elsewhere(err)), Some(r)) => {
+                return call
+                    .forward_or(
+                        self.forwarder(),
+                        err,
+                        from_runtime,
+                        r,
+                        |mut c: Owner, r| async move { c.send_message(r).await },
+                    )
+                    .await;
+            }
+            (Err(Refused::Elsewhere(err)), None) => return Err(from_runtime(err)),
+            (Err(Refused::Status(status)), _) => return Err(status),
+        };
+        let who = &call.who;
         let mut discard = VecDeque::new();
-        let (id, live) = self.start(&who, r).await?.into_parts(&mut discard);
+        let (id, live) = sent.into_parts(&mut discard);
         // Dropped with the call (its deadline, a disconnect) or at its end
         // while the task still works: the task counts as detached.
         let mut caller = live
             .as_ref()
-            .map(|(turn, _)| self.detached.guard(&who, turn.session_id(), turn.turn_id()));
+            .map(|(turn, _)| self.detached.guard(who, turn.session_id(), turn.turn_id()));
         let mut input_required = None;
         if let (Some((mut turn, mut translator)), false) = (live, immediately) {
             // Until the task ends or waits for the caller's tool result.
@@ -414,7 +485,7 @@ impl A2aService for A2aHandler {
             }
             input_required = translator.input_required().cloned();
         }
-        let detail = self.lookup(&who, &id).await?;
+        let detail = self.lookup(&call, &id).await?;
         if detail.record.status != TurnStatus::Running
             && let Some(caller) = &mut caller
         {
@@ -434,12 +505,32 @@ impl A2aService for A2aHandler {
         &self,
         req: Request<a2a::SendMessageRequest>,
     ) -> Result<Response<Self::SendStreamingMessageStream>, Status> {
-        let (who, r) = accept(req)?;
+        let (call, r) = accept(req)?;
+        let kept = self.forwardable(&r);
+        let sent = match (self.start(&call, r).await, kept) {
+            (Ok(sent), _) => sent,
+            (Err(Refused::Elsewhere(err)), Some(r)) => {
+                let events = call
+                    .forward_stream_or(
+                        self.forwarder(),
+                        err,
+                        from_runtime,
+                        r,
+                        |mut c: Owner, r| async move { c.send_streaming_message(r).await },
+                    )
+                    .await?;
+                return Ok(Response::new(events.boxed()));
+            }
+            (Err(Refused::Elsewhere(err)), None) => return Err(from_runtime(err)),
+            (Err(Refused::Status(status)), _) => return Err(status),
+        };
         let mut pending = VecDeque::new();
-        let (id, live) = self.start(&who, r).await?.into_parts(&mut pending);
+        let (id, live) = sent.into_parts(&mut pending);
         match live {
             Some((turn, translator)) => {
-                let caller = self.detached.guard(&who, turn.session_id(), turn.turn_id());
+                let caller = self
+                    .detached
+                    .guard(&call.who, turn.session_id(), turn.turn_id());
                 Ok(Response::new(events(
                     turn,
                     translator,
@@ -450,7 +541,7 @@ impl A2aService for A2aHandler {
             // The task ended as soon as it had the tool result: its final
             // state is all there is to send.
             None => {
-                let detail = self.lookup(&who, &id).await?;
+                let detail = self.lookup(&call, &id).await?;
                 let task = a2a::StreamResponse {
                     payload: Some(a2a::stream_response::Payload::Task(task_of(&detail, None))),
                 };
@@ -463,8 +554,8 @@ impl A2aService for A2aHandler {
         &self,
         req: Request<a2a::GetTaskRequest>,
     ) -> Result<Response<a2a::Task>, Status> {
-        let (who, r) = accept(req)?;
-        let detail = self.lookup(&who, &r.id).await?;
+        let (call, r) = accept(req)?;
+        let detail = self.lookup(&call, &r.id).await?;
         Ok(Response::new(task_of(&detail, r.history_length)))
     }
 
@@ -483,8 +574,8 @@ impl A2aService for A2aHandler {
         &self,
         req: Request<a2a::CancelTaskRequest>,
     ) -> Result<Response<a2a::Task>, Status> {
-        let (who, r) = accept(req)?;
-        let detail = self.lookup(&who, &r.id).await?;
+        let (call, r) = accept(req)?;
+        let detail = self.lookup(&call, &r.id).await?;
         let not_cancelable = |detail: &TurnDetail| {
             A2aError::TaskNotCancelable.status(format!(
                 "task {} has already ended ({}); there is nothing to cancel",
@@ -495,23 +586,22 @@ impl A2aService for A2aHandler {
         if detail.record.status != TurnStatus::Running {
             return Err(not_cancelable(&detail));
         }
-        let session = detail.record.session_id.clone();
-        let status = self
-            .runtime
-            .session_status(&who, &session)
-            .await
-            .map_err(|err| from_runtime_for_task(&r.id, err))?;
-        let live = status
-            .live
-            .as_ref()
-            .is_some_and(|(turn, _, _)| *turn == detail.record.turn_id);
-        if live {
-            self.runtime
-                .stop_session(&who, &session)
-                .await
-                .map_err(|err| from_runtime_for_task(&r.id, err))?;
-        }
-        let detail = self.lookup(&who, &r.id).await?;
+        let live = match self.stop_live(&call, &detail).await {
+            Ok(live) => live,
+            Err(err) => {
+                let id = r.id.clone();
+                return call
+                    .forward_or(
+                        self.forwarder(),
+                        err,
+                        |err| from_runtime_for_task(&id, err),
+                        r,
+                        |mut c: Owner, r| async move { c.cancel_task(r).await },
+                    )
+                    .await;
+            }
+        };
+        let detail = self.lookup(&call, &r.id).await?;
         if !live && detail.record.status != TurnStatus::Canceled {
             return Err(not_cancelable(&detail));
         }
@@ -522,15 +612,25 @@ impl A2aService for A2aHandler {
         &self,
         req: Request<a2a::SubscribeToTaskRequest>,
     ) -> Result<Response<Self::SubscribeToTaskStream>, Status> {
-        let (who, r) = accept(req)?;
+        let (call, r) = accept(req)?;
         let (session, turn_id) = parse_task_id(&r.id).ok_or_else(|| task_not_found(&r.id))?;
-        record_session(session);
-        let live = self
-            .runtime
-            .subscribe(&who, session, 0, false)
-            .await
-            .map_err(|err| from_runtime_for_task(&r.id, err))?
-            .filter(|turn| turn.turn_id() == turn_id);
+        call.session(session);
+        let live = match self.runtime.subscribe(&call.who, session, 0, false).await {
+            Ok(live) => live.filter(|turn| turn.turn_id() == turn_id),
+            Err(err) => {
+                let id = r.id.clone();
+                let events = call
+                    .forward_stream_or(
+                        self.forwarder(),
+                        err,
+                        |err| from_runtime_for_task(&id, err),
+                        r,
+                        |mut c: Owner, r| async move { c.subscribe_to_task(r).await },
+                    )
+                    .await?;
+                return Ok(Response::new(events.boxed()));
+            }
+        };
         match live {
             Some(turn) => {
                 let mut pending = VecDeque::new();
@@ -539,7 +639,7 @@ impl A2aService for A2aHandler {
                 Ok(Response::new(events(turn, translator, pending, None)))
             }
             None => {
-                let detail = self.lookup(&who, &r.id).await?;
+                let detail = self.lookup(&call, &r.id).await?;
                 Err(A2aError::UnsupportedOperation.status(format!(
                     "task {} is not working any more ({}); read its outcome with GetTask",
                     quoted(&r.id),

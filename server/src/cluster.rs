@@ -1,33 +1,37 @@
-//! Several replicas on one PostgreSQL store: the internal `agentrt.cluster.v1`
-//! service (`proto/agentrt/cluster/v1/cluster.proto`, not part of the public
-//! contract) and the client that forwards calls to it.
+//! Several replicas on one PostgreSQL store: calls for a live turn on
+//! another replica are forwarded to it.
 //!
 //! When the core answers a public call with
 //! [`agentrt_runtime::RuntimeError::Elsewhere`] — the session's live turn
-//! runs on another replica, whose lease names its address — the public
-//! handler hands the call to the [`Forwarder`], which sends it to that
-//! replica's internal listener with the caller's principal, the caller's
-//! deadline and the shared cluster key, and passes the owner's answer back
-//! unchanged (statuses, error details, streamed events and trailers). The
-//! owner's [`ClusterHandler`] calls the same core methods and never forwards
-//! again, so a call crosses at most one hop.
+//! runs on another replica, whose lease names its internal address — the
+//! handler gives the call to the [`Forwarder`] (through
+//! [`crate::call::Call::forward_or`]), which sends the *same public call*
+//! (agentrt.v1 or A2A) to that replica's internal listener, with the shared
+//! cluster key, the caller's principal and the caller's deadline in
+//! metadata, and passes the owner's answer back unchanged (statuses, error
+//! details, streamed events and trailers).
 //!
-//! - [`forward`]: the [`Forwarder`] and its bounded cache of channels.
-//! - [`service`]: the [`ClusterHandler`] and the key check in front of it.
+//! The internal listener serves the public services themselves behind
+//! [`peer_check`] instead of the authenticator: the key must match, and the
+//! principal is the one the forwarding replica authenticated. A call that
+//! arrived so is never forwarded again, so a call crosses at most one hop.
+//! The public port refuses a call that carries the principal header
+//! ([`refuse_peer_headers`]): only a replica may name a caller.
+//!
+//! - [`forward`]: the [`Forwarder`], its bounded cache of channels and the
+//!   one generic forwarding call.
 
 use std::sync::Arc;
 
 use agentrt_runtime::types::Principal;
-use tonic::Status;
-use tonic::metadata::{Ascii, MetadataValue};
+use tonic::metadata::{Ascii, BinaryMetadataValue, MetadataMap, MetadataValue};
+use tonic::{Request, Status};
 
 use crate::config::ClusterKey;
 
 mod forward;
-mod service;
 
-pub(crate) use forward::{Forwarder, owner_status};
-pub(crate) use service::{ClusterHandler, key_check};
+pub(crate) use forward::{Forwarded, Forwarder, Peer};
 
 /// The metadata key every call between replicas carries the cluster key in.
 pub(crate) const KEY_HEADER: &str = "x-agentrt-cluster-key";
@@ -65,25 +69,141 @@ impl WireKey {
     }
 }
 
-/// A core principal as the internal service carries it.
-pub(crate) fn principal_to_pb(who: &Principal) -> agentrt_proto::cluster::v1::Principal {
-    agentrt_proto::cluster::v1::Principal {
-        user_id: who.user_id.clone(),
-        admin: who.admin,
+/// The binary metadata key a forwarded call names its principal in: one
+/// byte (1 for an admin, 0 otherwise), then the user id as UTF-8.
+pub(crate) const PRINCIPAL_HEADER: &str = "x-agentrt-forwarded-principal-bin";
+
+/// Marks a call that a replica forwarded here (an extension the internal
+/// listener's [`peer_check`] sets): it is answered here, never forwarded.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ForwardedCall;
+
+/// `who` as the principal header carries it.
+fn principal_value(who: &Principal) -> BinaryMetadataValue {
+    let mut bytes = Vec::with_capacity(1 + who.user_id.len());
+    bytes.push(u8::from(who.admin));
+    bytes.extend_from_slice(who.user_id.as_bytes());
+    BinaryMetadataValue::from_bytes(&bytes)
+}
+
+/// The principal a forwarded call names.
+fn principal_of(metadata: &MetadataMap) -> Result<Principal, Status> {
+    let missing = || Status::invalid_argument("a forwarded call must name its principal");
+    let bytes = metadata
+        .get_bin(PRINCIPAL_HEADER)
+        .ok_or_else(missing)?
+        .to_bytes()
+        .map_err(|_| missing())?;
+    let (admin, user) = bytes.split_first().ok_or_else(missing)?;
+    let user_id = std::str::from_utf8(user).map_err(|_| missing())?;
+    if user_id.is_empty() || *admin > 1 {
+        return Err(missing());
+    }
+    Ok(Principal {
+        user_id: user_id.to_owned(),
+        admin: *admin == 1,
+    })
+}
+
+/// The internal listener's check in front of the public services: refuses
+/// calls without the cluster key (UNAUTHENTICATED; compared in constant
+/// time; the key is never logged, and the refusal is counted by the RPC
+/// metrics under its status code), and takes the principal the forwarding
+/// replica authenticated.
+pub(crate) fn peer_check(
+    key: WireKey,
+) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
+    move |mut req: Request<()>| {
+        let given = req.metadata().get(KEY_HEADER).map(|v| v.as_bytes());
+        match given {
+            Some(given) if crate::auth::same_bytes(given, key.value().as_bytes()) => {}
+            Some(_) => {
+                tracing::warn!("internal call refused: wrong cluster key");
+                return Err(Status::unauthenticated("wrong cluster key"));
+            }
+            None => {
+                tracing::warn!("internal call refused: no cluster key");
+                return Err(Status::unauthenticated(format!(
+                    "internal calls must carry the cluster key ({KEY_HEADER})"
+                )));
+            }
+        }
+        let who = principal_of(req.metadata())?;
+        req.extensions_mut().insert(who);
+        req.extensions_mut().insert(ForwardedCall);
+        Ok(req)
     }
 }
 
-/// The principal a forwarded call carries.
-pub(crate) fn principal_from_pb(
-    who: Option<agentrt_proto::cluster::v1::Principal>,
-) -> Result<Principal, Status> {
-    match who {
-        Some(p) if !p.user_id.is_empty() => Ok(Principal {
-            user_id: p.user_id,
-            admin: p.admin,
-        }),
-        _ => Err(Status::invalid_argument(
-            "a forwarded call must name its principal",
-        )),
+/// The public port's refusal of a call that names a forwarded principal:
+/// only a replica, on the internal listener, may say who a caller is.
+pub(crate) fn refuse_peer_headers(metadata: &MetadataMap) -> Result<(), Status> {
+    if metadata.contains_key(PRINCIPAL_HEADER) {
+        tracing::warn!("call refused: a forwarded principal on the public port");
+        return Err(Status::unauthenticated(format!(
+            "{PRINCIPAL_HEADER} is only accepted between replicas, on the cluster listener; \
+             authenticate with your own credentials"
+        )));
+    }
+    Ok(())
+}
+
+/// Sets the key and `who` on a call to another replica.
+pub(crate) fn sign<T>(req: &mut Request<T>, key: &WireKey, who: &Principal) {
+    let metadata = req.metadata_mut();
+    metadata.insert(KEY_HEADER, key.value().clone());
+    metadata.insert_bin(PRINCIPAL_HEADER, principal_value(who));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn signed(who: &Principal) -> Request<()> {
+        let key = WireKey::new(&ClusterKey::new("k-1")).unwrap();
+        let mut req = Request::new(());
+        sign(&mut req, &key, who);
+        req
+    }
+
+    #[test]
+    fn a_signed_call_passes_with_its_principal_and_is_marked_forwarded() {
+        let who = Principal {
+            user_id: "ünïcode user:1".to_owned(),
+            admin: true,
+        };
+        let mut check = peer_check(WireKey::new(&ClusterKey::new("k-1")).unwrap());
+        let req = check(signed(&who)).unwrap();
+        assert_eq!(req.extensions().get::<Principal>(), Some(&who));
+        assert!(req.extensions().get::<ForwardedCall>().is_some());
+    }
+
+    #[test]
+    fn a_wrong_key_or_no_principal_is_refused() {
+        let who = Principal::local();
+        let mut other = peer_check(WireKey::new(&ClusterKey::new("k-2")).unwrap());
+        let err = other(signed(&who)).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unauthenticated);
+        assert!(!err.message().contains("k-1"), "{}", err.message());
+        let mut check = peer_check(WireKey::new(&ClusterKey::new("k-1")).unwrap());
+        let mut req = signed(&who);
+        req.metadata_mut().remove_bin(PRINCIPAL_HEADER);
+        assert_eq!(check(req).unwrap_err().code(), tonic::Code::InvalidArgument);
+        let mut req = Request::new(());
+        req.metadata_mut().insert_bin(
+            PRINCIPAL_HEADER,
+            BinaryMetadataValue::from_bytes(&[7, b'x']),
+        );
+        req.metadata_mut()
+            .insert(KEY_HEADER, MetadataValue::try_from("k-1").unwrap());
+        assert_eq!(check(req).unwrap_err().code(), tonic::Code::InvalidArgument);
+    }
+
+    #[test]
+    fn the_public_port_refuses_a_forwarded_principal() {
+        let req = signed(&Principal::local());
+        let err = refuse_peer_headers(req.metadata()).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unauthenticated);
+        assert!(refuse_peer_headers(&MetadataMap::new()).is_ok());
     }
 }

@@ -16,11 +16,13 @@
 //! - `health.rs`: the health service; every readiness/liveness transition
 //!   ([`READINESS`], [`LIVENESS`]) is set there.
 //! - `error.rs`: [`ServerError`].
+//! - `call.rs`: the context every handler opens (principal, deadline,
+//!   session span) and the one decision to forward a call.
 //! - [`services`]: the thin handlers, one file per proto service.
 //! - [`a2a`]: the A2A protocol's gRPC binding (`lf.a2a.v1.A2AService`) on
 //!   the same port: contexts are sessions, tasks are turns.
 //! - `cluster.rs`: replicas on one PostgreSQL store — the internal
-//!   `agentrt.cluster.v1` service and the forwarding of calls to the
+//!   listener's peer check and the forwarding of public calls to the
 //!   replica that owns a session's live turn.
 //! - [`convert`]: protobuf ↔ domain conversions.
 //! - [`status`]: core errors → gRPC statuses (exhaustive).
@@ -39,6 +41,7 @@
 //!   layer and the Prometheus endpoint.
 
 mod builder;
+mod call;
 mod cluster;
 mod error;
 mod health;

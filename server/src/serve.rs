@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentrt_proto::a2a::v1::a2a_service_server::A2aServiceServer;
-use agentrt_proto::cluster::v1::cluster_server::ClusterServer;
 use agentrt_proto::v1::agent_runtime_server::AgentRuntimeServer;
 use agentrt_proto::v1::runtime_admin_server::RuntimeAdminServer;
 use agentrt_proto::v1::session_service_server::SessionServiceServer;
@@ -28,7 +27,7 @@ use tower::layer::util::{Identity, Stack};
 
 use crate::a2a::A2aHandler;
 use crate::builder::{ClusterParts, Prepared, ServerBuilder};
-use crate::cluster::{ClusterHandler, Forwarder, key_check};
+use crate::cluster::{Forwarder, WireKey, peer_check, refuse_peer_headers};
 use crate::config::Config;
 use crate::error::ServerError;
 use crate::health::{Health, Phase};
@@ -48,12 +47,9 @@ const SERVED: &[&[u8]] = &[
     tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
 ];
 
-/// The descriptor sets of the internal listener's one service.
-const CLUSTER_SERVED: &[&[u8]] = &[agentrt_proto::CLUSTER_FILE_DESCRIPTOR_SET];
-
-/// Bytes a forwarded call may add to the public request it carries (the
-/// principal and the envelope).
-const FORWARDING_OVERHEAD: usize = 4 << 10;
+/// The descriptor sets of the internal listener's services (the public
+/// ones, without health and reflection).
+const CLUSTER_SERVED: &[&[u8]] = &[agentrt_proto::FILE_DESCRIPTOR_SET];
 
 /// The layers around every service, outermost last (as `Server::layer`
 /// stacks them).
@@ -87,15 +83,15 @@ impl Prepared {
             cluster,
         } = self;
         let (health, health_service) = Health::start().await;
-        let max_forwarded = config
-            .transport
-            .max_request_bytes
-            .saturating_add(FORWARDING_OVERHEAD);
-        let forward = cluster
-            .as_ref()
-            .map(|c| Arc::new(Forwarder::new(c.key.clone(), max_forwarded)));
+        let forward = cluster.as_ref().map(|c| {
+            Arc::new(Forwarder::new(
+                c.key.clone(),
+                config.transport.max_request_bytes,
+            ))
+        });
         let addr = listener.local_addr().ok();
-        let router = router(&config, addr, &runtime, &auth, health_service, forward)?;
+        let handlers = Handlers::new(&config, addr, &runtime, forward);
+        let router = router(&config, &auth, health_service, &handlers)?;
 
         // Both listeners stop when this is cancelled: after the runtime's
         // shutdown, so forwarded calls for this replica's live turns are
@@ -108,10 +104,8 @@ impl Prepared {
         let mut server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async move {
             stopped.cancelled().await;
         }));
-        let mut internal = match cluster {
-            Some(parts) => Some(serve_cluster(&config, &runtime, parts, stop.clone())?),
-            None => None,
-        };
+        let mut internal =
+            cluster.map(|parts| serve_cluster(&config, &handlers, parts, stop.clone()));
         health.set(Phase::Serving).await;
         // An admin Drain flips readiness too, so the orchestrator stops
         // routing here before the process is told to stop. The watchers are
@@ -200,38 +194,93 @@ fn transport_ended(
 
 type ServeTask = tokio::task::JoinHandle<Result<(), tonic::transport::Error>>;
 
-/// Serves the internal `Cluster` service on its own listener until `stop`:
-/// only that service, behind the cluster key, under the public port's
-/// connection, stream and message limits (a forwarded call may be a few
-/// bytes larger than the public request it carries).
+/// The public services' handlers, shared by both listeners.
+struct Handlers {
+    sessions: SessionServiceHandler,
+    runtime: AgentRuntimeHandler,
+    admin: RuntimeAdminHandler,
+    a2a: A2aHandler,
+}
+
+impl Handlers {
+    fn new(
+        config: &Config,
+        addr: Option<std::net::SocketAddr>,
+        runtime: &Runtime,
+        forward: Option<Arc<Forwarder>>,
+    ) -> Self {
+        Self {
+            sessions: SessionServiceHandler::new(runtime.clone()),
+            runtime: AgentRuntimeHandler::with_forwarder(runtime.clone(), forward.clone()),
+            admin: RuntimeAdminHandler::new(runtime.clone()),
+            a2a: A2aHandler::with_forwarder(
+                runtime.clone(),
+                crate::a2a::card::agent_card(config, addr, runtime),
+                forward,
+            ),
+        }
+    }
+}
+
+/// Serves the public services on the internal listener until `stop`, for
+/// calls other replicas forward here: behind the cluster key (the caller's
+/// principal is the forwarding replica's word) instead of the
+/// authenticator, under the public port's connection, stream and message
+/// limits.
 fn serve_cluster(
     config: &Config,
-    runtime: &Runtime,
+    handlers: &Handlers,
     parts: ClusterParts,
     stop: CancellationToken,
-) -> Result<ServeTask, ServerError> {
-    let mut t = config.transport.clone();
-    t.max_request_bytes = t.max_request_bytes.saturating_add(FORWARDING_OVERHEAD);
+) -> ServeTask {
+    let t = &config.transport;
+    let max_request = t.max_request_bytes;
     let streaming = transport::streaming_request_paths(CLUSTER_SERVED);
-    let router = server_builder(&t)
+    let peer = |key: &WireKey| peer_check(key.clone());
+    let router = server_builder(t)
         .layer(telemetry::rpc::RpcLayer::new(
             telemetry::rpc::known_methods(CLUSTER_SERVED),
         ))
         .layer(transport::CatchPanicLayer)
         .layer(transport::RequestLimitsLayer::new(
-            &t,
+            t,
             streaming,
             Default::default(),
         ))
         .add_service(InterceptedService::new(
-            ClusterServer::new(ClusterHandler::new(runtime.clone()))
-                .max_decoding_message_size(t.max_request_bytes),
-            key_check(parts.key),
+            SessionServiceServer::new(handlers.sessions.clone())
+                .max_decoding_message_size(max_request),
+            peer(&parts.key),
+        ))
+        .add_service(InterceptedService::new(
+            AgentRuntimeServer::new(handlers.runtime.clone())
+                .max_decoding_message_size(max_request),
+            peer(&parts.key),
+        ))
+        .add_service(InterceptedService::new(
+            RuntimeAdminServer::new(handlers.admin.clone()).max_decoding_message_size(max_request),
+            peer(&parts.key),
+        ))
+        .add_service(InterceptedService::new(
+            A2aServiceServer::new(handlers.a2a.clone()).max_decoding_message_size(max_request),
+            peer(&parts.key),
         ));
-    let incoming = transport::incoming(parts.listener, &t, None);
-    Ok(tokio::spawn(
+    let incoming = transport::incoming(parts.listener, t, None);
+    tokio::spawn(
         router.serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await }),
-    ))
+    )
+}
+
+/// The public port's check in front of the services: a call naming a
+/// forwarded principal is refused, then the authenticator says who calls.
+fn public_check(
+    auth: &auth::Authenticator,
+) -> impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone + use<> {
+    let mut authenticate = auth.interceptor();
+    move |req: tonic::Request<()>| {
+        refuse_peer_headers(req.metadata())?;
+        authenticate(req)
+    }
 }
 
 /// tonic's server with the HTTP/2 limits of `t`: streams per connection,
@@ -259,11 +308,9 @@ fn server_builder(t: &crate::config::TransportSettings) -> tonic::transport::Ser
 /// authenticator).
 fn router(
     config: &Config,
-    addr: Option<std::net::SocketAddr>,
-    runtime: &Runtime,
     auth: &auth::Authenticator,
     health_service: HealthServer<impl HealthService>,
-    forward: Option<Arc<Forwarder>>,
+    handlers: &Handlers,
 ) -> Result<Router<Layers>, ServerError> {
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(agentrt_proto::FILE_DESCRIPTOR_SET)
@@ -295,36 +342,29 @@ fn router(
         // number, so it never fires first.
         .add_service(InterceptedService::new(
             per_principal.wrap(
-                SessionServiceServer::new(SessionServiceHandler::new(runtime.clone()))
+                SessionServiceServer::new(handlers.sessions.clone())
                     .max_decoding_message_size(max_request),
             ),
-            auth.interceptor(),
+            public_check(auth),
         ))
         .add_service(InterceptedService::new(
             per_principal.wrap(
-                AgentRuntimeServer::new(AgentRuntimeHandler::with_forwarder(
-                    runtime.clone(),
-                    forward,
-                ))
-                .max_decoding_message_size(max_request),
-            ),
-            auth.interceptor(),
-        ))
-        .add_service(InterceptedService::new(
-            per_principal.wrap(
-                RuntimeAdminServer::new(RuntimeAdminHandler::new(runtime.clone()))
+                AgentRuntimeServer::new(handlers.runtime.clone())
                     .max_decoding_message_size(max_request),
             ),
-            auth.interceptor(),
+            public_check(auth),
         ))
         .add_service(InterceptedService::new(
             per_principal.wrap(
-                A2aServiceServer::new(A2aHandler::new(
-                    runtime.clone(),
-                    crate::a2a::card::agent_card(config, addr, runtime),
-                ))
-                .max_decoding_message_size(max_request),
+                RuntimeAdminServer::new(handlers.admin.clone())
+                    .max_decoding_message_size(max_request),
             ),
-            auth.interceptor(),
+            public_check(auth),
+        ))
+        .add_service(InterceptedService::new(
+            per_principal.wrap(
+                A2aServiceServer::new(handlers.a2a.clone()).max_decoding_message_size(max_request),
+            ),
+            public_check(auth),
         )))
 }

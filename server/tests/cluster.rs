@@ -15,6 +15,7 @@ mod cluster {
     pub(crate) mod harness;
     pub(crate) mod upstream;
 
+    mod a2a;
     mod admission;
     mod drain;
     mod failover;

@@ -15,8 +15,6 @@ mod support;
 use agentrt_client::proto;
 use agentrt_client::proto::chat_event::Kind;
 use agentrt_client::proto::session_service_client::SessionServiceClient;
-use agentrt_proto::cluster::v1 as cpb;
-use agentrt_proto::cluster::v1::cluster_client::ClusterClient;
 use agentrt_runtime::model::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream};
 use agentrt_runtime::types::StopReason;
 use agentrt_server::Config;
@@ -281,46 +279,88 @@ async fn a_tool_result_sent_to_another_replica_reaches_the_turn() {
     b.server.stop().await;
 }
 
+/// The binary metadata key a forwarded call names its principal in (one
+/// byte, 1 for an admin, then the user id).
+const PRINCIPAL_HEADER: &str = "x-agentrt-forwarded-principal-bin";
+
+/// A GetSessionStatus call as another replica would forward it: with `key`
+/// (if any) and the principal `local`.
+fn forwarded(session: &str, key: Option<&str>) -> tonic::Request<proto::GetSessionStatusRequest> {
+    let mut req = tonic::Request::new(proto::GetSessionStatusRequest {
+        session_id: session.to_owned(),
+    });
+    let mut principal = vec![0u8];
+    principal.extend_from_slice(b"local");
+    req.metadata_mut().insert_bin(
+        PRINCIPAL_HEADER,
+        tonic::metadata::MetadataValue::from_bytes(&principal),
+    );
+    if let Some(key) = key {
+        req.metadata_mut()
+            .insert("x-agentrt-cluster-key", key.parse().unwrap());
+    }
+    req
+}
+
 #[tokio::test]
-async fn the_internal_service_refuses_calls_without_the_cluster_key() {
+async fn the_internal_listener_refuses_calls_without_the_cluster_key() {
     let Some(db) = agentrt_testkit::pg::database().await else {
         return;
     };
     let a = replica(&db.url, true, &[]).await;
     let session = new_session(&a).await;
     let addr = a.server.cluster_addr().expect("a cluster listener");
-    let mut internal = ClusterClient::new(channel(format!("http://{addr}")).await);
-    let forwarded = || cpb::ForwardedGetSessionStatus {
-        principal: Some(cpb::Principal {
-            user_id: "local".to_owned(),
-            admin: false,
-        }),
-        request: Some(proto::GetSessionStatusRequest {
-            session_id: session.clone(),
-        }),
-    };
-    let missing = internal.get_session_status(forwarded()).await.unwrap_err();
+    let mut internal = proto::agent_runtime_client::AgentRuntimeClient::new(
+        channel(format!("http://{addr}")).await,
+    );
+    let missing = internal
+        .get_session_status(forwarded(&session, None))
+        .await
+        .unwrap_err();
     assert_eq!(missing.code(), Code::Unauthenticated);
     for key in ["wrong-key", &KEY[..KEY.len() - 1]] {
-        let mut req = tonic::Request::new(forwarded());
-        req.metadata_mut()
-            .insert("x-agentrt-cluster-key", key.parse().unwrap());
-        let wrong = internal.get_session_status(req).await.unwrap_err();
+        let wrong = internal
+            .get_session_status(forwarded(&session, Some(key)))
+            .await
+            .unwrap_err();
         assert_eq!(wrong.code(), Code::Unauthenticated);
         assert!(!wrong.message().contains(KEY), "{}", wrong.message());
     }
-    let mut req = tonic::Request::new(forwarded());
-    req.metadata_mut()
-        .insert("x-agentrt-cluster-key", KEY.parse().unwrap());
-    let status = internal.get_session_status(req).await.unwrap().into_inner();
+    // The key without a principal: a replica always names the caller.
+    let mut anonymous = forwarded(&session, Some(KEY));
+    anonymous.metadata_mut().remove_bin(PRINCIPAL_HEADER);
+    let err = internal.get_session_status(anonymous).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    let status = internal
+        .get_session_status(forwarded(&session, Some(KEY)))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(!status.live);
-    // The public port does not serve the internal service.
-    let mut public = ClusterClient::new(channel(a.server.url()).await);
-    let mut req = tonic::Request::new(forwarded());
-    req.metadata_mut()
-        .insert("x-agentrt-cluster-key", KEY.parse().unwrap());
-    let err = public.get_session_status(req).await.unwrap_err();
-    assert_eq!(err.code(), Code::Unimplemented);
+    // Another principal's session is not found there either.
+    let mut other = forwarded(&session, Some(KEY));
+    other.metadata_mut().insert_bin(
+        PRINCIPAL_HEADER,
+        tonic::metadata::MetadataValue::from_bytes(b"\x00someone-else"),
+    );
+    let err = internal.get_session_status(other).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    // The public port refuses a call naming a forwarded principal, key or
+    // not: only a replica may say who the caller is.
+    let mut public =
+        proto::agent_runtime_client::AgentRuntimeClient::new(channel(a.server.url()).await);
+    for key in [None, Some(KEY)] {
+        let err = public
+            .get_session_status(forwarded(&session, key))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+        assert!(
+            err.message().contains(PRINCIPAL_HEADER),
+            "{}",
+            err.message()
+        );
+    }
     a.server.stop().await;
 }
 

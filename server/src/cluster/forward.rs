@@ -1,32 +1,44 @@
 //! The [`Forwarder`]: sends a public call to the replica that owns the
-//! session's live turn, over its internal `Cluster` service.
+//! session's live turn, on that replica's internal listener.
 //!
 //! Channels are cached by address — at most [`MAX_CHANNELS`], the least
 //! recently used dropped first — and connect lazily, each attempt bounded
-//! by [`CONNECT_TIMEOUT`]. Every call carries the cluster key and the
-//! caller's remaining deadline. The owner's answer comes back unchanged;
-//! only a failure to reach the owner at all becomes UNAVAILABLE naming the
-//! replica (its id, never its key).
+//! by [`CONNECT_TIMEOUT`]. Every call carries the cluster key, the caller's
+//! principal and the caller's remaining deadline. The owner's answer comes
+//! back unchanged; only a failure to reach the owner at all becomes
+//! UNAVAILABLE naming the replica (its id, never its key).
+//!
+//! One generic call ([`Forwarder::call`]) serves every RPC of every
+//! service: a [`Peer`] is a generated client the forwarder can make from a
+//! channel, and the handler names the RPC.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Mutex;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use agentrt_proto::cluster::v1 as cpb;
-use agentrt_proto::cluster::v1::cluster_client::ClusterClient;
-use agentrt_proto::v1 as pb;
+use agentrt_proto::a2a::v1::a2a_service_client::A2aServiceClient;
+use agentrt_proto::v1::agent_runtime_client::AgentRuntimeClient;
+use agentrt_proto::v1::runtime_admin_client::RuntimeAdminClient;
 use agentrt_runtime::store::Lease;
 use agentrt_runtime::types::Principal;
+use futures::Stream;
 use tonic::transport::{Channel, Endpoint};
-use tonic::{Request, Status, Streaming};
+use tonic::{Request, Response, Status, Streaming};
 
-use super::{KEY_HEADER, NO_LISTENER, WireKey, principal_to_pb};
+use super::{NO_LISTENER, WireKey, sign};
 use crate::clip;
 
 /// Most cached channels (one per owner address).
 pub(crate) const MAX_CHANNELS: usize = 64;
 /// How long connecting to an owner may take.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Largest message a forwarded call may receive: an owner's answers stay
+/// under 4 MiB by design (an A2A task's texts are budgeted, see
+/// `a2a::budget`); a little room above that.
+pub(crate) const MAX_ANSWER: usize = 8 << 20;
 /// HTTP/2 pings on a connection to an owner, so a forwarded stream to a
 /// replica cut off by the network ends (UNAVAILABLE) instead of hanging.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
@@ -38,7 +50,7 @@ pub(crate) struct Forwarder {
     key: WireKey,
     /// Most recently used last.
     channels: Mutex<VecDeque<(String, Channel)>>,
-    /// Largest message a forwarded call may send or receive.
+    /// Largest message a forwarded call may send (the public request limit).
     max_message: usize,
 }
 
@@ -51,6 +63,16 @@ fn unreachable(status: &Status) -> bool {
 /// The owner's status unchanged, or — when the owner could not be reached
 /// — UNAVAILABLE naming the replica.
 pub(crate) fn owner_status(lease: &Lease, status: Status) -> Status {
+    if status.code() == tonic::Code::Unimplemented && status.message().is_empty() {
+        // The owner's router knows no such service: a replica of another
+        // agentrt version, during a rolling upgrade.
+        return Status::unavailable(format!(
+            "the session's live turn {} runs on replica {}, which runs an agentrt version \
+             that does not take this forwarded call; retry when the turn has ended",
+            clip::id(&lease.turn_id),
+            clip::id(&lease.replica_id)
+        ));
+    }
     if !unreachable(&status) {
         // The owner's own error map bounds it; bounded again all the same.
         return clip::status(status);
@@ -69,8 +91,8 @@ pub(crate) fn owner_status(lease: &Lease, status: Status) -> Status {
 }
 
 impl Forwarder {
-    /// A forwarder whose calls carry `key`, sending and receiving messages
-    /// up to `max_message` bytes.
+    /// A forwarder whose calls carry `key`, sending messages up to
+    /// `max_message` bytes (receiving up to [`MAX_ANSWER`]).
     pub(crate) fn new(key: WireKey, max_message: usize) -> Self {
         Self {
             key,
@@ -80,7 +102,7 @@ impl Forwarder {
     }
 
     /// The channel to `lease`'s owner: cached, or made (lazily connecting).
-    fn client(&self, lease: &Lease) -> Result<ClusterClient<Channel>, Status> {
+    fn channel(&self, lease: &Lease) -> Result<Channel, Status> {
         let channel = {
             let mut cache = self.channels.lock().unwrap_or_else(|p| p.into_inner());
             match cache.iter().position(|(a, _)| *a == lease.address) {
@@ -120,146 +142,101 @@ impl Forwarder {
                 }
             }
         };
-        Ok(ClusterClient::new(channel)
-            .max_decoding_message_size(self.max_message)
-            .max_encoding_message_size(self.max_message))
+        Ok(channel)
     }
 
-    /// `message` with the key and the caller's deadline.
-    fn request<T>(&self, message: T, deadline: Option<Duration>) -> Request<T> {
+    /// Sends `message` to `lease`'s owner as `who`, within `deadline`, with
+    /// `send` (the RPC on the owner's client `P`); the owner's answer, or
+    /// its status as [`owner_status`] says.
+    pub(crate) async fn call<P, T, R, F, Fut>(
+        &self,
+        lease: &Lease,
+        who: &Principal,
+        deadline: Option<Duration>,
+        message: T,
+        send: F,
+    ) -> Result<R, Status>
+    where
+        P: Peer,
+        F: FnOnce(P, Request<T>) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
+    {
+        let client = P::connect(self.channel(lease)?, self.max_message, MAX_ANSWER);
         let mut req = Request::new(message);
-        req.metadata_mut()
-            .insert(KEY_HEADER, self.key.value().clone());
+        sign(&mut req, &self.key, who);
         if let Some(left) = deadline {
             req.set_timeout(left);
         }
-        req
-    }
-
-    /// `StopSession` on the owner.
-    pub(crate) async fn stop_session(
-        &self,
-        lease: &Lease,
-        who: &Principal,
-        request: pb::StopSessionRequest,
-        deadline: Option<Duration>,
-    ) -> Result<pb::StopSessionResponse, Status> {
-        let message = cpb::ForwardedStopSession {
-            principal: Some(principal_to_pb(who)),
-            request: Some(request),
-        };
-        let mut client = self.client(lease)?;
-        client
-            .stop_session(self.request(message, deadline))
+        send(client, req)
             .await
-            .map(tonic::Response::into_inner)
+            .map(Response::into_inner)
             .map_err(|s| owner_status(lease, s))
     }
+}
 
-    /// `GetSessionStatus` on the owner.
-    pub(crate) async fn session_status(
-        &self,
-        lease: &Lease,
-        who: &Principal,
-        request: pb::GetSessionStatusRequest,
-        deadline: Option<Duration>,
-    ) -> Result<pb::SessionStatus, Status> {
-        let message = cpb::ForwardedGetSessionStatus {
-            principal: Some(principal_to_pb(who)),
-            request: Some(request),
-        };
-        let mut client = self.client(lease)?;
-        client
-            .get_session_status(self.request(message, deadline))
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| owner_status(lease, s))
+/// A generated client a forwarded call can go through.
+pub(crate) trait Peer: Sized {
+    /// The client on `channel`, sending up to `send` bytes per message
+    /// and receiving up to `receive`.
+    fn connect(channel: Channel, send: usize, receive: usize) -> Self;
+}
+
+macro_rules! peer {
+    ($($client:ident),*) => {$(
+        impl Peer for $client<Channel> {
+            fn connect(channel: Channel, send: usize, receive: usize) -> Self {
+                Self::new(channel)
+                    .max_encoding_message_size(send)
+                    .max_decoding_message_size(receive)
+            }
+        }
+    )*};
+}
+
+peer!(AgentRuntimeClient, RuntimeAdminClient, A2aServiceClient);
+
+/// The owner's stream of a forwarded call: its items as they come, and its
+/// error status as [`owner_status`] says; dropping it cancels the call.
+#[derive(Debug)]
+pub(crate) struct Forwarded<T> {
+    items: Streaming<T>,
+    lease: Lease,
+    done: bool,
+}
+
+impl<T> Forwarded<T> {
+    /// The stream `items` of a call forwarded to `lease`'s owner.
+    pub(crate) fn new(items: Streaming<T>, lease: Lease) -> Self {
+        Self {
+            items,
+            lease,
+            done: false,
+        }
     }
+}
 
-    /// `CloseSession` on the owner.
-    pub(crate) async fn close_session(
-        &self,
-        lease: &Lease,
-        who: &Principal,
-        request: pb::CloseSessionRequest,
-        deadline: Option<Duration>,
-    ) -> Result<pb::CloseSessionResponse, Status> {
-        let message = cpb::ForwardedCloseSession {
-            principal: Some(principal_to_pb(who)),
-            request: Some(request),
-        };
-        let mut client = self.client(lease)?;
-        client
-            .close_session(self.request(message, deadline))
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| owner_status(lease, s))
-    }
+impl<T> Stream for Forwarded<T> {
+    type Item = Result<T, Status>;
 
-    /// `SubmitToolResult` on the owner.
-    pub(crate) async fn submit_tool_result(
-        &self,
-        lease: &Lease,
-        who: &Principal,
-        request: pb::SubmitToolResultRequest,
-        deadline: Option<Duration>,
-    ) -> Result<pb::SubmitToolResultResponse, Status> {
-        let message = cpb::ForwardedSubmitToolResult {
-            principal: Some(principal_to_pb(who)),
-            request: Some(request),
-        };
-        let mut client = self.client(lease)?;
-        client
-            .submit_tool_result(self.request(message, deadline))
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| owner_status(lease, s))
-    }
-
-    /// `Subscribe` on the owner: its events, then its trailer.
-    pub(crate) async fn subscribe(
-        &self,
-        lease: &Lease,
-        who: &Principal,
-        request: pb::SubscribeRequest,
-        deadline: Option<Duration>,
-    ) -> Result<Streaming<pb::ChatEvent>, Status> {
-        let message = cpb::ForwardedSubscribe {
-            principal: Some(principal_to_pb(who)),
-            request: Some(request),
-        };
-        let mut client = self.client(lease)?;
-        client
-            .subscribe(self.request(message, deadline))
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| owner_status(lease, s))
-    }
-
-    /// A `Chat` retry joining the owner's turn of the same request id.
-    pub(crate) async fn join_chat(
-        &self,
-        lease: &Lease,
-        who: &Principal,
-        request: pb::ChatRequest,
-        deadline: Option<Duration>,
-    ) -> Result<Streaming<pb::ChatEvent>, Status> {
-        let message = cpb::ForwardedChat {
-            principal: Some(principal_to_pb(who)),
-            request: Some(request),
-        };
-        let mut client = self.client(lease)?;
-        client
-            .join_chat(self.request(message, deadline))
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| owner_status(lease, s))
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut self.items).poll_next(cx) {
+            Poll::Ready(Some(Err(status))) => {
+                self.done = true;
+                Poll::Ready(Some(Err(owner_status(&self.lease, status))))
+            }
+            other => other,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::time::SystemTime;
+
+    use agentrt_proto::v1 as pb;
 
     use super::*;
     use crate::config::ClusterKey;
@@ -277,11 +254,11 @@ mod tests {
     async fn the_channel_cache_is_bounded_and_keeps_the_recently_used() {
         let key = WireKey::new(&ClusterKey::new("k")).unwrap();
         let f = Forwarder::new(key, 1 << 20);
-        f.client(&lease("http://127.0.0.1:1")).unwrap();
+        f.channel(&lease("http://127.0.0.1:1")).unwrap();
         for port in 2..=(MAX_CHANNELS as u16 + 5) {
             // Touch the first one now and then: it must survive.
-            f.client(&lease("http://127.0.0.1:1")).unwrap();
-            f.client(&lease(&format!("http://127.0.0.1:{port}")))
+            f.channel(&lease("http://127.0.0.1:1")).unwrap();
+            f.channel(&lease(&format!("http://127.0.0.1:{port}")))
                 .unwrap();
         }
         let cache = f.channels.lock().unwrap();
@@ -302,20 +279,21 @@ mod tests {
         let f = Forwarder::new(key, 1 << 20);
         let who = Principal::local();
         let err = f
-            .stop_session(
+            .call(
                 &lease(&format!("http://127.0.0.1:{port}")),
                 &who,
+                Some(Duration::from_secs(5)),
                 pb::StopSessionRequest {
                     session_id: "s".to_owned(),
                 },
-                Some(Duration::from_secs(5)),
+                |mut c: AgentRuntimeClient<Channel>, r| async move { c.stop_session(r).await },
             )
             .await
             .unwrap_err();
         assert_eq!(err.code(), tonic::Code::Unavailable);
         assert!(err.message().contains("replica r-1"), "{}", err.message());
         assert!(!err.message().contains("sekrit"), "{}", err.message());
-        let bad = f.client(&lease("not a url")).err().map(|s| s.code());
+        let bad = f.channel(&lease("not a url")).err().map(|s| s.code());
         assert_eq!(bad, Some(tonic::Code::Unavailable));
     }
 }

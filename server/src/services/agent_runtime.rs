@@ -2,25 +2,26 @@
 //! adapter that turns a [`TurnStream`] into the Chat response stream with
 //! the trailing status the contract asks for. A call the core answers with
 //! `RuntimeError::Elsewhere` (the session's live turn runs on another
-//! replica) goes to that replica through the cluster forwarder, and its
-//! answer — a stream included — comes back unchanged.
+//! replica) goes to that replica — the same RPC, named in its handler's
+//! error arm ([`Call::forward_or`]) — and its answer, a stream included,
+//! comes back unchanged.
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use agentrt_proto::v1 as pb;
+use agentrt_proto::v1::agent_runtime_client::AgentRuntimeClient;
 use agentrt_proto::v1::agent_runtime_server::AgentRuntime;
+use agentrt_runtime::Runtime;
 use agentrt_runtime::events::{ErrorCode, EventKind};
 use agentrt_runtime::runtime::TurnStream;
-use agentrt_runtime::store::Lease;
-use agentrt_runtime::{Runtime, RuntimeError};
 use futures::Stream;
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-use crate::auth::principal;
-use crate::cluster::{Forwarder, owner_status};
+use crate::call::Call;
+use crate::cluster::{Forwarded, Forwarder};
 use crate::convert;
-use crate::services::record_session;
 use crate::status::{from_runtime, trailing_status};
 
 /// The `AgentRuntime` implementation.
@@ -59,11 +60,7 @@ enum Source {
     /// A turn of this replica.
     Local(LocalEvents),
     /// The owner's stream; dropping it cancels the forwarded call.
-    Forwarded {
-        events: tonic::Streaming<pb::ChatEvent>,
-        lease: Lease,
-        done: bool,
-    },
+    Forwarded(Forwarded<pb::ChatEvent>),
 }
 
 /// A turn of this replica as events.
@@ -85,13 +82,9 @@ impl ChatEvents {
         }))
     }
 
-    /// The events of a call forwarded to `lease`'s owner.
-    pub(crate) fn forwarded(events: tonic::Streaming<pb::ChatEvent>, lease: Lease) -> Self {
-        Self(Source::Forwarded {
-            events,
-            lease,
-            done: false,
-        })
+    /// The events of a call forwarded to the turn's owner.
+    pub(crate) fn forwarded(events: Forwarded<pb::ChatEvent>) -> Self {
+        Self(Source::Forwarded(events))
     }
 }
 
@@ -101,22 +94,7 @@ impl Stream for ChatEvents {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         match &mut self.0 {
             Source::Local(local) => local.poll_next(cx),
-            Source::Forwarded {
-                events,
-                lease,
-                done,
-            } => {
-                if *done {
-                    return Poll::Ready(None);
-                }
-                match Pin::new(events).poll_next(cx) {
-                    Poll::Ready(Some(Err(status))) => {
-                        *done = true;
-                        Poll::Ready(Some(Err(owner_status(lease, status))))
-                    }
-                    other => other,
-                }
-            }
+            Source::Forwarded(events) => Pin::new(events).poll_next(cx),
         }
     }
 }
@@ -166,16 +144,13 @@ impl LocalEvents {
 }
 
 impl AgentRuntimeHandler {
-    /// The forwarder and the owner's lease, for an error that says the turn
-    /// runs on another replica and a server that can forward; otherwise
-    /// the error's status.
-    fn forwarding(&self, err: RuntimeError) -> Result<(&Forwarder, Lease), Status> {
-        match (err, &self.forward) {
-            (RuntimeError::Elsewhere(lease), Some(forward)) => Ok((forward, lease)),
-            (err, _) => Err(from_runtime(err)),
-        }
+    fn forwarder(&self) -> Option<&Forwarder> {
+        self.forward.as_deref()
     }
 }
+
+/// The owner's client, the one forwarded calls of this service go through.
+type Owner = AgentRuntimeClient<Channel>;
 
 #[tonic::async_trait]
 impl AgentRuntime for AgentRuntimeHandler {
@@ -186,46 +161,50 @@ impl AgentRuntime for AgentRuntimeHandler {
         &self,
         req: Request<pb::ChatRequest>,
     ) -> Result<Response<Self::ChatStream>, Status> {
-        let who = principal(&req)?;
-        let deadline = convert::grpc_deadline(req.metadata());
-        let request = req.into_inner();
+        let (call, request) = Call::open(req)?;
         // Kept only where a retry may join a turn on another replica.
         let join =
             (self.forward.is_some() && !request.request_id.is_empty()).then(|| request.clone());
-        let input = convert::chat_input(request, deadline).map_err(from_runtime)?;
-        record_session(&input.session_id);
-        let turn = match self.runtime.chat(&who, input).await {
-            Ok(turn) => turn,
-            Err(err) => {
-                let (forward, lease) = self.forwarding(err)?;
-                let join =
-                    join.ok_or_else(|| Status::internal("a forwarded Chat lost its request"))?;
-                let events = forward.join_chat(&lease, &who, join, deadline).await?;
-                return Ok(Response::new(ChatEvents::forwarded(events, lease)));
-            }
-        };
-        Ok(Response::new(ChatEvents::new(Some(turn))))
+        let input = convert::chat_input(request, call.deadline).map_err(from_runtime)?;
+        call.session(&input.session_id);
+        match (self.runtime.chat(&call.who, input).await, join) {
+            (Ok(turn), _) => Ok(Response::new(ChatEvents::new(Some(turn)))),
+            (Err(err), Some(join)) => call
+                .forward_stream_or(
+                    self.forwarder(),
+                    err,
+                    from_runtime,
+                    join,
+                    |mut c: Owner, r| async move { c.chat(r).await },
+                )
+                .await
+                .map(|events| Response::new(ChatEvents::forwarded(events))),
+            (Err(err), None) => Err(from_runtime(err)),
+        }
     }
 
     async fn subscribe(
         &self,
         req: Request<pb::SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
-        let who = principal(&req)?;
-        let deadline = convert::grpc_deadline(req.metadata());
-        let r = req.into_inner();
-        record_session(&r.session_id);
-        match self
+        let (call, r) = Call::open(req)?;
+        call.session(&r.session_id);
+        let subscribed = self
             .runtime
-            .subscribe(&who, &r.session_id, r.after_seq, r.wait_for_turn)
-            .await
-        {
+            .subscribe(&call.who, &r.session_id, r.after_seq, r.wait_for_turn)
+            .await;
+        match subscribed {
             Ok(turn) => Ok(Response::new(ChatEvents::new(turn))),
-            Err(err) => {
-                let (forward, lease) = self.forwarding(err)?;
-                let events = forward.subscribe(&lease, &who, r, deadline).await?;
-                Ok(Response::new(ChatEvents::forwarded(events, lease)))
-            }
+            Err(err) => call
+                .forward_stream_or(
+                    self.forwarder(),
+                    err,
+                    from_runtime,
+                    r,
+                    |mut c: Owner, r| async move { c.subscribe(r).await },
+                )
+                .await
+                .map(|events| Response::new(ChatEvents::forwarded(events))),
         }
     }
 
@@ -233,17 +212,19 @@ impl AgentRuntime for AgentRuntimeHandler {
         &self,
         req: Request<pb::StopSessionRequest>,
     ) -> Result<Response<pb::StopSessionResponse>, Status> {
-        let who = principal(&req)?;
-        let deadline = convert::grpc_deadline(req.metadata());
-        let r = req.into_inner();
-        record_session(&r.session_id);
-        match self.runtime.stop_session(&who, &r.session_id).await {
+        let (call, r) = Call::open(req)?;
+        call.session(&r.session_id);
+        match self.runtime.stop_session(&call.who, &r.session_id).await {
             Ok(stopped) => Ok(Response::new(pb::StopSessionResponse { stopped })),
             Err(err) => {
-                let (forward, lease) = self.forwarding(err)?;
-                Ok(Response::new(
-                    forward.stop_session(&lease, &who, r, deadline).await?,
-                ))
+                call.forward_or(
+                    self.forwarder(),
+                    err,
+                    from_runtime,
+                    r,
+                    |mut c: Owner, r| async move { c.stop_session(r).await },
+                )
+                .await
             }
         }
     }
@@ -252,17 +233,19 @@ impl AgentRuntime for AgentRuntimeHandler {
         &self,
         req: Request<pb::GetSessionStatusRequest>,
     ) -> Result<Response<pb::SessionStatus>, Status> {
-        let who = principal(&req)?;
-        let deadline = convert::grpc_deadline(req.metadata());
-        let r = req.into_inner();
-        record_session(&r.session_id);
-        match self.runtime.session_status(&who, &r.session_id).await {
+        let (call, r) = Call::open(req)?;
+        call.session(&r.session_id);
+        match self.runtime.session_status(&call.who, &r.session_id).await {
             Ok(status) => Ok(Response::new(convert::session_status(status))),
             Err(err) => {
-                let (forward, lease) = self.forwarding(err)?;
-                Ok(Response::new(
-                    forward.session_status(&lease, &who, r, deadline).await?,
-                ))
+                call.forward_or(
+                    self.forwarder(),
+                    err,
+                    from_runtime,
+                    r,
+                    |mut c: Owner, r| async move { c.get_session_status(r).await },
+                )
+                .await
             }
         }
     }
@@ -271,21 +254,23 @@ impl AgentRuntime for AgentRuntimeHandler {
         &self,
         req: Request<pb::CloseSessionRequest>,
     ) -> Result<Response<pb::CloseSessionResponse>, Status> {
-        let who = principal(&req)?;
-        let deadline = convert::grpc_deadline(req.metadata());
-        let r = req.into_inner();
-        record_session(&r.session_id);
-        match self
+        let (call, r) = Call::open(req)?;
+        call.session(&r.session_id);
+        let closed = self
             .runtime
-            .close_session(&who, &r.session_id, r.force)
-            .await
-        {
+            .close_session(&call.who, &r.session_id, r.force)
+            .await;
+        match closed {
             Ok(closed) => Ok(Response::new(pb::CloseSessionResponse { closed })),
             Err(err) => {
-                let (forward, lease) = self.forwarding(err)?;
-                Ok(Response::new(
-                    forward.close_session(&lease, &who, r, deadline).await?,
-                ))
+                call.forward_or(
+                    self.forwarder(),
+                    err,
+                    from_runtime,
+                    r,
+                    |mut c: Owner, r| async move { c.close_session(r).await },
+                )
+                .await
             }
         }
     }
@@ -294,17 +279,15 @@ impl AgentRuntime for AgentRuntimeHandler {
         &self,
         req: Request<pb::SubmitToolResultRequest>,
     ) -> Result<Response<pb::SubmitToolResultResponse>, Status> {
-        let who = principal(&req)?;
-        let deadline = convert::grpc_deadline(req.metadata());
-        let r = req.into_inner();
-        record_session(&r.session_id);
+        let (call, r) = Call::open(req)?;
+        call.session(&r.session_id);
         // The content goes to the core; it is kept only where the call may
         // have to be forwarded.
         let forwardable = self.forward.is_some().then(|| r.clone());
         let submitted = self
             .runtime
             .submit_tool_result(
-                &who,
+                &call.who,
                 &r.session_id,
                 &r.turn_id,
                 &r.call_id,
@@ -312,18 +295,19 @@ impl AgentRuntime for AgentRuntimeHandler {
                 r.is_error,
             )
             .await;
-        match submitted {
-            Ok(()) => Ok(Response::new(pb::SubmitToolResultResponse {})),
-            Err(err) => {
-                let (forward, lease) = self.forwarding(err)?;
-                let r = forwardable
-                    .ok_or_else(|| Status::internal("a forwarded call lost its request"))?;
-                Ok(Response::new(
-                    forward
-                        .submit_tool_result(&lease, &who, r, deadline)
-                        .await?,
-                ))
+        match (submitted, forwardable) {
+            (Ok(()), _) => Ok(Response::new(pb::SubmitToolResultResponse {})),
+            (Err(err), Some(r)) => {
+                call.forward_or(
+                    self.forwarder(),
+                    err,
+                    from_runtime,
+                    r,
+                    |mut c: Owner, r| async move { c.submit_tool_result(r).await },
+                )
+                .await
             }
+            (Err(err), None) => Err(from_runtime(err)),
         }
     }
 
@@ -331,12 +315,11 @@ impl AgentRuntime for AgentRuntimeHandler {
         &self,
         req: Request<pb::CompactSessionRequest>,
     ) -> Result<Response<pb::CompactSessionResponse>, Status> {
-        let who = principal(&req)?;
-        let r = req.into_inner();
-        record_session(&r.session_id);
+        let (call, r) = Call::open(req)?;
+        call.session(&r.session_id);
         let report = self
             .runtime
-            .compact_session(&who, &r.session_id)
+            .compact_session(&call.who, &r.session_id)
             .await
             .map_err(from_runtime)?;
         Ok(Response::new(pb::CompactSessionResponse {

@@ -8,7 +8,7 @@ use agentrt_proto::v1::runtime_admin_server::RuntimeAdmin;
 use agentrt_runtime::Runtime;
 use tonic::{Request, Response, Status};
 
-use crate::auth::principal;
+use crate::call::Call;
 use crate::convert;
 use crate::status::from_runtime;
 
@@ -40,12 +40,12 @@ impl RuntimeAdmin for RuntimeAdminHandler {
         &self,
         req: Request<pb::ResetRunnersRequest>,
     ) -> Result<Response<pb::ResetRunnersResponse>, Status> {
-        let who = principal(&req)?;
-        let user = req.into_inner().user_id;
+        let (call, r) = Call::open(req)?;
+        let user = r.user_id;
         let user = (!user.is_empty()).then_some(user);
         let n = self
             .runtime
-            .reset_runners(&who, user.as_deref())
+            .reset_runners(&call.who, user.as_deref())
             .map_err(from_runtime)?;
         Ok(Response::new(pb::ResetRunnersResponse { count: count(n) }))
     }
@@ -54,12 +54,11 @@ impl RuntimeAdmin for RuntimeAdminHandler {
         &self,
         req: Request<pb::SetDefaultModelRequest>,
     ) -> Result<Response<pb::SetDefaultModelResponse>, Status> {
-        let who = principal(&req)?;
-        let r = req.into_inner();
+        let (call, r) = Call::open(req)?;
         let thinking = convert::thinking_from_pb(r.thinking, "thinking").map_err(from_runtime)?;
         let previous_model = self
             .runtime
-            .set_default_model(&who, &r.model, thinking)
+            .set_default_model(&call.who, &r.model, thinking)
             .map_err(from_runtime)?;
         Ok(Response::new(pb::SetDefaultModelResponse {
             previous_model,
@@ -70,10 +69,10 @@ impl RuntimeAdmin for RuntimeAdminHandler {
         &self,
         req: Request<pb::InvalidateRunnersRequest>,
     ) -> Result<Response<pb::InvalidateRunnersResponse>, Status> {
-        let who = principal(&req)?;
+        let (call, _) = Call::open(req)?;
         let n = self
             .runtime
-            .invalidate_runners(&who)
+            .invalidate_runners(&call.who)
             .map_err(from_runtime)?;
         Ok(Response::new(pb::InvalidateRunnersResponse {
             count: count(n),
@@ -84,14 +83,14 @@ impl RuntimeAdmin for RuntimeAdminHandler {
         &self,
         req: Request<pb::DrainRequest>,
     ) -> Result<Response<pb::DrainResponse>, Status> {
-        let who = principal(&req)?;
-        let timeout = convert::duration_from_pb(req.into_inner().timeout, "timeout")
+        let (call, r) = Call::open(req)?;
+        let timeout = convert::duration_from_pb(r.timeout, "timeout")
             .map_err(from_runtime)?
             .unwrap_or(DEFAULT_DRAIN)
             .min(MAX_DRAIN);
         let remaining = self
             .runtime
-            .drain(&who, timeout)
+            .drain(&call.who, timeout)
             .await
             .map_err(from_runtime)?;
         Ok(Response::new(pb::DrainResponse {
@@ -103,8 +102,8 @@ impl RuntimeAdmin for RuntimeAdminHandler {
         &self,
         req: Request<pb::GetRuntimeStatsRequest>,
     ) -> Result<Response<pb::RuntimeStats>, Status> {
-        let who = principal(&req)?;
-        let stats = self.runtime.stats(&who).await.map_err(from_runtime)?;
+        let (call, _) = Call::open(req)?;
+        let stats = self.runtime.stats(&call.who).await.map_err(from_runtime)?;
         Ok(Response::new(convert::runtime_stats(stats)))
     }
 }

@@ -6,9 +6,8 @@ use agentrt_proto::v1::session_service_server::SessionService;
 use agentrt_runtime::Runtime;
 use tonic::{Request, Response, Status};
 
-use crate::auth::principal;
+use crate::call::Call;
 use crate::convert;
-use crate::services::record_session;
 use crate::status::from_runtime;
 
 /// The `SessionService` implementation.
@@ -30,11 +29,11 @@ impl SessionService for SessionServiceHandler {
         &self,
         req: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
-        let who = principal(&req)?;
-        let new = convert::new_session(req.into_inner());
+        let (call, r) = Call::open(req)?;
+        let new = convert::new_session(r);
         let session = self
             .runtime
-            .create_session(&who, new)
+            .create_session(&call.who, new)
             .await
             .map_err(from_runtime)?;
         Ok(Response::new(convert::session_to_pb(session)))
@@ -44,11 +43,12 @@ impl SessionService for SessionServiceHandler {
         &self,
         req: Request<pb::GetSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
-        let who = principal(&req)?;
-        let id = req.into_inner().session_id;
+        let (call, r) = Call::open(req)?;
+        let id = r.session_id;
+        call.session(&id);
         let session = self
             .runtime
-            .get_session(&who, &id)
+            .get_session(&call.who, &id)
             .await
             .map_err(from_runtime)?;
         Ok(Response::new(convert::session_to_pb(session)))
@@ -58,12 +58,11 @@ impl SessionService for SessionServiceHandler {
         &self,
         req: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
-        let who = principal(&req)?;
-        let r = req.into_inner();
+        let (call, r) = Call::open(req)?;
         let page = self
             .runtime
             .list_sessions(
-                &who,
+                &call.who,
                 r.page_size as usize,
                 &r.page_token,
                 Some(r.agent_id),
@@ -85,14 +84,13 @@ impl SessionService for SessionServiceHandler {
         &self,
         req: Request<pb::UpdateSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
-        let who = principal(&req)?;
-        let r = req.into_inner();
+        let (call, r) = Call::open(req)?;
         let id = r.session_id.clone();
-        record_session(&id);
+        call.session(&id);
         let update = convert::session_update(r);
         let session = self
             .runtime
-            .update_session(&who, &id, update)
+            .update_session(&call.who, &id, update)
             .await
             .map_err(from_runtime)?;
         Ok(Response::new(convert::session_to_pb(session)))
@@ -102,12 +100,12 @@ impl SessionService for SessionServiceHandler {
         &self,
         req: Request<pb::DeleteSessionRequest>,
     ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
-        let who = principal(&req)?;
-        let id = req.into_inner().session_id;
-        record_session(&id);
+        let (call, r) = Call::open(req)?;
+        let id = r.session_id;
+        call.session(&id);
         let deleted = self
             .runtime
-            .delete_session(&who, &id)
+            .delete_session(&call.who, &id)
             .await
             .map_err(from_runtime)?;
         Ok(Response::new(pb::DeleteSessionResponse { deleted }))
@@ -117,13 +115,12 @@ impl SessionService for SessionServiceHandler {
         &self,
         req: Request<pb::GetHistoryRequest>,
     ) -> Result<Response<pb::GetHistoryResponse>, Status> {
-        let who = principal(&req)?;
-        let r = req.into_inner();
-        record_session(&r.session_id);
+        let (call, r) = Call::open(req)?;
+        call.session(&r.session_id);
         let page = self
             .runtime
             .history(
-                &who,
+                &call.who,
                 &r.session_id,
                 r.after_seq,
                 r.page_size as usize,

@@ -7,8 +7,10 @@ use std::time::{Duration, UNIX_EPOCH};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
+use super::ChatInput;
 use super::Runtime;
 use super::slots::{Holder, WaitEnded};
+use super::stream::TurnStream;
 use crate::error::RuntimeError;
 use crate::limits::{
     MAX_ID_BYTES, MAX_TEXT_FIELD_BYTES, check_model_name, check_short, validate_session_id,
@@ -275,6 +277,31 @@ impl Runtime {
             Holder::Turn => self.inner.store.get_session(id).await?.is_none(),
             Holder::Nobody => false,
         })
+    }
+
+    /// Creates a session for `who` from `new` and admits `input`'s turn in
+    /// it (`input.session_id` becomes the new session's id): one step for
+    /// a protocol whose first message makes its conversation (A2A's message
+    /// without a context). A turn refused at admission leaves no session
+    /// behind.
+    pub async fn chat_in_new_session(
+        &self,
+        who: &Principal,
+        new: NewSession,
+        mut input: ChatInput,
+    ) -> Result<TurnStream, RuntimeError> {
+        let session = self.create_session(who, new).await?;
+        input.session_id.clone_from(&session.id);
+        let refused = match self.chat(who, input).await {
+            Ok(turn) => return Ok(turn),
+            Err(refused) => refused,
+        };
+        // An empty session nobody asked for otherwise.
+        if let Err(cleanup) = self.delete_session(who, &session.id).await {
+            tracing::warn!(session_id = %session.id, error = %cleanup,
+                "could not delete the new session of a refused turn");
+        }
+        Err(refused)
     }
 
     /// Deletes the session with its history. Admission of new turns (and

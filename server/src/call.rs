@@ -1,0 +1,114 @@
+//! [`Call`]: what every handler of every public service starts with — the
+//! caller's principal, the caller's deadline, the session named on the
+//! RPC's span — and, for a call the core says belongs to a live turn on
+//! another replica, the one place that decides whether and how to forward
+//! it ([`Call::forward_or`]).
+
+use std::future::Future;
+use std::time::Duration;
+
+use agentrt_runtime::RuntimeError;
+use agentrt_runtime::store::Lease;
+use agentrt_runtime::types::Principal;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::cluster::{Forwarded, ForwardedCall, Forwarder, Peer};
+
+/// One call's context; see the module docs.
+#[derive(Debug, Clone)]
+pub(crate) struct Call {
+    /// Who is calling (authenticated here, or by the replica that
+    /// forwarded the call).
+    pub(crate) who: Principal,
+    /// What is left of the caller's deadline when the call arrived.
+    pub(crate) deadline: Option<Duration>,
+    /// Forwarded here by another replica: answered here, never forwarded.
+    forwarded: bool,
+}
+
+impl Call {
+    /// The call's context and its message.
+    pub(crate) fn open<T>(req: Request<T>) -> Result<(Self, T), Status> {
+        let who = crate::auth::principal(&req)?;
+        let deadline = crate::convert::grpc_deadline(req.metadata());
+        let forwarded = req.extensions().get::<ForwardedCall>().is_some();
+        let call = Self {
+            who,
+            deadline,
+            forwarded,
+        };
+        Ok((call, req.into_inner()))
+    }
+
+    /// Names the session on the RPC's span (declared empty by the server).
+    pub(crate) fn session(&self, id: &str) {
+        // Recorded before the id is validated: clipped, like every echo.
+        tracing::Span::current().record("session_id", crate::clip::id(id).as_ref());
+    }
+
+    /// Where `err` says the session's live turn runs on another replica and
+    /// this call may go there: the owner's lease; otherwise the status the
+    /// call fails with (`fail` maps every other error).
+    fn owner<'f>(
+        &self,
+        forward: Option<&'f Forwarder>,
+        err: RuntimeError,
+        fail: impl FnOnce(RuntimeError) -> Status,
+    ) -> Result<(&'f Forwarder, Lease), Status> {
+        match (err, forward) {
+            // It moved since the forwarding replica read the lease: the
+            // caller retries (no second hop, so no loop between replicas).
+            (RuntimeError::Elsewhere(_), _) if self.forwarded => Err(Status::unavailable(
+                "the turn moved to another replica meanwhile; retry",
+            )),
+            (RuntimeError::Elsewhere(lease), Some(forward)) => Ok((forward, lease)),
+            (other, _) => Err(fail(other)),
+        }
+    }
+
+    /// The call's answer when the core refused it with `err`: for a turn
+    /// on another replica, `message` sent there with `send` (the same RPC
+    /// on the owner's client `P`) and its answer as the owner gave it;
+    /// otherwise `fail(err)`.
+    pub(crate) async fn forward_or<P, T, R, F, Fut>(
+        &self,
+        forward: Option<&Forwarder>,
+        err: RuntimeError,
+        fail: impl FnOnce(RuntimeError) -> Status,
+        message: T,
+        send: F,
+    ) -> Result<Response<R>, Status>
+    where
+        P: Peer,
+        F: FnOnce(P, Request<T>) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
+    {
+        let (forward, lease) = self.owner(forward, err, fail)?;
+        let answer = forward
+            .call(&lease, &self.who, self.deadline, message, send)
+            .await?;
+        Ok(Response::new(answer))
+    }
+
+    /// [`forward_or`](Self::forward_or) for a server-streaming RPC: the
+    /// owner's stream, its error status mapped as the forwarder maps it.
+    pub(crate) async fn forward_stream_or<P, T, I, F, Fut>(
+        &self,
+        forward: Option<&Forwarder>,
+        err: RuntimeError,
+        fail: impl FnOnce(RuntimeError) -> Status,
+        message: T,
+        send: F,
+    ) -> Result<Forwarded<I>, Status>
+    where
+        P: Peer,
+        F: FnOnce(P, Request<T>) -> Fut,
+        Fut: Future<Output = Result<Response<Streaming<I>>, Status>>,
+    {
+        let (forward, lease) = self.owner(forward, err, fail)?;
+        let items = forward
+            .call(&lease, &self.who, self.deadline, message, send)
+            .await?;
+        Ok(Forwarded::new(items, lease))
+    }
+}
