@@ -33,7 +33,7 @@ fn v1<T>(message: T) -> Request<T> {
 fn message(text: &str) -> a2a::SendMessageRequest {
     a2a::SendMessageRequest {
         message: Some(a2a::Message {
-            message_id: format!("m-{text}"),
+            message_id: format!("m-{}", text.replace(' ', "-")),
             role: a2a::Role::User as i32,
             parts: vec![a2a::Part {
                 content: Some(a2a::part::Content::Text(text.to_owned())),
