@@ -8,11 +8,11 @@ use std::future::Future;
 use std::time::Duration;
 
 use agentrt_runtime::RuntimeError;
-use agentrt_runtime::store::Lease;
+use agentrt_runtime::store::{Lease, Replica};
 use agentrt_runtime::types::Principal;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::cluster::{Forwarded, ForwardedCall, Forwarder, Peer};
+use crate::cluster::{Forwarded, ForwardedCall, Forwarder, Peer, To};
 
 /// One call's context; see the module docs.
 #[derive(Debug, Clone)]
@@ -85,7 +85,7 @@ impl Call {
     {
         let (forward, lease) = self.owner(forward, err, fail)?;
         let answer = forward
-            .call(&lease, &self.who, self.deadline, message, send)
+            .call(To::Owner(&lease), &self.who, self.deadline, message, send)
             .await?;
         Ok(Response::new(answer))
     }
@@ -107,8 +107,74 @@ impl Call {
     {
         let (forward, lease) = self.owner(forward, err, fail)?;
         let items = forward
-            .call(&lease, &self.who, self.deadline, message, send)
+            .call(To::Owner(&lease), &self.who, self.deadline, message, send)
             .await?;
         Ok(Forwarded::new(items, lease))
+    }
+}
+
+/// What an operator call did on the replicas it reached: per replica, its
+/// id and its answer.
+pub(crate) type Acted<R> = Vec<(String, R)>;
+
+impl Call {
+    /// Sends an operator call that acts cluster-wide to every replica in
+    /// `replicas` but this one (`own`), concurrently, with `send`; their
+    /// answers. Nothing is sent for a call another replica forwarded here
+    /// (it is that replica's fan-out), or without a forwarder. A replica
+    /// that cannot be reached fails the call with UNAVAILABLE naming it and
+    /// the replicas that did act (such calls are safe to repeat).
+    pub(crate) async fn on_other_replicas<P, T, R, F, Fut>(
+        &self,
+        forward: Option<&Forwarder>,
+        replicas: &[Replica],
+        own: Option<&str>,
+        message: &T,
+        send: F,
+    ) -> Result<Acted<R>, Status>
+    where
+        P: Peer,
+        T: Clone,
+        F: Fn(P, Request<T>) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
+    {
+        let Some(forward) = forward.filter(|_| !self.forwarded) else {
+            return Ok(Vec::new());
+        };
+        let calls = replicas
+            .iter()
+            .filter(|r| Some(r.id.as_str()) != own)
+            .map(|r| async {
+                let answer = forward
+                    .call(
+                        To::Replica(r),
+                        &self.who,
+                        self.deadline,
+                        message.clone(),
+                        &send,
+                    )
+                    .await;
+                (r.id.clone(), answer)
+            });
+        let mut acted = Vec::new();
+        let mut failed = Vec::new();
+        for (id, answer) in futures::future::join_all(calls).await {
+            match answer {
+                Ok(answer) => acted.push((id, answer)),
+                Err(status) => {
+                    failed.push(format!("{} ({})", crate::clip::id(&id), status.message()))
+                }
+            }
+        }
+        if failed.is_empty() {
+            return Ok(acted);
+        }
+        let mut done: Vec<&str> = acted.iter().map(|(id, _)| id.as_str()).collect();
+        done.extend(own);
+        Err(Status::unavailable(format!(
+            "acted on replicas [{}] but could not reach {}; the call is safe to repeat",
+            done.join(", "),
+            failed.join(", ")
+        )))
     }
 }

@@ -31,7 +31,7 @@ use crate::config::ClusterKey;
 
 mod forward;
 
-pub(crate) use forward::{Forwarded, Forwarder, Peer};
+pub(crate) use forward::{Forwarded, Forwarder, Peer, To};
 
 /// The metadata key every call between replicas carries the cluster key in.
 pub(crate) const KEY_HEADER: &str = "x-agentrt-cluster-key";

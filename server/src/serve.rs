@@ -212,7 +212,7 @@ impl Handlers {
         Self {
             sessions: SessionServiceHandler::new(runtime.clone()),
             runtime: AgentRuntimeHandler::with_forwarder(runtime.clone(), forward.clone()),
-            admin: RuntimeAdminHandler::new(runtime.clone()),
+            admin: RuntimeAdminHandler::with_forwarder(runtime.clone(), forward.clone()),
             a2a: A2aHandler::with_forwarder(
                 runtime.clone(),
                 crate::a2a::card::agent_card(config, addr, runtime),

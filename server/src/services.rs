@@ -2,11 +2,11 @@
 //! it: [`session_service`] (`SessionService`), [`agent_runtime`]
 //! (`AgentRuntime`) and [`runtime_admin`] (`RuntimeAdmin`).
 //!
-//! Every handler is thin — open the call ([`crate::call::Call`]: the
+//! Every handler is thin — open the call (`call::Call`: the
 //! principal, the deadline, the session on the span) → convert
 //! ([`crate::convert`]) → call the core → map the error ([`crate::status`]),
 //! or forward the same call to the replica that owns the session's live
-//! turn ([`crate::call::Call::forward_or`]) — so what a call does lives in
+//! turn (`Call::forward_or`) — so what a call does lives in
 //! the runtime core, and what it looks like on the wire lives in those two
 //! modules.
 

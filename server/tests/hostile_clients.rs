@@ -235,6 +235,9 @@ impl Store for PanickyStore {
     fn leases(&self) -> Option<&dyn Leases> {
         None
     }
+    fn cluster(&self) -> Option<&dyn agentrt_runtime::store::Cluster> {
+        None
+    }
 }
 
 #[tokio::test]

@@ -31,6 +31,7 @@ use crate::types::{CancelReason, ContentBlock, Principal, ThinkingLevel};
 mod admin;
 mod admission;
 mod caller_tools;
+mod cluster;
 mod compaction;
 mod context;
 mod control;
@@ -269,6 +270,18 @@ impl Runtime {
     ) -> Result<Self, RuntimeError> {
         let models = Selection::new(models, &config)?;
         recovery::recover(store.as_ref()).await?;
+        if let Some(cluster) = store.cluster() {
+            cluster::join(cluster).await;
+            // The operator's choice outlives restarts: taken before the
+            // first turn is admitted.
+            if let Some(stored) = cluster.default_model().await?
+                && let Err(err) = models.adopt(&stored)
+            {
+                tracing::error!(model = %stored.model, error = %err,
+                    "the cluster-wide default model is not served by this replica's \
+                     configuration; keeping the configured default");
+            }
+        }
         let shared = store.leases().is_some();
         let runtime = Self {
             inner: Arc::new(Inner {
@@ -286,6 +299,7 @@ impl Runtime {
         };
         admin::spawn_reaper(&runtime);
         leases::spawn_jobs(&runtime);
+        cluster::spawn_jobs(&runtime);
         // The gauges exist (at 0) before the first turn or watcher.
         let metrics = crate::telemetry::metrics::get();
         metrics.live_turns.add(0, &[]);
@@ -404,6 +418,7 @@ impl Runtime {
             })
             .await;
         inner.toolbox.close().await;
+        self.leave_cluster().await;
         if let Err(err) = inner.store.flush().await {
             tracing::error!(error = %err, "final store flush failed");
         }

@@ -21,6 +21,7 @@ use async_trait::async_trait;
 use crate::quota::WriteQuota;
 use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord};
 
+pub(crate) mod cluster;
 mod flusher;
 pub(crate) mod leases;
 mod memory;
@@ -34,6 +35,7 @@ pub(crate) mod sled;
 pub(crate) mod testing;
 
 pub use self::sled::SledStore;
+pub use cluster::{Cluster, DefaultModel, Replica};
 pub use leases::{Lease, LeaseKey, Leases};
 pub use memory::MemoryStore;
 pub use postgres::{PgConfig, PostgresStore};
@@ -468,6 +470,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// which then never refuses a turn as busy elsewhere. Required, so a
     /// new engine states which it is.
     fn leases(&self) -> Option<&dyn Leases>;
+
+    /// What the replicas of a shared store know of each other
+    /// ([`Cluster`]: heartbeats, the cluster-wide default model); `None`
+    /// for a store one process owns. Required, as [`Store::leases`].
+    fn cluster(&self) -> Option<&dyn Cluster>;
 
     /// Whether the store can take writes now (readiness, polled once a
     /// second). `Err(DiskFull)` while its disk is below the reserve (it

@@ -17,6 +17,7 @@ use agentrt_testkit::pg::TestDb;
 
 /// The tests, in `tests/postgres/`.
 mod postgres {
+    mod cluster;
     mod leases;
     mod measure;
     mod outage;

@@ -22,7 +22,7 @@ use std::time::Duration;
 use agentrt_proto::a2a::v1::a2a_service_client::A2aServiceClient;
 use agentrt_proto::v1::agent_runtime_client::AgentRuntimeClient;
 use agentrt_proto::v1::runtime_admin_client::RuntimeAdminClient;
-use agentrt_runtime::store::Lease;
+use agentrt_runtime::store::{Lease, Replica};
 use agentrt_runtime::types::Principal;
 use futures::Stream;
 use tonic::transport::{Channel, Endpoint};
@@ -60,34 +60,67 @@ fn unreachable(status: &Status) -> bool {
     status.code() == tonic::Code::Unavailable && std::error::Error::source(status).is_some()
 }
 
-/// The owner's status unchanged, or — when the owner could not be reached
-/// — UNAVAILABLE naming the replica.
-pub(crate) fn owner_status(lease: &Lease, status: Status) -> Status {
+/// Where a forwarded call goes: the replica owning a session's live turn,
+/// or a replica an operator call reaches.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum To<'a> {
+    /// The owner of a live turn, as its lease names it.
+    Owner(&'a Lease),
+    /// A live replica, as its heartbeat row names it.
+    Replica(&'a Replica),
+}
+
+impl To<'_> {
+    fn address(&self) -> &str {
+        match self {
+            Self::Owner(lease) => &lease.address,
+            Self::Replica(replica) => &replica.address,
+        }
+    }
+
+    fn replica_id(&self) -> &str {
+        match self {
+            Self::Owner(lease) => &lease.replica_id,
+            Self::Replica(replica) => &replica.id,
+        }
+    }
+
+    /// The start of a message about it: "… replica R, which".
+    fn which(&self) -> String {
+        match self {
+            Self::Owner(lease) => format!(
+                "the session's live turn {} runs on replica {}, which",
+                clip::id(&lease.turn_id),
+                clip::id(&lease.replica_id)
+            ),
+            Self::Replica(replica) => format!("replica {}, which", clip::id(&replica.id)),
+        }
+    }
+}
+
+/// The answering replica's status unchanged, or — when it could not be
+/// reached, or runs a version without the call — UNAVAILABLE naming it.
+pub(crate) fn peer_status(to: To<'_>, status: Status) -> Status {
     if status.code() == tonic::Code::Unimplemented && status.message().is_empty() {
-        // The owner's router knows no such service: a replica of another
-        // agentrt version, during a rolling upgrade.
+        // Its router knows no such service: a replica of another agentrt
+        // version, during a rolling upgrade.
         return Status::unavailable(format!(
-            "the session's live turn {} runs on replica {}, which runs an agentrt version \
-             that does not take this forwarded call; retry when the turn has ended",
-            clip::id(&lease.turn_id),
-            clip::id(&lease.replica_id)
+            "{} runs an agentrt version that does not take this forwarded call; retry when \
+             the rollout is over",
+            to.which()
         ));
     }
     if !unreachable(&status) {
-        // The owner's own error map bounds it; bounded again all the same.
+        // Its own error map bounds it; bounded again all the same.
         return clip::status(status);
     }
     tracing::warn!(
-        replica_id = %clip::id(&lease.replica_id),
-        address = %clip::id(&lease.address),
+        replica_id = %clip::id(to.replica_id()),
+        address = %clip::id(to.address()),
         error = %clip::message(status.message().to_owned()),
-        "cannot reach the replica that owns the session's live turn"
+        "cannot reach another replica"
     );
-    Status::unavailable(format!(
-        "the session's live turn {} runs on replica {}, which cannot be reached from here; retry",
-        clip::id(&lease.turn_id),
-        clip::id(&lease.replica_id)
-    ))
+    Status::unavailable(format!("{} cannot be reached from here; retry", to.which()))
 }
 
 impl Forwarder {
@@ -101,31 +134,30 @@ impl Forwarder {
         }
     }
 
-    /// The channel to `lease`'s owner: cached, or made (lazily connecting).
-    fn channel(&self, lease: &Lease) -> Result<Channel, Status> {
+    /// The channel to `to`: cached, or made (lazily connecting).
+    fn channel(&self, to: To<'_>) -> Result<Channel, Status> {
+        let address = to.address();
         let channel = {
             let mut cache = self.channels.lock().unwrap_or_else(|p| p.into_inner());
-            match cache.iter().position(|(a, _)| *a == lease.address) {
+            match cache.iter().position(|(a, _)| *a == address) {
                 Some(i) => {
                     let entry = cache.remove(i).expect("the position just found");
                     let channel = entry.1.clone();
                     cache.push_back(entry);
                     channel
                 }
-                None if lease.address == NO_LISTENER => {
+                None if address == NO_LISTENER => {
                     return Err(Status::unavailable(format!(
-                        "the session's live turn {} runs on replica {}, which has no cluster \
-                         listener to forward the call to; send it to that replica, or retry \
-                         when the turn has ended",
-                        clip::id(&lease.turn_id),
-                        clip::id(&lease.replica_id)
+                        "{} has no cluster listener to forward the call to; send it to that \
+                         replica, or retry when the turn has ended",
+                        to.which()
                     )));
                 }
                 None => {
-                    let endpoint = Endpoint::from_shared(lease.address.clone()).map_err(|_| {
+                    let endpoint = Endpoint::from_shared(address.to_owned()).map_err(|_| {
                         Status::unavailable(format!(
                             "replica {} advertises an address that is not a URL; retry later",
-                            clip::id(&lease.replica_id)
+                            clip::id(to.replica_id())
                         ))
                     })?;
                     let channel = endpoint
@@ -134,7 +166,7 @@ impl Forwarder {
                         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
                         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
                         .connect_lazy();
-                    cache.push_back((lease.address.clone(), channel.clone()));
+                    cache.push_back((address.to_owned(), channel.clone()));
                     while cache.len() > MAX_CHANNELS {
                         cache.pop_front();
                     }
@@ -145,12 +177,12 @@ impl Forwarder {
         Ok(channel)
     }
 
-    /// Sends `message` to `lease`'s owner as `who`, within `deadline`, with
-    /// `send` (the RPC on the owner's client `P`); the owner's answer, or
-    /// its status as [`owner_status`] says.
+    /// Sends `message` to `to` as `who`, within `deadline`, with `send`
+    /// (the RPC on its client `P`); its answer, or its status as
+    /// [`peer_status`] says.
     pub(crate) async fn call<P, T, R, F, Fut>(
         &self,
-        lease: &Lease,
+        to: To<'_>,
         who: &Principal,
         deadline: Option<Duration>,
         message: T,
@@ -161,7 +193,7 @@ impl Forwarder {
         F: FnOnce(P, Request<T>) -> Fut,
         Fut: Future<Output = Result<Response<R>, Status>>,
     {
-        let client = P::connect(self.channel(lease)?, self.max_message, MAX_ANSWER);
+        let client = P::connect(self.channel(to)?, self.max_message, MAX_ANSWER);
         let mut req = Request::new(message);
         sign(&mut req, &self.key, who);
         if let Some(left) = deadline {
@@ -170,7 +202,7 @@ impl Forwarder {
         send(client, req)
             .await
             .map(Response::into_inner)
-            .map_err(|s| owner_status(lease, s))
+            .map_err(|s| peer_status(to, s))
     }
 }
 
@@ -196,7 +228,7 @@ macro_rules! peer {
 peer!(AgentRuntimeClient, RuntimeAdminClient, A2aServiceClient);
 
 /// The owner's stream of a forwarded call: its items as they come, and its
-/// error status as [`owner_status`] says; dropping it cancels the call.
+/// error status as [`peer_status`] says; dropping it cancels the call.
 #[derive(Debug)]
 pub(crate) struct Forwarded<T> {
     items: Streaming<T>,
@@ -225,7 +257,7 @@ impl<T> Stream for Forwarded<T> {
         match Pin::new(&mut self.items).poll_next(cx) {
             Poll::Ready(Some(Err(status))) => {
                 self.done = true;
-                Poll::Ready(Some(Err(owner_status(&self.lease, status))))
+                Poll::Ready(Some(Err(peer_status(To::Owner(&self.lease), status))))
             }
             other => other,
         }
@@ -254,11 +286,11 @@ mod tests {
     async fn the_channel_cache_is_bounded_and_keeps_the_recently_used() {
         let key = WireKey::new(&ClusterKey::new("k")).unwrap();
         let f = Forwarder::new(key, 1 << 20);
-        f.channel(&lease("http://127.0.0.1:1")).unwrap();
+        f.channel(To::Owner(&lease("http://127.0.0.1:1"))).unwrap();
         for port in 2..=(MAX_CHANNELS as u16 + 5) {
             // Touch the first one now and then: it must survive.
-            f.channel(&lease("http://127.0.0.1:1")).unwrap();
-            f.channel(&lease(&format!("http://127.0.0.1:{port}")))
+            f.channel(To::Owner(&lease("http://127.0.0.1:1"))).unwrap();
+            f.channel(To::Owner(&lease(&format!("http://127.0.0.1:{port}"))))
                 .unwrap();
         }
         let cache = f.channels.lock().unwrap();
@@ -280,7 +312,7 @@ mod tests {
         let who = Principal::local();
         let err = f
             .call(
-                &lease(&format!("http://127.0.0.1:{port}")),
+                To::Owner(&lease(&format!("http://127.0.0.1:{port}"))),
                 &who,
                 Some(Duration::from_secs(5)),
                 pb::StopSessionRequest {
@@ -293,7 +325,10 @@ mod tests {
         assert_eq!(err.code(), tonic::Code::Unavailable);
         assert!(err.message().contains("replica r-1"), "{}", err.message());
         assert!(!err.message().contains("sekrit"), "{}", err.message());
-        let bad = f.channel(&lease("not a url")).err().map(|s| s.code());
+        let bad = f
+            .channel(To::Owner(&lease("not a url")))
+            .err()
+            .map(|s| s.code());
         assert_eq!(bad, Some(tonic::Code::Unavailable));
     }
 }

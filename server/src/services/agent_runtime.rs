@@ -3,7 +3,7 @@
 //! the trailing status the contract asks for. A call the core answers with
 //! `RuntimeError::Elsewhere` (the session's live turn runs on another
 //! replica) goes to that replica — the same RPC, named in its handler's
-//! error arm ([`Call::forward_or`]) — and its answer, a stream included,
+//! error arm (`Call::forward_or`) — and its answer, a stream included,
 //! comes back unchanged.
 use std::pin::Pin;
 use std::sync::Arc;
@@ -12,15 +12,17 @@ use std::task::{Context, Poll};
 use agentrt_proto::v1 as pb;
 use agentrt_proto::v1::agent_runtime_client::AgentRuntimeClient;
 use agentrt_proto::v1::agent_runtime_server::AgentRuntime;
-use agentrt_runtime::Runtime;
 use agentrt_runtime::events::{ErrorCode, EventKind};
 use agentrt_runtime::runtime::TurnStream;
-use futures::Stream;
+use agentrt_runtime::store::Lease;
+use agentrt_runtime::{Runtime, RuntimeError};
+use futures::{Stream, StreamExt as _};
+use std::future::Future;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::call::Call;
-use crate::cluster::{Forwarded, Forwarder};
+use crate::cluster::{Forwarded, Forwarder, To};
 use crate::convert;
 use crate::status::{from_runtime, trailing_status};
 
@@ -59,8 +61,15 @@ pub struct ChatEvents(Source);
 enum Source {
     /// A turn of this replica.
     Local(LocalEvents),
+    /// A wait for the next turn that another replica admitted: the
+    /// Subscribe being sent there.
+    Following(Following),
     /// The owner's stream; dropping it cancels the forwarded call.
-    Forwarded(Forwarded<pb::ChatEvent>),
+    Forwarded(futures::stream::Peekable<Forwarded<pb::ChatEvent>>),
+    /// The events of a turn followed to another replica.
+    Followed(Box<ChatEvents>),
+    /// Ended.
+    Done,
 }
 
 /// A turn of this replica as events.
@@ -70,21 +79,86 @@ struct LocalEvents {
     error: Option<(ErrorCode, String)>,
     trailer: Option<Status>,
     done: bool,
+    /// How to follow the next turn to the replica that admitted it (a
+    /// `Subscribe` with `wait_for_turn` on a replica that can forward).
+    follow: Option<Follow>,
+    /// Set when the wait ended because another replica admitted the turn.
+    moved: Option<Lease>,
+}
+
+/// What a waiting Subscribe needs to follow the next turn elsewhere.
+#[derive(Debug)]
+pub(crate) struct Follow {
+    runtime: Runtime,
+    forward: Arc<Forwarder>,
+    call: Call,
+    session_id: String,
+    after_seq: u64,
+}
+
+impl Follow {
+    /// The same watch, on the replica `lease` names (the turn is live
+    /// there: no wait) — or, when it ended before the watch got there, its
+    /// stored events.
+    async fn start(self, lease: Lease) -> Result<ChatEvents, Status> {
+        let request = pb::SubscribeRequest {
+            session_id: self.session_id.clone(),
+            after_seq: self.after_seq,
+            wait_for_turn: false,
+        };
+        let turn_id = lease.turn_id.clone();
+        let items = self
+            .forward
+            .call(
+                To::Owner(&lease),
+                &self.call.who,
+                self.call.deadline,
+                request,
+                |mut c: Owner, r| async move { c.subscribe(r).await },
+            )
+            .await?;
+        let mut events = Forwarded::new(items, lease).peekable();
+        if Pin::new(&mut events).peek().await.is_some() {
+            return Ok(ChatEvents(Source::Forwarded(events)));
+        }
+        // Nothing live there any more: the turn ended meanwhile.
+        let replayed = self
+            .runtime
+            .replay_finished(&self.call.who, &self.session_id, &turn_id)
+            .await
+            .map_err(from_runtime)?;
+        Ok(ChatEvents::new(replayed))
+    }
+}
+
+/// The Subscribe under way to the replica that admitted the next turn.
+struct Following(Pin<Box<dyn Future<Output = Result<ChatEvents, Status>> + Send>>);
+
+impl std::fmt::Debug for Following {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Following")
+    }
 }
 
 impl ChatEvents {
     pub(crate) fn new(turn: Option<TurnStream>) -> Self {
+        Self::local(turn, None)
+    }
+
+    fn local(turn: Option<TurnStream>, follow: Option<Follow>) -> Self {
         Self(Source::Local(LocalEvents {
             done: turn.is_none(),
             turn,
             error: None,
             trailer: None,
+            follow,
+            moved: None,
         }))
     }
 
     /// The events of a call forwarded to the turn's owner.
     pub(crate) fn forwarded(events: Forwarded<pb::ChatEvent>) -> Self {
-        Self(Source::Forwarded(events))
+        Self(Source::Forwarded(events.peekable()))
     }
 }
 
@@ -92,9 +166,36 @@ impl Stream for ChatEvents {
     type Item = Result<pb::ChatEvent, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        match &mut self.0 {
-            Source::Local(local) => local.poll_next(cx),
-            Source::Forwarded(events) => Pin::new(events).poll_next(cx),
+        loop {
+            match &mut self.0 {
+                Source::Local(local) => {
+                    let polled = local.poll_next(cx);
+                    let Some(lease) = local.moved.take() else {
+                        return polled;
+                    };
+                    self.0 = match local.follow.take() {
+                        Some(follow) => Source::Following(Following(Box::pin(follow.start(lease)))),
+                        None => {
+                            // A replica that cannot forward (no [cluster]).
+                            self.0 = Source::Done;
+                            return Poll::Ready(Some(Err(from_runtime(RuntimeError::Elsewhere(
+                                lease,
+                            )))));
+                        }
+                    };
+                }
+                Source::Following(following) => match following.0.as_mut().poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(events)) => self.0 = Source::Followed(Box::new(events)),
+                    Poll::Ready(Err(status)) => {
+                        self.0 = Source::Done;
+                        return Poll::Ready(Some(Err(status)));
+                    }
+                },
+                Source::Forwarded(events) => return Pin::new(events).poll_next(cx),
+                Source::Followed(events) => return Pin::new(&mut **events).poll_next(cx),
+                Source::Done => return Poll::Ready(None),
+            }
         }
     }
 }
@@ -107,6 +208,12 @@ impl LocalEvents {
         };
         match Pin::new(&mut *turn).poll_next(cx) {
             Poll::Pending => Poll::Pending,
+            Poll::Ready(None) if turn.moved_to().is_some() => {
+                // Followed there by `ChatEvents`.
+                this.done = true;
+                this.moved = turn.moved_to().cloned();
+                Poll::Ready(None)
+            }
             Poll::Ready(None) if turn.session_deleted() => {
                 this.done = true;
                 Poll::Ready(Some(Err(Status::not_found(
@@ -194,7 +301,20 @@ impl AgentRuntime for AgentRuntimeHandler {
             .subscribe(&call.who, &r.session_id, r.after_seq, r.wait_for_turn)
             .await;
         match subscribed {
-            Ok(turn) => Ok(Response::new(ChatEvents::new(turn))),
+            Ok(turn) => {
+                let follow = self
+                    .forward
+                    .as_ref()
+                    .filter(|_| r.wait_for_turn)
+                    .map(|forward| Follow {
+                        runtime: self.runtime.clone(),
+                        forward: Arc::clone(forward),
+                        call: call.clone(),
+                        session_id: r.session_id.clone(),
+                        after_seq: r.after_seq,
+                    });
+                Ok(Response::new(ChatEvents::local(turn, follow)))
+            }
             Err(err) => call
                 .forward_stream_or(
                     self.forwarder(),

@@ -1,14 +1,27 @@
 //! `agentrt.v1.RuntimeAdmin`: operator calls, admin principals only (the
 //! core refuses others with PERMISSION_DENIED).
+//!
+//! With several replicas, `ResetRunners` and `InvalidateRunners` act here
+//! and then on every other live replica (the same call, sent to each
+//! one's internal listener; a call that arrived so acts only where it
+//! arrived); `SetDefaultModel` is stored by the core and every replica
+//! applies it; `Drain` acts on this replica. Each response names the
+//! replicas it acted on.
 
 use std::time::Duration;
 
 use agentrt_proto::v1 as pb;
+use agentrt_proto::v1::runtime_admin_client::RuntimeAdminClient;
 use agentrt_proto::v1::runtime_admin_server::RuntimeAdmin;
 use agentrt_runtime::Runtime;
+use agentrt_runtime::store::Replica;
+use std::future::Future;
+use std::sync::Arc;
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-use crate::call::Call;
+use crate::call::{Acted, Call};
+use crate::cluster::Forwarder;
 use crate::convert;
 use crate::status::from_runtime;
 
@@ -17,16 +30,80 @@ const DEFAULT_DRAIN: Duration = Duration::from_secs(30);
 /// Longest `Drain` wait accepted.
 const MAX_DRAIN: Duration = Duration::from_secs(3600);
 
+/// The other replicas' client, the one cluster-wide calls go through.
+type Peer = RuntimeAdminClient<Channel>;
+
 /// The `RuntimeAdmin` implementation.
 #[derive(Debug, Clone)]
 pub struct RuntimeAdminHandler {
     runtime: Runtime,
+    /// Reaches the other replicas (`[cluster]`).
+    forward: Option<Arc<Forwarder>>,
 }
 
 impl RuntimeAdminHandler {
     /// Administers `runtime`.
     pub fn new(runtime: Runtime) -> Self {
-        Self { runtime }
+        Self::with_forwarder(runtime, None)
+    }
+
+    /// Administers `runtime` and, with `forward`, the other live replicas.
+    pub(crate) fn with_forwarder(runtime: Runtime, forward: Option<Arc<Forwarder>>) -> Self {
+        Self { runtime, forward }
+    }
+
+    /// The live replicas a cluster-wide call reaches (none on a store one
+    /// process owns).
+    async fn replicas(&self, call: &Call) -> Result<Vec<Replica>, Status> {
+        self.runtime
+            .live_replicas(&call.who)
+            .await
+            .map_err(from_runtime)
+    }
+
+    /// `message` sent with `send` to every other live replica (see
+    /// [`Call::on_other_replicas`]): the count each reported.
+    async fn everywhere<T, F, Fut>(
+        &self,
+        call: &Call,
+        message: &T,
+        send: F,
+    ) -> Result<Acted<u32>, Status>
+    where
+        T: Clone,
+        F: Fn(Peer, Request<T>) -> Fut,
+        Fut: Future<Output = Result<Response<u32>, Status>>,
+    {
+        let replicas = self.replicas(call).await?;
+        call.on_other_replicas(
+            self.forward.as_deref(),
+            &replicas,
+            self.runtime.replica_id(),
+            message,
+            send,
+        )
+        .await
+    }
+
+    /// The count `here` plus the others', and the replicas that acted
+    /// (this one first).
+    fn summed(&self, here: usize, others: Acted<u32>) -> (u32, Vec<String>) {
+        let mut total = count(here);
+        let mut replica_ids = self.own();
+        for (id, theirs) in others {
+            total = total.saturating_add(theirs);
+            replica_ids.push(id);
+        }
+        (total, replica_ids)
+    }
+
+    /// This replica's id, as responses name it (none on a single process).
+    fn own(&self) -> Vec<String> {
+        self.runtime
+            .replica_id()
+            .map(str::to_owned)
+            .into_iter()
+            .collect()
     }
 }
 
@@ -41,13 +118,21 @@ impl RuntimeAdmin for RuntimeAdminHandler {
         req: Request<pb::ResetRunnersRequest>,
     ) -> Result<Response<pb::ResetRunnersResponse>, Status> {
         let (call, r) = Call::open(req)?;
-        let user = r.user_id;
-        let user = (!user.is_empty()).then_some(user);
+        let user = (!r.user_id.is_empty()).then(|| r.user_id.clone());
         let n = self
             .runtime
             .reset_runners(&call.who, user.as_deref())
             .map_err(from_runtime)?;
-        Ok(Response::new(pb::ResetRunnersResponse { count: count(n) }))
+        let others = self
+            .everywhere(&call, &r, |mut c: Peer, r| async move {
+                c.reset_runners(r).await.map(|a| a.map(|a| a.count))
+            })
+            .await?;
+        let (count, replica_ids) = self.summed(n, others);
+        Ok(Response::new(pb::ResetRunnersResponse {
+            count,
+            replica_ids,
+        }))
     }
 
     async fn set_default_model(
@@ -59,9 +144,20 @@ impl RuntimeAdmin for RuntimeAdminHandler {
         let previous_model = self
             .runtime
             .set_default_model(&call.who, &r.model, thinking)
+            .await
             .map_err(from_runtime)?;
+        let mut replica_ids: Vec<String> = self
+            .replicas(&call)
+            .await?
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        if replica_ids.is_empty() {
+            replica_ids = self.own();
+        }
         Ok(Response::new(pb::SetDefaultModelResponse {
             previous_model,
+            replica_ids,
         }))
     }
 
@@ -69,13 +165,20 @@ impl RuntimeAdmin for RuntimeAdminHandler {
         &self,
         req: Request<pb::InvalidateRunnersRequest>,
     ) -> Result<Response<pb::InvalidateRunnersResponse>, Status> {
-        let (call, _) = Call::open(req)?;
+        let (call, r) = Call::open(req)?;
         let n = self
             .runtime
             .invalidate_runners(&call.who)
             .map_err(from_runtime)?;
+        let others = self
+            .everywhere(&call, &r, |mut c: Peer, r| async move {
+                c.invalidate_runners(r).await.map(|a| a.map(|a| a.count))
+            })
+            .await?;
+        let (count, replica_ids) = self.summed(n, others);
         Ok(Response::new(pb::InvalidateRunnersResponse {
-            count: count(n),
+            count,
+            replica_ids,
         }))
     }
 
@@ -95,6 +198,7 @@ impl RuntimeAdmin for RuntimeAdminHandler {
             .map_err(from_runtime)?;
         Ok(Response::new(pb::DrainResponse {
             remaining: count(remaining),
+            replica_ids: self.own(),
         }))
     }
 

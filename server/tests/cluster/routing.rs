@@ -1,6 +1,7 @@
 //! Calls for a live turn work on any replica: the one that does not own
 //! the turn forwards to the owner (StopSession, Subscribe,
-//! SubmitToolResult, GetSessionStatus).
+//! SubmitToolResult, GetSessionStatus), and a watcher waiting for the next
+//! turn follows it to the replica that admitted it.
 
 use std::time::{Duration, Instant};
 
@@ -176,4 +177,44 @@ async fn a_tool_result_submitted_to_a_third_replica_reaches_the_turn() {
     assert_eq!(results.len(), 1);
     assert_eq!(results[0].content, "forty-two");
     assert!(!results[0].is_error);
+}
+
+#[tokio::test]
+async fn a_watcher_waiting_on_one_replica_follows_the_next_turn_admitted_on_another() {
+    let _serial = serial().await;
+    let Some(cluster) = Cluster::start(2).await else {
+        return;
+    };
+    let session = cluster.session().await;
+    // Nothing is live: B's watcher waits for the session's next turn.
+    let mut watch = cluster
+        .client(B)
+        .subscribe(&session, 0, true)
+        .await
+        .unwrap();
+    let mut events = cluster
+        .client(A)
+        .chat_with(text_request(&session, "hold next 2"))
+        .await
+        .unwrap();
+    let mut seen = read_until(&mut events, Duration::from_secs(10), is_text).await;
+    // The turn is held until the watcher on B has followed it to A.
+    let mut watched = read_until(&mut watch, Duration::from_secs(10), is_text).await;
+    cluster.upstream.release("next");
+    let rest = finish(events, Duration::from_secs(10)).await;
+    seen.extend(rest.events);
+    watched.extend(finish(watch, Duration::from_secs(10)).await.events);
+    assert_contiguous(&watched, "the waiting watcher");
+    assert_eq!(
+        watched.last().and_then(finished),
+        Some((
+            proto::TurnOutcome::Success,
+            proto::CancelReason::Unspecified
+        )),
+        "followed to turn_finished"
+    );
+    assert_eq!(
+        watched, seen,
+        "the watcher on B saw the turn admitted on A, from its first event"
+    );
 }

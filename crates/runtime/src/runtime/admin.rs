@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use super::Runtime;
 use crate::error::RuntimeError;
-use crate::types::{Principal, ThinkingLevel};
+use crate::types::Principal;
 
 /// Runtime-wide numbers for `GetRuntimeStats`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,7 +25,7 @@ pub struct RuntimeStats {
     pub default_model: String,
 }
 
-fn require_admin(who: &Principal) -> Result<(), RuntimeError> {
+pub(super) fn require_admin(who: &Principal) -> Result<(), RuntimeError> {
     if who.admin {
         Ok(())
     } else {
@@ -87,19 +87,6 @@ impl Runtime {
     /// Marks every runner for rebuild before its next turn.
     pub fn invalidate_runners(&self, who: &Principal) -> Result<usize, RuntimeError> {
         self.reset_runners(who, None)
-    }
-
-    /// Sets the default model and thinking level for turns admitted from
-    /// now on. Returns the previous model.
-    pub fn set_default_model(
-        &self,
-        who: &Principal,
-        model: &str,
-        thinking: Option<ThinkingLevel>,
-    ) -> Result<String, RuntimeError> {
-        require_admin(who)?;
-        crate::limits::check_model_name("model", model)?;
-        self.inner.models.set_defaults(model, thinking, "model")
     }
 
     /// Stops admitting turns and waits, at most `timeout`, until none is

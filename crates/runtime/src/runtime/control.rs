@@ -39,7 +39,9 @@ impl Runtime {
         }
         self.not_elsewhere(session_id).await?;
         // Nothing is live anywhere: a wait for the next turn waits for one
-        // admitted on this replica only.
+        // admitted here, or — on a shared store — until another replica
+        // admits it (`cluster::NextTurns`; the stream then ends saying
+        // where, see `TurnStream::moved_to`).
         if !wait_for_turn {
             return Ok(None);
         }

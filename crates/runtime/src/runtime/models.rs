@@ -27,6 +27,9 @@ pub(crate) struct Resolved {
 pub(crate) struct Defaults {
     pub(crate) model: String,
     pub(crate) thinking: Option<ThinkingLevel>,
+    /// The version of the cluster-wide setting these are (0: the
+    /// configuration's, or set on a store one process owns).
+    pub(crate) version: i64,
 }
 
 /// The runtime's models (see the module docs). Its one lock guards the
@@ -65,6 +68,7 @@ impl Selection {
             defaults: Mutex::new(Defaults {
                 model: config.default_model.clone(),
                 thinking: config.default_thinking,
+                version: 0,
             }),
             fast,
         })
@@ -98,6 +102,26 @@ impl Selection {
         let previous = std::mem::replace(&mut defaults.model, model.to_owned());
         defaults.thinking = thinking;
         Ok(previous)
+    }
+
+    /// Takes the cluster-wide default `stored` unless these defaults are
+    /// already that version or a newer one; returns the previous default
+    /// model when it took it. A model this replica cannot resolve is not
+    /// taken (its configuration lacks the provider): `Err` says so.
+    pub(crate) fn adopt(
+        &self,
+        stored: &crate::store::DefaultModel,
+    ) -> Result<Option<String>, RuntimeError> {
+        let mut defaults = lock(&self.defaults);
+        if stored.version <= defaults.version {
+            return Ok(None);
+        }
+        // Marked seen either way: an unresolvable version is reported once.
+        defaults.version = stored.version;
+        self.resolve(&stored.model, "model")?;
+        let previous = std::mem::replace(&mut defaults.model, stored.model.clone());
+        defaults.thinking = stored.thinking;
+        Ok(Some(previous))
     }
 
     /// The model and thinking level of a turn in `session`: the call's

@@ -322,7 +322,7 @@ impl Runtime {
         let _reserved = self.inner.slots.reserve_delete(session_id);
         self.inner
             .slots
-            .end_waiters(session_id, WaitEnded::SessionDeleted);
+            .end_waiters(session_id, &WaitEnded::SessionDeleted);
         match self
             .cancel_live(&session, CancelReason::SessionDeleted, DELETE_STOP_WAIT)
             .await

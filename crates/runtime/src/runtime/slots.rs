@@ -135,10 +135,13 @@ impl LiveTurn {
 pub(crate) type Wake = Result<Arc<LiveTurn>, WaitEnded>;
 
 /// Why a waiting watcher's wait ended without a turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum WaitEnded {
     /// The session was deleted.
     SessionDeleted,
+    /// The session's next turn was admitted on another replica (a shared
+    /// store): its lease says where.
+    Elsewhere(crate::store::Lease),
 }
 
 /// A `Subscribe(wait_for_turn)` caller.
@@ -355,11 +358,21 @@ impl Slots {
     }
 
     /// Ends every watcher waiting for a turn of session `session_id`.
-    pub(crate) fn end_waiters(&self, session_id: &str, why: WaitEnded) {
+    pub(crate) fn end_waiters(&self, session_id: &str, why: &WaitEnded) {
         let waiting = lock(&self.table).waiters.remove(session_id);
         for waiter in waiting.into_iter().flatten() {
-            let _ = waiter.tx.send(Err(why));
+            let _ = waiter.tx.send(Err(why.clone()));
         }
+    }
+
+    /// The sessions someone waits on for a next turn (open waits only).
+    pub(crate) fn waited_sessions(&self) -> Vec<String> {
+        let mut table = lock(&self.table);
+        table.waiters.retain(|_, list| {
+            list.retain(|w| !w.tx.is_closed());
+            !list.is_empty()
+        });
+        table.waiters.keys().cloned().collect()
     }
 
     /// Ends every waiting watcher (shutdown: no next turn will come).

@@ -115,9 +115,9 @@ pub struct TurnStream {
     /// Cancelled with `ClientGone` if dropped before the final event.
     cancel_on_drop: Option<Arc<LiveTurn>>,
     finished: bool,
-    /// Set when a wait for the next turn ended because the session was
-    /// deleted.
-    session_deleted: bool,
+    /// Why a wait for the next turn ended without one here (the session
+    /// was deleted, or its turn was admitted on another replica).
+    wait_ended: Option<WaitEnded>,
     /// Counts a watching stream in `agentrt.watchers` while it is open.
     _watcher: Option<crate::telemetry::metrics::LiveGuard>,
 }
@@ -136,7 +136,7 @@ impl TurnStream {
             source: Source::Own(rx),
             cancel_on_drop: (on_disconnect == OnDisconnect::Cancel).then_some(live),
             finished: false,
-            session_deleted: false,
+            wait_ended: None,
             _watcher: None,
         }
     }
@@ -154,7 +154,7 @@ impl TurnStream {
             source: Source::Watch(watch),
             cancel_on_drop: None,
             finished: false,
-            session_deleted: false,
+            wait_ended: None,
             _watcher: Some(crate::telemetry::metrics::LiveGuard::watcher()),
         }
     }
@@ -166,7 +166,7 @@ impl TurnStream {
             source: Source::Waiting { rx, after_seq },
             cancel_on_drop: None,
             finished: false,
-            session_deleted: false,
+            wait_ended: None,
             _watcher: Some(crate::telemetry::metrics::LiveGuard::watcher()),
         }
     }
@@ -182,7 +182,7 @@ impl TurnStream {
             source: Source::Replay(events.into()),
             cancel_on_drop: None,
             finished: false,
-            session_deleted: false,
+            wait_ended: None,
             _watcher: None,
         }
     }
@@ -205,7 +205,17 @@ impl TurnStream {
     /// True when the stream ended without a turn because the session was
     /// deleted while it waited for one (`Subscribe` with `wait_for_turn`).
     pub fn session_deleted(&self) -> bool {
-        self.session_deleted
+        self.wait_ended == Some(WaitEnded::SessionDeleted)
+    }
+
+    /// Where the session's next turn runs when this stream, waiting for it
+    /// (`Subscribe` with `wait_for_turn`), ended because another replica
+    /// admitted it: follow it there.
+    pub fn moved_to(&self) -> Option<&crate::store::Lease> {
+        match &self.wait_ended {
+            Some(WaitEnded::Elsewhere(lease)) => Some(lease),
+            Some(WaitEnded::SessionDeleted) | None => None,
+        }
     }
 }
 
@@ -225,8 +235,8 @@ impl Stream for TurnStream {
                 Source::Waiting { rx, after_seq } => match Pin::new(rx).poll(cx) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Err(_)) => return Poll::Ready(None),
-                    Poll::Ready(Ok(Err(WaitEnded::SessionDeleted))) => {
-                        this.session_deleted = true;
+                    Poll::Ready(Ok(Err(ended))) => {
+                        this.wait_ended = Some(ended);
                         return Poll::Ready(None);
                     }
                     Poll::Ready(Ok(Ok(live))) => {

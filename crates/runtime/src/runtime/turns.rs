@@ -2,9 +2,10 @@
 //! that name a turn after it was admitted (the A2A binding's tasks).
 
 use super::Runtime;
+use super::TurnStream;
 use crate::error::RuntimeError;
 use crate::limits::{MAX_ID_BYTES, check_short, validate_session_id};
-use crate::types::{Message, Principal, TurnRecord};
+use crate::types::{Message, Principal, TurnRecord, TurnStatus};
 
 /// Most messages read for one turn (a turn's messages are contiguous in
 /// history, from its user message on).
@@ -46,5 +47,27 @@ impl Runtime {
             .collect();
         record.session_id = super::keys::client_id(&record.session_id).to_owned();
         Ok(Some(TurnDetail { record, messages }))
+    }
+
+    /// The events of finished turn `turn_id` of one of `who`'s sessions,
+    /// rebuilt from the store (as a retried request's are); `None` while
+    /// it still runs, or when there is no such turn. For a watcher that
+    /// followed a turn to another replica and arrived after its end.
+    pub async fn replay_finished(
+        &self,
+        who: &Principal,
+        session_id: &str,
+        turn_id: &str,
+    ) -> Result<Option<TurnStream>, RuntimeError> {
+        validate_session_id("session_id", session_id)?;
+        check_short("turn_id", turn_id, MAX_ID_BYTES)?;
+        let key = self.owned_session(who, session_id).await?.id;
+        let store = self.inner.store.as_ref();
+        match store.get_turn(&key, turn_id).await? {
+            Some(record) if record.status != TurnStatus::Running => {
+                Ok(Some(super::replay::replay_turn(store, record).await?))
+            }
+            Some(_) | None => Ok(None),
+        }
     }
 }

@@ -60,6 +60,11 @@ pub trait Leases: Send + Sync + std::fmt::Debug {
     /// replica).
     async fn lease(&self, session_id: &str) -> Result<Option<Lease>, StoreError>;
 
+    /// The unexpired leases of those of `session_ids` that have one, with
+    /// their session id (one statement, for the watchers waiting on these
+    /// sessions' next turns).
+    async fn leases_of(&self, session_ids: &[String]) -> Result<Vec<(String, Lease)>, StoreError>;
+
     /// Extends this replica's leases of `turns` by the store's lease time;
     /// returns the turn ids whose lease this replica no longer holds (those
     /// turns must stop and store nothing more).

@@ -363,6 +363,10 @@ impl Store for MemoryStore {
     fn leases(&self) -> Option<&dyn Leases> {
         None
     }
+
+    fn cluster(&self) -> Option<&dyn super::cluster::Cluster> {
+        None
+    }
 }
 
 #[cfg(test)]

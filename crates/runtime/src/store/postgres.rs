@@ -45,6 +45,7 @@ use super::{
 use crate::quota::WriteQuota;
 use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord};
 
+mod cluster;
 pub(crate) mod codec;
 mod error;
 mod history;
@@ -364,6 +365,10 @@ impl Store for PostgresStore {
         Some(self)
     }
 
+    fn cluster(&self) -> Option<&dyn super::cluster::Cluster> {
+        Some(self)
+    }
+
     /// `SELECT 1` within the connect timeout.
     async fn ping(&self) -> Result<(), StoreError> {
         let probe = async {
@@ -388,6 +393,10 @@ impl Leases for PostgresStore {
 
     async fn lease(&self, session_id: &str) -> Result<Option<Lease>, StoreError> {
         self.live_lease(session_id).await
+    }
+
+    async fn leases_of(&self, session_ids: &[String]) -> Result<Vec<(String, Lease)>, StoreError> {
+        self.live_leases(session_ids).await
     }
 
     async fn renew_leases(&self, turns: &[LeaseKey]) -> Result<Vec<String>, StoreError> {

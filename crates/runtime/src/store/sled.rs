@@ -431,6 +431,10 @@ impl Store for SledStore {
         None
     }
 
+    fn cluster(&self) -> Option<&dyn super::cluster::Cluster> {
+        None
+    }
+
     /// The reserve and the failed state (`disk.rs`): a statvfs, no write.
     async fn ping(&self) -> Result<(), StoreError> {
         self.disk.admit()

@@ -187,6 +187,9 @@ impl Store for Shared {
     fn leases(&self) -> Option<&dyn Leases> {
         Some(self)
     }
+    fn cluster(&self) -> Option<&dyn crate::store::Cluster> {
+        None
+    }
     async fn ping(&self) -> Result<(), StoreError> {
         if self.down.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable("the test cut the database".into()));
@@ -202,6 +205,13 @@ impl Leases for Shared {
     }
     async fn lease(&self, session_id: &str) -> Result<Option<Lease>, StoreError> {
         Ok(lock(&self.leases).get(session_id).cloned())
+    }
+    async fn leases_of(&self, session_ids: &[String]) -> Result<Vec<(String, Lease)>, StoreError> {
+        let leases = lock(&self.leases);
+        Ok(session_ids
+            .iter()
+            .filter_map(|id| leases.get(id).map(|l| (id.clone(), l.clone())))
+            .collect())
     }
     async fn renew_leases(&self, turns: &[LeaseKey]) -> Result<Vec<String>, StoreError> {
         if !turns.is_empty() {

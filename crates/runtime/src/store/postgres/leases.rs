@@ -32,6 +32,30 @@ impl PostgresStore {
             .transpose()
     }
 
+    pub(super) async fn live_leases(
+        &self,
+        session_ids: &[String],
+    ) -> Result<Vec<(String, Lease)>, StoreError> {
+        if session_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let client = self.client().await?;
+        let sql = "SELECT id, lease_replica, lease_address, lease_turn, lease_expires \
+                   FROM sessions WHERE id = ANY($1) AND lease_turn IS NOT NULL \
+                   AND lease_expires > clock_timestamp()";
+        let rows = codec::rows(&client, sql, &[&session_ids]).await?;
+        rows.iter()
+            .map(|row| {
+                let id: String = row.try_get("id").map_err(|e| StoreError::Corrupt {
+                    key: "sessions/?".to_owned(),
+                    reason: format!("column id: {e}"),
+                })?;
+                let lease = codec::lease(&id, row)?;
+                Ok((id, lease))
+            })
+            .collect()
+    }
+
     /// One statement: this replica's unexpired leases of `keys` are
     /// extended to the lease time from now; the turn ids not extended.
     pub(super) async fn renew(&self, keys: &[LeaseKey]) -> Result<Vec<String>, StoreError> {

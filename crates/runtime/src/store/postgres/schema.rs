@@ -18,6 +18,7 @@ use crate::store::StoreError;
 const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("migrations/0001_initial.sql")),
     (2, include_str!("migrations/0002_quotas.sql")),
+    (3, include_str!("migrations/0003_replicas.sql")),
 ];
 
 /// The advisory lock key held while migrating ("agentrt\0" as a number).

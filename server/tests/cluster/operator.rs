@@ -1,0 +1,142 @@
+//! Operator calls on several replicas: `SetDefaultModel` sent to one
+//! replica is stored and reaches every other (and outlives restarts);
+//! `ResetRunners` and `InvalidateRunners` act on every live replica and
+//! name them; `Drain` names the one it drained.
+
+use std::time::{Duration, Instant};
+
+use agentrt_client::{ChatEvent, proto};
+
+use super::harness::{Cluster, finish, read_until, serial, text_request};
+
+const A: usize = 0;
+const B: usize = 1;
+
+/// The model of the next turn `cluster`'s replica `i` admits on a new
+/// session.
+async fn model_of_next_turn(cluster: &Cluster, i: usize) -> String {
+    let session = cluster.session().await;
+    let mut events = cluster
+        .client(i)
+        .chat_with(text_request(&session, "which model"))
+        .await
+        .unwrap();
+    let seen = read_until(&mut events, Duration::from_secs(10), |e| {
+        matches!(e.kind, ChatEvent::TurnStarted(_))
+    })
+    .await;
+    let model = match &seen.last().unwrap().kind {
+        ChatEvent::TurnStarted(started) => started.model.clone(),
+        other => unreachable!("read_until stops at TurnStarted, got {other:?}"),
+    };
+    finish(events, Duration::from_secs(10)).await;
+    model
+}
+
+/// Waits (at most `within`) until replica `i` reports `model` as its
+/// default; how long it took.
+async fn until_default(cluster: &Cluster, i: usize, model: &str, within: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let stats = cluster.client(i).runtime_stats().await.unwrap();
+        if stats.default_model == model {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "replica {i} still has default {:?} after {within:?}",
+            stats.default_model
+        );
+        // The replicas apply it with their heartbeat (once a second):
+        // poll a few times per heartbeat.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_default_model_set_on_one_replica_reaches_another_and_outlives_restarts() {
+    let _serial = serial().await;
+    let Some(mut cluster) = Cluster::start(2).await else {
+        return;
+    };
+    assert_eq!(model_of_next_turn(&cluster, B).await, "fake/m");
+    let answer = cluster
+        .client(A)
+        .admin()
+        .set_default_model(proto::SetDefaultModelRequest {
+            model: "fake/other".to_owned(),
+            thinking: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.previous_model, "fake/m");
+    assert_eq!(answer.replica_ids.len(), 2, "{answer:?}");
+    let took = until_default(&cluster, B, "fake/other", Duration::from_secs(5)).await;
+    println!("B applied A's SetDefaultModel after {took:?}");
+    assert_eq!(model_of_next_turn(&cluster, B).await, "fake/other");
+
+    // Both replicas stop; the setting is in the database, not in them.
+    let url = cluster.db_url(A);
+    cluster.kill(A).await;
+    cluster.kill(B).await;
+    cluster.restart(B, &url).await;
+    cluster.restart(A, &url).await;
+    for i in [A, B] {
+        let stats = cluster.client(i).runtime_stats().await.unwrap();
+        assert_eq!(
+            stats.default_model, "fake/other",
+            "replica {i} after restart"
+        );
+        assert_eq!(model_of_next_turn(&cluster, i).await, "fake/other");
+    }
+}
+
+#[tokio::test]
+async fn runner_resets_reach_every_live_replica_and_name_them() {
+    let _serial = serial().await;
+    let Some(cluster) = Cluster::start(2).await else {
+        return;
+    };
+    // A runner cached on each replica.
+    model_of_next_turn(&cluster, A).await;
+    model_of_next_turn(&cluster, B).await;
+    let reset = cluster
+        .client(A)
+        .admin()
+        .reset_runners(proto::ResetRunnersRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut ids = reset.replica_ids.clone();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 2, "both replicas named once: {reset:?}");
+    assert_eq!(reset.count, 2, "one runner closed on each: {reset:?}");
+    for i in [A, B] {
+        let stats = cluster.client(i).runtime_stats().await.unwrap();
+        assert_eq!(stats.cached_runners, 0, "replica {i}: {stats:?}");
+    }
+    let invalidated = cluster
+        .client(B)
+        .admin()
+        .invalidate_runners(proto::InvalidateRunnersRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let mut again = invalidated.replica_ids.clone();
+    again.sort();
+    assert_eq!(again, ids, "{invalidated:?}");
+
+    let drained = cluster
+        .client(B)
+        .admin()
+        .drain(proto::DrainRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(drained.replica_ids.len(), 1, "only B drains: {drained:?}");
+    assert!(ids.contains(&drained.replica_ids[0]));
+    // A still admits turns.
+    assert_eq!(model_of_next_turn(&cluster, A).await, "fake/m");
+}
