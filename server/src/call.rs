@@ -178,3 +178,55 @@ impl Call {
         )))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use super::*;
+    use crate::cluster::WireKey;
+    use crate::config::ClusterKey;
+
+    fn call(forwarded: bool) -> Call {
+        Call {
+            who: Principal::local(),
+            deadline: None,
+            forwarded,
+        }
+    }
+
+    fn elsewhere() -> RuntimeError {
+        RuntimeError::Elsewhere(Lease {
+            replica_id: "r-2".to_owned(),
+            address: "http://127.0.0.1:1".to_owned(),
+            turn_id: "t-1".to_owned(),
+            expires_at: SystemTime::now(),
+        })
+    }
+
+    #[test]
+    fn a_turn_elsewhere_is_forwarded_once_and_only_with_a_forwarder() {
+        let forward = Forwarder::new(WireKey::new(&ClusterKey::new("k")).unwrap(), 1 << 20);
+        let fail = crate::status::from_runtime;
+        // A caller's call, on a replica that can forward: to the owner.
+        let (_, lease) = call(false)
+            .owner(Some(&forward), elsewhere(), fail)
+            .expect("forwarded");
+        assert_eq!(lease.replica_id, "r-2");
+        // A call another replica forwarded here: never a second hop.
+        let moved = call(true)
+            .owner(Some(&forward), elsewhere(), fail)
+            .unwrap_err();
+        assert_eq!(moved.code(), tonic::Code::Unavailable);
+        assert!(moved.message().contains("moved"), "{}", moved.message());
+        // No forwarder (no [cluster]): the core's error, saying so.
+        let alone = call(false).owner(None, elsewhere(), fail).unwrap_err();
+        assert_eq!(alone.code(), tonic::Code::Unavailable);
+        assert!(alone.message().contains("[cluster]"), "{}", alone.message());
+        // Any other error is the caller's map of it.
+        let other = call(false)
+            .owner(Some(&forward), RuntimeError::SessionNotFound, fail)
+            .unwrap_err();
+        assert_eq!(other.code(), tonic::Code::NotFound);
+    }
+}
