@@ -83,11 +83,8 @@ impl Call {
         F: FnOnce(P, Request<T>) -> Fut,
         Fut: Future<Output = Result<Response<R>, Status>>,
     {
-        let (forward, lease) = self.owner(forward, err, fail)?;
-        let answer = forward
-            .call(To::Owner(&lease), &self.who, self.deadline, message, send)
-            .await?;
-        Ok(Response::new(answer))
+        let to_owner = self.to_owner(forward, err, fail, message, send);
+        to_owner.await.map(|(answer, _)| Response::new(answer))
     }
 
     /// [`forward_or`](Self::forward_or) for a server-streaming RPC: the
@@ -105,11 +102,31 @@ impl Call {
         F: FnOnce(P, Request<T>) -> Fut,
         Fut: Future<Output = Result<Response<Streaming<I>>, Status>>,
     {
+        let to_owner = self.to_owner(forward, err, fail, message, send);
+        to_owner
+            .await
+            .map(|(items, lease)| Forwarded::new(items, lease))
+    }
+
+    /// The one body of both: the owner's answer with its lease.
+    async fn to_owner<P, T, R, F, Fut>(
+        &self,
+        forward: Option<&Forwarder>,
+        err: RuntimeError,
+        fail: impl FnOnce(RuntimeError) -> Status,
+        message: T,
+        send: F,
+    ) -> Result<(R, Lease), Status>
+    where
+        P: Peer,
+        F: FnOnce(P, Request<T>) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
+    {
         let (forward, lease) = self.owner(forward, err, fail)?;
-        let items = forward
+        let answer = forward
             .call(To::Owner(&lease), &self.who, self.deadline, message, send)
             .await?;
-        Ok(Forwarded::new(items, lease))
+        Ok((answer, lease))
     }
 }
 
