@@ -16,4 +16,5 @@ mod e2e {
     mod server_tools;
     mod sessions;
     mod tools;
+    mod turns;
 }

@@ -99,4 +99,32 @@ impl Client {
             page_token = page.next_page_token;
         }
     }
+
+    /// One page of a session's turns, newest first.
+    pub async fn list_turns(
+        &self,
+        req: proto::ListTurnsRequest,
+    ) -> Result<proto::ListTurnsResponse, Error> {
+        let session_id = req.session_id.clone();
+        let mut stub = self.sessions.clone();
+        self.call(Some(&session_id), req, |r| async move {
+            stub.list_turns(r).await
+        })
+        .await
+    }
+
+    /// One turn's record: outcome, times, model, steps, usage, cost.
+    pub async fn get_turn(&self, session_id: &str, turn_id: &str) -> Result<proto::Turn, Error> {
+        let req = proto::GetTurnRequest {
+            session_id: session_id.to_owned(),
+            turn_id: turn_id.to_owned(),
+        };
+        let mut stub = self.sessions.clone();
+        self.call(
+            Some(session_id),
+            req,
+            |r| async move { stub.get_turn(r).await },
+        )
+        .await
+    }
 }

@@ -13,6 +13,7 @@
 //! - [`ids`]: the caller's ids checked for size and charset before use.
 //! - [`budget`]: the byte budget of the texts a task repeats.
 //! - [`card`]: the agent card.
+//! - `list`: `ListTasks`, a context's turn records as tasks.
 //!
 //! What is not supported, and what it answers instead, is in docs/a2a.md.
 
@@ -22,6 +23,7 @@ pub mod card;
 mod detached;
 pub mod errors;
 pub mod ids;
+mod list;
 pub mod tasks;
 
 use std::collections::VecDeque;
@@ -44,7 +46,7 @@ use crate::call::Call;
 use crate::clip::quoted;
 use crate::cluster::Forwarder;
 use errors::{A2aError, from_runtime, from_runtime_for_task, task_not_found};
-use ids::parse_task_id;
+use ids::{context_id_ok, parse_task_id};
 use tasks::{Translator, task_id, task_of};
 
 /// The metadata header naming the A2A protocol version a caller speaks.
@@ -563,11 +565,12 @@ impl A2aService for A2aHandler {
         &self,
         req: Request<a2a::ListTasksRequest>,
     ) -> Result<Response<a2a::ListTasksResponse>, Status> {
-        let _ = accept(req)?;
-        Err(A2aError::UnsupportedOperation.status(
-            "ListTasks is not supported: read a task with GetTask, or a context's whole history \
-             with agentrt.v1 SessionService.GetHistory (the context id is the session id)",
-        ))
+        let (call, r) = accept(req)?;
+        if context_id_ok(&r.context_id) {
+            call.session(&r.context_id);
+        }
+        let page = list::list_tasks(&self.runtime, &call.who, &r).await?;
+        Ok(Response::new(page))
     }
 
     async fn cancel_task(

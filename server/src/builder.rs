@@ -367,6 +367,7 @@ impl ServerBuilder {
             capture_content: self.config.telemetry.capture_content,
             lease_ttl: self.config.store.lease_ttl(),
             quotas: self.config.quotas.to_policy(),
+            prices: self.config.prices.clone(),
             ..RuntimeConfig::default()
         };
         start_tool_sources(&toolbox).await;

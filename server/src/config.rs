@@ -20,6 +20,7 @@ mod compaction;
 mod diagnostics;
 mod keys;
 mod local;
+mod prices;
 mod quotas;
 mod store;
 mod telemetry;
@@ -352,6 +353,8 @@ struct FileConfig {
     cluster: Option<ClusterSettings>,
     #[serde(default)]
     quotas: QuotaSettings,
+    #[serde(default)]
+    prices: std::collections::BTreeMap<String, prices::PriceSettings>,
 }
 
 /// The effective configuration.
@@ -428,6 +431,8 @@ pub struct Config {
     pub cluster: Option<ClusterSettings>,
     /// The `[quotas]` table: limits per principal.
     pub quotas: QuotaSettings,
+    /// The `[prices]` table: what each model's tokens cost.
+    pub prices: agentrt_runtime::prices::Prices,
 }
 
 impl Default for Config {
@@ -460,6 +465,7 @@ impl Default for Config {
             store: StoreSettings::default(),
             cluster: None,
             quotas: QuotaSettings::default(),
+            prices: agentrt_runtime::prices::Prices::default(),
         }
     }
 }
@@ -535,6 +541,7 @@ impl Config {
             store: file.store,
             cluster: file.cluster,
             quotas: file.quotas,
+            prices: prices::prices(file.prices)?,
         })
     }
 

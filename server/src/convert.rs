@@ -20,7 +20,7 @@ use agentrt_runtime::events::{
 use agentrt_runtime::runtime::OnDisconnect;
 use agentrt_runtime::types::{
     CancelReason, ContentBlock, LastTurn, Message, NewSession, Role, Session, SessionUpdate,
-    ThinkingLevel, TurnStatus, Usage,
+    ThinkingLevel, TurnRecord, TurnStatus, Usage,
 };
 
 /// A protobuf timestamp.
@@ -203,6 +203,29 @@ fn last_turn(t: LastTurn) -> pb::LastTurn {
     }
 }
 
+/// A turn record.
+pub fn turn_to_pb(t: TurnRecord) -> pb::Turn {
+    pb::Turn {
+        turn_id: t.turn_id,
+        request_id: t.request_id.unwrap_or_default(),
+        outcome: turn_outcome(t.status).into(),
+        cancel_reason: t
+            .cancel_reason
+            .map(cancel_reason_name)
+            .unwrap_or_default()
+            .to_owned(),
+        user_message_seq: t.user_message_seq,
+        started_at: Some(timestamp(t.started_at)),
+        finished_at: t.finished_at.map(timestamp),
+        model: t.model,
+        thinking: thinking(t.thinking).into(),
+        steps: t.steps,
+        usage: Some(usage(&t.usage)),
+        cost: t.cost_nano_usd.map(agentrt_runtime::prices::usd),
+        error: t.error.unwrap_or_default(),
+    }
+}
+
 /// A session.
 pub fn session_to_pb(s: Session) -> pb::Session {
     pb::Session {
@@ -362,6 +385,17 @@ fn outcome(o: TurnOutcome) -> pb::TurnOutcome {
         TurnOutcome::Error => pb::TurnOutcome::Error,
         TurnOutcome::Canceled => pb::TurnOutcome::Canceled,
         TurnOutcome::TimedOut => pb::TurnOutcome::TimedOut,
+    }
+}
+
+/// The name of a cancel reason in a `Turn` record (the enum's value
+/// names, lower case, as `Message.stop_reason` spells its values).
+fn cancel_reason_name(r: CancelReason) -> &'static str {
+    match r {
+        CancelReason::Stopped => "stopped",
+        CancelReason::ClientGone => "client_gone",
+        CancelReason::Shutdown => "shutdown",
+        CancelReason::SessionDeleted => "session_deleted",
     }
 }
 

@@ -201,6 +201,17 @@ impl Store for PanickyStore {
     async fn get_turn(&self, s: &str, t: &str) -> Result<Option<TurnRecord>, StoreError> {
         self.0.get_turn(s, t).await
     }
+    async fn list_turns(
+        &self,
+        s: &str,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<TurnRecord>, StoreError> {
+        self.0.list_turns(s, before, limit).await
+    }
+    async fn count_turns(&self, s: &str) -> Result<u64, StoreError> {
+        self.0.count_turns(s).await
+    }
     async fn find_turn_by_request(
         &self,
         s: &str,

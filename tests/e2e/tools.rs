@@ -188,6 +188,11 @@ async fn parallel_caller_tools_run_across_steps_in_the_exact_order() {
         (60, 15),
         "usage summed over steps"
     );
+    let record = client.get_turn(&session, &turn_id).await.unwrap();
+    assert_eq!(record.steps, 2, "two model steps");
+    let summed = record.usage.map(|u| (u.input_tokens, u.output_tokens));
+    assert_eq!(summed, Some((60, 15)), "the record sums the steps too");
+    assert_eq!(record.cost, None, "mock/m has no [prices] entry");
     let done = seen.iter().find_map(|e| match &e.kind {
         ChatEvent::ToolUse(t) if t.call_id == "call_1" && t.status() == proto::ToolStatus::Done => {
             Some(t.clone())

@@ -94,6 +94,8 @@ pub(crate) enum Command {
     },
     /// Print a session's stored messages (all, or one page).
     History(HistoryArgs),
+    /// List a session's turns, newest first: outcome, model, steps, tokens, cost.
+    Turns(TurnsArgs),
     /// Compact a session's history now.
     Compact {
         /// The session.
@@ -202,6 +204,18 @@ pub(crate) struct HistoryArgs {
     /// Leave out messages replaced by a compaction summary.
     #[arg(long)]
     pub(crate) no_compacted: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct TurnsArgs {
+    /// The session.
+    pub(crate) session: String,
+    /// One page of at most this many turns (default: every page).
+    #[arg(long)]
+    pub(crate) limit: Option<u32>,
+    /// Continue from a previous page's token (printed after a page).
+    #[arg(long, default_value = "")]
+    pub(crate) page_token: String,
 }
 
 #[derive(Debug, Args)]

@@ -20,7 +20,8 @@ use std::process::ExitCode;
 use clap::Parser as _;
 
 use args::{Cli, Command, Format, SessionsCommand};
-use commands::{admin::admin, chat::chat, history::history, sessions::sessions, stream::stream};
+use commands::history::{history, turns};
+use commands::{admin::admin, chat::chat, sessions::sessions, stream::stream};
 use failure::{Outcome, connect, text_or_stdin};
 use output::Out;
 
@@ -55,6 +56,7 @@ async fn run(cli: Cli) -> Outcome {
             Ok(())
         }
         Command::History(args) => history(&client, &out, args).await,
+        Command::Turns(args) => turns(&client, &out, args).await,
         Command::Compact { session } => {
             let done = client.compact_session(&session).await?;
             out.compacted(&session, &done);

@@ -91,6 +91,31 @@ fn message_json(m: &proto::Message) -> Value {
     })
 }
 
+fn outcome(o: i32) -> String {
+    proto::TurnOutcome::try_from(o)
+        .unwrap_or_default()
+        .as_str_name()
+        .trim_start_matches("TURN_OUTCOME_")
+        .to_lowercase()
+}
+
+fn turn_json(t: &proto::Turn) -> Value {
+    json!({
+        "turn_id": t.turn_id,
+        "request_id": t.request_id,
+        "outcome": outcome(t.outcome),
+        "cancel_reason": t.cancel_reason,
+        "user_message_seq": t.user_message_seq,
+        "started_at": timestamp(t.started_at.as_ref()),
+        "finished_at": timestamp(t.finished_at.as_ref()),
+        "model": t.model,
+        "steps": t.steps,
+        "usage": t.usage.as_ref().map(usage),
+        "cost": t.cost,
+        "error": t.error,
+    })
+}
+
 /// A message in one line of text.
 fn message_text(m: &proto::Message) -> String {
     use proto::content_block::Block;
@@ -343,6 +368,38 @@ impl Out {
                 "(more: --after-seq {})",
                 messages.last().map_or(0, |m| m.seq)
             );
+        }
+    }
+
+    pub(crate) fn turns(&self, session: &str, turns: &[proto::Turn], next: &str) {
+        if self.json {
+            print_json(&json!({
+                "session_id": session,
+                "turns": turns.iter().map(turn_json).collect::<Vec<_>>(),
+                "next_page_token": next,
+            }));
+            return;
+        }
+        for t in turns {
+            let u = t.usage.unwrap_or_default();
+            let cost = t.cost.map_or(String::new(), |c| format!(" ${c:.6}"));
+            let error = if t.error.is_empty() {
+                String::new()
+            } else {
+                format!(" error: {}", t.error)
+            };
+            println!(
+                "{} {} {} steps={} tokens in={} out={}{cost}{error}",
+                t.turn_id,
+                outcome(t.outcome),
+                t.model,
+                t.steps,
+                u.input_tokens,
+                u.output_tokens,
+            );
+        }
+        if !next.is_empty() {
+            eprintln!("(more: --page-token {next})");
         }
     }
 

@@ -515,6 +515,19 @@ async fn tool_result_history_pages_compact_and_admin() {
     let text = h.run(&["history", &session], None).await;
     assert!(text.stdout.contains("user: look it up"), "{text:?}");
 
+    // The turn's record: one turn, two model steps (the call, the answer).
+    let turns = h.json(&["turns", &session]).await;
+    let listed = turns["turns"].as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{turns}");
+    assert_eq!(listed[0]["turn_id"], json!(turn), "{turns}");
+    assert_eq!(
+        (listed[0]["outcome"].clone(), listed[0]["steps"].clone()),
+        (json!("success"), json!(2)),
+        "{turns}"
+    );
+    let text = h.run(&["turns", &session], None).await;
+    assert!(text.stdout.contains(&format!("{turn} success")), "{text:?}");
+
     let compacted = h.json(&["compact", &session]).await;
     assert!(compacted["compacted"].is_boolean(), "{compacted}");
 

@@ -16,6 +16,7 @@
 //! - [`hub`]: per-turn event fan-out with a bounded replay.
 //! - [`error`]: [`RuntimeError`], the one error type of the core API.
 //! - [`limits`]: the bounds on every field a caller sends.
+//! - [`prices`]: the price table and what a turn's usage costs.
 //! - [`telemetry`]: span and metric names, the core's instruments, and the
 //!   `traceparent` of outgoing provider requests (OpenTelemetry API only).
 
@@ -28,6 +29,7 @@ pub mod fuzzing;
 pub mod hub;
 pub mod limits;
 pub mod model;
+pub mod prices;
 pub mod quota;
 pub mod runtime;
 pub mod store;

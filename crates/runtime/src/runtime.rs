@@ -66,7 +66,7 @@ pub use sessions::{HistoryPage, SessionList};
 pub use store_health::StoreHealth;
 pub use stream::TurnStream;
 pub use title::{TITLE_MAX_CHARS, extract_title};
-pub use turns::TurnDetail;
+pub use turns::{TurnDetail, TurnList, page_token_after};
 
 /// Settings of the runtime core. Every field has a documented default.
 #[derive(Debug, Clone)]
@@ -126,6 +126,9 @@ pub struct RuntimeConfig {
     pub lease_ttl: Duration,
     /// Quotas per principal ([`crate::quota`]). Default: none.
     pub quotas: crate::quota::QuotaPolicy,
+    /// What each model's tokens cost; turns of a model without a price
+    /// have no cost. Default: empty.
+    pub prices: crate::prices::Prices,
 }
 
 impl Default for RuntimeConfig {
@@ -149,6 +152,7 @@ impl Default for RuntimeConfig {
             capture_content: false,
             lease_ttl: Duration::from_secs(10),
             quotas: crate::quota::QuotaPolicy::default(),
+            prices: crate::prices::Prices::default(),
         }
     }
 }

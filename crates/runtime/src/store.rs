@@ -381,6 +381,20 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         turn_id: &str,
     ) -> Result<Option<TurnRecord>, StoreError>;
 
+    /// A session's turns, newest first: at most `limit` records whose turn
+    /// id sorts before `before` (from the newest when `None`). Turn ids are
+    /// UUIDv7, so id order is admission order. Empty for a session that
+    /// does not exist.
+    async fn list_turns(
+        &self,
+        session_id: &str,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<TurnRecord>, StoreError>;
+
+    /// How many turn records a session has (0 for one that does not exist).
+    async fn count_turns(&self, session_id: &str) -> Result<u64, StoreError>;
+
     /// The turn a Chat with this idempotency key started in this session.
     async fn find_turn_by_request(
         &self,

@@ -393,6 +393,13 @@ pub struct TurnRecord {
     /// refuses the turn's writes once the session is another incarnation.
     #[serde(default)]
     pub incarnation: String,
+    /// Model steps started so far.
+    #[serde(default)]
+    pub steps: u32,
+    /// What [`usage`](Self::usage) cost by the price table, in billionths
+    /// of a US dollar; `None` when the model has no price.
+    #[serde(default)]
+    pub cost_nano_usd: Option<u64>,
 }
 
 /// Summary of a session's latest turn.

@@ -39,7 +39,7 @@ macro_rules! store_contract_tests {
             update_touches_activity, missing_session_errors, append_assigns_increasing_seqs,
             history_pagination, begin_turn_stores_message_and_turn,
             finish_turn_updates_turn_and_last_turn, finish_turn_with_stores_the_answer_too,
-            find_turn_by_request_id,
+            find_turn_by_request_id, list_turns_newest_first_by_page,
             recover_marks_running_interrupted, delete_removes_everything,
             delete_then_recreate_starts_fresh, writes_to_an_old_incarnation_are_refused,
             content_round_trips,
@@ -93,6 +93,8 @@ pub fn text_message(turn_id: &str, role: Role, body: &str) -> NewMessage {
 pub fn running_turn(session_id: &str, incarnation: &str, turn_id: &str) -> TurnRecord {
     TurnRecord {
         incarnation: incarnation.to_owned(),
+        steps: 0,
+        cost_nano_usd: None,
         turn_id: turn_id.to_owned(),
         session_id: session_id.to_owned(),
         status: TurnStatus::Running,
@@ -674,6 +676,43 @@ pub async fn find_turn_by_request_id(store: &dyn Store) {
     assert_eq!(
         (find(&s.id, "req-t3").await, find(&s.id, "nope").await),
         (None, None)
+    );
+}
+
+/// A session's turns come newest first (by turn id), a page at a time
+/// from before a turn id; another session's turns never; a missing
+/// session has none.
+pub async fn list_turns_newest_first_by_page(store: &dyn Store) {
+    let s = create(store, "alice", "agent").await;
+    let other = create(store, "alice", "agent").await;
+    for t in ["t1", "t2", "t3", "t4", "t5"] {
+        begin(store, &s.id, t).await;
+    }
+    begin(store, &other.id, "t6").await;
+    let page = async |id: &str, before: Option<&str>, limit: usize| {
+        let turns = store
+            .list_turns(id, before, limit)
+            .await
+            .expect("list_turns");
+        turns.into_iter().map(|t| t.turn_id).collect::<Vec<_>>()
+    };
+    assert_eq!(page(&s.id, None, 2).await, ["t5", "t4"]);
+    assert_eq!(page(&s.id, Some("t4"), 2).await, ["t3", "t2"]);
+    assert_eq!(page(&s.id, Some("t2"), 2).await, ["t1"]);
+    assert!(page(&s.id, Some("t1"), 2).await.is_empty());
+    assert!(page(&s.id, None, 0).await.is_empty());
+    assert_eq!(page(&other.id, None, 10).await, ["t6"]);
+    assert!(page("no-such-session", None, 10).await.is_empty());
+    let listed = store.list_turns(&s.id, None, 1).await.expect("list_turns");
+    assert_eq!(listed.first(), turn(store, &s.id, "t5").await.as_ref());
+    let count = async |id: &str| store.count_turns(id).await.expect("count_turns");
+    assert_eq!(
+        (
+            count(&s.id).await,
+            count(&other.id).await,
+            count("nope").await
+        ),
+        (5, 1, 0)
     );
 }
 

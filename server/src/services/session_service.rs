@@ -140,6 +140,45 @@ impl SessionService for SessionServiceHandler {
             last_seq,
         }))
     }
+
+    async fn list_turns(
+        &self,
+        req: Request<pb::ListTurnsRequest>,
+    ) -> Result<Response<pb::ListTurnsResponse>, Status> {
+        let (call, r) = Call::open(req)?;
+        call.session(&r.session_id);
+        let page = self
+            .runtime
+            .list_turns(
+                &call.who,
+                &r.session_id,
+                r.page_size as usize,
+                &r.page_token,
+            )
+            .await
+            .map_err(from_runtime)?;
+        Ok(Response::new(pb::ListTurnsResponse {
+            turns: page.turns.into_iter().map(convert::turn_to_pb).collect(),
+            next_page_token: page.next_page_token,
+        }))
+    }
+
+    async fn get_turn(
+        &self,
+        req: Request<pb::GetTurnRequest>,
+    ) -> Result<Response<pb::Turn>, Status> {
+        let (call, r) = Call::open(req)?;
+        call.session(&r.session_id);
+        let turn = self
+            .runtime
+            .turn_record(&call.who, &r.session_id, &r.turn_id)
+            .await
+            .map_err(from_runtime)?;
+        let turn = turn.ok_or_else(|| {
+            Status::not_found("the session has no turn with this turn_id (ListTurns lists them)")
+        })?;
+        Ok(Response::new(convert::turn_to_pb(turn)))
+    }
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ from a2a.types.a2a_pb2 import (
 )
 from a2a.utils.errors import (
     ContentTypeNotSupportedError,
+    InvalidParamsError,
     PushNotificationNotSupportedError,
     TaskNotCancelableError,
     TaskNotFoundError,
@@ -243,6 +244,49 @@ async def test_unknown_tasks_raise_task_not_found(client, ctx, other_ctx):
             pass
 
 
+async def test_list_tasks_pages_a_contexts_tasks_newest_first(client, ctx, other_ctx):
+    first = [e async for e in client.send_message(request("one"), context=ctx)]
+    context_id, older = first[0].task.context_id, first[0].task.id
+    second = [
+        e async for e in client.send_message(request("two", context_id=context_id), context=ctx)
+    ]
+    newer = second[0].task.id
+    page = await client.list_tasks(
+        ListTasksRequest(context_id=context_id, page_size=1), context=ctx
+    )
+    assert [t.id for t in page.tasks] == [newer]
+    assert (page.page_size, page.total_size) == (1, 2)
+    assert page.next_page_token
+    assert not page.tasks[0].artifacts, "artifacts only when asked for"
+    rest = await client.list_tasks(
+        ListTasksRequest(
+            context_id=context_id,
+            page_size=1,
+            page_token=page.next_page_token,
+            include_artifacts=True,
+        ),
+        context=ctx,
+    )
+    assert [t.id for t in rest.tasks] == [older]
+    assert not rest.next_page_token
+    task = rest.tasks[0]
+    assert task.status.state == TaskState.TASK_STATE_COMPLETED
+    assert task.artifacts[0].parts[0].text == "echo: one"
+    assert task == await client.get_task(GetTaskRequest(id=older), context=ctx)
+    # A status filter; another user's context lists nothing.
+    canceled = await client.list_tasks(
+        ListTasksRequest(context_id=context_id, status=TaskState.TASK_STATE_CANCELED),
+        context=ctx,
+    )
+    assert (list(canceled.tasks), canceled.total_size) == ([], 0)
+    theirs = await client.list_tasks(ListTasksRequest(context_id=context_id), context=other_ctx)
+    assert (list(theirs.tasks), theirs.total_size) == ([], 0)
+    # agentrt lists one context's tasks: without one the call says so.
+    with pytest.raises(InvalidParamsError) as refused:
+        await client.list_tasks(ListTasksRequest(), context=ctx)
+    assert "context_id" in str(refused.value)
+
+
 async def test_a_busy_context_refuses_a_second_message(client, ctx, upstream_url):
     stream = client.send_message(request("[hang] busy"), context=ctx)
     seen = await read_until(stream, is_working)
@@ -281,8 +325,6 @@ async def test_unsupported_parts_and_operations_raise_the_a2a_errors(client, ctx
     with pytest.raises(ContentTypeNotSupportedError):
         async for _ in client.send_message(data, context=ctx):
             pass
-    with pytest.raises(UnsupportedOperationError):
-        await client.list_tasks(ListTasksRequest(), context=ctx)
     with pytest.raises(PushNotificationNotSupportedError):
         await client.create_task_push_notification_config(
             TaskPushNotificationConfig(task_id="a/b", url="https://example.invalid/hook"),

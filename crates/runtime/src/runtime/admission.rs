@@ -582,6 +582,8 @@ fn running_record(
         cancel_reason: None,
         request_id: live.request_id.clone(),
         incarnation: session.incarnation.clone(),
+        steps: 0,
+        cost_nano_usd: None,
     }
 }
 

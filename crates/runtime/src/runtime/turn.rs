@@ -369,6 +369,7 @@ impl Turn {
     /// Model step `index` (`first`: the request admission started): its
     /// tool calls go to the tool phase; any other end concludes the turn.
     async fn step(&mut self, index: u32, first: Option<FirstStep>, emitter: &mut Emitter) -> State {
+        self.record.steps = index;
         emitter
             .emit(EventKind::Step {
                 kind: StepKind::Start,

@@ -261,6 +261,34 @@ impl Store for MemoryStore {
             .cloned())
     }
 
+    async fn list_turns(
+        &self,
+        session_id: &str,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<TurnRecord>, StoreError> {
+        let sessions = self.lock();
+        let Some(entry) = sessions.get(session_id) else {
+            return Ok(Vec::new());
+        };
+        let newer = |id: &&String| before.is_none_or(|b| id.as_str() < b);
+        Ok(entry
+            .turns
+            .iter()
+            .rev()
+            .filter(|(id, _)| newer(id))
+            .take(limit)
+            .map(|(_, turn)| turn.clone())
+            .collect())
+    }
+
+    async fn count_turns(&self, session_id: &str) -> Result<u64, StoreError> {
+        let sessions = self.lock();
+        Ok(sessions
+            .get(session_id)
+            .map_or(0, |e| u64::try_from(e.turns.len()).unwrap_or(u64::MAX)))
+    }
+
     async fn find_turn_by_request(
         &self,
         session_id: &str,

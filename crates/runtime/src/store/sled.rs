@@ -370,6 +370,19 @@ impl Store for SledStore {
         self.turn(session_id, turn_id)
     }
 
+    async fn list_turns(
+        &self,
+        session_id: &str,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<TurnRecord>, StoreError> {
+        self.turns_before(session_id, before, limit).await
+    }
+
+    async fn count_turns(&self, session_id: &str) -> Result<u64, StoreError> {
+        self.turn_count(session_id).await
+    }
+
     async fn find_turn_by_request(
         &self,
         session_id: &str,

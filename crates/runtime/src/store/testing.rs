@@ -22,6 +22,8 @@ pub(crate) fn text_message(turn_id: &str, role: Role, body: &str) -> NewMessage 
 pub(crate) fn running_turn(session_id: &str, incarnation: &str, turn_id: &str) -> TurnRecord {
     TurnRecord {
         incarnation: incarnation.to_owned(),
+        steps: 0,
+        cost_nano_usd: None,
         turn_id: turn_id.to_owned(),
         session_id: session_id.to_owned(),
         status: TurnStatus::Running,

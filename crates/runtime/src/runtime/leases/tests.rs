@@ -135,6 +135,17 @@ impl Store for Shared {
     ) -> Result<Option<TurnRecord>, StoreError> {
         self.inner.get_turn(session_id, turn_id).await
     }
+    async fn list_turns(
+        &self,
+        session_id: &str,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<TurnRecord>, StoreError> {
+        self.inner.list_turns(session_id, before, limit).await
+    }
+    async fn count_turns(&self, session_id: &str) -> Result<u64, StoreError> {
+        self.inner.count_turns(session_id).await
+    }
     async fn find_turn_by_request(
         &self,
         session_id: &str,

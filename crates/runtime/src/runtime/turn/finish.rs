@@ -23,6 +23,8 @@ impl Turn {
         self.record.status = status_of(outcome);
         self.record.finished_at = Some(SystemTime::now());
         self.record.usage = usage;
+        self.record.cost_nano_usd =
+            (self.inner.config.prices).cost_nano_usd(&self.record.model, &usage);
         self.record.error = error;
         let last = self.final_message.take();
         let answer = match &last {

@@ -129,6 +129,39 @@ impl PostgresStore {
         by_request(&self.client().await?, session_id, request_id).await
     }
 
+    pub(super) async fn turns_before(
+        &self,
+        session_id: &str,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<TurnRecord>, StoreError> {
+        let limit = codec::big(u64::try_from(limit).unwrap_or(u64::MAX))?;
+        let client = self.client().await?;
+        let rows = match before {
+            Some(before) => {
+                let sql = "SELECT turn_id, record FROM turns WHERE session_id = $1 \
+                           AND turn_id COLLATE \"C\" < $2 \
+                           ORDER BY turn_id COLLATE \"C\" DESC LIMIT $3";
+                codec::rows(&client, sql, &[&session_id, &before, &limit]).await?
+            }
+            None => {
+                let sql = "SELECT turn_id, record FROM turns WHERE session_id = $1 \
+                           ORDER BY turn_id COLLATE \"C\" DESC LIMIT $2";
+                codec::rows(&client, sql, &[&session_id, &limit]).await?
+            }
+        };
+        rows.iter()
+            .map(|row| codec::turn(session_id, row))
+            .collect()
+    }
+
+    pub(super) async fn turn_count(&self, session_id: &str) -> Result<u64, StoreError> {
+        let sql = "SELECT count(*) FROM turns WHERE session_id = $1";
+        let row = codec::row(&self.client().await?, sql, &[&session_id]).await?;
+        let count: i64 = row.map_or(0, |row| row.get(0));
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
     /// Interrupts `turn_id` of the `locked` session inside `tx` and writes
     /// the session, releasing the lease when that turn held it; the caller
     /// commits.

@@ -10,6 +10,12 @@ pub(super) fn child(parent: &str) -> Vec<u8> {
     [parent.as_bytes(), b"\0"].concat()
 }
 
+/// The first key after every key below `parent` (`parent \x01`: NUL is
+/// the separator, so nothing below `parent` reaches it).
+pub(super) fn child_end(parent: &str) -> Vec<u8> {
+    [parent.as_bytes(), b"\x01"].concat()
+}
+
 pub(super) fn message_key(session_id: &str, seq: u64) -> Vec<u8> {
     [child(session_id).as_slice(), &seq.to_be_bytes()].concat()
 }

@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use sled::Tree;
 use sled::transaction::{ConflictableTransactionError as TxError, Transactional};
 
-use super::keys::{child, turn_key};
+use super::keys::{child, child_end, turn_key};
 use super::tx::{append_tx, session_as_tx, session_tx, write_session_tx};
 use super::{SledStore, TURNS, backend, blocking, decode, keep_body, tx_err, usage};
 use crate::quota::WriteQuota;
@@ -191,6 +191,50 @@ impl SledStore {
                 }
             }
             Ok(None)
+        })
+        .await
+    }
+
+    /// The session's turn records newest first (a reverse scan of its key
+    /// range, which ends before `before`'s key).
+    pub(super) async fn turns_before(
+        &self,
+        session_id: &str,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<TurnRecord>, StoreError> {
+        if limit == 0 || !self.session_exists(session_id)? {
+            return Ok(Vec::new());
+        }
+        let start = child(session_id);
+        let end = match before {
+            Some(turn_id) => turn_key(session_id, turn_id),
+            None => child_end(session_id),
+        };
+        let turns = self.turns.clone();
+        blocking(move || {
+            let mut page = Vec::new();
+            for entry in turns.range(start..end).rev().take(limit) {
+                let (key, raw) = entry.map_err(|e| backend("scan", e))?;
+                page.push(decode(TURNS, &key, &raw)?);
+            }
+            Ok(page)
+        })
+        .await
+    }
+
+    pub(super) async fn turn_count(&self, session_id: &str) -> Result<u64, StoreError> {
+        if !self.session_exists(session_id)? {
+            return Ok(0);
+        }
+        let (turns, prefix) = (self.turns.clone(), child(session_id));
+        blocking(move || {
+            let mut count = 0u64;
+            for entry in turns.scan_prefix(&prefix).keys() {
+                entry.map_err(|e| backend("scan", e))?;
+                count = count.saturating_add(1);
+            }
+            Ok(count)
         })
         .await
     }
