@@ -294,7 +294,7 @@ async fn the_a2a_errors_carry_the_reasons_the_sdks_decode() {
     let err = c.send_message(authed(to_task, KEY)).await.unwrap_err();
     assert_a2a(&err, Code::FailedPrecondition, "UNSUPPORTED_OPERATION");
 
-    // Parts other than text; push notifications; ListTasks; QuerySkill.
+    // Parts other than text; push notifications; ListTasks without a context; QuerySkill.
     let mut data = send("", "");
     data.message.as_mut().unwrap().parts = vec![a2a::Part {
         content: Some(a2a::part::Content::Url("https://example.invalid/f".into())),
@@ -326,11 +326,13 @@ async fn the_a2a_errors_carry_the_reasons_the_sdks_decode() {
         Code::FailedPrecondition,
         "PUSH_NOTIFICATION_NOT_SUPPORTED",
     );
+    // ListTasks lists one context's tasks: without one it says so.
     let err = c
         .list_tasks(authed(Default::default(), KEY))
         .await
         .unwrap_err();
-    assert_a2a(&err, Code::FailedPrecondition, "UNSUPPORTED_OPERATION");
+    assert_a2a(&err, Code::InvalidArgument, "INVALID_PARAMS");
+    assert!(err.message().contains("context_id"), "{err:?}");
     let err = c
         .query_skill(authed(Default::default(), KEY))
         .await

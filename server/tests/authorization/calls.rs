@@ -79,6 +79,8 @@ pub(crate) const CASES: &[Case] = &[
     owned("agentrt.v1.SessionService/UpdateSession", "unarchive"),
     owned("agentrt.v1.SessionService/DeleteSession", ""),
     owned("agentrt.v1.SessionService/GetHistory", ""),
+    owned("agentrt.v1.SessionService/ListTurns", ""),
+    owned("agentrt.v1.SessionService/GetTurn", ""),
     // Bob reuses alice's request id on her session (his own session with
     // it is checked beside the table).
     owned("agentrt.v1.AgentRuntime/Chat", "replay"),
@@ -101,7 +103,7 @@ pub(crate) const CASES: &[Case] = &[
     owned("lf.a2a.v1.A2AService/SendStreamingMessage", "context"),
     owned("lf.a2a.v1.A2AService/SendStreamingMessage", "task"),
     owned("lf.a2a.v1.A2AService/GetTask", ""),
-    refused("lf.a2a.v1.A2AService/ListTasks"),
+    owned("lf.a2a.v1.A2AService/ListTasks", ""),
     owned("lf.a2a.v1.A2AService/CancelTask", ""),
     owned("lf.a2a.v1.A2AService/SubscribeToTask", ""),
     refused("lf.a2a.v1.A2AService/CreateTaskPushNotificationConfig"),
@@ -245,6 +247,25 @@ pub(crate) async fn call(world: &World, case: &Case, user: User, target: &Target
             let r = pb::DeleteSessionRequest { session_id: id() };
             unary(sessions.delete_session(authed(r, user)).await, |d| {
                 format!("deleted={}", d.deleted)
+            })
+        }
+        ("agentrt.v1.SessionService/ListTurns", _) => {
+            let r = pb::ListTurnsRequest {
+                session_id: id(),
+                ..Default::default()
+            };
+            unary(sessions.list_turns(authed(r, user)).await, |l| {
+                let ids: Vec<&str> = l.turns.iter().map(|t| t.turn_id.as_str()).collect();
+                format!("turns {ids:?}")
+            })
+        }
+        ("agentrt.v1.SessionService/GetTurn", _) => {
+            let r = pb::GetTurnRequest {
+                session_id: id(),
+                turn_id: target.turn.clone(),
+            };
+            unary(sessions.get_turn(authed(r, user)).await, |t| {
+                format!("turn {} outcome {}", t.turn_id, t.outcome)
             })
         }
         ("agentrt.v1.SessionService/GetHistory", _) => {
