@@ -263,7 +263,8 @@ impl A2aHandler {
             | TurnStatus::Error
             | TurnStatus::Canceled
             | TurnStatus::TimedOut
-            | TurnStatus::Interrupted => "has ended",
+            | TurnStatus::Interrupted
+            | TurnStatus::BudgetExceeded => "has ended",
         };
         let result = caller_tools::tool_result(message).map_err(from_runtime)?;
         let (Some(result), TurnStatus::Running) = (result, detail.record.status) else {

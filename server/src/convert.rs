@@ -19,8 +19,8 @@ use agentrt_runtime::events::{
 };
 use agentrt_runtime::runtime::OnDisconnect;
 use agentrt_runtime::types::{
-    CancelReason, ContentBlock, LastTurn, Message, NewSession, Role, Session, SessionUpdate,
-    ThinkingLevel, TurnRecord, TurnStatus, Usage,
+    Budget, CancelReason, ContentBlock, LastTurn, Message, NewSession, Role, Session,
+    SessionUpdate, ThinkingLevel, TurnRecord, TurnStatus, Usage,
 };
 
 /// A protobuf timestamp.
@@ -67,6 +67,7 @@ fn turn_outcome(s: TurnStatus) -> pb::TurnOutcome {
         TurnStatus::Canceled => pb::TurnOutcome::Canceled,
         TurnStatus::TimedOut => pb::TurnOutcome::TimedOut,
         TurnStatus::Interrupted => pb::TurnOutcome::Interrupted,
+        TurnStatus::BudgetExceeded => pb::TurnOutcome::BudgetExceeded,
     }
 }
 
@@ -242,12 +243,15 @@ pub fn session_to_pb(s: Session) -> pb::Session {
         archived: s.archived,
         last_turn: s.last_turn.map(last_turn),
         message_count: s.message_count,
+        budget: Some(budget_to_pb(s.budget)),
+        spent_usage: Some(usage(&s.spent.usage)),
+        spent_cost: agentrt_runtime::prices::usd(s.spent.cost_nano_usd),
     }
 }
 
 /// CreateSession fields (the owner is set by the runtime).
-pub fn new_session(r: pb::CreateSessionRequest) -> NewSession {
-    NewSession {
+pub fn new_session(r: pb::CreateSessionRequest) -> Result<NewSession, RuntimeError> {
+    Ok(NewSession {
         id: (!r.session_id.is_empty()).then_some(r.session_id),
         owner: String::new(),
         agent_id: r.agent_id,
@@ -256,17 +260,49 @@ pub fn new_session(r: pb::CreateSessionRequest) -> NewSession {
         model: r.model,
         system_prompt: r.system_prompt,
         metadata: r.metadata.into_iter().collect(),
-    }
+        budget: r
+            .budget
+            .map(budget_from_pb)
+            .transpose()?
+            .unwrap_or_default(),
+    })
 }
 
 /// UpdateSession fields.
-pub fn session_update(r: pb::UpdateSessionRequest) -> SessionUpdate {
-    SessionUpdate {
+pub fn session_update(r: pb::UpdateSessionRequest) -> Result<SessionUpdate, RuntimeError> {
+    Ok(SessionUpdate {
         title: r.title,
         model: r.model,
         system_prompt: r.system_prompt,
         metadata: r.metadata.map(|m| m.entries.into_iter().collect()),
         archived: r.archived,
+        budget: r.budget.map(budget_from_pb).transpose()?,
+    })
+}
+
+/// A budget; a cost that is not a number of dollars ≥ 0 is refused.
+fn budget_from_pb(b: pb::Budget) -> Result<Budget, RuntimeError> {
+    let max_cost_nano_usd = b
+        .max_cost
+        .map(|usd| {
+            agentrt_runtime::prices::nano_usd(usd).ok_or_else(|| {
+                RuntimeError::invalid(
+                    "budget.max_cost",
+                    format!("{usd} is not a cost (US dollars, 0 or more, below 10^10)"),
+                )
+            })
+        })
+        .transpose()?;
+    Ok(Budget {
+        max_tokens: b.max_tokens,
+        max_cost_nano_usd,
+    })
+}
+
+fn budget_to_pb(b: Budget) -> pb::Budget {
+    pb::Budget {
+        max_tokens: b.max_tokens,
+        max_cost: b.max_cost_nano_usd.map(agentrt_runtime::prices::usd),
     }
 }
 
@@ -385,6 +421,7 @@ fn outcome(o: TurnOutcome) -> pb::TurnOutcome {
         TurnOutcome::Error => pb::TurnOutcome::Error,
         TurnOutcome::Canceled => pb::TurnOutcome::Canceled,
         TurnOutcome::TimedOut => pb::TurnOutcome::TimedOut,
+        TurnOutcome::BudgetExceeded => pb::TurnOutcome::BudgetExceeded,
     }
 }
 

@@ -86,7 +86,17 @@ pub fn quota_exceeded(quota: &QuotaExceeded) -> Status {
     let name = quota.quota.name();
     let mut details = ErrorDetails::with_quota_failure(vec![QuotaViolation {
         subject: name.to_owned(),
-        description: format!("at most {} {name} per user", quota.limit),
+        description: match quota.quota {
+            Quota::SessionBudgetTokens => format!("at most {} tokens in this session", quota.limit),
+            Quota::SessionBudgetCost => {
+                format!("at most {} micro-USD in this session", quota.limit)
+            }
+            Quota::Sessions
+            | Quota::StoredBytes
+            | Quota::LiveTurns
+            | Quota::TurnsPerMinute
+            | Quota::DetachedTasks => format!("at most {} {name} per user", quota.limit),
+        },
         api_service: "agentrt".to_owned(),
         quota_metric: format!("agentrt/{name}"),
         quota_id: name.to_owned(),
@@ -100,6 +110,9 @@ pub fn quota_exceeded(quota: &QuotaExceeded) -> Status {
         Quota::Sessions | Quota::StoredBytes => "; delete sessions to make room",
         Quota::LiveTurns | Quota::DetachedTasks => "; retry when one has finished",
         Quota::TurnsPerMinute => "; retry after the RetryInfo delay",
+        Quota::SessionBudgetTokens | Quota::SessionBudgetCost => {
+            "; raise the session's budget (UpdateSession) or start a new session"
+        }
     };
     Status::with_error_details(Code::ResourceExhausted, format!("{quota}{hint}"), details)
 }
@@ -186,6 +199,9 @@ pub fn trailing_status(outcome: TurnOutcome, error: Option<(ErrorCode, &str)>) -
         TurnOutcome::Canceled => Some(Status::cancelled("the turn was cancelled")),
         TurnOutcome::TimedOut => Some(Status::deadline_exceeded(
             error.map_or("the turn reached its time limit", |(_, m)| m),
+        )),
+        TurnOutcome::BudgetExceeded => Some(Status::resource_exhausted(
+            error.map_or("the session's budget was reached", |(_, m)| m),
         )),
     };
     status.map(clip::status)

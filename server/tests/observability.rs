@@ -271,7 +271,8 @@ async fn json_logs_and_metrics_show_turns_tokens_and_refusals_without_secrets() 
     let config = format!(
         "default_model = \"mock/m\"\n\
          [[providers]]\nname = \"mock\"\nkind = \"openai\"\nbase_url = \"{}\"\napi_key_env = \"MOCK_API_KEY\"\nmax_retries = 0\n\
-         [[auth.api_keys]]\nkey = \"{AUTH_KEY}\"\nuser = \"alice\"\n",
+         [[auth.api_keys]]\nkey = \"{AUTH_KEY}\"\nuser = \"alice\"\n\
+         [prices.\"mock/m\"]\ninput = 1.0\noutput = 2.0\n",
         fake.base_url()
     );
     let server = start(
@@ -349,6 +350,27 @@ async fn json_logs_and_metrics_show_turns_tokens_and_refusals_without_secrets() 
     };
     assert_eq!(tokens("input"), Some(24.0), "{text}");
     assert_eq!(tokens("output"), Some(10.0), "{text}");
+    // The cost of every turn, as their records say: two of 12 + 5 tokens at
+    // $1 / $2 per million, and the cancelled one's partial output.
+    let cost = series(
+        &text,
+        "agentrt_cost_usd_total{gen_ai_provider_name=\"mock\",gen_ai_request_model=\"m\"}",
+    )
+    .unwrap_or_else(|| panic!("no cost series in {text}"));
+    let turns = client
+        .list_turns(agentrt_client::proto::ListTurnsRequest {
+            session_id: session.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .turns;
+    let recorded: f64 = turns.iter().filter_map(|t| t.cost).sum();
+    assert_eq!(turns.len(), 3);
+    assert!(
+        recorded >= 44e-6 && (cost - recorded).abs() < 1e-12,
+        "{cost} vs {recorded}"
+    );
     assert_eq!(
         series(
             &text,

@@ -20,6 +20,10 @@ async fn create_with_a_chosen_id_is_idempotent_and_round_trips_fields() {
         system_prompt: "Be kind.".into(),
         metadata: [("ticket".to_owned(), "42".to_owned())].into(),
         project_id: "p1".into(),
+        budget: Some(proto::Budget {
+            max_tokens: Some(10_000),
+            max_cost: Some(0.25),
+        }),
     };
     let first = client.create_session(req.clone()).await.unwrap();
     let again = client.create_session(req).await.unwrap();
@@ -28,6 +32,14 @@ async fn create_with_a_chosen_id_is_idempotent_and_round_trips_fields() {
     assert_eq!(first.owner, "local");
     assert_eq!(first.agent_id, "helpdesk");
     assert_eq!(first.metadata["ticket"], "42");
+    assert_eq!(first.budget, req_budget());
+    assert_eq!(
+        (
+            first.spent_usage.unwrap_or_default().input_tokens,
+            first.spent_cost
+        ),
+        (0, 0.0)
+    );
     assert_eq!(client.get_session("support-42").await.unwrap(), first);
 
     let bad = proto::CreateSessionRequest {
@@ -232,4 +244,11 @@ async fn history_pages_by_after_seq_and_token() {
     assert_eq!(seqs, vec![8, 9, 10]);
     assert!(next.next_page_token.is_empty());
     server.stop().await;
+}
+
+fn req_budget() -> Option<proto::Budget> {
+    Some(proto::Budget {
+        max_tokens: Some(10_000),
+        max_cost: Some(0.25),
+    })
 }

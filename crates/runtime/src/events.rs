@@ -37,6 +37,8 @@ pub enum TurnOutcome {
     Canceled,
     /// The turn deadline passed.
     TimedOut,
+    /// The session's budget was reached; the turn ended after a step.
+    BudgetExceeded,
 }
 
 /// What a live turn is doing.

@@ -85,6 +85,12 @@ impl Prices {
     }
 }
 
+/// US dollars as nano-USD; `None` for a value that is not a cost (not a
+/// finite number ≥ 0, or 10^10 dollars and more).
+pub fn nano_usd(usd: f64) -> Option<u64> {
+    (usd.is_finite() && (0.0..1e10).contains(&usd)).then(|| (usd * 1e9).round() as u64)
+}
+
 /// Nano-USD as US dollars (for the wire, which shows dollars).
 pub fn usd(nano_usd: u64) -> f64 {
     nano_usd as f64 / 1e9

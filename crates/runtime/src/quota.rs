@@ -39,6 +39,10 @@ pub enum Quota {
     TurnsPerMinute,
     /// A2A tasks running with no caller attached.
     DetachedTasks,
+    /// A session's budget of tokens (its limit in tokens).
+    SessionBudgetTokens,
+    /// A session's budget of cost (its limit in micro-USD).
+    SessionBudgetCost,
 }
 
 impl Quota {
@@ -50,6 +54,8 @@ impl Quota {
             Self::LiveTurns => "live_turns",
             Self::TurnsPerMinute => "turns_per_minute",
             Self::DetachedTasks => "detached_tasks",
+            Self::SessionBudgetTokens => "session_budget_tokens",
+            Self::SessionBudgetCost => "session_budget_cost",
         }
     }
 }
@@ -68,12 +74,41 @@ pub struct QuotaExceeded {
 
 impl std::fmt::Display for QuotaExceeded {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "quota {} exceeded (limit {})",
-            self.quota.name(),
-            self.limit
-        )
+        let limit = self.limit;
+        match self.quota {
+            Quota::SessionBudgetTokens => {
+                write!(f, "the session's budget of {limit} tokens is spent")
+            }
+            Quota::SessionBudgetCost => write!(
+                f,
+                "the session's budget of ${}.{:06} is spent",
+                limit / 1_000_000,
+                limit % 1_000_000
+            ),
+            Quota::Sessions
+            | Quota::StoredBytes
+            | Quota::LiveTurns
+            | Quota::TurnsPerMinute
+            | Quota::DetachedTasks => {
+                write!(f, "quota {} exceeded (limit {limit})", self.quota.name())
+            }
+        }
+    }
+}
+
+impl QuotaExceeded {
+    /// The refusal of a session whose budget `limit` is reached.
+    pub fn budget(limit: crate::types::BudgetLimit, value: u64) -> Self {
+        let (quota, limit) = match limit {
+            crate::types::BudgetLimit::Tokens => (Quota::SessionBudgetTokens, value),
+            // Micro-USD: QuotaFailure's value is an integer.
+            crate::types::BudgetLimit::Cost => (Quota::SessionBudgetCost, value / 1_000),
+        };
+        Self {
+            quota,
+            limit,
+            retry_after: None,
+        }
     }
 }
 

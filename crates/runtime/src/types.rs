@@ -332,6 +332,8 @@ pub enum TurnStatus {
     TimedOut,
     /// Found running at start-up: the process died during the turn.
     Interrupted,
+    /// Ended after a step because the session's budget was reached.
+    BudgetExceeded,
 }
 
 /// Why a turn was cancelled.
@@ -472,6 +474,84 @@ pub struct Session {
     /// can reach the new one. Empty for sessions stored before it existed.
     #[serde(default)]
     pub incarnation: String,
+    /// What the session may spend ([`Budget::NONE`]: no limit).
+    #[serde(default)]
+    pub budget: Budget,
+    /// What its ended turns used and cost, summed.
+    #[serde(default)]
+    pub spent: Spent,
+}
+
+/// A session's budget: turns stop being admitted once what the session
+/// spent reaches a limit, and a turn that crosses one ends after its
+/// current step (`TurnStatus::BudgetExceeded`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Budget {
+    /// Most tokens (input plus output, summed over every turn).
+    pub max_tokens: Option<u64>,
+    /// Most cost, in nano-USD, by the price table (turns of a model without
+    /// a price cost nothing).
+    pub max_cost_nano_usd: Option<u64>,
+}
+
+impl Budget {
+    /// No limit.
+    pub const NONE: Self = Self {
+        max_tokens: None,
+        max_cost_nano_usd: None,
+    };
+
+    /// The first limit `spent` reached, if any: (which, the limit).
+    pub fn reached(&self, spent: &Spent) -> Option<(BudgetLimit, u64)> {
+        if let Some(max) = self.max_tokens
+            && spent.tokens() >= max
+        {
+            return Some((BudgetLimit::Tokens, max));
+        }
+        match self.max_cost_nano_usd {
+            Some(max) if spent.cost_nano_usd >= max => Some((BudgetLimit::Cost, max)),
+            Some(_) | None => None,
+        }
+    }
+}
+
+/// Which limit of a [`Budget`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetLimit {
+    /// [`Budget::max_tokens`].
+    Tokens,
+    /// [`Budget::max_cost_nano_usd`].
+    Cost,
+}
+
+/// What a session's turns used and cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Spent {
+    /// Tokens, summed over its turns.
+    pub usage: Usage,
+    /// Cost in nano-USD by the price table, summed (turns of a model
+    /// without a price add nothing).
+    pub cost_nano_usd: u64,
+}
+
+impl Spent {
+    /// Input plus output tokens (cached input is part of input, reasoning
+    /// part of output).
+    pub fn tokens(&self) -> u64 {
+        self.usage
+            .input_tokens
+            .saturating_add(self.usage.output_tokens)
+    }
+
+    /// `self` plus a turn's usage and cost.
+    pub fn plus(&self, usage: &Usage, cost_nano_usd: Option<u64>) -> Self {
+        let mut sum = *self;
+        sum.usage.add(usage);
+        sum.cost_nano_usd = sum.cost_nano_usd.saturating_add(cost_nano_usd.unwrap_or(0));
+        sum
+    }
 }
 
 impl Session {
@@ -507,6 +587,8 @@ pub struct NewSession {
     pub system_prompt: String,
     /// Metadata.
     pub metadata: BTreeMap<String, String>,
+    /// Budget.
+    pub budget: Budget,
 }
 
 /// A partial update of a session; `None` leaves a field unchanged.
@@ -522,6 +604,8 @@ pub struct SessionUpdate {
     pub metadata: Option<BTreeMap<String, String>>,
     /// New archived flag.
     pub archived: Option<bool>,
+    /// New budget (replacing the whole budget).
+    pub budget: Option<Budget>,
 }
 
 /// A new unique id (UUID v7: time-ordered, so ids sort by creation).

@@ -22,8 +22,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use agentrt_runtime::store::{CreateOutcome, ListCursor, ListQuery, Store, StoreError};
 use agentrt_runtime::types::{
-    CancelReason, ContentBlock, LastTurn, Message, NewMessage, NewSession, Role, Session,
-    SessionUpdate, StopReason, ThinkingLevel, TurnRecord, TurnStatus, Usage, flatten_text,
+    Budget, CancelReason, ContentBlock, LastTurn, Message, NewMessage, NewSession, Role, Session,
+    SessionUpdate, Spent, StopReason, ThinkingLevel, TurnRecord, TurnStatus, Usage, flatten_text,
 };
 
 /// Expands to one `#[tokio::test]` per contract check, each on a fresh store
@@ -40,6 +40,7 @@ macro_rules! store_contract_tests {
             history_pagination, begin_turn_stores_message_and_turn,
             finish_turn_updates_turn_and_last_turn, finish_turn_with_stores_the_answer_too,
             find_turn_by_request_id, list_turns_newest_first_by_page,
+            finish_turn_adds_what_it_spent_once,
             recover_marks_running_interrupted, delete_removes_everything,
             delete_then_recreate_starts_fresh, writes_to_an_old_incarnation_are_refused,
             content_round_trips,
@@ -676,6 +677,81 @@ pub async fn find_turn_by_request_id(store: &dyn Store) {
     assert_eq!(
         (find(&s.id, "req-t3").await, find(&s.id, "nope").await),
         (None, None)
+    );
+}
+
+/// A turn's end adds its usage and cost to what the session spent — once,
+/// however often the same end is stored; the budget round-trips through
+/// create and update.
+pub async fn finish_turn_adds_what_it_spent_once(store: &dyn Store) {
+    let budget = Budget {
+        max_tokens: Some(100),
+        max_cost_nano_usd: None,
+    };
+    let new = NewSession {
+        budget,
+        ..new_session("alice", "agent")
+    };
+    let s = create_new(store, new).await;
+    assert_eq!((s.budget, s.spent), (budget, Spent::default()));
+    let seq = begin(store, &s.id, "t1").await.seq;
+    let finished = TurnRecord {
+        status: TurnStatus::Success,
+        finished_at: Some(SystemTime::now()),
+        usage: Usage {
+            input_tokens: 10,
+            output_tokens: 5,
+            ..Usage::default()
+        },
+        cost_nano_usd: Some(1_000),
+        user_message_seq: seq,
+        ..running_turn(&s.id, &s.incarnation, "t1")
+    };
+    for _ in 0..2 {
+        store
+            .finish_turn(finished.clone())
+            .await
+            .expect("finish_turn");
+    }
+    let spent = get(store, &s.id).await.spent;
+    assert_eq!(
+        (
+            spent.usage.input_tokens,
+            spent.usage.output_tokens,
+            spent.cost_nano_usd
+        ),
+        (10, 5, 1_000)
+    );
+    let seq = begin(store, &s.id, "t2").await.seq;
+    let second = TurnRecord {
+        status: TurnStatus::BudgetExceeded,
+        finished_at: Some(SystemTime::now()),
+        usage: Usage {
+            input_tokens: 1,
+            output_tokens: 2,
+            ..Usage::default()
+        },
+        cost_nano_usd: None,
+        user_message_seq: seq,
+        ..running_turn(&s.id, &s.incarnation, "t2")
+    };
+    let answer = text_message("t2", Role::Notice, "budget");
+    store
+        .finish_turn_with(second.clone(), Some(answer))
+        .await
+        .expect("finish_turn_with");
+    let session = get(store, &s.id).await;
+    assert_eq!(session.spent.tokens(), 18);
+    assert_eq!(session.spent.cost_nano_usd, 1_000);
+    assert_eq!(turn(store, &s.id, "t2").await, Some(second));
+    let raised = SessionUpdate {
+        budget: Some(Budget::NONE),
+        ..SessionUpdate::default()
+    };
+    let updated = store.update_session(&s.id, raised).await.expect("update");
+    assert_eq!(
+        (updated.budget, updated.spent),
+        (Budget::NONE, session.spent)
     );
 }
 

@@ -76,9 +76,10 @@ pub fn state_of(status: TurnStatus) -> a2a::TaskState {
         TurnStatus::Running => a2a::TaskState::Working,
         TurnStatus::Success => a2a::TaskState::Completed,
         TurnStatus::Canceled => a2a::TaskState::Canceled,
-        TurnStatus::Error | TurnStatus::TimedOut | TurnStatus::Interrupted => {
-            a2a::TaskState::Failed
-        }
+        TurnStatus::Error
+        | TurnStatus::TimedOut
+        | TurnStatus::Interrupted
+        | TurnStatus::BudgetExceeded => a2a::TaskState::Failed,
     }
 }
 
@@ -87,7 +88,9 @@ pub fn state_of_outcome(outcome: TurnOutcome) -> a2a::TaskState {
     match outcome {
         TurnOutcome::Success => a2a::TaskState::Completed,
         TurnOutcome::Canceled => a2a::TaskState::Canceled,
-        TurnOutcome::Error | TurnOutcome::TimedOut => a2a::TaskState::Failed,
+        TurnOutcome::Error | TurnOutcome::TimedOut | TurnOutcome::BudgetExceeded => {
+            a2a::TaskState::Failed
+        }
     }
 }
 
@@ -153,14 +156,18 @@ pub fn task_of(detail: &TurnDetail, history_length: Option<i32>) -> a2a::Task {
     let state = state_of(record.status);
     let message = match (record.status, &record.error) {
         (TurnStatus::Running, _) => None,
-        (TurnStatus::Error | TurnStatus::TimedOut | TurnStatus::Interrupted, Some(error)) => {
-            Some(budgeted_message(
-                format!("{}:status", record.turn_id),
-                context,
-                &id,
-                Clipped::of(error, budget::MESSAGE_BYTES),
-            ))
-        }
+        (
+            TurnStatus::Error
+            | TurnStatus::TimedOut
+            | TurnStatus::Interrupted
+            | TurnStatus::BudgetExceeded,
+            Some(error),
+        ) => Some(budgeted_message(
+            format!("{}:status", record.turn_id),
+            context,
+            &id,
+            Clipped::of(error, budget::MESSAGE_BYTES),
+        )),
         (TurnStatus::Interrupted, None) => Some(agent_message(
             format!("{}:status", record.turn_id),
             context,
@@ -168,7 +175,11 @@ pub fn task_of(detail: &TurnDetail, history_length: Option<i32>) -> a2a::Task {
             "the task was interrupted by a server restart; send the message again",
         )),
         (
-            TurnStatus::Success | TurnStatus::Canceled | TurnStatus::Error | TurnStatus::TimedOut,
+            TurnStatus::Success
+            | TurnStatus::Canceled
+            | TurnStatus::Error
+            | TurnStatus::TimedOut
+            | TurnStatus::BudgetExceeded,
             _,
         ) => last_agent.map(|(mid, text)| budgeted_message(mid, context, &id, text)),
     };

@@ -30,7 +30,7 @@ impl SessionService for SessionServiceHandler {
         req: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
         let (call, r) = Call::open(req)?;
-        let new = convert::new_session(r);
+        let new = convert::new_session(r).map_err(from_runtime)?;
         let session = self
             .runtime
             .create_session(&call.who, new)
@@ -87,7 +87,7 @@ impl SessionService for SessionServiceHandler {
         let (call, r) = Call::open(req)?;
         let id = r.session_id.clone();
         call.session(&id);
-        let update = convert::session_update(r);
+        let update = convert::session_update(r).map_err(from_runtime)?;
         let session = self
             .runtime
             .update_session(&call.who, &id, update)

@@ -38,7 +38,7 @@ use super::{ChatInput, Inner, OnDisconnect, Runtime, TurnStream, replay, spans};
 use crate::error::RuntimeError;
 use crate::hub::TurnHub;
 use crate::model::{Reservation, ToolSpec};
-use crate::quota::{LiveTurnGuard, WriteQuota};
+use crate::quota::{LiveTurnGuard, QuotaExceeded, WriteQuota};
 use crate::store::StoreError;
 use crate::types::{Message, NewMessage, Principal, Role, Session, TurnRecord, TurnStatus, Usage};
 
@@ -101,6 +101,11 @@ impl Runtime {
     ) -> Result<Plan, RuntimeError> {
         if session.archived {
             return Err(RuntimeError::SessionArchived);
+        }
+        if let Some((limit, value)) = session.budget.reached(&session.spent) {
+            return Err(RuntimeError::QuotaExceeded(QuotaExceeded::budget(
+                limit, value,
+            )));
         }
         let inner = &self.inner;
         let (model, thinking, model_field) =

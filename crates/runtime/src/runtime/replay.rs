@@ -101,6 +101,7 @@ fn ending(record: &TurnRecord) -> TurnEnd {
         TurnStatus::Success => TurnEnd::of(TurnOutcome::Success),
         TurnStatus::Canceled => TurnEnd::of(TurnOutcome::Canceled),
         TurnStatus::TimedOut => TurnEnd::of(TurnOutcome::TimedOut),
+        TurnStatus::BudgetExceeded => TurnEnd::of(TurnOutcome::BudgetExceeded),
         TurnStatus::Error => TurnEnd::failed(
             ErrorCode::Unavailable,
             record.error.as_deref().unwrap_or("the turn failed"),

@@ -162,6 +162,7 @@ pub(super) fn outcome_name(outcome: TurnOutcome) -> &'static str {
         TurnOutcome::Error => "error",
         TurnOutcome::Canceled => "canceled",
         TurnOutcome::TimedOut => "timed_out",
+        TurnOutcome::BudgetExceeded => "budget_exceeded",
     }
 }
 

@@ -27,6 +27,7 @@ use crate::events::{ErrorCode, EventKind, Phase, StepKind, TurnOutcome};
 use crate::store::StoreError;
 use crate::types::{Message, NewMessage, Role, StopReason, TurnRecord, TurnStatus, Usage};
 
+mod budget;
 mod compaction;
 mod emitter;
 mod finish;
@@ -433,9 +434,12 @@ impl Turn {
                     self.max_steps
                 ),
             )),
-            Ok(()) => State::Stepping {
-                index: index + 1,
-                first: None,
+            Ok(()) => match self.budget_end(index, emitter).await {
+                Some(end) => State::Finishing(end),
+                None => State::Stepping {
+                    index: index + 1,
+                    first: None,
+                },
             },
         }
     }

@@ -244,6 +244,8 @@ impl Store for MemoryStore {
     async fn finish_turn(&self, turn: TurnRecord) -> Result<(), StoreError> {
         let mut sessions = self.lock();
         let entry = entry_as(&mut sessions, &turn.session_id, &turn.incarnation)?;
+        let before = entry.turns.get(&turn.turn_id);
+        entry.session.spend(before, &turn);
         entry.session.finish_turn(&turn);
         entry.turns.insert(turn.turn_id.clone(), turn);
         Ok(())

@@ -72,6 +72,9 @@ pub struct Metrics {
     pub store_write: Histogram<f64>,
     /// `agentrt.store.flush.duration` (s) of a store flush.
     pub store_flush: Histogram<f64>,
+    /// `agentrt.cost.usd`: what turns cost in US dollars by the price table, by
+    /// provider and model.
+    pub cost: Counter<f64>,
 }
 
 impl Metrics {
@@ -126,6 +129,11 @@ impl Metrics {
                 .with_unit("s")
                 .with_description("Duration of a store flush")
                 .with_boundaries(FAST_SECONDS.to_vec())
+                .build(),
+            cost: meter
+                .f64_counter("agentrt.cost.usd")
+                .with_unit("{USD}")
+                .with_description("What turns cost by the price table, by model")
                 .build(),
         }
     }
@@ -244,6 +252,16 @@ pub(crate) fn model_step(
         attrs.push(KeyValue::new(super::semconv::ERROR_TYPE, error));
     }
     m.operation_duration.record(took.as_secs_f64(), &attrs);
+}
+
+/// Adds what a turn of `provider`/`model` cost (nano-USD) to `agentrt.cost.usd`.
+pub(crate) fn turn_cost(provider: &str, model: &str, nano_usd: u64) {
+    let (provider, model) = model_labels(provider, model);
+    let attrs = [
+        KeyValue::new(super::semconv::GEN_AI_PROVIDER_NAME, provider),
+        KeyValue::new(super::semconv::GEN_AI_REQUEST_MODEL, model),
+    ];
+    get().cost.add(crate::prices::usd(nano_usd), &attrs);
 }
 
 /// Records a store operation's duration in `histogram`.

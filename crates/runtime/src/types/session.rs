@@ -34,6 +34,8 @@ impl NewSession {
             compacted_through: 0,
             summary_seq: 0,
             incarnation: new_id(),
+            budget: self.budget,
+            spent: super::Spent::default(),
         }
     }
 }
@@ -54,6 +56,7 @@ impl Session {
             system_prompt,
             metadata,
             archived,
+            budget,
         } = update;
         if let Some(title) = title {
             self.title = title;
@@ -69,6 +72,9 @@ impl Session {
         }
         if let Some(archived) = archived {
             self.archived = archived;
+        }
+        if let Some(budget) = budget {
+            self.budget = budget;
         }
     }
 
@@ -91,6 +97,18 @@ impl Session {
             body,
             compacted: false,
         })
+    }
+
+    /// Adds an ended turn's usage and cost to what the session spent —
+    /// once: only when its stored record (`before`) was still running.
+    /// Whether it changed the record.
+    pub(crate) fn spend(&mut self, before: Option<&TurnRecord>, turn: &TurnRecord) -> bool {
+        let was_running = before.is_none_or(|b| b.status == TurnStatus::Running);
+        let ends_now = was_running && turn.status != TurnStatus::Running;
+        if ends_now {
+            self.spent = self.spent.plus(&turn.usage, turn.cost_nano_usd);
+        }
+        ends_now
     }
 
     /// Records that `turn` began: it is now the latest.

@@ -163,6 +163,8 @@ mod tests {
             compacted_through: 0,
             summary_seq: 0,
             incarnation: "i1".into(),
+            budget: Default::default(),
+            spent: Default::default(),
         }
     }
 

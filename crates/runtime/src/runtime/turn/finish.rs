@@ -25,6 +25,10 @@ impl Turn {
         self.record.usage = usage;
         self.record.cost_nano_usd =
             (self.inner.config.prices).cost_nano_usd(&self.record.model, &usage);
+        if let Some(cost) = self.record.cost_nano_usd {
+            let (provider, model) = crate::runtime::spans::split_model(&self.record.model);
+            crate::telemetry::metrics::turn_cost(provider, model, cost);
+        }
         self.record.error = error;
         let last = self.final_message.take();
         let answer = match &last {
@@ -171,5 +175,6 @@ fn status_of(outcome: TurnOutcome) -> TurnStatus {
         TurnOutcome::Error => TurnStatus::Error,
         TurnOutcome::Canceled => TurnStatus::Canceled,
         TurnOutcome::TimedOut => TurnStatus::TimedOut,
+        TurnOutcome::BudgetExceeded => TurnStatus::BudgetExceeded,
     }
 }

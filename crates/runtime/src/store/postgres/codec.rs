@@ -18,7 +18,7 @@ use tokio_postgres::{Row, Statement};
 use super::error::pg_error;
 use crate::store::record;
 use crate::store::{Lease, StoreError};
-use crate::types::{LastTurn, Message, Session, TurnRecord, TurnStatus};
+use crate::types::{Budget, LastTurn, Message, Session, Spent, TurnRecord, TurnStatus};
 
 /// The session columns, in the order [`SessionParams::all`] binds them
 /// (a macro so statements can `concat!` it into one literal).
@@ -26,7 +26,7 @@ macro_rules! session_cols {
     () => {
         "id, owner, agent_id, project_id, title, model, system_prompt, metadata, \
          created_at_ns, last_active_ns, archived, last_turn, message_count, next_seq, \
-         compacted_through, summary_seq, incarnation"
+         compacted_through, summary_seq, incarnation, budget, spent"
     };
 }
 pub(super) use session_cols;
@@ -44,13 +44,14 @@ macro_rules! locked_cols {
 }
 pub(super) use locked_cols;
 
-/// The update [`SessionParams::mutable`] binds ($1..$12); a lease clause
+/// The update [`SessionParams::mutable`] binds ($1..$14); a lease clause
 /// and the `WHERE` follow (see `write.rs`).
 macro_rules! update_session {
     () => {
         "UPDATE sessions SET title = $2, model = $3, system_prompt = $4, metadata = $5, \
          last_active_ns = $6, archived = $7, last_turn = $8, message_count = $9, \
-         next_seq = $10, compacted_through = $11, summary_seq = $12"
+         next_seq = $10, compacted_through = $11, summary_seq = $12, budget = $13, \
+         spent = $14"
     };
 }
 pub(super) use update_session;
@@ -97,6 +98,8 @@ pub(super) fn session(row: &Row) -> Result<Session, StoreError> {
     };
     let metadata: Json<BTreeMap<String, String>> = c.get("metadata")?;
     let last_turn: Option<Json<LastTurn>> = c.get("last_turn")?;
+    let budget: Json<Budget> = c.get("budget")?;
+    let spent: Json<Spent> = c.get("spent")?;
     Ok(Session {
         owner: c.get("owner")?,
         agent_id: c.get("agent_id")?,
@@ -114,6 +117,8 @@ pub(super) fn session(row: &Row) -> Result<Session, StoreError> {
         compacted_through: c.count("compacted_through")?,
         summary_seq: c.count("summary_seq")?,
         incarnation: c.get("incarnation")?,
+        budget: budget.0,
+        spent: spent.0,
         id,
     })
 }
@@ -215,6 +220,7 @@ pub(super) fn status(status: TurnStatus) -> &'static str {
         TurnStatus::Canceled => "canceled",
         TurnStatus::TimedOut => "timed_out",
         TurnStatus::Interrupted => "interrupted",
+        TurnStatus::BudgetExceeded => "budget_exceeded",
     }
 }
 
@@ -289,6 +295,8 @@ pub(super) struct SessionParams<'a> {
     next_seq: i64,
     compacted_through: i64,
     summary_seq: i64,
+    budget: Json<&'a Budget>,
+    spent: Json<&'a Spent>,
 }
 
 impl<'a> SessionParams<'a> {
@@ -304,11 +312,13 @@ impl<'a> SessionParams<'a> {
             next_seq: big(s.next_seq)?,
             compacted_through: big(s.compacted_through)?,
             summary_seq: big(s.summary_seq)?,
+            budget: Json(&s.budget),
+            spent: Json(&s.spent),
         })
     }
 
-    /// Every column of [`session_cols`], in order ($1..$17).
-    pub(super) fn all(&self) -> [&(dyn ToSql + Sync); 17] {
+    /// Every column of [`session_cols`], in order ($1..$19).
+    pub(super) fn all(&self) -> [&(dyn ToSql + Sync); 19] {
         let s = self.s;
         [
             &s.id,
@@ -328,12 +338,14 @@ impl<'a> SessionParams<'a> {
             &self.compacted_through,
             &self.summary_seq,
             &s.incarnation,
+            &self.budget,
+            &self.spent,
         ]
     }
 
     /// The id and the columns a write may change, for [`update_session`]
-    /// ($1..$12).
-    pub(super) fn mutable(&self) -> [&(dyn ToSql + Sync); 12] {
+    /// ($1..$14).
+    pub(super) fn mutable(&self) -> [&(dyn ToSql + Sync); 14] {
         let s = self.s;
         [
             &s.id,
@@ -348,6 +360,8 @@ impl<'a> SessionParams<'a> {
             &self.next_seq,
             &self.compacted_through,
             &self.summary_seq,
+            &self.budget,
+            &self.spent,
         ]
     }
 }

@@ -20,6 +20,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (2, include_str!("migrations/0002_quotas.sql")),
     (3, include_str!("migrations/0003_replicas.sql")),
     (4, include_str!("migrations/0004_turn_listing.sql")),
+    (5, include_str!("migrations/0005_budgets.sql")),
 ];
 
 /// The advisory lock key held while migrating ("agentrt\0" as a number).

@@ -106,6 +106,9 @@ impl PostgresStore {
             None => None,
         };
         write::put_turn(&tx, &turn, false).await?;
+        // Under its own lease the stored record is still running: this is
+        // the turn's one end, so what it spent counts now.
+        locked.session.spend(None, &turn);
         locked.session.finish_turn(&turn);
         self.write_session(&tx, &locked.session, LeaseWrite::Release)
             .await?;

@@ -80,8 +80,8 @@ impl PostgresStore {
             LeaseWrite::Take(turn_id) => {
                 let sql = concat!(
                     update_session!(),
-                    ", lease_replica = $13, lease_address = $14, lease_turn = $15, \
-                     lease_expires = clock_timestamp() + $16::bigint * interval '1 microsecond' \
+                    ", lease_replica = $15, lease_address = $16, lease_turn = $17, \
+                     lease_expires = clock_timestamp() + $18::bigint * interval '1 microsecond' \
                      WHERE id = $1"
                 );
                 let mut params = base.to_vec();

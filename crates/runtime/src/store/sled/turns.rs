@@ -104,8 +104,9 @@ impl SledStore {
         (&self.sessions, &self.turns)
             .transaction(|(s, t)| {
                 let mut session = session_as_tx(s, &turn.session_id, &turn.incarnation)?;
-                t.insert(turn_key(&turn.session_id, &turn.turn_id), record.clone())?;
-                if session.finish_turn(&turn) {
+                let before = put_turn_tx(t, &turn, &record)?;
+                let spent = session.spend(before.as_ref(), &turn);
+                if session.finish_turn(&turn) || spent {
                     write_session_tx(s, &session)?;
                 }
                 Ok(())
@@ -146,7 +147,8 @@ impl SledStore {
                     }
                     None => (session_as_tx(s, &turn.session_id, &turn.incarnation)?, None),
                 };
-                t.insert(turn_key(&turn.session_id, &turn.turn_id), record.clone())?;
+                let before = put_turn_tx(t, &turn, &record)?;
+                session.spend(before.as_ref(), &turn);
                 session.finish_turn(&turn);
                 write_session_tx(s, &session)?;
                 Ok(stored)
@@ -245,6 +247,20 @@ impl SledStore {
         self.flush_db().await?;
         Ok(changed)
     }
+}
+
+/// Writes `turn`'s `record` in the transaction; the record it replaced.
+fn put_turn_tx(
+    t: &sled::transaction::TransactionalTree,
+    turn: &TurnRecord,
+    record: &[u8],
+) -> Result<Option<TurnRecord>, TxError<StoreError>> {
+    let key = turn_key(&turn.session_id, &turn.turn_id);
+    let before = t.insert(key.as_slice(), record)?;
+    before
+        .map(|raw| decode(TURNS, &key, &raw))
+        .transpose()
+        .map_err(TxError::Abort)
 }
 
 fn recover_blocking(sessions: &Tree, turns: &Tree) -> Result<Vec<TurnRecord>, StoreError> {

@@ -1,0 +1,41 @@
+//! The session's budget at a step boundary: once what the session spent
+//! before this turn plus what the turn used so far reaches a limit, the
+//! turn ends after the step that crossed it (its tool results stored, no
+//! further model request), with a notice in history and outcome
+//! `BudgetExceeded`. Admission refuses the session's next turn.
+
+use super::emitter::Emitter;
+use super::{Turn, TurnEnd};
+use crate::events::{ErrorCode, TurnOutcome};
+use crate::quota::QuotaExceeded;
+use crate::types::{ContentBlock, NewMessage, Role};
+
+impl Turn {
+    /// The end of the turn when the session's budget is reached after step
+    /// `index` (its notice stored); `None` while there is budget left.
+    pub(super) async fn budget_end(
+        &mut self,
+        index: u32,
+        emitter: &mut Emitter,
+    ) -> Option<TurnEnd> {
+        let prices = &self.inner.config.prices;
+        let cost = prices.cost_nano_usd(&self.record.model, &self.usage);
+        let spent = self.session.spent.plus(&self.usage, cost);
+        let (limit, value) = self.session.budget.reached(&spent)?;
+        let message = format!(
+            "{}: the turn ended after step {index} without a final answer",
+            QuotaExceeded::budget(limit, value)
+        );
+        let notice = NewMessage::new(
+            &self.record.turn_id,
+            Role::Notice,
+            vec![ContentBlock::text(message.clone())],
+        );
+        // The outcome is the budget's whatever this write does.
+        self.store(notice, emitter).await.ok();
+        Some(TurnEnd {
+            outcome: TurnOutcome::BudgetExceeded,
+            error: Some((ErrorCode::ResourceExhausted, message)),
+        })
+    }
+}
