@@ -37,4 +37,15 @@ impl Client {
             .await
             .map(|r| r.count)
     }
+
+    /// What `user_id`'s sessions spent: sessions, tokens and cost summed
+    /// (admin principals only).
+    pub async fn user_usage(&self, user_id: &str) -> Result<proto::UserUsage, Error> {
+        let req = proto::GetUserUsageRequest {
+            user_id: user_id.to_owned(),
+        };
+        let mut stub = self.admin.clone();
+        self.call(None, req, |r| async move { stub.get_user_usage(r).await })
+            .await
+    }
 }

@@ -204,6 +204,16 @@ fn last_turn(t: LastTurn) -> pb::LastTurn {
     }
 }
 
+/// What one user's sessions spent.
+pub fn user_usage(user_id: String, u: agentrt_runtime::runtime::UserUsage) -> pb::UserUsage {
+    pb::UserUsage {
+        user_id,
+        sessions: u.sessions,
+        usage: Some(usage(&u.spent.usage)),
+        cost: agentrt_runtime::prices::usd(u.spent.cost_nano_usd),
+    }
+}
+
 /// A turn record.
 pub fn turn_to_pb(t: TurnRecord) -> pb::Turn {
     pb::Turn {

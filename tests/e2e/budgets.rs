@@ -200,6 +200,19 @@ async fn a_turn_reaching_the_token_budget_ends_after_its_step_and_the_next_chat_
     assert_eq!(updated.budget.unwrap().max_tokens, Some(1_000));
     let usage = updated.spent_usage.unwrap();
     assert_eq!((usage.input_tokens, usage.output_tokens), (32, 15));
+
+    // The operator's view: every session of the user, summed.
+    let other = session_with(&client, proto::Budget::default()).await;
+    let usage = client.user_usage("local").await.unwrap();
+    assert_eq!((usage.user_id.as_str(), usage.sessions), ("local", 2));
+    let tokens = usage.usage.unwrap();
+    assert_eq!((tokens.input_tokens, tokens.output_tokens), (32, 15));
+    assert!((usage.cost - updated.spent_cost).abs() < 1e-12);
+    assert!(client.delete_session(&other).await.unwrap());
+    let nobody = client.user_usage("nobody").await.unwrap();
+    assert_eq!((nobody.sessions, nobody.cost), (0, 0.0));
+    let empty = client.user_usage("").await.unwrap_err();
+    assert_eq!(empty.code(), Some(Code::InvalidArgument));
     server.stop().await;
 }
 

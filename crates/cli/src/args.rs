@@ -292,6 +292,11 @@ pub(crate) enum AdminCommand {
         #[arg(long, default_value = "")]
         user: String,
     },
+    /// What one user's sessions spent: sessions, tokens, cost.
+    Usage {
+        /// The user id.
+        user: String,
+    },
 }
 
 /// `90`, `90s`, `2m`, `500ms`, `1.5s`.

@@ -464,6 +464,23 @@ impl Out {
         }
     }
 
+    pub(crate) fn user_usage(&self, u: &proto::UserUsage) {
+        let tokens = u.usage.unwrap_or_default();
+        if self.json {
+            print_json(&json!({
+                "user_id": u.user_id,
+                "sessions": u.sessions,
+                "usage": usage(&tokens),
+                "cost": u.cost,
+            }));
+        } else {
+            println!(
+                "{}: {} session(s), tokens in={} out={}, ${:.6}",
+                u.user_id, u.sessions, tokens.input_tokens, tokens.output_tokens, u.cost
+            );
+        }
+    }
+
     /// Ends a partly written text line before an error message.
     pub(crate) fn end_line(&self) {
         if !self.json {

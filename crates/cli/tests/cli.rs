@@ -534,6 +534,9 @@ async fn tool_result_history_pages_compact_and_admin() {
     let stats = h.json(&["admin", "stats"]).await;
     assert_eq!(stats["live_turns"], 0, "{stats}");
     assert!(stats["sessions_stored"].as_u64().unwrap() >= 1, "{stats}");
+    let usage = h.json(&["admin", "usage", "local"]).await;
+    assert_eq!(usage["user_id"], "local", "{usage}");
+    assert!(usage["sessions"].as_u64().unwrap() >= 1, "{usage}");
     let reset = h.json(&["admin", "reset"]).await;
     assert!(reset["reset"].is_u64(), "{reset}");
     let drained = h.json(&["admin", "drain", "--timeout", "5s"]).await;

@@ -58,7 +58,7 @@ use models::Selection;
 use runners::Runners;
 use slots::{LiveTurn, Slots};
 
-pub use admin::RuntimeStats;
+pub use admin::{RuntimeStats, UserUsage};
 pub use compaction::CompactionReport;
 pub use context::load_context;
 pub use control::SessionStatus;

@@ -210,4 +210,17 @@ impl RuntimeAdmin for RuntimeAdminHandler {
         let stats = self.runtime.stats(&call.who).await.map_err(from_runtime)?;
         Ok(Response::new(convert::runtime_stats(stats)))
     }
+
+    async fn get_user_usage(
+        &self,
+        req: Request<pb::GetUserUsageRequest>,
+    ) -> Result<Response<pb::UserUsage>, Status> {
+        let (call, r) = Call::open(req)?;
+        let usage = self
+            .runtime
+            .user_usage(&call.who, &r.user_id)
+            .await
+            .map_err(from_runtime)?;
+        Ok(Response::new(convert::user_usage(r.user_id, usage)))
+    }
 }

@@ -98,6 +98,7 @@ pub(crate) const CASES: &[Case] = &[
     admin("agentrt.v1.RuntimeAdmin/InvalidateRunners"),
     admin("agentrt.v1.RuntimeAdmin/Drain"),
     admin("agentrt.v1.RuntimeAdmin/GetRuntimeStats"),
+    admin("agentrt.v1.RuntimeAdmin/GetUserUsage"),
     owned("lf.a2a.v1.A2AService/SendMessage", "context"),
     owned("lf.a2a.v1.A2AService/SendMessage", "task"),
     owned("lf.a2a.v1.A2AService/SendStreamingMessage", "context"),
@@ -365,6 +366,12 @@ pub(crate) async fn call(world: &World, case: &Case, user: User, target: &Target
         ("agentrt.v1.RuntimeAdmin/GetRuntimeStats", _) => {
             let r = pb::GetRuntimeStatsRequest {};
             unary(admin.get_runtime_stats(authed(r, user)).await, ok)
+        }
+        ("agentrt.v1.RuntimeAdmin/GetUserUsage", _) => {
+            let r = pb::GetUserUsageRequest {
+                user_id: "alice".into(),
+            };
+            unary(admin.get_user_usage(authed(r, user)).await, ok)
         }
         ("lf.a2a.v1.A2AService/SendMessage", variant) => {
             let mut r = a2a_message(target, variant == "task", user);

@@ -82,6 +82,13 @@ def test_a_turn_yields_every_event_kind_and_is_stored(pb, alice):
     assert "".join(b.text.text for b in history[0].content) == "hello [think]"
     assert "".join(b.text.text for b in history[1].content if b.WhichOneof("block") == "text") == answer
 
+    turns = alice.call(alice.sessions.ListTurns, pb.sessions.ListTurnsRequest(session_id=sid)).turns
+    assert [t.turn_id for t in turns] == [events[0].turn_id]
+    assert turns[0].outcome == pb.sessions.TURN_OUTCOME_SUCCESS and turns[0].steps == 1
+    assert turns[0].usage.input_tokens == 10 and turns[0].user_message_seq == history[0].seq
+    one = alice.call(alice.sessions.GetTurn, pb.sessions.GetTurnRequest(session_id=sid, turn_id=turns[0].turn_id))
+    assert one == turns[0]
+
 
 def test_a_second_chat_on_a_busy_session_is_aborted_with_session_busy(pb, alice):
     sid = alice.create_session()

@@ -11,6 +11,7 @@ pub(crate) async fn admin(client: &Client, out: &Out, cmd: AdminCommand) -> Outc
         AdminCommand::Stats => out.stats(&client.runtime_stats().await?),
         AdminCommand::Drain { timeout } => out.drained(client.drain(timeout).await?),
         AdminCommand::Reset { user } => out.reset(client.reset_runners(&user).await?),
+        AdminCommand::Usage { user } => out.user_usage(&client.user_usage(&user).await?),
     }
     Ok(())
 }

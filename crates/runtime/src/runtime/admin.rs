@@ -4,7 +4,21 @@ use std::time::{Duration, Instant};
 
 use super::Runtime;
 use crate::error::RuntimeError;
-use crate::types::Principal;
+use crate::limits::{MAX_ID_BYTES, check_short};
+use crate::store::ListQuery;
+use crate::types::{Principal, Spent};
+
+/// Sessions read per page while summing a user's usage.
+const USAGE_PAGE: usize = 500;
+
+/// What one user's sessions spent, for `GetUserUsage`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UserUsage {
+    /// Sessions the user owns.
+    pub sessions: u64,
+    /// Their ended turns' usage and cost, summed.
+    pub spent: Spent,
+}
 
 /// Runtime-wide numbers for `GetRuntimeStats`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +110,41 @@ impl Runtime {
         self.stop_admitting();
         self.inner.lifecycle.wait_turns(timeout).await;
         Ok(self.live_turns())
+    }
+
+    /// What `user_id`'s sessions spent (admin principals only): their
+    /// `spent` summed over every session the user owns, archived ones
+    /// included, read page by page from the store.
+    pub async fn user_usage(
+        &self,
+        who: &Principal,
+        user_id: &str,
+    ) -> Result<UserUsage, RuntimeError> {
+        require_admin(who)?;
+        if user_id.is_empty() {
+            return Err(RuntimeError::invalid("user_id", "is empty; name the user"));
+        }
+        check_short("user_id", user_id, MAX_ID_BYTES)?;
+        let mut usage = UserUsage::default();
+        let mut after = None;
+        loop {
+            let query = ListQuery {
+                include_archived: true,
+                limit: USAGE_PAGE,
+                after,
+                ..ListQuery::default()
+            };
+            let page = self.inner.store.list_sessions(user_id, &query).await?;
+            for session in &page.sessions {
+                usage.sessions = usage.sessions.saturating_add(1);
+                let spent = &session.spent;
+                usage.spent = usage.spent.plus(&spent.usage, Some(spent.cost_nano_usd));
+            }
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return Ok(usage),
+            }
+        }
     }
 
     /// Runtime-wide numbers.
@@ -213,6 +262,10 @@ mod tests {
         ));
         assert!(matches!(
             rt.drain(&user, Duration::ZERO).await,
+            Err(RuntimeError::PermissionDenied(_))
+        ));
+        assert!(matches!(
+            rt.user_usage(&user, "u").await,
             Err(RuntimeError::PermissionDenied(_))
         ));
         assert!(!rt.is_closed());
