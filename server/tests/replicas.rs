@@ -475,3 +475,93 @@ async fn concurrent_chats_on_two_replicas_admit_exactly_one_each_round() {
     a.server.stop().await;
     b.server.stop().await;
 }
+
+#[tokio::test]
+async fn a_budget_and_the_turn_records_hold_across_replicas() {
+    let Some(db) = agentrt_testkit::pg::database().await else {
+        return;
+    };
+    let priced = |c: &mut Config| {
+        let price = agentrt_runtime::prices::Price {
+            input: 1.0,
+            cached_input: None,
+            output: 1.0,
+        };
+        c.prices = agentrt_runtime::prices::Prices::new(
+            [("builtin/echo".to_owned(), price)].into_iter().collect(),
+        )
+        .unwrap();
+    };
+    let a = replica_with(&db.url, true, &[], priced).await;
+    let b = replica_with(&db.url, true, &[], priced).await;
+    let mut sessions_a = SessionServiceClient::new(channel(a.server.url()).await);
+    let mut sessions_b = SessionServiceClient::new(channel(b.server.url()).await);
+    let session = sessions_a
+        .create_session(proto::CreateSessionRequest {
+            budget: Some(proto::Budget {
+                max_tokens: Some(1),
+                max_cost: None,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id;
+    let mut turn = runtime(&a)
+        .await
+        .chat(chat(&session, "builtin/echo", "r1"))
+        .await
+        .unwrap()
+        .into_inner();
+    let (events, status) = drain(&mut turn).await;
+    assert_eq!(
+        outcome(&events),
+        Some(proto::TurnOutcome::Success),
+        "{status:?}"
+    );
+
+    // B reads what A's turn spent, and its record with its cost.
+    let seen = sessions_b
+        .get_session(proto::GetSessionRequest {
+            session_id: session.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let spent = seen.spent_usage.unwrap();
+    assert!(spent.input_tokens + spent.output_tokens >= 1, "{spent:?}");
+    assert!(seen.spent_cost > 0.0, "{seen:?}");
+    let turns = sessions_b
+        .list_turns(proto::ListTurnsRequest {
+            session_id: session.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .turns;
+    assert_eq!(turns.len(), 1);
+    assert_eq!(
+        (turns[0].request_id.as_str(), turns[0].cost),
+        ("r1", Some(seen.spent_cost))
+    );
+
+    // The budget is spent: B refuses the next Chat before storing anything.
+    let refused = runtime(&b)
+        .await
+        .chat(chat(&session, "builtin/echo", "r2"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    let failure = refused.get_details_quota_failure().expect("a QuotaFailure");
+    assert_eq!(failure.violations[0].quota_id, "session_budget_tokens");
+    let after = sessions_a
+        .get_session(proto::GetSessionRequest {
+            session_id: session.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(after.message_count, seen.message_count);
+}
