@@ -78,11 +78,6 @@ impl Prices {
     pub fn cost_nano_usd(&self, model: &str, usage: &Usage) -> Option<u64> {
         self.0.get(model).map(|price| price.cost_nano_usd(usage))
     }
-
-    /// Whether the table is empty.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
 }
 
 /// US dollars as nano-USD; `None` for a value that is not a cost (not a

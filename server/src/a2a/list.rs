@@ -136,15 +136,10 @@ pub(super) async fn list_tasks(
     let mut handled: Option<&str> = None;
     for record in &page.turns {
         if query.matches(record) {
-            let Some(detail) = runtime
-                .turn(who, context, &record.turn_id)
+            let detail = runtime
+                .turn_detail(who, context, record.clone())
                 .await
-                .map_err(from_runtime)?
-            else {
-                // Deleted meanwhile.
-                handled = Some(&record.turn_id);
-                continue;
-            };
+                .map_err(from_runtime)?;
             let mut task = task_of(&detail, query.history_length);
             if !query.include_artifacts {
                 task.artifacts.clear();

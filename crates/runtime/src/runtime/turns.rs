@@ -70,11 +70,8 @@ impl Runtime {
             Some(last) if more => page_token_after(&last.turn_id),
             Some(_) | None => String::new(),
         };
-        for turn in &mut turns {
-            turn.session_id = super::keys::client_id(&turn.session_id).to_owned();
-        }
         Ok(TurnList {
-            turns,
+            turns: turns.into_iter().map(for_client).collect(),
             next_page_token,
         })
     }
@@ -99,14 +96,8 @@ impl Runtime {
         session_id: &str,
         turn_id: &str,
     ) -> Result<Option<TurnRecord>, RuntimeError> {
-        validate_session_id("session_id", session_id)?;
-        check_short("turn_id", turn_id, MAX_ID_BYTES)?;
-        let key = self.owned_session(who, session_id).await?.id;
-        let record = self.inner.store.get_turn(&key, turn_id).await?;
-        Ok(record.map(|mut record| {
-            record.session_id = super::keys::client_id(&record.session_id).to_owned();
-            record
-        }))
+        let owned = self.owned_turn(who, session_id, turn_id).await?;
+        Ok(owned.map(|(_, record)| for_client(record)))
     }
 
     /// The turn `turn_id` of one of `who`'s sessions; `None` when the
@@ -117,23 +108,26 @@ impl Runtime {
         session_id: &str,
         turn_id: &str,
     ) -> Result<Option<TurnDetail>, RuntimeError> {
-        validate_session_id("session_id", session_id)?;
-        check_short("turn_id", turn_id, MAX_ID_BYTES)?;
-        let key = self.owned_session(who, session_id).await?.id;
-        let session_id = key.as_str();
-        let store = &self.inner.store;
-        let Some(mut record) = store.get_turn(session_id, turn_id).await? else {
+        let Some((key, record)) = self.owned_turn(who, session_id, turn_id).await? else {
             return Ok(None);
         };
-        let after = record.user_message_seq.saturating_sub(1);
-        let messages = store
-            .history(session_id, after, MAX_TURN_MESSAGES, true)
-            .await?
-            .into_iter()
-            .take_while(|m| m.body.turn_id == record.turn_id)
-            .collect();
-        record.session_id = super::keys::client_id(&record.session_id).to_owned();
+        let messages = self.messages_of(&key, &record).await?;
+        let record = for_client(record);
         Ok(Some(TurnDetail { record, messages }))
+    }
+
+    /// A turn [`list_turns`](Self::list_turns) returned, with the messages
+    /// it stored (its record is not read again).
+    pub async fn turn_detail(
+        &self,
+        who: &Principal,
+        session_id: &str,
+        record: TurnRecord,
+    ) -> Result<TurnDetail, RuntimeError> {
+        validate_session_id("session_id", session_id)?;
+        let key = self.owned_session(who, session_id).await?.id;
+        let messages = self.messages_of(&key, &record).await?;
+        Ok(TurnDetail { record, messages })
     }
 
     /// The events of finished turn `turn_id` of one of `who`'s sessions,
@@ -146,17 +140,54 @@ impl Runtime {
         session_id: &str,
         turn_id: &str,
     ) -> Result<Option<TurnStream>, RuntimeError> {
-        validate_session_id("session_id", session_id)?;
-        check_short("turn_id", turn_id, MAX_ID_BYTES)?;
-        let key = self.owned_session(who, session_id).await?.id;
-        let store = self.inner.store.as_ref();
-        match store.get_turn(&key, turn_id).await? {
-            Some(record) if record.status != TurnStatus::Running => {
+        match self.owned_turn(who, session_id, turn_id).await? {
+            Some((_, record)) if record.status != TurnStatus::Running => {
+                let store = self.inner.store.as_ref();
                 Ok(Some(super::replay::replay_turn(store, record).await?))
             }
             Some(_) | None => Ok(None),
         }
     }
+
+    /// The stored key of one of `who`'s sessions and its turn `turn_id`'s
+    /// record as stored; `None` when the session has no such turn.
+    async fn owned_turn(
+        &self,
+        who: &Principal,
+        session_id: &str,
+        turn_id: &str,
+    ) -> Result<Option<(String, TurnRecord)>, RuntimeError> {
+        validate_session_id("session_id", session_id)?;
+        check_short("turn_id", turn_id, MAX_ID_BYTES)?;
+        let key = self.owned_session(who, session_id).await?.id;
+        let record = self.inner.store.get_turn(&key, turn_id).await?;
+        Ok(record.map(|record| (key, record)))
+    }
+
+    /// The messages `record`'s turn stored in session `key`, its user
+    /// message first (contiguous in history).
+    async fn messages_of(
+        &self,
+        key: &str,
+        record: &TurnRecord,
+    ) -> Result<Vec<Message>, RuntimeError> {
+        let after = record.user_message_seq.saturating_sub(1);
+        let history = self
+            .inner
+            .store
+            .history(key, after, MAX_TURN_MESSAGES, true);
+        Ok(history
+            .await?
+            .into_iter()
+            .take_while(|m| m.body.turn_id == record.turn_id)
+            .collect())
+    }
+}
+
+/// A stored record as its client knows it (the session's client id).
+fn for_client(mut record: TurnRecord) -> TurnRecord {
+    record.session_id = super::keys::client_id(&record.session_id).to_owned();
+    record
 }
 
 /// The page token of the turns listed after (older than) turn `turn_id`,
