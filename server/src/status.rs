@@ -91,6 +91,7 @@ pub fn quota_exceeded(quota: &QuotaExceeded) -> Status {
             Quota::SessionBudgetCost => {
                 format!("at most {} micro-USD in this session", quota.limit)
             }
+            Quota::Inbox => format!("at most {} queued messages per session", quota.limit),
             Quota::Sessions
             | Quota::StoredBytes
             | Quota::LiveTurns
@@ -113,6 +114,7 @@ pub fn quota_exceeded(quota: &QuotaExceeded) -> Status {
         Quota::SessionBudgetTokens | Quota::SessionBudgetCost => {
             "; raise the session's budget (UpdateSession) or start a new session"
         }
+        Quota::Inbox => "; retry when the queued messages have run",
     };
     Status::with_error_details(Code::ResourceExhausted, format!("{quota}{hint}"), details)
 }
@@ -164,6 +166,9 @@ fn from_store(err: StoreError) -> Status {
             turn_id: lease.turn_id,
         }),
         StoreError::QuotaExceeded(quota) => quota_exceeded(&quota),
+        StoreError::NotQueued { .. } => Status::failed_precondition(
+            "the queued message is no longer in the inbox (it ran, failed or was cleared)",
+        ),
         StoreError::LeaseLost { .. } => {
             tracing::warn!(error = %err, "lease lost");
             Status::unavailable(

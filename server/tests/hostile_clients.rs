@@ -201,6 +201,9 @@ impl Store for PanickyStore {
     async fn get_turn(&self, s: &str, t: &str) -> Result<Option<TurnRecord>, StoreError> {
         self.0.get_turn(s, t).await
     }
+    fn inbox(&self) -> &dyn agentrt_runtime::store::Inbox {
+        self.0.inbox()
+    }
     async fn list_turns(
         &self,
         s: &str,

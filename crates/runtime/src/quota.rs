@@ -43,6 +43,8 @@ pub enum Quota {
     SessionBudgetTokens,
     /// A session's budget of cost (its limit in micro-USD).
     SessionBudgetCost,
+    /// Messages queued in one session's inbox.
+    Inbox,
 }
 
 impl Quota {
@@ -56,6 +58,7 @@ impl Quota {
             Self::DetachedTasks => "detached_tasks",
             Self::SessionBudgetTokens => "session_budget_tokens",
             Self::SessionBudgetCost => "session_budget_cost",
+            Self::Inbox => "inbox",
         }
     }
 }
@@ -84,6 +87,10 @@ impl std::fmt::Display for QuotaExceeded {
                 "the session's budget of ${}.{:06} is spent",
                 limit / 1_000_000,
                 limit % 1_000_000
+            ),
+            Quota::Inbox => write!(
+                f,
+                "the session's inbox holds {limit} queued messages already"
             ),
             Quota::Sessions
             | Quota::StoredBytes

@@ -23,6 +23,7 @@ use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, Turn
 
 pub(crate) mod cluster;
 mod flusher;
+pub(crate) mod inbox;
 pub(crate) mod leases;
 mod memory;
 pub(crate) mod postgres;
@@ -36,6 +37,7 @@ pub(crate) mod testing;
 
 pub use self::sled::SledStore;
 pub use cluster::{Cluster, DefaultModel, Replica};
+pub use inbox::Inbox;
 pub use leases::{Lease, LeaseKey, Leases};
 pub use memory::MemoryStore;
 pub use postgres::{PgConfig, PostgresStore};
@@ -87,6 +89,13 @@ pub enum StoreError {
     /// A write for a turn whose lease this replica no longer holds (it
     /// expired and may have been taken over). Nothing was written; the turn
     /// must stop and store nothing more.
+    /// A turn meant to run queued message `id` found it gone from the
+    /// inbox (it ran already, was reported failed, or was cleared).
+    #[error("queued message {id} is no longer in the inbox")]
+    NotQueued {
+        /// The queued message.
+        id: String,
+    },
     #[error("this replica no longer holds the lease of turn {turn_id}")]
     LeaseLost {
         /// The turn whose write was refused.
@@ -489,6 +498,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// ([`Cluster`]: heartbeats, the cluster-wide default model); `None`
     /// for a store one process owns. Required, as [`Store::leases`].
     fn cluster(&self) -> Option<&dyn Cluster>;
+
+    /// The sessions' inboxes ([`Inbox`]): every engine has one.
+    fn inbox(&self) -> &dyn Inbox;
 
     /// Whether the store can take writes now (readiness, polled once a
     /// second). `Err(DiskFull)` while its disk is below the reserve (it

@@ -402,6 +402,69 @@ pub struct TurnRecord {
     /// of a US dollar; `None` when the model has no price.
     #[serde(default)]
     pub cost_nano_usd: Option<u64>,
+    /// The queued message this turn runs ([`Queued::id`]): the write that
+    /// begins the turn takes it out of the inbox, and is refused when it
+    /// is gone.
+    #[serde(default)]
+    pub from_inbox: Option<String>,
+}
+
+/// A Chat that arrived while its session was busy, kept in the session's
+/// inbox until it runs as its own turn (see `store::inbox`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Queued {
+    /// Its id, UUIDv7: id order is arrival order.
+    pub id: String,
+    /// The session (its stored key).
+    pub session_id: String,
+    /// The session's incarnation it was sent to.
+    pub incarnation: String,
+    /// When it arrived.
+    pub enqueued_at: SystemTime,
+    /// Whether its sender was an admin principal (the sender is the
+    /// session's owner).
+    pub admin: bool,
+    /// What to run.
+    pub input: QueuedInput,
+}
+
+/// The request of a queued Chat, as admission takes it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct QueuedInput {
+    /// The user message.
+    pub content: Vec<ContentBlock>,
+    /// `provider/model` override.
+    pub model: Option<String>,
+    /// Thinking override.
+    pub thinking: Option<ThinkingLevel>,
+    /// System prompt for this turn.
+    pub system_override: Option<String>,
+    /// Turn time limit.
+    pub timeout: Option<std::time::Duration>,
+    /// Idempotency key.
+    pub request_id: Option<String>,
+    /// Server tools left out.
+    pub excluded_tools: Vec<String>,
+    /// Caller-executed tools offered.
+    pub extra_tools: Vec<QueuedTool>,
+    /// Agent-loop step limit.
+    pub max_steps: Option<u32>,
+    /// Output token limit per step.
+    pub max_output_tokens: Option<u32>,
+    /// The turn runs on when its caller is gone.
+    pub continue_on_disconnect: bool,
+}
+
+/// A caller-executed tool of a queued Chat.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueuedTool {
+    /// Name.
+    pub name: String,
+    /// Description.
+    pub description: String,
+    /// JSON Schema of its arguments.
+    pub parameters: serde_json::Value,
 }
 
 /// Summary of a session's latest turn.

@@ -22,8 +22,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use agentrt_runtime::store::{CreateOutcome, ListCursor, ListQuery, Store, StoreError};
 use agentrt_runtime::types::{
-    Budget, CancelReason, ContentBlock, LastTurn, Message, NewMessage, NewSession, Role, Session,
-    SessionUpdate, Spent, StopReason, ThinkingLevel, TurnRecord, TurnStatus, Usage, flatten_text,
+    Budget, CancelReason, ContentBlock, LastTurn, Message, NewMessage, NewSession, Queued,
+    QueuedInput, Role, Session, SessionUpdate, Spent, StopReason, ThinkingLevel, TurnRecord,
+    TurnStatus, Usage, flatten_text,
 };
 
 /// Expands to one `#[tokio::test]` per contract check, each on a fresh store
@@ -40,7 +41,7 @@ macro_rules! store_contract_tests {
             history_pagination, begin_turn_stores_message_and_turn,
             finish_turn_updates_turn_and_last_turn, finish_turn_with_stores_the_answer_too,
             find_turn_by_request_id, list_turns_newest_first_by_page,
-            finish_turn_adds_what_it_spent_once,
+            finish_turn_adds_what_it_spent_once, inbox_runs_each_queued_message_once,
             recover_marks_running_interrupted, delete_removes_everything,
             delete_then_recreate_starts_fresh, writes_to_an_old_incarnation_are_refused,
             content_round_trips,
@@ -96,6 +97,7 @@ pub fn running_turn(session_id: &str, incarnation: &str, turn_id: &str) -> TurnR
         incarnation: incarnation.to_owned(),
         steps: 0,
         cost_nano_usd: None,
+        from_inbox: None,
         turn_id: turn_id.to_owned(),
         session_id: session_id.to_owned(),
         status: TurnStatus::Running,
@@ -677,6 +679,107 @@ pub async fn find_turn_by_request_id(store: &dyn Store) {
     assert_eq!(
         (find(&s.id, "req-t3").await, find(&s.id, "nope").await),
         (None, None)
+    );
+}
+
+/// The inbox: queued messages in arrival order with their positions,
+/// bounded; each taken once, by the write that begins its turn (a second
+/// turn from it is refused and stores nothing) or by a dequeue that reports
+/// it in history; cleared; gone with their session.
+pub async fn inbox_runs_each_queued_message_once(store: &dyn Store) {
+    let s = create(store, "alice", "agent").await;
+    let inbox = store.inbox();
+    let queued = |id: &str| Queued {
+        id: id.to_owned(),
+        session_id: s.id.clone(),
+        incarnation: s.incarnation.clone(),
+        enqueued_at: SystemTime::now(),
+        admin: false,
+        input: QueuedInput {
+            content: vec![ContentBlock::text(format!("message {id}"))],
+            request_id: Some(format!("r-{id}")),
+            ..QueuedInput::default()
+        },
+    };
+    for (id, position) in [("q1", 1), ("q2", 2), ("q3", 3)] {
+        let at = inbox.enqueue(queued(id), 3).await.expect("enqueue");
+        assert_eq!(at, position);
+    }
+    match inbox.enqueue(queued("q4"), 3).await {
+        Err(StoreError::QuotaExceeded(refused)) => assert_eq!(refused.limit, 3),
+        other => panic!("expected the inbox bound, got {other:?}"),
+    }
+    let ids = async || {
+        let listed = inbox.queued(&s.id).await.expect("queued");
+        listed.into_iter().map(|q| q.id).collect::<Vec<_>>()
+    };
+    assert_eq!(ids().await, ["q1", "q2", "q3"]);
+    let first = inbox.queued(&s.id).await.expect("queued").remove(0);
+    assert_eq!((first.input, first.admin), (queued("q1").input, false));
+
+    // The turn that runs q1 takes it; a second turn from q1 is refused.
+    let from = |turn_id: &str, id: &str| TurnRecord {
+        from_inbox: Some(id.to_owned()),
+        ..running_turn(&s.id, &s.incarnation, turn_id)
+    };
+    let user = |turn_id: &str| text_message(turn_id, Role::User, "message q1");
+    store
+        .begin_turn(from("t1", "q1"), user("t1"))
+        .await
+        .expect("begin_turn from q1");
+    let stored = history(store, &s.id).await.len();
+    match store.begin_turn(from("t2", "q1"), user("t2")).await {
+        Err(StoreError::NotQueued { id }) => assert_eq!(id, "q1"),
+        other => panic!("expected NotQueued, got {other:?}"),
+    }
+    assert_eq!(history(store, &s.id).await.len(), stored, "nothing stored");
+    assert!(turn(store, &s.id, "t2").await.is_none());
+    assert_eq!(ids().await, ["q2", "q3"]);
+
+    // q2 cannot run: reported in history, once.
+    let notice = text_message("q2", Role::Notice, "message q2 was not run");
+    let dequeued = inbox.dequeue(&s.id, &s.incarnation, "q2", Some(notice));
+    assert!(dequeued.await.expect("dequeue"));
+    assert!(
+        !inbox
+            .dequeue(&s.id, &s.incarnation, "q2", None)
+            .await
+            .expect("dequeue")
+    );
+    let last = history(store, &s.id).await.pop().expect("a message");
+    assert_eq!(last.body.role, Role::Notice);
+    assert_eq!(ids().await, ["q3"]);
+    let waiting = inbox.sessions_with_queued(10).await.expect("sessions");
+    assert_eq!(waiting, std::slice::from_ref(&s.id));
+
+    // Another incarnation's message is refused; clear empties the inbox.
+    let stale = Queued {
+        incarnation: "another".to_owned(),
+        ..queued("q5")
+    };
+    assert!(matches!(
+        inbox.enqueue(stale, 3).await,
+        Err(StoreError::SessionNotFound)
+    ));
+    assert_eq!(inbox.clear(&s.id).await.expect("clear"), 1);
+    assert!(
+        inbox
+            .sessions_with_queued(10)
+            .await
+            .expect("sessions")
+            .is_empty()
+    );
+
+    // Queued messages go with their session.
+    inbox.enqueue(queued("q6"), 3).await.expect("enqueue");
+    assert!(store.delete_session(&s.id, None).await.expect("delete"));
+    assert!(inbox.queued(&s.id).await.expect("queued").is_empty());
+    assert!(
+        inbox
+            .sessions_with_queued(10)
+            .await
+            .expect("sessions")
+            .is_empty()
     );
 }
 

@@ -589,6 +589,7 @@ fn running_record(
         incarnation: session.incarnation.clone(),
         steps: 0,
         cost_nano_usd: None,
+        from_inbox: None,
     }
 }
 

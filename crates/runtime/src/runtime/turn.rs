@@ -530,6 +530,7 @@ fn cause_of(err: &StoreError) -> Option<&'static str> {
         | StoreError::Unavailable(_)
         | StoreError::Busy(_)
         | StoreError::QuotaExceeded(_)
+        | StoreError::NotQueued { .. }
         | StoreError::LeaseLost { .. } => None,
     }
 }

@@ -10,12 +10,14 @@ use async_trait::async_trait;
 
 use super::size::{Budget, message_wire_bytes, session_wire_bytes};
 use super::{
-    CreateOutcome, HistoryQuery, Leases, ListCursor, ListQuery, MessagePage, SessionPage, Store,
-    StoreError, seq_exhausted,
+    CreateOutcome, HistoryQuery, Inbox, Leases, ListCursor, ListQuery, MessagePage, SessionPage,
+    Store, StoreError, seq_exhausted,
 };
 use crate::quota::{Quota, QuotaLimits, WriteQuota};
 use crate::store::stored_bytes;
-use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord, new_id};
+use crate::types::{
+    Message, NewMessage, NewSession, Queued, Session, SessionUpdate, TurnRecord, new_id,
+};
 
 /// A [`Store`] that keeps everything in memory.
 #[derive(Debug, Default)]
@@ -34,6 +36,8 @@ struct Entry {
     turns: BTreeMap<String, TurnRecord>,
     /// Bytes of the user messages stored (the `stored_bytes` quota's count).
     user_bytes: u64,
+    /// Queued messages by id (arrival order).
+    inbox: BTreeMap<String, Queued>,
 }
 
 impl MemoryStore {
@@ -116,6 +120,7 @@ impl Store for MemoryStore {
             messages: BTreeMap::new(),
             turns: BTreeMap::new(),
             user_bytes: 0,
+            inbox: BTreeMap::new(),
         };
         sessions.insert(id, entry);
         Ok(CreateOutcome::Created(session))
@@ -222,7 +227,15 @@ impl Store for MemoryStore {
                 .map_err(StoreError::QuotaExceeded)?;
         }
         let entry = entry_as(&mut sessions, &turn.session_id, &turn.incarnation)?;
+        if let Some(id) = &turn.from_inbox
+            && !entry.inbox.contains_key(id)
+        {
+            return Err(StoreError::NotQueued { id: id.clone() });
+        }
         let message = entry.append(user_message, SystemTime::now())?;
+        if let Some(id) = &turn.from_inbox {
+            entry.inbox.remove(id);
+        }
         entry.user_bytes += stored_bytes(&message.body);
         turn.user_message_seq = message.seq;
         entry.session.begin_turn(&turn);
@@ -396,6 +409,69 @@ impl Store for MemoryStore {
 
     fn cluster(&self) -> Option<&dyn super::cluster::Cluster> {
         None
+    }
+
+    fn inbox(&self) -> &dyn Inbox {
+        self
+    }
+}
+
+#[async_trait]
+impl Inbox for MemoryStore {
+    async fn enqueue(&self, message: Queued, max: u64) -> Result<u64, StoreError> {
+        let mut sessions = self.lock();
+        let entry = entry_as(&mut sessions, &message.session_id, &message.incarnation)?;
+        let held = u64::try_from(entry.inbox.len()).unwrap_or(u64::MAX);
+        QuotaLimits::check(Quota::Inbox, Some(max), held, 1).map_err(StoreError::QuotaExceeded)?;
+        entry.inbox.insert(message.id.clone(), message);
+        Ok(held + 1)
+    }
+
+    async fn queued(&self, session_id: &str) -> Result<Vec<Queued>, StoreError> {
+        let sessions = self.lock();
+        Ok(sessions
+            .get(session_id)
+            .map(|e| e.inbox.values().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    async fn dequeue(
+        &self,
+        session_id: &str,
+        incarnation: &str,
+        id: &str,
+        notice: Option<NewMessage>,
+    ) -> Result<bool, StoreError> {
+        let mut sessions = self.lock();
+        let entry = entry_as(&mut sessions, session_id, incarnation)?;
+        if !entry.inbox.contains_key(id) {
+            return Ok(false);
+        }
+        if let Some(notice) = notice {
+            entry.append(notice, SystemTime::now())?;
+        }
+        entry.inbox.remove(id);
+        Ok(true)
+    }
+
+    async fn clear(&self, session_id: &str) -> Result<u64, StoreError> {
+        let mut sessions = self.lock();
+        let Some(entry) = sessions.get_mut(session_id) else {
+            return Ok(0);
+        };
+        let cleared = u64::try_from(entry.inbox.len()).unwrap_or(u64::MAX);
+        entry.inbox.clear();
+        Ok(cleared)
+    }
+
+    async fn sessions_with_queued(&self, limit: usize) -> Result<Vec<String>, StoreError> {
+        let sessions = self.lock();
+        Ok(sessions
+            .iter()
+            .filter(|(_, e)| !e.inbox.is_empty())
+            .map(|(id, _)| id.clone())
+            .take(limit)
+            .collect())
     }
 }
 

@@ -49,6 +49,7 @@ mod cluster;
 pub(crate) mod codec;
 mod error;
 mod history;
+mod inbox;
 mod leases;
 mod quota;
 mod schema;
@@ -376,6 +377,10 @@ impl Store for PostgresStore {
 
     fn leases(&self) -> Option<&dyn Leases> {
         Some(self)
+    }
+
+    fn inbox(&self) -> &dyn crate::store::Inbox {
+        self
     }
 
     fn cluster(&self) -> Option<&dyn super::cluster::Cluster> {

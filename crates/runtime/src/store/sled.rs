@@ -2,7 +2,7 @@
 //!
 //! # Layout
 //!
-//! Four trees (and `usage`, see `usage.rs`). Values are records
+//! Five trees (and `usage`, see `usage.rs`). Values are records
 //! (`store/record.rs`: one version byte, then serde_json); another version
 //! byte, or a record that does not decode, is [`StoreError::Corrupt`].
 //!
@@ -13,6 +13,7 @@
 //! | `messages`         | session id `\0` seq (u64 BE)                       | [`Message`]    |
 //! | `messages`         | session id `\0` `u64::MAX` (BE) body file name     | seq (u64 BE)   |
 //! | `turns`            | session id `\0` turn id                            | [`TurnRecord`] |
+//! | `inbox`            | session id `\0` queued id                          | [`Queued`]     |
 //!
 //! A message record above 4 KiB keeps its body in a file of its own and
 //! only a reference (version byte 2) in the tree, and the file's name under
@@ -47,7 +48,7 @@
 //! # Files
 //!
 //! This file opens the database and maps the [`Store`] calls; by topic:
-//! `sessions.rs`, `turns.rs`, `history.rs`; the keys in `keys.rs`, the
+//! `sessions.rs`, `turns.rs`, `history.rs`, `inbox.rs`; the keys in `keys.rs`, the
 //! pieces of every transaction in `tx.rs`; large bodies in `bodies.rs`,
 //! the free-space reserve in `disk.rs`, quota counts in `usage.rs`.
 
@@ -64,6 +65,7 @@ use sled::transaction::{TransactionError, Transactional};
 mod bodies;
 mod disk;
 mod history;
+mod inbox;
 mod keys;
 mod sessions;
 #[cfg(test)]
@@ -82,6 +84,8 @@ use super::{
     record,
 };
 use crate::quota::WriteQuota;
+#[cfg(doc)]
+use crate::types::Queued;
 use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord};
 
 const SESSIONS: &str = "sessions";
@@ -89,6 +93,7 @@ const ACTIVITY: &str = "session_activity";
 const MESSAGES: &str = "messages";
 const TURNS: &str = "turns";
 const USAGE: &str = "usage";
+const INBOX: &str = "inbox";
 
 /// The page cache of [`SledStore::open`]: 16 MiB.
 pub(crate) const DEFAULT_CACHE_BYTES: u64 = 16 << 20;
@@ -109,6 +114,10 @@ pub struct SledStore {
     turns: Tree,
     /// Quota counts (`usage`).
     usage: Tree,
+    /// Queued messages (`inbox.rs`).
+    inbox: Tree,
+    /// Serialises enqueues (each checks the inbox's bound).
+    enqueues: Arc<tokio::sync::Mutex<()>>,
     /// Held by deletions and by the insert path of creations.
     lifecycle: Arc<tokio::sync::Mutex<()>>,
     /// Flushes for every writer at once (group commit).
@@ -152,9 +161,10 @@ impl SledStore {
                 .open()?;
             let [s, a, m, t] = [SESSIONS, ACTIVITY, MESSAGES, TURNS].map(|n| db.open_tree(n));
             let u = db.open_tree(USAGE)?;
-            Ok::<_, sled::Error>((db, s?, a?, m?, t?, u))
+            let i = db.open_tree(INBOX)?;
+            Ok::<_, sled::Error>((db, s?, a?, m?, t?, u, i))
         }));
-        let (db, sessions, activity, messages, turns, usage) = opened
+        let (db, sessions, activity, messages, turns, usage, inbox) = opened
             .map_err(|_| fail("sled panicked (damaged database?)".to_owned()))?
             .map_err(|e| fail(e.to_string()))?;
         usage::init(&sessions, &usage)?;
@@ -173,6 +183,8 @@ impl SledStore {
             messages,
             turns,
             usage,
+            inbox,
+            enqueues: Arc::default(),
             lifecycle,
             flusher,
             bodies,
@@ -442,6 +454,10 @@ impl Store for SledStore {
 
     fn leases(&self) -> Option<&dyn Leases> {
         None
+    }
+
+    fn inbox(&self) -> &dyn crate::store::Inbox {
+        self
     }
 
     fn cluster(&self) -> Option<&dyn super::cluster::Cluster> {

@@ -24,6 +24,7 @@ pub(crate) fn running_turn(session_id: &str, incarnation: &str, turn_id: &str) -
         incarnation: incarnation.to_owned(),
         steps: 0,
         cost_nano_usd: None,
+        from_inbox: None,
         turn_id: turn_id.to_owned(),
         session_id: session_id.to_owned(),
         status: TurnStatus::Running,

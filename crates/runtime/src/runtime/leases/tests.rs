@@ -135,6 +135,9 @@ impl Store for Shared {
     ) -> Result<Option<TurnRecord>, StoreError> {
         self.inner.get_turn(session_id, turn_id).await
     }
+    fn inbox(&self) -> &dyn crate::store::Inbox {
+        self.inner.inbox()
+    }
     async fn list_turns(
         &self,
         session_id: &str,

@@ -65,6 +65,9 @@ impl PostgresStore {
                 earlier.turn_id
             )));
         }
+        if let Some(id) = &turn.from_inbox {
+            super::inbox::take(&tx, &turn.session_id, id).await?;
+        }
         let message = write::append(&tx, &mut locked.session, user, now).await?;
         quota::add_bytes(&tx, &turn.session_id, bytes).await?;
         let record = TurnRecord {

@@ -1,4 +1,4 @@
-//! The keys of the four trees (the layout is in the module doc of
+//! The keys of the trees (the layout is in the module doc of
 //! `sled.rs`). NUL separates key parts.
 
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -26,6 +26,10 @@ pub(super) fn message_key(session_id: &str, seq: u64) -> Vec<u8> {
 /// its prefix, so purging the session removes them.
 pub(super) fn body_key_prefix(session_id: &str) -> Vec<u8> {
     message_key(session_id, u64::MAX)
+}
+
+pub(super) fn inbox_key(session_id: &str, queued_id: &str) -> Vec<u8> {
+    [child(session_id).as_slice(), queued_id.as_bytes()].concat()
 }
 
 pub(super) fn turn_key(session_id: &str, turn_id: &str) -> Vec<u8> {

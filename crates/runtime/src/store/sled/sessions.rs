@@ -168,16 +168,18 @@ impl SledStore {
     /// Removes messages and turns stored under `id` (see the module doc).
     async fn purge_children(&self, id: &str) -> Result<(), StoreError> {
         let (messages, turns, prefix) = (self.messages.clone(), self.turns.clone(), child(id));
+        let inbox = self.inbox.clone();
         let files = self.bodies.clone();
         blocking(move || {
             purge_prefix(&messages, &prefix, |keys| files.forget(&prefix, keys))?;
-            purge_prefix(&turns, &prefix, |_| {})
+            purge_prefix(&turns, &prefix, |_| {})?;
+            purge_prefix(&inbox, &prefix, |_| {})
         })
         .await
     }
 
     fn has_children(&self, id: &str) -> Result<bool, StoreError> {
-        for tree in [&self.messages, &self.turns] {
+        for tree in [&self.messages, &self.turns, &self.inbox] {
             let first = tree.scan_prefix(child(id)).next().transpose();
             if first.map_err(|e| backend("scan", e))?.is_some() {
                 return Ok(true);

@@ -5,9 +5,11 @@
 use std::time::SystemTime;
 
 use sled::Tree;
-use sled::transaction::{ConflictableTransactionError as TxError, Transactional};
+use sled::transaction::{
+    ConflictableTransactionError as TxError, Transactional, TransactionalTree,
+};
 
-use super::keys::{child, child_end, turn_key};
+use super::keys::{child, child_end, inbox_key, turn_key};
 use super::tx::{append_tx, session_as_tx, session_tx, write_session_tx};
 use super::{SledStore, TURNS, backend, blocking, decode, keep_body, tx_err, usage};
 use crate::quota::WriteQuota;
@@ -30,18 +32,20 @@ impl SledStore {
         // transaction runs right here and the flush on the flusher.
         let now = SystemTime::now();
         let user_message = self.outgoing(&turn.session_id, &user_message).await?;
-        let trees = (
-            &self.sessions,
-            &self.activity,
-            &self.messages,
-            &self.turns,
-            &self.usage,
-        );
         // Reserved on the first run of the transaction's closure (sled may
         // run it again after a conflict; the owner is the same).
         let reserved = std::cell::RefCell::new(None);
-        let message = trees
-            .transaction(|(s, a, m, t, u)| {
+        let queued = turn
+            .from_inbox
+            .as_deref()
+            .map(|id| inbox_key(&turn.session_id, id));
+        let message = {
+            let body = |s: &TransactionalTree,
+                        a: &TransactionalTree,
+                        m: &TransactionalTree,
+                        t: &TransactionalTree,
+                        u: &TransactionalTree,
+                        inbox: Option<&TransactionalTree>| {
                 let (mut session, message) = append_tx(
                     s,
                     a,
@@ -51,6 +55,14 @@ impl SledStore {
                     &user_message,
                     now,
                 )?;
+                // A queued message leaves the inbox in the write that begins its
+                // turn, or the turn does not begin.
+                if let (Some(i), Some(key)) = (inbox, &queued)
+                    && i.remove(key.as_slice())?.is_none()
+                {
+                    let id = turn.from_inbox.clone().unwrap_or_default();
+                    return Err(TxError::Abort(StoreError::NotQueued { id }));
+                }
                 if reserved.borrow().is_none() {
                     let held = self.owners.reserve(&session.owner, bytes, &quota.limits)?;
                     *reserved.borrow_mut() = Some(held);
@@ -65,8 +77,21 @@ impl SledStore {
                 session.begin_turn(&record);
                 write_session_tx(s, &session)?;
                 Ok(message)
-            })
-            .map_err(|e| self.tx_failed(e))?;
+            };
+            let (s, a, m, t, u) = (
+                &self.sessions,
+                &self.activity,
+                &self.messages,
+                &self.turns,
+                &self.usage,
+            );
+            match &queued {
+                None => (s, a, m, t, u).transaction(|(s, a, m, t, u)| body(s, a, m, t, u, None)),
+                Some(_) => (s, a, m, t, u, &self.inbox)
+                    .transaction(|(s, a, m, t, u, i)| body(s, a, m, t, u, Some(i))),
+            }
+            .map_err(|e| self.tx_failed(e))?
+        };
         if let Some(held) = reserved.into_inner() {
             held.commit();
         }
