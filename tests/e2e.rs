@@ -3,6 +3,7 @@
 
 mod e2e {
     mod budgets;
+    mod busy;
     mod chat;
     mod compaction;
     mod control;

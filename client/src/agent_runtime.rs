@@ -182,15 +182,35 @@ impl Client {
 
     /// Stops the live turn; `false` when nothing was live.
     pub async fn stop_session(&self, session_id: &str) -> Result<bool, Error> {
+        self.stop(session_id, false).await.map(|r| r.stopped)
+    }
+
+    /// Stops the session's live turn and takes every queued message out
+    /// of its inbox: (whether a turn was stopped, how many messages were
+    /// taken out).
+    pub async fn stop_session_and_clear_inbox(
+        &self,
+        session_id: &str,
+    ) -> Result<(bool, u64), Error> {
+        self.stop(session_id, true)
+            .await
+            .map(|r| (r.stopped, r.cleared))
+    }
+
+    async fn stop(
+        &self,
+        session_id: &str,
+        clear_inbox: bool,
+    ) -> Result<proto::StopSessionResponse, Error> {
         let req = proto::StopSessionRequest {
             session_id: session_id.to_owned(),
+            clear_inbox,
         };
         let mut stub = self.runtime.clone();
         self.call(Some(session_id), req, |r| async move {
             stub.stop_session(r).await
         })
         .await
-        .map(|r| r.stopped)
     }
 
     /// The session's live-turn status.

@@ -83,6 +83,20 @@ pub enum ChatEvent {
     /// Compaction of the context before the first model step (STARTED,
     /// then COMPLETED or FAILED).
     Compaction(proto::Compaction),
+    /// The message was queued in the session's inbox
+    /// ([`crate::OnBusy::Enqueue`]); its turn (the event's `turn_id`)
+    /// follows once the turns before it ended.
+    Queued {
+        /// 1-based place in the inbox.
+        position: u64,
+    },
+    /// The message joined the live turn ([`crate::OnBusy::Steer`]) as the
+    /// user message with this seq; 0 when the turn ended first (a
+    /// [`ChatEvent::Queued`] follows and it runs as a later turn).
+    Steered {
+        /// Seq of the stored user message.
+        message_seq: u64,
+    },
     /// (Subscribe) events were skipped; the next one has this seq.
     ReplayGap {
         /// Seq of the next event delivered.
@@ -160,6 +174,12 @@ impl From<proto::ChatEvent> for Event {
                 arguments_json: c.arguments_json,
             },
             Some(Kind::Compaction(c)) => ChatEvent::Compaction(c),
+            Some(Kind::Queued(q)) => ChatEvent::Queued {
+                position: q.position,
+            },
+            Some(Kind::Steered(s)) => ChatEvent::Steered {
+                message_seq: s.message_seq,
+            },
             Some(Kind::ReplayGap(g)) => ChatEvent::ReplayGap {
                 first_available_seq: g.first_available_seq,
                 lagged: g.lagged,

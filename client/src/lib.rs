@@ -77,7 +77,9 @@ pub use agentrt_proto::v1 as proto;
 pub use builder::{Auth, ClientBuilder};
 pub use error::Error;
 pub use events::{ChatEvent, Event, EventStream, TurnSummary};
-pub use options::{ChatOptions, OnDisconnect, ResumeNotice, ResumePolicy, ThinkingLevel, WhenBusy};
+pub use options::{
+    ChatOptions, OnBusy, OnDisconnect, ResumeNotice, ResumePolicy, ThinkingLevel, WhenBusy,
+};
 
 use proto::agent_runtime_client::AgentRuntimeClient;
 use proto::runtime_admin_client::RuntimeAdminClient;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::proto;
 
-pub use proto::{OnDisconnect, ThinkingLevel};
+pub use proto::{OnBusy, OnDisconnect, ThinkingLevel};
 
 /// One turn's request, built step by step:
 ///
@@ -46,6 +46,7 @@ pub struct ChatOptions {
     pub(crate) metadata: HashMap<String, String>,
     pub(crate) resume: Option<ResumePolicy>,
     pub(crate) when_busy: WhenBusy,
+    pub(crate) on_busy: OnBusy,
 }
 
 /// What [`crate::Client::chat`] does when the session already has a live
@@ -185,6 +186,18 @@ impl ChatOptions {
         self
     }
 
+    /// What the server does with this chat when the session already runs
+    /// a turn: refuse it ([`OnBusy::Reject`], the default), queue it in
+    /// the session's inbox to run as its own turn ([`OnBusy::Enqueue`]: a
+    /// [`crate::ChatEvent::Queued`] event first), stop the live turn and
+    /// run this one ([`OnBusy::Interrupt`]), or add it to the live turn at
+    /// its next step ([`OnBusy::Steer`]: a [`crate::ChatEvent::Steered`]
+    /// event, then the live turn's events).
+    pub fn on_busy(mut self, on_busy: OnBusy) -> Self {
+        self.on_busy = on_busy;
+        self
+    }
+
     /// Whether this chat resumes after a dropped connection.
     pub fn resumes(&self) -> bool {
         self.on_disconnect == OnDisconnect::Continue
@@ -226,6 +239,7 @@ impl ChatOptions {
             extra_tools: self.extra_tools.clone(),
             max_steps: self.max_steps,
             max_output_tokens: self.max_output_tokens,
+            on_busy: self.on_busy as i32,
         }
     }
 }

@@ -34,7 +34,7 @@ use agentrt_proto::a2a::v1 as a2a;
 use agentrt_proto::a2a::v1::a2a_service_client::A2aServiceClient;
 use agentrt_proto::a2a::v1::a2a_service_server::A2aService;
 use agentrt_runtime::runtime::TurnDetail;
-use agentrt_runtime::runtime::{ChatInput, OnDisconnect, TurnStream};
+use agentrt_runtime::runtime::{ChatInput, OnBusy, OnDisconnect, TurnStream};
 use agentrt_runtime::types::{ContentBlock, NewSession, TurnStatus};
 use agentrt_runtime::{Runtime, RuntimeError};
 use futures::{Stream, StreamExt as _};
@@ -218,6 +218,9 @@ impl A2aHandler {
             // starting another.
             request_id: (!message.message_id.is_empty()).then(|| message.message_id.clone()),
             extra_tools,
+            // A2A has no busy error: a message to a context whose task is
+            // still working waits in its inbox (the task SUBMITTED).
+            on_busy: OnBusy::Enqueue,
             ..ChatInput::default()
         };
         let admitted = if message.context_id.is_empty() {

@@ -362,6 +362,8 @@ impl ServerBuilder {
             turn_timeout: self.config.turn_timeout,
             max_turn_timeout: self.config.max_turn_timeout,
             stalled_reader_timeout: self.config.stalled_reader_timeout,
+            max_queued_per_session: self.config.max_queued_per_session,
+            inbox_sweep: self.config.inbox_sweep,
             fast_model: self.config.fast_model.clone(),
             compaction: self.config.compaction.to_runtime(),
             capture_content: self.config.telemetry.capture_content,

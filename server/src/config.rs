@@ -326,6 +326,9 @@ struct FileConfig {
     max_turn_timeout: Option<Duration>,
     #[serde(default, deserialize_with = "de_duration")]
     stalled_reader_timeout: Option<Duration>,
+    max_queued_per_session: Option<u64>,
+    #[serde(default, deserialize_with = "de_duration")]
+    inbox_sweep: Option<Duration>,
     log_format: Option<LogFormat>,
     store_cache_mb: Option<u64>,
     store_min_free_mb: Option<u64>,
@@ -389,6 +392,12 @@ pub struct Config {
     /// (`CANCEL` turns end `CLIENT_GONE`; `CONTINUE` turns run on without
     /// it). Default 30 s.
     pub stalled_reader_timeout: Duration,
+    /// Most messages one session's inbox holds (Chats with
+    /// `ON_BUSY_ENQUEUE`); the next is RESOURCE_EXHAUSTED. Default 16.
+    pub max_queued_per_session: u64,
+    /// How often every inbox is looked at for queued messages no turn's end
+    /// started (after a restart, a dead replica, a compaction). Default 2 s.
+    pub inbox_sweep: Duration,
     /// Log format. Default text.
     pub log_format: LogFormat,
     /// sled's cache, in MiB. Default 16: recent contexts live on the
@@ -449,6 +458,8 @@ impl Default for Config {
             turn_timeout: Duration::from_secs(30 * 60),
             max_turn_timeout: Duration::from_secs(24 * 3600),
             stalled_reader_timeout: Duration::from_secs(30),
+            max_queued_per_session: 16,
+            inbox_sweep: Duration::from_secs(2),
             log_format: LogFormat::Text,
             store_cache_mb: 16,
             store_min_free_mb: 128,
@@ -525,6 +536,10 @@ impl Config {
             stalled_reader_timeout: file
                 .stalled_reader_timeout
                 .unwrap_or(defaults.stalled_reader_timeout),
+            max_queued_per_session: file
+                .max_queued_per_session
+                .unwrap_or(defaults.max_queued_per_session),
+            inbox_sweep: file.inbox_sweep.unwrap_or(defaults.inbox_sweep),
             log_format: file.log_format.unwrap_or_default(),
             store_cache_mb: file.store_cache_mb.unwrap_or(defaults.store_cache_mb),
             store_min_free_mb: file.store_min_free_mb.unwrap_or(defaults.store_min_free_mb),
@@ -626,6 +641,9 @@ impl Config {
             return Err(ConfigError(
                 "stalled_reader_timeout must be positive".to_owned(),
             ));
+        }
+        if self.inbox_sweep.is_zero() {
+            return Err(ConfigError("inbox_sweep must be positive".to_owned()));
         }
         if self.turn_timeout.is_zero() || self.turn_timeout > self.max_turn_timeout {
             return Err(ConfigError(format!(

@@ -17,7 +17,7 @@ use agentrt_runtime::RuntimeError;
 use agentrt_runtime::events::{
     CompactionStatus, ErrorCode, EventKind, StepKind, ToolStatus, TurnEvent, TurnOutcome,
 };
-use agentrt_runtime::runtime::OnDisconnect;
+use agentrt_runtime::runtime::{OnBusy, OnDisconnect};
 use agentrt_runtime::types::{
     Budget, CancelReason, ContentBlock, LastTurn, Message, NewSession, Role, Session,
     SessionUpdate, ThinkingLevel, TurnRecord, TurnStatus, Usage,
@@ -347,6 +347,21 @@ pub fn chat_input(
             ));
         }
     };
+    let on_busy = match pb::OnBusy::try_from(r.on_busy) {
+        Ok(pb::OnBusy::Unspecified | pb::OnBusy::Reject) => OnBusy::Reject,
+        Ok(pb::OnBusy::Enqueue) => OnBusy::Enqueue,
+        Ok(pb::OnBusy::Interrupt) => OnBusy::Interrupt,
+        Ok(pb::OnBusy::Steer) => OnBusy::Steer,
+        Err(_) => {
+            return Err(RuntimeError::invalid(
+                "on_busy",
+                format!(
+                    "unknown value {}; use ON_BUSY_REJECT, ON_BUSY_ENQUEUE, ON_BUSY_INTERRUPT or ON_BUSY_STEER",
+                    r.on_busy
+                ),
+            ));
+        }
+    };
     // Sizes first: a request may make us parse only a bounded amount of JSON.
     let schemas: Vec<&str> = r
         .extra_tools
@@ -390,6 +405,7 @@ pub fn chat_input(
         transport_deadline,
         on_disconnect,
         request_id: (!r.request_id.is_empty()).then_some(r.request_id),
+        on_busy,
     })
 }
 
@@ -443,6 +459,7 @@ fn cancel_reason_name(r: CancelReason) -> &'static str {
         CancelReason::ClientGone => "client_gone",
         CancelReason::Shutdown => "shutdown",
         CancelReason::SessionDeleted => "session_deleted",
+        CancelReason::Interrupted => "interrupted",
     }
 }
 
@@ -453,6 +470,7 @@ fn cancel_reason(r: Option<CancelReason>) -> pb::CancelReason {
         Some(CancelReason::ClientGone) => pb::CancelReason::ClientGone,
         Some(CancelReason::Shutdown) => pb::CancelReason::Shutdown,
         Some(CancelReason::SessionDeleted) => pb::CancelReason::SessionDeleted,
+        Some(CancelReason::Interrupted) => pb::CancelReason::Interrupted,
     }
 }
 
@@ -534,6 +552,12 @@ pub fn event_to_pb(session_id: &str, turn_id: &str, e: &TurnEvent) -> pb::ChatEv
             messages_compacted: c.messages_compacted,
             message: c.message.clone(),
         }),
+        EventKind::Queued { position } => Kind::Queued(pb::Queued {
+            position: *position,
+        }),
+        EventKind::Steered { message_seq } => Kind::Steered(pb::Steered {
+            message_seq: message_seq.unwrap_or(0),
+        }),
         EventKind::ReplayGap {
             first_available_seq,
             lagged,
@@ -565,6 +589,7 @@ pub fn event_to_pb(session_id: &str, turn_id: &str, e: &TurnEvent) -> pb::ChatEv
 /// A session's live-turn status.
 pub fn session_status(s: agentrt_runtime::runtime::SessionStatus) -> pb::SessionStatus {
     let watcher_count = u32::try_from(s.watchers).unwrap_or(u32::MAX);
+    let queued = s.queued.into_iter().map(queued_message).collect();
     match s.live {
         Some((turn_id, phase, started_at)) => pb::SessionStatus {
             live: true,
@@ -572,11 +597,24 @@ pub fn session_status(s: agentrt_runtime::runtime::SessionStatus) -> pb::Session
             phase: phase.as_str().to_owned(),
             started_at: Some(timestamp(started_at)),
             watcher_count,
+            queued,
         },
         None => pb::SessionStatus {
             watcher_count,
+            queued,
             ..Default::default()
         },
+    }
+}
+
+/// A message in a session's inbox.
+fn queued_message(q: agentrt_runtime::types::Queued) -> pb::QueuedMessage {
+    pb::QueuedMessage {
+        id: q.id,
+        enqueued_at: Some(timestamp(q.enqueued_at)),
+        request_id: q.input.request_id.unwrap_or_default(),
+        content: q.input.content.into_iter().map(block_to_pb).collect(),
+        model: q.input.model.unwrap_or_default(),
     }
 }
 

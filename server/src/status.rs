@@ -212,6 +212,13 @@ pub fn trailing_status(outcome: TurnOutcome, error: Option<(ErrorCode, &str)>) -
     status.map(clip::status)
 }
 
+/// The status a queued Chat ends with when its message did not run
+/// (cleared from the inbox, or never admissible: the notice in history
+/// says why).
+pub fn not_run(code: ErrorCode, why: &str) -> Status {
+    clip::status(Status::new(code_of(code), why))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -379,3 +379,124 @@ async fn a_bad_default_model_is_reported_before_the_listening_line() {
         "the error names the model: {stderr:?}"
     );
 }
+
+/// ON_BUSY_ENQUEUE across SIGKILL: the live turn is interrupted by the
+/// crash, and each queued message runs exactly once after the restart —
+/// found by the start-up sweep, its Chat retried with its request id
+/// (queued, live or finished, the retry follows that message's turn).
+#[tokio::test]
+async fn sigkill_with_two_queued_messages_runs_each_once_after_restart() {
+    let hang = FakeReply::Sse {
+        chunks: vec![text_chunk("partial ")],
+        done: false,
+        then_hang: true,
+    };
+    let answer = |t: &str| FakeReply::sse(vec![text_chunk(t), finish_chunk("stop")]);
+    let fake = FakeOpenAi::start(vec![hang, answer("one"), answer("two")]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &fake, "1s");
+    let data = dir.path().join("data");
+
+    let mut server = start(&data, &config).await;
+    let client = Client::connect(server.url.clone()).await.unwrap();
+    let session = client
+        .create_session(proto::CreateSessionRequest::default())
+        .await
+        .unwrap()
+        .session_id;
+    let text = |t: &str| {
+        vec![proto::ContentBlock {
+            block: Some(proto::content_block::Block::Text(proto::TextBlock {
+                text: t.to_owned(),
+            })),
+        }]
+    };
+    let mut first = client
+        .chat_with(proto::ChatRequest {
+            session_id: session.clone(),
+            content: text("first"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    loop {
+        let event = first.next().await.unwrap().unwrap();
+        if matches!(event.kind, ChatEvent::Text(_)) {
+            break;
+        }
+    }
+    let queued = |t: &str, rid: &str| proto::ChatRequest {
+        session_id: session.clone(),
+        content: text(t),
+        request_id: rid.to_owned(),
+        on_busy: proto::OnBusy::Enqueue as i32,
+        ..Default::default()
+    };
+    let mut ids = Vec::new();
+    for (t, rid) in [("q1", "r1"), ("q2", "r2")] {
+        let mut chat = client.chat_with(queued(t, rid)).await.unwrap();
+        let event = chat.next().await.unwrap().unwrap();
+        assert!(matches!(event.kind, ChatEvent::Queued { .. }), "{event:?}");
+        ids.push(event.turn_id);
+    }
+    server.child.kill().await.unwrap();
+    drop((first, client));
+
+    let server = start(&data, &config).await;
+    let client = Client::connect(server.url.clone()).await.unwrap();
+    for ((t, rid), id) in [("q1", "r1"), ("q2", "r2")].into_iter().zip(&ids) {
+        let mut chat = client.chat_with(queued(t, rid)).await.unwrap();
+        let mut outcome = None;
+        while let Some(event) = chat.next().await {
+            let event = event.unwrap();
+            assert_eq!(&event.turn_id, id);
+            if let ChatEvent::TurnFinished { outcome: o, .. } = event.kind {
+                outcome = Some(o);
+            }
+        }
+        assert_eq!(outcome, Some(proto::TurnOutcome::Success), "{t}");
+    }
+    // Each ran once: three model requests in all, history in order.
+    assert_eq!(fake.requests().len(), 3);
+    let history = client.history(&session).await.unwrap();
+    let texts: Vec<String> = history
+        .iter()
+        .filter(|m| m.role() != proto::Role::Notice)
+        .map(|m| {
+            m.content
+                .iter()
+                .filter_map(|b| match &b.block {
+                    Some(proto::content_block::Block::Text(t)) => Some(t.text.clone()),
+                    _ => None,
+                })
+                .collect::<String>()
+        })
+        .collect();
+    assert_eq!(texts, ["first", "q1", "one", "q2", "two"]);
+    let turns = client
+        .list_turns(proto::ListTurnsRequest {
+            session_id: session.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .turns;
+    let outcomes: Vec<_> = turns.iter().rev().map(|t| t.outcome()).collect();
+    assert_eq!(
+        outcomes,
+        [
+            proto::TurnOutcome::Interrupted,
+            proto::TurnOutcome::Success,
+            proto::TurnOutcome::Success
+        ]
+    );
+    assert!(
+        client
+            .session_status(&session)
+            .await
+            .unwrap()
+            .queued
+            .is_empty()
+    );
+    drop(server);
+}

@@ -179,6 +179,7 @@ async fn stop_on_another_replica_closes_the_owners_model_request() {
         Duration::from_secs(1),
         runtime(&b).await.stop_session(proto::StopSessionRequest {
             session_id: session.clone(),
+            clear_inbox: false,
         }),
     )
     .await

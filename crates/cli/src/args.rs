@@ -239,6 +239,12 @@ pub(crate) struct ChatArgs {
     /// `continue` also makes this command resume the stream.
     #[arg(long, value_enum, default_value_t = Disconnect::Cancel)]
     pub(crate) on_disconnect: Disconnect,
+    /// What the server does when the session already runs a turn: refuse
+    /// (reject), queue the message as a later turn (enqueue), stop the live
+    /// turn and run this one (interrupt), or add the message to the live
+    /// turn at its next step (steer).
+    #[arg(long, value_enum, default_value_t = BusyArg::Reject)]
+    pub(crate) on_busy: BusyArg,
     /// Do not show reasoning.
     #[arg(long)]
     pub(crate) no_reasoning: bool,
@@ -274,6 +280,25 @@ impl From<Thinking> for ThinkingLevel {
 pub(crate) enum Disconnect {
     Cancel,
     Continue,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum BusyArg {
+    Reject,
+    Enqueue,
+    Interrupt,
+    Steer,
+}
+
+impl From<BusyArg> for agentrt_client::OnBusy {
+    fn from(b: BusyArg) -> Self {
+        match b {
+            BusyArg::Reject => Self::Reject,
+            BusyArg::Enqueue => Self::Enqueue,
+            BusyArg::Interrupt => Self::Interrupt,
+            BusyArg::Steer => Self::Steer,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -180,6 +180,8 @@ fn event_json(e: &Event) -> Value {
             "compaction",
             json!({"status": c.status().as_str_name().trim_start_matches("COMPACTION_STATUS_")}),
         ),
+        ChatEvent::Queued { position } => ("queued", json!({"position": position})),
+        ChatEvent::Steered { message_seq } => ("steered", json!({"message_seq": message_seq})),
         ChatEvent::ReplayGap {
             first_available_seq,
             lagged,
@@ -532,6 +534,18 @@ impl Out {
                 ..
             } => {
                 eprintln!("[events missed; continuing at #{first_available_seq}]");
+            }
+            ChatEvent::Queued { position } => {
+                eprintln!(
+                    "[queued: #{position} in the session's inbox; runs as turn {}]",
+                    e.turn_id
+                );
+            }
+            ChatEvent::Steered { message_seq: 0 } => {
+                eprintln!("[the live turn ended first: the message runs as a later turn]");
+            }
+            ChatEvent::Steered { message_seq } => {
+                eprintln!("[joined the live turn as message #{message_seq}]");
             }
             ChatEvent::Error { message, .. } => eprintln!("\nerror: {message}"),
             ChatEvent::TurnFinished { outcome, usage, .. } => {

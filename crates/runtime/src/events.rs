@@ -222,6 +222,23 @@ pub enum EventKind {
         /// The watcher fell behind (rather than asking for evicted events).
         lagged: bool,
     },
+    /// The Chat's message was queued in the session's inbox
+    /// (`OnBusy::Enqueue`): it runs as its own turn, whose id this event
+    /// carries, once the turns before it ended. Seq 0, before that turn's
+    /// events.
+    Queued {
+        /// 1-based place in the inbox when it was queued.
+        position: u64,
+    },
+    /// The Chat's message joined a live turn (`OnBusy::Steer`): stored as
+    /// a user message at seq `message_seq`, sent to the model in the
+    /// turn's next step. `None` when the turn ended before its next step
+    /// boundary: the message was queued instead (a `Queued` event follows)
+    /// and runs as a later turn.
+    Steered {
+        /// Seq of the stored user message, when it joined the turn.
+        message_seq: Option<u64>,
+    },
     /// Last event of every turn.
     TurnFinished {
         /// How it ended.
@@ -254,6 +271,7 @@ impl TurnEvent {
             EventKind::Error { message, .. } => message.len(),
             EventKind::TurnStarted { model, .. } | EventKind::Usage { model, .. } => model.len(),
             EventKind::MessageStored { id, .. } => id.len(),
+            EventKind::Queued { .. } | EventKind::Steered { .. } => 0,
             EventKind::ToolUse(t) => {
                 std::mem::size_of::<ToolUse>() + t.arguments_json.len() + t.content.len()
             }

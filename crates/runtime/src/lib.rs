@@ -39,6 +39,6 @@ pub mod types;
 
 pub use error::RuntimeError;
 pub use runtime::{
-    ChatInput, CompactionReport, HistoryPage, OnDisconnect, Runtime, RuntimeConfig, RuntimeStats,
-    SessionList, SessionStatus, StoreHealth, TurnStream, load_context,
+    ChatInput, CompactionReport, HistoryPage, OnBusy, OnDisconnect, Runtime, RuntimeConfig,
+    RuntimeStats, SessionList, SessionStatus, StoreHealth, TurnStream, load_context,
 };

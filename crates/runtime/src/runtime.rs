@@ -30,11 +30,13 @@ use crate::types::{CancelReason, ContentBlock, Principal, ThinkingLevel};
 
 mod admin;
 mod admission;
+mod busy;
 mod caller_tools;
 mod cluster;
 mod compaction;
 mod context;
 mod control;
+mod inbox;
 mod jobs;
 mod keys;
 mod leases;
@@ -94,6 +96,12 @@ pub struct RuntimeConfig {
     /// Most `Subscribe(wait_for_turn)` callers waiting on one session.
     /// Default 256.
     pub max_waiters_per_session: usize,
+    /// Most messages queued in one session's inbox (`OnBusy::Enqueue`);
+    /// one more is refused with the inbox quota.
+    pub max_queued_per_session: u64,
+    /// How often the inboxes are looked at for queued messages no turn end
+    /// picked up (after a restart, a dead replica, a compaction).
+    pub inbox_sweep: Duration,
     /// Most model steps of one turn's agent loop. Default 32.
     pub max_steps: u32,
     /// `provider/model` for summaries and titles. Default: none — the
@@ -143,6 +151,8 @@ impl Default for RuntimeConfig {
             runner_idle_timeout: Duration::from_secs(600),
             reap_interval: Duration::from_secs(60),
             max_waiters_per_session: 256,
+            max_queued_per_session: 16,
+            inbox_sweep: Duration::from_secs(2),
             max_steps: 32,
             fast_model: None,
             compaction: crate::compaction::CompactionConfig::default(),
@@ -165,6 +175,22 @@ pub enum OnDisconnect {
     Cancel,
     /// Keep running; results are stored and watchable.
     Continue,
+}
+
+/// What a Chat does when its session already runs a turn.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnBusy {
+    /// Refused: `SessionBusy`.
+    #[default]
+    Reject,
+    /// Queued durably in the session's inbox; runs as its own turn after
+    /// the turns before it (see `Runtime::chat`).
+    Enqueue,
+    /// The live turn is cancelled (reason `Interrupted`, its partial output
+    /// stored), then this one runs.
+    Interrupt,
+    /// Joins the live turn at its next step boundary as a user message.
+    Steer,
 }
 
 /// A turn request, after transport decoding.
@@ -203,6 +229,8 @@ pub struct ChatInput {
     /// for the model when `None`), at most the provider's
     /// [`crate::model::ModelProvider::max_output_tokens_limit`].
     pub max_output_tokens: Option<u32>,
+    /// What to do when the session is busy.
+    pub on_busy: OnBusy,
 }
 
 /// The runtime's shared state, split by what it protects: each owner has
@@ -227,6 +255,10 @@ pub(crate) struct Inner {
     /// Live turns and the minute's turns per owner, on a store only this
     /// process writes (a shared store counts them itself).
     pub(crate) turn_meter: Arc<crate::quota::TurnMeter>,
+    /// Whether a turn's end must look at its session's inbox: always on a
+    /// shared store (other replicas queue messages), otherwise once this
+    /// process queued one or found one queued (module `inbox`).
+    pub(crate) inbox_used: std::sync::atomic::AtomicBool,
 }
 
 /// The runtime core. Cheap to clone (an `Arc`).
@@ -299,11 +331,13 @@ impl Runtime {
                 runners: Runners::default(),
                 lifecycle: Lifecycle::new(),
                 turn_meter: Arc::default(),
+                inbox_used: std::sync::atomic::AtomicBool::new(shared),
             }),
         };
         admin::spawn_reaper(&runtime);
         leases::spawn_jobs(&runtime);
         cluster::spawn_jobs(&runtime);
+        inbox::spawn_sweep(&runtime);
         // The gauges exist (at 0) before the first turn or watcher.
         let metrics = crate::telemetry::metrics::get();
         metrics.live_turns.add(0, &[]);

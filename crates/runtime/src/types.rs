@@ -348,13 +348,15 @@ pub enum CancelReason {
     Shutdown,
     /// The session was deleted.
     SessionDeleted,
+    /// A Chat with `OnBusy::Interrupt` took the session over.
+    Interrupted,
 }
 
 impl CancelReason {
     /// The stop reason stored on a partial assistant message.
     pub fn stop_reason(self) -> StopReason {
         match self {
-            Self::Stopped | Self::SessionDeleted => StopReason::Cancelled,
+            Self::Stopped | Self::SessionDeleted | Self::Interrupted => StopReason::Cancelled,
             Self::ClientGone => StopReason::ClientGone,
             Self::Shutdown => StopReason::Shutdown,
         }

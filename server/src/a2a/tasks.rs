@@ -219,6 +219,8 @@ pub struct Translator {
     /// The `Task` was sent (at `TurnStarted`, or up front for a
     /// subscription).
     started: bool,
+    /// The WORKING status was sent.
+    working: bool,
     /// A chunk of the answer was sent (the next ones append).
     chunked: bool,
     /// The answer so far, within [`budget::MESSAGE_BYTES`] (for the
@@ -254,6 +256,7 @@ impl Translator {
     ) -> Self {
         let mut this = Self::new(task_id, context_id, None);
         this.started = true;
+        this.working = true;
         out.push_back(this.task(a2a::TaskState::Working, SystemTime::now()));
         this
     }
@@ -284,6 +287,7 @@ impl Translator {
             context_id,
             user,
             started: false,
+            working: false,
             chunked: false,
             answer: Clipped::new(budget::MESSAGE_BYTES),
             agent_message_id: None,
@@ -379,10 +383,21 @@ impl Translator {
             }
         }
         match &event.kind {
+            // A message for a busy context waits in its inbox: the task
+            // exists (SUBMITTED) until its turn starts.
+            EventKind::Queued { .. } => {
+                if !self.started {
+                    self.started = true;
+                    out.push_back(self.task(a2a::TaskState::Submitted, event.at));
+                }
+            }
             EventKind::TurnStarted { .. } => {
                 if !self.started {
                     self.started = true;
                     out.push_back(self.task(a2a::TaskState::Submitted, event.at));
+                }
+                if !self.working {
+                    self.working = true;
                     out.push_back(self.status(a2a::TaskState::Working, None, event.at));
                 }
             }
@@ -455,6 +470,7 @@ impl Translator {
             | EventKind::Heartbeat { .. }
             | EventKind::ToolUse(_)
             | EventKind::Compaction(_)
+            | EventKind::Steered { .. }
             | EventKind::ReplayGap { .. } => {}
         }
     }

@@ -317,6 +317,7 @@ mod tests {
                 Some(Duration::from_secs(5)),
                 pb::StopSessionRequest {
                     session_id: "s".to_owned(),
+                    clear_inbox: false,
                 },
                 |mut c: AgentRuntimeClient<Channel>, r| async move { c.stop_session(r).await },
             )

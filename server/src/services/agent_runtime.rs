@@ -94,6 +94,9 @@ pub(crate) struct Follow {
     call: Call,
     session_id: String,
     after_seq: u64,
+    /// The one turn to follow (a queued Chat's message's), when not
+    /// whichever runs next.
+    turn_id: Option<String>,
 }
 
 impl Follow {
@@ -118,7 +121,15 @@ impl Follow {
             )
             .await?;
         let mut events = Forwarded::new(items, lease).peekable();
-        if Pin::new(&mut events).peek().await.is_some() {
+        let first = Pin::new(&mut events).peek().await;
+        let wanted = match (&self.turn_id, first) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            // A later turn is live there: the one wanted has ended.
+            (Some(want), Some(Ok(event))) => &event.turn_id == want,
+            (Some(_), Some(Err(_))) => true,
+        };
+        if wanted {
             return Ok(ChatEvents(Source::Forwarded(events)));
         }
         // Nothing live there any more: the turn ended meanwhile.
@@ -214,6 +225,10 @@ impl LocalEvents {
                 this.moved = turn.moved_to().cloned();
                 Poll::Ready(None)
             }
+            Poll::Ready(None) if let Some((code, why)) = turn.not_run() => {
+                this.done = true;
+                Poll::Ready(Some(Err(crate::status::not_run(code, why))))
+            }
             Poll::Ready(None) if turn.session_deleted() => {
                 this.done = true;
                 Poll::Ready(Some(Err(Status::not_found(
@@ -269,13 +284,30 @@ impl AgentRuntime for AgentRuntimeHandler {
         req: Request<pb::ChatRequest>,
     ) -> Result<Response<Self::ChatStream>, Status> {
         let (call, request) = Call::open(req)?;
-        // Kept only where a retry may join a turn on another replica.
-        let join =
-            (self.forward.is_some() && !request.request_id.is_empty()).then(|| request.clone());
+        // Kept only where a retry may join a turn on another replica, or
+        // the Chat interrupt or steer a turn there.
+        let elsewhere = !request.request_id.is_empty()
+            || matches!(
+                pb::OnBusy::try_from(request.on_busy),
+                Ok(pb::OnBusy::Interrupt | pb::OnBusy::Steer)
+            );
+        let join = (self.forward.is_some() && elsewhere).then(|| request.clone());
         let input = convert::chat_input(request, call.deadline).map_err(from_runtime)?;
         call.session(&input.session_id);
+        let session_id = input.session_id.clone();
         match (self.runtime.chat(&call.who, input).await, join) {
-            (Ok(turn), _) => Ok(Response::new(ChatEvents::new(Some(turn)))),
+            (Ok(turn), _) => {
+                // A queued message's turn may run on another replica.
+                let follow = self.forward.as_ref().map(|forward| Follow {
+                    runtime: self.runtime.clone(),
+                    forward: Arc::clone(forward),
+                    call: call.clone(),
+                    session_id,
+                    after_seq: 0,
+                    turn_id: Some(turn.turn_id().to_owned()),
+                });
+                Ok(Response::new(ChatEvents::local(Some(turn), follow)))
+            }
             (Err(err), Some(join)) => call
                 .forward_stream_or(
                     self.forwarder(),
@@ -312,6 +344,7 @@ impl AgentRuntime for AgentRuntimeHandler {
                         call: call.clone(),
                         session_id: r.session_id.clone(),
                         after_seq: r.after_seq,
+                        turn_id: None,
                     });
                 Ok(Response::new(ChatEvents::local(turn, follow)))
             }
@@ -334,8 +367,17 @@ impl AgentRuntime for AgentRuntimeHandler {
     ) -> Result<Response<pb::StopSessionResponse>, Status> {
         let (call, r) = Call::open(req)?;
         call.session(&r.session_id);
+        // The inbox first: a stopped turn's end would start the next one.
+        let cleared = if r.clear_inbox {
+            self.runtime
+                .clear_inbox(&call.who, &r.session_id)
+                .await
+                .map_err(from_runtime)?
+        } else {
+            0
+        };
         match self.runtime.stop_session(&call.who, &r.session_id).await {
-            Ok(stopped) => Ok(Response::new(pb::StopSessionResponse { stopped })),
+            Ok(stopped) => Ok(Response::new(pb::StopSessionResponse { stopped, cleared })),
             Err(err) => {
                 call.forward_or(
                     self.forwarder(),

@@ -300,7 +300,10 @@ pub(crate) async fn call(world: &World, case: &Case, user: User, target: &Target
             .await
         }
         ("agentrt.v1.AgentRuntime/StopSession", _) => {
-            let r = pb::StopSessionRequest { session_id: id() };
+            let r = pb::StopSessionRequest {
+                session_id: id(),
+                clear_inbox: false,
+            };
             unary(runtime.stop_session(authed(r, user)).await, |s| {
                 format!("stopped={}", s.stopped)
             })

@@ -272,6 +272,7 @@ impl World {
     pub(crate) async fn release(&self, fixture: Fixture) {
         let stop = pb::StopSessionRequest {
             session_id: fixture.target.session.clone(),
+            clear_inbox: false,
         };
         // The case may have deleted or stopped it already: either is fine.
         let _ = self.runtime().stop_session(authed(stop, User::Alice)).await;

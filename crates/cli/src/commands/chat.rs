@@ -25,6 +25,7 @@ pub(crate) async fn chat(client: &Client, out: &Out, args: ChatArgs) -> Outcome 
     if let Disconnect::Continue = args.on_disconnect {
         options = options.on_disconnect(OnDisconnect::Continue);
     }
+    options = options.on_busy(args.on_busy.into());
     let (session_id, created) = match args.session {
         Some(s) => (s, false),
         None => {

@@ -29,12 +29,13 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument as _;
 
 use self::offer::{admit_model, offered};
+use super::busy::Busy;
 use super::runners::{Runner, RunnerKey};
 use super::slots::{Claim, LiveTurn, TurnSlot};
 use super::turn::prestart::{self, FirstRequest, Prestart};
 use super::turn::{Emitter, Turn, TurnHolds, TurnPlan};
 use super::validate::{self, Checked};
-use super::{ChatInput, Inner, OnDisconnect, Runtime, TurnStream, replay, spans};
+use super::{ChatInput, Inner, OnBusy, OnDisconnect, Runtime, TurnStream, replay, spans};
 use crate::error::RuntimeError;
 use crate::hub::TurnHub;
 use crate::model::{Reservation, ToolSpec};
@@ -86,9 +87,38 @@ impl Runtime {
         {
             return Ok(existing);
         }
+        let on_busy = input.on_busy;
+        if on_busy == OnBusy::Reject {
+            return self.admit(who, session, input, checked, None).await;
+        }
+        // What a busy session does with the message (module `busy`).
+        let busy = Busy::of(who, &input);
+        if on_busy == OnBusy::Enqueue
+            && let Some(queued) = self.behind_inbox(&session, &busy).await?
+        {
+            return Ok(queued);
+        }
+        match self.admit(who, session.clone(), input, checked, None).await {
+            Err(err @ (RuntimeError::SessionBusy { .. } | RuntimeError::SessionCompacting)) => {
+                self.when_busy(who, session, on_busy, busy, err).await
+            }
+            admitted => admitted,
+        }
+    }
+
+    /// Plans and begins a turn of `session` for `input`; `from_inbox`
+    /// names the queued message it runs.
+    pub(super) async fn admit(
+        &self,
+        who: &Principal,
+        session: Session,
+        mut input: ChatInput,
+        checked: Checked,
+        from_inbox: Option<String>,
+    ) -> Result<TurnStream, RuntimeError> {
         let mut plan = self.plan(&session, &mut input, checked).await?;
         plan.quota = self.write_quota(who);
-        self.begin(session, input, plan).await
+        self.begin(session, input, plan, from_inbox).await
     }
 
     /// The turn's decisions (see [`Plan`]); takes the call's extra tools
@@ -148,20 +178,26 @@ impl Runtime {
 
     /// Takes the session's slot, stores the turn's start durably and spawns
     /// the turn.
+    /// A queued message's turn (`from_inbox`) takes the message's id.
     async fn begin(
         &self,
         session: Session,
         input: ChatInput,
         plan: Plan,
+        from_inbox: Option<String>,
     ) -> Result<TurnStream, RuntimeError> {
         let admitted_at = Instant::now();
         let live = Arc::new(LiveTurn::new(
-            crate::types::new_id(),
+            from_inbox.clone().unwrap_or_else(crate::types::new_id),
             session.incarnation.clone(),
             input.request_id.clone(),
             TurnHub::new(self.inner.config.replay),
         ));
-        let slot = match self.inner.slots.claim_turn(&session, &live)? {
+        let claimed = self
+            .inner
+            .slots
+            .claim_turn(&session, &live, from_inbox.is_some())?;
+        let slot = match claimed {
             Claim::Claimed(slot) => slot,
             // A concurrent retry of the same request joins the turn.
             Claim::Joined(busy) => return Ok(TurnStream::attached(session.id.clone(), &busy, 0)),
@@ -178,6 +214,7 @@ impl Runtime {
             slot,
             counted,
             admitted_at,
+            from_inbox,
         };
         self.start(session, input, plan, held).await
     }
@@ -197,10 +234,14 @@ impl Runtime {
             slot,
             counted,
             admitted_at,
+            from_inbox,
         } = held;
         let turn_id = live.turn_id.clone();
         let runner = plan.runner;
-        let record = running_record(&session, &live, &runner, plan.system_overridden);
+        let record = TurnRecord {
+            from_inbox,
+            ..running_record(&session, &live, &runner, plan.system_overridden)
+        };
         // The turn's span, a child of the caller's (the RPC span), carried
         // explicitly into the spawned turn; its first model step's span is
         // made here because that request starts during admission.
@@ -552,6 +593,8 @@ struct Held {
     /// writes).
     counted: Option<LiveTurnGuard>,
     admitted_at: Instant,
+    /// The queued message the turn runs.
+    from_inbox: Option<String>,
 }
 
 /// A rejected admission leaves no trace: the slot freed, the hub closed

@@ -12,12 +12,15 @@ use crate::types::{CancelReason, Principal};
 pub(crate) const STOP_WAIT: Duration = Duration::from_secs(5);
 
 /// A session's live-turn status.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SessionStatus {
     /// The live turn, if any: (turn id, phase, admission time).
     pub live: Option<(String, Phase, SystemTime)>,
     /// Watchers attached to the live turn.
     pub watchers: usize,
+    /// The session's inbox: messages queued to run as later turns, oldest
+    /// first.
+    pub queued: Vec<crate::types::Queued>,
 }
 
 impl Runtime {
@@ -104,19 +107,44 @@ impl Runtime {
         let session = self.owned_session(who, session_id).await?;
         let key = session.id.clone();
         let session_id = key.as_str();
-        Ok(match self.live_of(&session) {
+        let mut status = match self.live_of(&session) {
             Some(turn) => SessionStatus {
                 live: Some((turn.turn_id.clone(), turn.phase(), turn.started_at)),
                 watchers: turn.hub.watcher_count(),
+                queued: Vec::new(),
             },
             None => {
                 self.not_elsewhere(session_id).await?;
                 SessionStatus {
                     live: None,
                     watchers: 0,
+                    queued: Vec::new(),
                 }
             }
-        })
+        };
+        status.queued = self.inner.store.inbox().queued(session_id).await?;
+        Ok(status)
+    }
+
+    /// Takes every queued message out of the session's inbox (none of
+    /// them runs; their Chats end saying so); how many there were.
+    pub async fn clear_inbox(
+        &self,
+        who: &Principal,
+        session_id: &str,
+    ) -> Result<u64, RuntimeError> {
+        crate::limits::validate_session_id("session_id", session_id)?;
+        let session = self.owned_session(who, session_id).await?;
+        let cleared = self.inner.store.inbox().clear(&session.id).await?;
+        self.inner.slots.end_queued_waiters(
+            &session.id,
+            &super::slots::WaitEnded::NotRun(
+                crate::events::ErrorCode::Cancelled,
+                "the session's inbox was cleared (StopSession with clear_inbox) before this message ran"
+                    .to_owned(),
+            ),
+        );
+        Ok(cleared)
     }
 
     /// Evicts the session's cached runner; with `force` the live turn is

@@ -19,6 +19,19 @@ pub(crate) async fn replay_turn(
     store: &dyn Store,
     record: TurnRecord,
 ) -> Result<TurnStream, RuntimeError> {
+    let events = replay_events(store, &record).await?;
+    Ok(TurnStream::replayed(
+        record.session_id,
+        record.turn_id,
+        events,
+    ))
+}
+
+/// The events of finished turn `record`, rebuilt from the store.
+pub(crate) async fn replay_events(
+    store: &dyn Store,
+    record: &TurnRecord,
+) -> Result<Vec<Arc<TurnEvent>>, RuntimeError> {
     let after = record.user_message_seq.saturating_sub(1);
     let messages = store
         .history(&record.session_id, after, MAX_TURN_MESSAGES, true)
@@ -30,8 +43,8 @@ pub(crate) async fn replay_turn(
         user_message_seq: record.user_message_seq,
         system_overridden: record.system_overridden,
     }];
-    kinds.extend(stored_events(&record, &messages));
-    let TurnEnd { outcome, error } = ending(&record);
+    kinds.extend(stored_events(record, &messages));
+    let TurnEnd { outcome, error } = ending(record);
     if let Some((code, message)) = error {
         kinds.push(EventKind::Error { code, message });
     }
@@ -45,7 +58,7 @@ pub(crate) async fn replay_turn(
         usage: record.usage,
         duration,
     });
-    let events = kinds
+    Ok(kinds
         .into_iter()
         .enumerate()
         .map(|(i, kind)| {
@@ -59,12 +72,7 @@ pub(crate) async fn replay_turn(
                 kind,
             })
         })
-        .collect();
-    Ok(TurnStream::replayed(
-        record.session_id,
-        record.turn_id,
-        events,
-    ))
+        .collect())
 }
 
 /// The events a finished turn's stored messages stand for: the text and

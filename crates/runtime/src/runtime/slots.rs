@@ -51,6 +51,9 @@ pub(crate) struct LiveTurn {
     /// from then on, and not before, the renewer renews it — a turn between
     /// claiming its slot and committing has no lease to renew yet.
     leased: AtomicBool,
+    /// Messages of `OnBusy::Steer` Chats for the turn's next step
+    /// boundary; `None` once the turn takes no more (it is finishing).
+    steering: Mutex<Option<Vec<super::busy::Steer>>>,
 }
 
 impl LiveTurn {
@@ -75,6 +78,34 @@ impl LiveTurn {
             done: CancellationToken::new(),
             lease_lost: AtomicBool::new(false),
             leased: AtomicBool::new(false),
+            steering: Mutex::new(Some(Vec::new())),
+        }
+    }
+
+    /// Hands `steer` to the turn for its next step boundary; given back
+    /// when the turn takes no more, or already holds `max`.
+    pub(crate) fn steer(
+        &self,
+        steer: Box<super::busy::Steer>,
+        max: usize,
+    ) -> Result<(), Box<super::busy::Steer>> {
+        match lock(&self.steering).as_mut() {
+            Some(list) if list.len() < max => {
+                list.push(*steer);
+                Ok(())
+            }
+            Some(_) | None => Err(steer),
+        }
+    }
+
+    /// The steering messages handed to the turn so far (at a step
+    /// boundary); `close` also stops taking more (the turn is ending).
+    pub(crate) fn take_steers(&self, close: bool) -> Vec<super::busy::Steer> {
+        let mut steering = lock(&self.steering);
+        if close {
+            steering.take().unwrap_or_default()
+        } else {
+            steering.as_mut().map(std::mem::take).unwrap_or_default()
         }
     }
 
@@ -142,13 +173,28 @@ pub(crate) enum WaitEnded {
     /// The session's next turn was admitted on another replica (a shared
     /// store): its lease says where.
     Elsewhere(crate::store::Lease),
+    /// The queued message waited for will not run: it was cleared from the
+    /// inbox, or could not be admitted (what, and why, is stored in the
+    /// session's history as a notice).
+    NotRun(crate::events::ErrorCode, String),
 }
 
-/// A `Subscribe(wait_for_turn)` caller.
+/// A `Subscribe(wait_for_turn)` caller, or a queued Chat waiting for the
+/// turn of its message.
 #[derive(Debug)]
 struct Waiter {
     incarnation: String,
     tx: oneshot::Sender<Wake>,
+    /// The one turn this waiter waits for (a queued message's, whose turn
+    /// id is the message's id); `None`: the session's next turn.
+    turn: Option<String>,
+}
+
+impl Waiter {
+    /// Whether the turn `turn_id` is what this waiter waits for.
+    fn wants(&self, turn_id: &str) -> bool {
+        self.turn.as_deref().is_none_or(|t| t == turn_id)
+    }
 }
 
 /// What the slots hold, under their one lock.
@@ -166,6 +212,9 @@ struct Table {
     /// incarnation it waits in; told when that incarnation's next turn is
     /// admitted, or that the session was deleted.
     waiters: HashMap<String, Vec<Waiter>>,
+    /// Sessions a Chat with `OnBusy::Interrupt` is taking over, with how
+    /// many: their inbox waits until it has its turn.
+    interrupting: HashMap<String, usize>,
 }
 
 /// The live-turn slots of every session (see the module docs).
@@ -213,10 +262,14 @@ impl Slots {
     /// Takes `session`'s slot for `turn`. Refused while a delete or a
     /// compaction holds the session or another turn is live in it — unless
     /// that turn is the same request, which the caller then joins.
+    ///
+    /// A queued message's turn (`from_inbox`) never joins another, and
+    /// waits while an interrupting Chat takes the session over.
     pub(crate) fn claim_turn(
         self: &Arc<Self>,
         session: &Session,
         turn: &Arc<LiveTurn>,
+        from_inbox: bool,
     ) -> Result<Claim, RuntimeError> {
         let mut table = lock(&self.table);
         if table.deleting.contains_key(&session.id) {
@@ -228,7 +281,7 @@ impl Slots {
                 // ending: it is nobody's business here, not even its id.
                 return Err(EARLIER_INCARNATION);
             }
-            if busy.request_id.is_some() && busy.request_id == turn.request_id {
+            if !from_inbox && busy.request_id.is_some() && busy.request_id == turn.request_id {
                 return Ok(Claim::Joined(Arc::clone(busy)));
             }
             return Err(RuntimeError::SessionBusy {
@@ -237,6 +290,11 @@ impl Slots {
         }
         if table.compacting.contains(&session.id) {
             return Err(RuntimeError::SessionCompacting);
+        }
+        if from_inbox && table.interrupting.contains_key(&session.id) {
+            return Err(RuntimeError::SessionBusy {
+                turn_id: String::new(),
+            });
         }
         table.live.insert(session.id.clone(), Arc::clone(turn));
         Ok(Claim::Claimed(TurnSlot {
@@ -287,6 +345,20 @@ impl Slots {
         }
     }
 
+    /// Holds session `session_id` for a Chat interrupting its live turn
+    /// until the guard is dropped: the session's queued messages wait
+    /// (see [`Slots::claim_turn`]).
+    pub(crate) fn reserve_interrupt(self: &Arc<Self>, session_id: &str) -> InterruptSlot {
+        *lock(&self.table)
+            .interrupting
+            .entry(session_id.to_owned())
+            .or_default() += 1;
+        InterruptSlot {
+            slots: Arc::clone(self),
+            session_id: session_id.to_owned(),
+        }
+    }
+
     /// What holds session id `id`; a delete wins over a turn.
     pub(crate) fn holder(&self, id: &str) -> Holder {
         let table = lock(&self.table);
@@ -332,7 +404,7 @@ impl Slots {
         }
         let list = table.waiters.entry(session.id.clone()).or_default();
         list.retain(|w| !w.tx.is_closed());
-        if list.len() >= max_waiters {
+        if list.iter().filter(|w| w.turn.is_none()).count() >= max_waiters {
             return Err(RuntimeError::ResourceExhausted(
                 "too many callers are waiting for this session's next turn",
             ));
@@ -341,28 +413,99 @@ impl Slots {
         list.push(Waiter {
             incarnation: session.incarnation.clone(),
             tx,
+            turn: None,
         });
         Ok(Next::Waiting(rx))
+    }
+
+    /// The turn `turn_id` of `session` (a queued message's) when it is
+    /// live, or a wait for it: woken when it is admitted here, ended when
+    /// another replica admitted it, when it will not run, or when the
+    /// session is deleted. (Bounded by the inbox: one per queued message.)
+    pub(crate) fn wait_for_queued(
+        &self,
+        session: &Session,
+        turn_id: &str,
+    ) -> Result<Next, RuntimeError> {
+        let mut table = lock(&self.table);
+        if let Some(turn) = table
+            .live
+            .get(&session.id)
+            .filter(|t| t.incarnation == session.incarnation && t.turn_id == turn_id)
+        {
+            return Ok(Next::Live(Arc::clone(turn)));
+        }
+        if table.deleting.contains_key(&session.id) {
+            return Err(RuntimeError::SessionNotFound);
+        }
+        let (tx, rx) = oneshot::channel();
+        let list = table.waiters.entry(session.id.clone()).or_default();
+        list.retain(|w| !w.tx.is_closed());
+        list.push(Waiter {
+            incarnation: session.incarnation.clone(),
+            tx,
+            turn: Some(turn_id.to_owned()),
+        });
+        Ok(Next::Waiting(rx))
+    }
+
+    /// Ends the wait for queued message `turn_id` of session `session_id`:
+    /// it will not run, for `why`.
+    pub(crate) fn end_queued_waiter(&self, session_id: &str, turn_id: &str, why: &WaitEnded) {
+        let ended = self.take_waiters(session_id, |w| w.turn.as_deref() == Some(turn_id));
+        for waiter in ended {
+            let _ = waiter.tx.send(Err(why.clone()));
+        }
     }
 
     /// Wakes the watchers waiting for `session`'s next turn with `live`.
     /// Waiters of an earlier incarnation (none should be left: delete ends
     /// them) are dropped, never handed the turn.
+    /// Waiters for another queued message's turn keep waiting.
     pub(crate) fn wake_waiters(&self, session: &Session, live: &Arc<LiveTurn>) {
-        let waiting = lock(&self.table).waiters.remove(&session.id);
-        for waiter in waiting.into_iter().flatten() {
+        let woken = self.take_waiters(&session.id, |w| w.wants(&live.turn_id));
+        for waiter in woken {
             if waiter.incarnation == session.incarnation {
                 let _ = waiter.tx.send(Ok(Arc::clone(live)));
             }
         }
     }
 
-    /// Ends every watcher waiting for a turn of session `session_id`.
+    /// Ends every watcher waiting for a turn of session `session_id` — for
+    /// a turn admitted elsewhere, only those waiting for that turn.
     pub(crate) fn end_waiters(&self, session_id: &str, why: &WaitEnded) {
-        let waiting = lock(&self.table).waiters.remove(session_id);
-        for waiter in waiting.into_iter().flatten() {
+        let ended = match why {
+            WaitEnded::Elsewhere(lease) => {
+                self.take_waiters(session_id, |w| w.wants(&lease.turn_id))
+            }
+            WaitEnded::SessionDeleted | WaitEnded::NotRun(..) => {
+                self.take_waiters(session_id, |_| true)
+            }
+        };
+        for waiter in ended {
             let _ = waiter.tx.send(Err(why.clone()));
         }
+    }
+
+    /// Ends the waits of every queued message of session `session_id`:
+    /// none will run, for `why`.
+    pub(crate) fn end_queued_waiters(&self, session_id: &str, why: &WaitEnded) {
+        for waiter in self.take_waiters(session_id, |w| w.turn.is_some()) {
+            let _ = waiter.tx.send(Err(why.clone()));
+        }
+    }
+
+    /// Takes the waiters of session `session_id` that `pick` selects.
+    fn take_waiters(&self, session_id: &str, pick: impl Fn(&Waiter) -> bool) -> Vec<Waiter> {
+        let mut table = lock(&self.table);
+        let Some(list) = table.waiters.remove(session_id) else {
+            return Vec::new();
+        };
+        let (taken, kept): (Vec<_>, Vec<_>) = list.into_iter().partition(pick);
+        if !kept.is_empty() {
+            table.waiters.insert(session_id.to_owned(), kept);
+        }
+        taken
     }
 
     /// The sessions someone waits on for a next turn (open waits only).
@@ -439,6 +582,26 @@ impl Drop for TurnSlot {
             }
         }
         self.live.done.cancel();
+    }
+}
+
+/// A session held by an interrupting Chat (see
+/// [`Slots::reserve_interrupt`]); given back when dropped.
+#[derive(Debug)]
+pub(crate) struct InterruptSlot {
+    slots: Arc<Slots>,
+    session_id: String,
+}
+
+impl Drop for InterruptSlot {
+    fn drop(&mut self) {
+        let mut table = lock(&self.slots.table);
+        if let Some(n) = table.interrupting.get_mut(&self.session_id) {
+            *n -= 1;
+            if *n == 0 {
+                table.interrupting.remove(&self.session_id);
+            }
+        }
     }
 }
 

@@ -99,6 +99,34 @@ enum Source {
     },
     /// A finished turn rebuilt from the store.
     Replay(VecDeque<Arc<TurnEvent>>),
+    /// Events of its own (`Queued`, `Steered`), then a wait for the turn
+    /// to follow (a queued or steering Chat's).
+    Pending {
+        prefix: VecDeque<Arc<TurnEvent>>,
+        wait: Pending,
+    },
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pending")
+    }
+}
+
+/// A future the stream waits on for its turn.
+pub(crate) struct Pending(pub(crate) Pin<Box<dyn std::future::Future<Output = Found> + Send>>);
+
+/// What a stream waiting for its turn found.
+pub(crate) enum Found {
+    /// The turn is live here: follow it from after this seq.
+    Live(Arc<LiveTurn>, u64),
+    /// The turn ended: its events rebuilt from the store.
+    Replay(Vec<Arc<TurnEvent>>),
+    /// No turn to follow here (see [`WaitEnded`]).
+    Ended(WaitEnded),
+    /// These events first (of turn `.0` from now on, when set), then wait
+    /// again.
+    Then(Option<String>, Vec<Arc<TurnEvent>>, Pending),
 }
 
 /// The events of one turn: `TurnStarted` first, `TurnFinished` last.
@@ -171,6 +199,27 @@ impl TurnStream {
         }
     }
 
+    /// `prefix` (events of the stream's own), then the turn `wait` finds.
+    pub(crate) fn pending(
+        session_id: String,
+        turn_id: String,
+        prefix: Vec<Arc<TurnEvent>>,
+        wait: Pending,
+    ) -> Self {
+        Self {
+            session_id,
+            turn_id,
+            source: Source::Pending {
+                prefix: prefix.into(),
+                wait,
+            },
+            cancel_on_drop: None,
+            finished: false,
+            wait_ended: None,
+            _watcher: Some(crate::telemetry::metrics::LiveGuard::watcher()),
+        }
+    }
+
     pub(crate) fn replayed(
         session_id: String,
         turn_id: String,
@@ -214,7 +263,16 @@ impl TurnStream {
     pub fn moved_to(&self) -> Option<&crate::store::Lease> {
         match &self.wait_ended {
             Some(WaitEnded::Elsewhere(lease)) => Some(lease),
-            Some(WaitEnded::SessionDeleted) | None => None,
+            Some(WaitEnded::SessionDeleted | WaitEnded::NotRun(..)) | None => None,
+        }
+    }
+
+    /// Why the queued message this stream waited for did not run (it was
+    /// cleared from the inbox, or could not be admitted).
+    pub fn not_run(&self) -> Option<(crate::events::ErrorCode, &str)> {
+        match &self.wait_ended {
+            Some(WaitEnded::NotRun(code, why)) => Some((*code, why.as_str())),
+            Some(WaitEnded::SessionDeleted | WaitEnded::Elsewhere(_)) | None => None,
         }
     }
 }
@@ -232,6 +290,37 @@ impl Stream for TurnStream {
                 Source::Own(rx) => break rx.poll_recv(cx),
                 Source::Watch(watch) => break watch.poll_next(cx),
                 Source::Replay(events) => break Poll::Ready(events.pop_front()),
+                Source::Pending { prefix, wait } => {
+                    if let Some(event) = prefix.pop_front() {
+                        return Poll::Ready(Some(event));
+                    }
+                    let found = match wait.0.as_mut().poll(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(found) => found,
+                    };
+                    match found {
+                        Found::Live(live, after_seq) => {
+                            let attached =
+                                TurnStream::attached(this.session_id.clone(), &live, after_seq);
+                            this.turn_id = attached.turn_id.clone();
+                            this.source = attached_source(attached);
+                        }
+                        Found::Replay(events) => this.source = Source::Replay(events.into()),
+                        Found::Ended(ended) => {
+                            this.wait_ended = Some(ended);
+                            return Poll::Ready(None);
+                        }
+                        Found::Then(turn_id, events, next) => {
+                            if let Some(turn_id) = turn_id {
+                                this.turn_id = turn_id;
+                            }
+                            this.source = Source::Pending {
+                                prefix: events.into(),
+                                wait: next,
+                            };
+                        }
+                    }
+                }
                 Source::Waiting { rx, after_seq } => match Pin::new(rx).poll(cx) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Err(_)) => return Poll::Ready(None),

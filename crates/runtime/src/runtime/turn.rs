@@ -32,6 +32,7 @@ mod compaction;
 mod emitter;
 mod finish;
 pub(crate) mod prestart;
+mod steering;
 mod step;
 mod tools;
 
@@ -436,9 +437,12 @@ impl Turn {
             )),
             Ok(()) => match self.budget_end(index, emitter).await {
                 Some(end) => State::Finishing(end),
-                None => State::Stepping {
-                    index: index + 1,
-                    first: None,
+                None => match self.steered(emitter).await {
+                    Err(end) => State::Finishing(end),
+                    Ok(()) => State::Stepping {
+                        index: index + 1,
+                        first: None,
+                    },
                 },
             },
         }

@@ -72,6 +72,11 @@ impl Emitter {
         self.last_emit + self.heartbeat_interval
     }
 
+    /// The seq of the last event emitted.
+    pub(super) fn seq(&self) -> u64 {
+        self.seq
+    }
+
     pub(super) async fn emit(&mut self, kind: EventKind) {
         self.last_emit = tokio::time::Instant::now();
         self.seq += 1;

@@ -45,9 +45,13 @@ impl Turn {
                 .await;
         }
         self.runner.touch();
+        // Steering messages that came too late run as later turns: queued
+        // while the session is still this turn's.
+        self.requeue_steers().await;
         // Free the session before the caller sees the end, so a caller that
         // starts its next turn on `TurnFinished` is never told it is busy.
         drop(self.guard.take());
+        crate::runtime::inbox::after_turn(&self.inner, &self.record.session_id);
         emitter
             .emit(EventKind::TurnFinished {
                 outcome,
