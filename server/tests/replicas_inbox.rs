@@ -1,0 +1,135 @@
+//! The inbox across replicas on one PostgreSQL database: messages queued
+//! (ON_BUSY_ENQUEUE) on one replica while another runs the session's turn
+//! are listed by either, and when the owner dies — its database link cut,
+//! then the process gone, so it can write nothing more — another replica
+//! takes the queue over: the dead turn is reported INTERRUPTED once its
+//! lease lapses, and each queued message runs there exactly once, its Chat
+//! following it to the end.
+
+use std::sync::Arc;
+
+#[path = "support/replicas.rs"]
+mod support;
+
+use agentrt_client::proto;
+use agentrt_client::proto::chat_event::Kind;
+use agentrt_client::proto::session_service_client::SessionServiceClient;
+use agentrt_runtime::model::ModelProvider;
+use agentrt_testkit::gate::GateProvider;
+use support::*;
+
+#[tokio::test]
+async fn a_dead_owners_queue_is_taken_over_and_each_message_runs_once() {
+    let Some(db) = agentrt_testkit::pg::database().await else {
+        return;
+    };
+    let proxy = agentrt_testkit::tcp_proxy::TcpProxy::start(&db.addr).await;
+    let via_proxy = db.url.replace(&db.addr, &proxy.addr().to_string());
+    // `gate/*` holds the first turn on A; `queued/*` answers at once.
+    let gate = Arc::new(GateProvider::default());
+    let queued_model = Arc::new(GateProvider::default());
+    queued_model.release(16);
+    let models: Vec<(&str, Arc<dyn ModelProvider>)> = vec![
+        ("gate", Arc::clone(&gate) as Arc<dyn ModelProvider>),
+        ("queued", Arc::clone(&queued_model) as Arc<dyn ModelProvider>),
+    ];
+    let fast = |c: &mut agentrt_server::Config| {
+        c.store.lease_ttl_ms = Some(1_000);
+        c.inbox_sweep = std::time::Duration::from_millis(200);
+    };
+    let a = replica_with(&via_proxy, true, &models, fast).await;
+    let b = replica_with(&db.url, true, &models, fast).await;
+    let session = new_session(&a).await;
+    let first = live_gate_turn(&a, &session).await;
+
+    // Queued on B while A runs the turn: B's store refuses the turn (A's
+    // lease), so the message goes to the shared inbox.
+    let queue = |text: &str, rid: &str| {
+        let mut req = chat(&session, "queued/x", rid);
+        req.content = vec![proto::ContentBlock {
+            block: Some(proto::content_block::Block::Text(proto::TextBlock {
+                text: text.to_owned(),
+            })),
+        }];
+        req.on_busy = proto::OnBusy::Enqueue as i32;
+        req
+    };
+    let mut streams = Vec::new();
+    for (i, (text, rid)) in [("q1", "r1"), ("q2", "r2")].into_iter().enumerate() {
+        let mut events = runtime(&b)
+            .await
+            .chat(queue(text, rid))
+            .await
+            .unwrap()
+            .into_inner();
+        let event = next(&mut events).await.unwrap().unwrap();
+        let Some(Kind::Queued(q)) = &event.kind else {
+            panic!("expected queued, got {event:?}");
+        };
+        assert_eq!(q.position, i as u64 + 1);
+        streams.push((events, event.turn_id));
+    }
+    // Either replica lists the inbox (B's call is answered by the owner).
+    let status = runtime(&b)
+        .await
+        .get_session_status(proto::GetSessionStatusRequest {
+            session_id: session.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(status.live);
+    let listed: Vec<_> = status.queued.iter().map(|q| q.id.clone()).collect();
+    let ids: Vec<_> = streams.iter().map(|(_, id)| id.clone()).collect();
+    assert_eq!(listed, ids);
+
+    // A dies: its database link is cut, then it is gone.
+    proxy.cut();
+    drop(a);
+    drop(first);
+
+    for (mut events, id) in streams {
+        let (seen, trailer) = drain(&mut events).await;
+        assert!(trailer.is_none(), "{trailer:?}");
+        assert!(seen.iter().all(|e| e.turn_id == id));
+        assert_eq!(outcome(&seen), Some(proto::TurnOutcome::Success));
+    }
+    let mut sessions = SessionServiceClient::new(channel(b.server.url()).await);
+    let turns = sessions
+        .list_turns(proto::ListTurnsRequest {
+            session_id: session.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .turns;
+    let outcomes: Vec<_> = turns.iter().rev().map(|t| t.outcome()).collect();
+    assert_eq!(
+        outcomes,
+        [
+            proto::TurnOutcome::Interrupted,
+            proto::TurnOutcome::Success,
+            proto::TurnOutcome::Success
+        ]
+    );
+    let history = sessions
+        .get_history(proto::GetHistoryRequest {
+            session_id: session.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .messages;
+    let users: Vec<String> = history
+        .iter()
+        .filter(|m| m.role() == proto::Role::User)
+        .map(|m| match &m.content[0].block {
+            Some(proto::content_block::Block::Text(t)) => t.text.clone(),
+            _ => String::new(),
+        })
+        .collect();
+    assert_eq!(users, ["hello", "q1", "q2"]);
+    b.server.stop().await;
+}
