@@ -323,6 +323,65 @@ impl A2aHandler {
     }
 
     /// The turn a task id names, for the caller.
+    /// The task `id` as GetTask shows it: its turn's, or — while its
+    /// message waits in the context's inbox — SUBMITTED.
+    async fn task(
+        &self,
+        call: &Call,
+        id: &str,
+        history_length: Option<i32>,
+    ) -> Result<(a2a::Task, Option<TurnStatus>), Status> {
+        match self.lookup(call, id).await {
+            Ok(detail) => Ok((task_of(&detail, history_length), Some(detail.record.status))),
+            Err(not_found) => match self.queued(call, id).await? {
+                Some(q) => Ok((tasks::queued_task(&q, false), None)),
+                None => Err(not_found),
+            },
+        }
+    }
+
+    /// Task `id`'s message while it waits in its context's inbox.
+    async fn queued(
+        &self,
+        call: &Call,
+        id: &str,
+    ) -> Result<Option<agentrt_runtime::types::Queued>, Status> {
+        let Some((session, turn)) = parse_task_id(id) else {
+            return Ok(None);
+        };
+        self.runtime
+            .queued_message(&call.who, session, turn)
+            .await
+            .map_err(|err| from_runtime_for_task(id, err))
+    }
+
+    /// CancelTask of a task whose message waits in its context's inbox:
+    /// the message is taken out (it never runs) and the task is CANCELED;
+    /// `not_found` when it is not queued either.
+    async fn cancel_queued(
+        &self,
+        call: &Call,
+        id: &str,
+        not_found: Status,
+    ) -> Result<Response<a2a::Task>, Status> {
+        let Some(q) = self.queued(call, id).await? else {
+            return Err(not_found);
+        };
+        let taken = self
+            .runtime
+            .cancel_queued(&call.who, &q.session_id, &q.id)
+            .await
+            .map_err(|err| from_runtime_for_task(id, err))?;
+        if !taken {
+            // It started meanwhile: cancel it as a working task.
+            return Err(A2aError::TaskNotCancelable.status(format!(
+                "task {} started while it was being cancelled; cancel it again",
+                quoted(id)
+            )));
+        }
+        Ok(Response::new(tasks::queued_task(&q, true)))
+    }
+
     async fn lookup(&self, call: &Call, id: &str) -> Result<TurnDetail, Status> {
         let (session, turn) = parse_task_id(id).ok_or_else(|| task_not_found(id))?;
         call.session(session);
@@ -491,15 +550,14 @@ impl A2aService for A2aHandler {
             }
             input_required = translator.input_required().cloned();
         }
-        let detail = self.lookup(&call, &id).await?;
-        if detail.record.status != TurnStatus::Running
+        let (mut task, status) = self.task(&call, &id, history_length).await?;
+        if status.is_some_and(|s| s != TurnStatus::Running)
             && let Some(caller) = &mut caller
         {
             caller.ended();
         }
         drop(caller);
-        let mut task = task_of(&detail, history_length);
-        if detail.record.status == TurnStatus::Running && input_required.is_some() {
+        if status == Some(TurnStatus::Running) && input_required.is_some() {
             task.status = input_required;
         }
         Ok(Response::new(a2a::SendMessageResponse {
@@ -561,8 +619,8 @@ impl A2aService for A2aHandler {
         req: Request<a2a::GetTaskRequest>,
     ) -> Result<Response<a2a::Task>, Status> {
         let (call, r) = accept(req)?;
-        let detail = self.lookup(&call, &r.id).await?;
-        Ok(Response::new(task_of(&detail, r.history_length)))
+        let (task, _) = self.task(&call, &r.id, r.history_length).await?;
+        Ok(Response::new(task))
     }
 
     async fn list_tasks(
@@ -582,7 +640,11 @@ impl A2aService for A2aHandler {
         req: Request<a2a::CancelTaskRequest>,
     ) -> Result<Response<a2a::Task>, Status> {
         let (call, r) = accept(req)?;
-        let detail = self.lookup(&call, &r.id).await?;
+        let detail = match self.lookup(&call, &r.id).await {
+            Ok(detail) => detail,
+            // A task whose message still waits in the inbox: taken out.
+            Err(not_found) => return self.cancel_queued(&call, &r.id, not_found).await,
+        };
         let not_cancelable = |detail: &TurnDetail| {
             A2aError::TaskNotCancelable.status(format!(
                 "task {} has already ended ({}); there is nothing to cancel",

@@ -237,7 +237,8 @@ async fn the_a2a_errors_carry_the_reasons_the_sdks_decode() {
         assert_a2a(&err, Code::NotFound, "TASK_NOT_FOUND");
     }
 
-    // A working task: the context is busy, and a second user cannot see it.
+    // A working task: a second message to its context waits in the inbox
+    // (SUBMITTED), and a second user cannot see either.
     let mut live = c
         .send_streaming_message(authed(send("hang on", ""), KEY))
         .await
@@ -248,16 +249,47 @@ async fn the_a2a_errors_carry_the_reasons_the_sdks_decode() {
     else {
         panic!("the Task first")
     };
+    let mut waiting = send("me too", &task.context_id);
+    waiting.configuration = Some(a2a::SendMessageConfiguration {
+        return_immediately: true,
+        ..Default::default()
+    });
+    let sent = c
+        .send_message(authed(waiting, KEY))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(a2a::send_message_response::Payload::Task(queued)) = sent.payload else {
+        panic!("a task")
+    };
+    assert_eq!(state(&queued), a2a::TaskState::Submitted);
+    assert_ne!(queued.id, task.id);
+    let got = c
+        .get_task(authed(get(&queued.id), KEY))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(state(&got), a2a::TaskState::Submitted);
     let err = c
-        .send_message(authed(send("me too", &task.context_id), KEY))
+        .get_task(authed(get(&queued.id), OTHER_KEY))
         .await
         .unwrap_err();
-    assert_a2a(&err, Code::FailedPrecondition, "UNSUPPORTED_OPERATION");
-    let info = err.get_details_error_info().unwrap();
-    assert_eq!(
-        info.metadata.get("agentrt_reason").map(String::as_str),
-        Some("SESSION_BUSY")
-    );
+    assert_a2a(&err, Code::NotFound, "TASK_NOT_FOUND");
+    // Cancelled before it ran: taken out of the inbox.
+    let canceled = c
+        .cancel_task(authed(
+            a2a::CancelTaskRequest {
+                id: queued.id.clone(),
+                ..Default::default()
+            },
+            KEY,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(state(&canceled), a2a::TaskState::Canceled);
+    let err = c.get_task(authed(get(&queued.id), KEY)).await.unwrap_err();
+    assert_a2a(&err, Code::NotFound, "TASK_NOT_FOUND");
     let err = c
         .get_task(authed(get(&task.id), OTHER_KEY))
         .await

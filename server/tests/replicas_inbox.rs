@@ -31,7 +31,10 @@ async fn a_dead_owners_queue_is_taken_over_and_each_message_runs_once() {
     queued_model.release(16);
     let models: Vec<(&str, Arc<dyn ModelProvider>)> = vec![
         ("gate", Arc::clone(&gate) as Arc<dyn ModelProvider>),
-        ("queued", Arc::clone(&queued_model) as Arc<dyn ModelProvider>),
+        (
+            "queued",
+            Arc::clone(&queued_model) as Arc<dyn ModelProvider>,
+        ),
     ];
     let fast = |c: &mut agentrt_server::Config| {
         c.store.lease_ttl_ms = Some(1_000);

@@ -209,6 +209,50 @@ pub fn task_of(detail: &TurnDetail, history_length: Option<i32>) -> a2a::Task {
     }
 }
 
+/// The task of a message waiting in its context's inbox (SUBMITTED), or
+/// taken out of it before it ran (`canceled`).
+pub fn queued_task(q: &agentrt_runtime::types::Queued, canceled: bool) -> a2a::Task {
+    let id = task_id(&q.session_id, &q.id);
+    let context = &q.session_id;
+    let text = text_of(&q.input.content);
+    let state = if canceled {
+        a2a::TaskState::Canceled
+    } else {
+        a2a::TaskState::Submitted
+    };
+    let history = budget::history(
+        vec![Entry {
+            id: q.id.clone(),
+            role: a2a::Role::User,
+            text,
+        }],
+        context,
+    )
+    .into_iter()
+    .map(|(entry, cut)| a2a::Message {
+        message_id: entry.id,
+        context_id: context.clone(),
+        task_id: id.clone(),
+        role: entry.role as i32,
+        parts: vec![text_part(entry.text)],
+        metadata: cut.map(budget::truncated_metadata),
+        ..Default::default()
+    })
+    .collect();
+    a2a::Task {
+        id,
+        context_id: context.clone(),
+        status: Some(a2a::TaskStatus {
+            state: state as i32,
+            message: None,
+            timestamp: Some(timestamp(q.enqueued_at)),
+        }),
+        artifacts: Vec::new(),
+        history,
+        metadata: None,
+    }
+}
+
 /// A turn's events as A2A stream responses.
 #[derive(Debug)]
 pub struct Translator {

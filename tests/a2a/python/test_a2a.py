@@ -287,18 +287,31 @@ async def test_list_tasks_pages_a_contexts_tasks_newest_first(client, ctx, other
     assert "context_id" in str(refused.value)
 
 
-async def test_a_busy_context_refuses_a_second_message(client, ctx, upstream_url):
+async def test_a_message_to_a_busy_context_waits_submitted_then_runs(client, ctx, upstream_url):
     stream = client.send_message(request("[hang] busy"), context=ctx)
     seen = await read_until(stream, is_working)
     task = seen[0].task
-    with pytest.raises(UnsupportedOperationError) as refused:
-        async for _ in client.send_message(
-            request("me too", context_id=task.context_id), context=ctx
-        ):
-            pass
-    assert "working task" in str(refused.value)
+    # A2A has no busy error: the second message waits in the context's
+    # inbox as a SUBMITTED task and runs once the first task has ended.
+    queued = client.send_message(request("me too", context_id=task.context_id), context=ctx)
+    first = await queued.__anext__()
+    assert kind(first) == "task"
+    assert first.task.status.state == TaskState.TASK_STATE_SUBMITTED
+    assert first.task.id != task.id and first.task.context_id == task.context_id
+    got = await client.get_task(GetTaskRequest(id=first.task.id), context=ctx)
+    assert got.status.state == TaskState.TASK_STATE_SUBMITTED
     await client.cancel_task(CancelTaskRequest(id=task.id), context=ctx)
     assert final_state([e async for e in stream]) == TaskState.TASK_STATE_CANCELED
+    rest = [e async for e in queued]
+    assert is_working(rest[0])
+    assert artifact_text(rest) == "echo: me too"
+    assert final_state(rest) == TaskState.TASK_STATE_COMPLETED
+    assert all(e_task_id(e) == first.task.id for e in rest)
+
+
+def e_task_id(event) -> str:
+    payload = getattr(event, kind(event))
+    return payload.task_id
 
 
 async def test_missing_or_wrong_keys_are_unauthenticated(client, transport):

@@ -173,6 +173,59 @@ def test_a_caller_executed_tool_gets_its_result(pb, alice):
     assert [e.seq for e in seen + rest] == list(range(1, len(seen) + len(rest) + 1))
 
 
+def _waiting_on_a_tool(pb, alice, sid):
+    """A turn paused on caller tool `wait`: its stream and tool_call event."""
+    tool = pb.runtime.ToolDefinition(
+        name="wait", description="waits for the caller",
+        parameters_json_schema='{"type":"object","properties":{}}',
+    )
+    chat = alice.chat(sid, "first [tool wait]", extra_tools=[tool])
+    seen = read_until(chat, lambda e: kind(e) == "tool_call")
+    return chat, seen[-1]
+
+
+def test_enqueue_queues_a_message_that_runs_as_its_own_turn_after_the_live_one(pb, alice):
+    sid = alice.create_session()
+    first, call = _waiting_on_a_tool(pb, alice, sid)
+    queued = alice.chat(sid, "second", on_busy=pb.runtime.ON_BUSY_ENQUEUE)
+    head = next(queued)
+    assert kind(head) == "queued" and head.queued.position == 1
+    status = alice.call(alice.runtime.GetSessionStatus, pb.runtime.GetSessionStatusRequest(session_id=sid))
+    assert [q.id for q in status.queued] == [head.turn_id]
+    alice.call(alice.runtime.SubmitToolResult, pb.runtime.SubmitToolResultRequest(
+        session_id=sid, turn_id=call.turn_id, call_id=call.tool_call.call_id, content="done"))
+    rest, err = drain(first)
+    assert err is None, err
+    assert finished(rest).outcome == pb.sessions.TURN_OUTCOME_SUCCESS
+    rest, err = drain(queued)
+    assert err is None, err
+    assert kind(rest[0]) == "turn_started"
+    assert {e.turn_id for e in rest} == {head.turn_id}
+    assert text_of(rest) == "echo: second"
+    assert finished(rest).outcome == pb.sessions.TURN_OUTCOME_SUCCESS
+
+
+def test_steer_joins_the_live_turn_at_its_next_step(pb, alice):
+    sid = alice.create_session()
+    first, call = _waiting_on_a_tool(pb, alice, sid)
+    steer = alice.chat(sid, "and this too", on_busy=pb.runtime.ON_BUSY_STEER)
+    alice.call(alice.runtime.SubmitToolResult, pb.runtime.SubmitToolResultRequest(
+        session_id=sid, turn_id=call.turn_id, call_id=call.tool_call.call_id, content="done"))
+    events, err = drain(steer)
+    assert err is None, err
+    assert kind(events[0]) == "steered" and events[0].steered.message_seq > 0
+    assert {e.turn_id for e in events} == {call.turn_id}
+    # The next model request's last user message is the steering one.
+    assert text_of(events) == "echo: and this too"
+    assert finished(events).outcome == pb.sessions.TURN_OUTCOME_SUCCESS
+    rest, err = drain(first)
+    assert err is None, err
+    assert finished(rest).outcome == pb.sessions.TURN_OUTCOME_SUCCESS
+    history = alice.call(alice.sessions.GetHistory, pb.sessions.GetHistoryRequest(session_id=sid)).messages
+    steered = [m for m in history if m.seq == events[0].steered.message_seq]
+    assert steered and steered[0].content[0].text.text == "and this too"
+
+
 def test_a_client_deadline_times_the_turn_out(pb, alice):
     sid = alice.create_session()
     events, err = drain(alice.chat(sid, "[hang]", timeout=2.0))

@@ -126,6 +126,53 @@ impl Runtime {
         Ok(status)
     }
 
+    /// Message `id` of one of `who`'s sessions while it waits in the
+    /// session's inbox (`None` once it runs, ran, or was taken out).
+    pub async fn queued_message(
+        &self,
+        who: &Principal,
+        session_id: &str,
+        id: &str,
+    ) -> Result<Option<crate::types::Queued>, RuntimeError> {
+        crate::limits::validate_session_id("session_id", session_id)?;
+        let session = self.owned_session(who, session_id).await?;
+        let queued = self.inner.store.inbox().queued(&session.id).await?;
+        Ok(queued.into_iter().find(|q| q.id == id).map(|mut q| {
+            // As its client knows the session.
+            q.session_id = super::keys::client_id(&q.session_id).to_owned();
+            q
+        }))
+    }
+
+    /// Takes message `id` out of the session's inbox before it runs (its
+    /// Chat ends CANCELLED); whether it was still queued.
+    pub async fn cancel_queued(
+        &self,
+        who: &Principal,
+        session_id: &str,
+        id: &str,
+    ) -> Result<bool, RuntimeError> {
+        crate::limits::validate_session_id("session_id", session_id)?;
+        let session = self.owned_session(who, session_id).await?;
+        let taken = self
+            .inner
+            .store
+            .inbox()
+            .dequeue(&session.id, &session.incarnation, id, None)
+            .await?;
+        if taken {
+            self.inner.slots.end_queued_waiter(
+                &session.id,
+                id,
+                &super::slots::WaitEnded::NotRun(
+                    crate::events::ErrorCode::Cancelled,
+                    "the queued message was cancelled before it ran".to_owned(),
+                ),
+            );
+        }
+        Ok(taken)
+    }
+
     /// Takes every queued message out of the session's inbox (none of
     /// them runs; their Chats end saying so); how many there were.
     pub async fn clear_inbox(

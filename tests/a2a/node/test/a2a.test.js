@@ -194,15 +194,24 @@ test("unknown and other users' tasks are TaskNotFoundError", async () => {
   await rejectsWith(client.getTask({ tenant: "", id }, bob), "TaskNotFoundError");
 });
 
-test("a busy context refuses a second message", async () => {
+test("a message to a busy context waits SUBMITTED, then runs", async () => {
   const { seen, it } = await readUntil(client.sendMessageStream(request("[hang] busy node"), alice), isWorking);
   const task = seen[0].payload.value;
-  await rejectsWith(
-    client.sendMessageStream(request("me too", task.contextId), alice),
-    "UnsupportedOperationError",
+  // A2A has no busy error: the second message waits in the context's inbox.
+  const queued = await readUntil(
+    client.sendMessageStream(request("me too, node", task.contextId), alice),
+    (e) => payload(e) === "task",
   );
+  const waiting = queued.seen[0].payload.value;
+  assert.equal(waiting.status.state, TaskState.TASK_STATE_SUBMITTED);
+  assert.notEqual(waiting.id, task.id);
+  const got = await client.getTask({ tenant: "", id: waiting.id }, alice);
+  assert.equal(got.status.state, TaskState.TASK_STATE_SUBMITTED);
   await client.cancelTask({ tenant: "", id: task.id }, alice);
   assert.equal(finalState(await rest(it)), TaskState.TASK_STATE_CANCELED);
+  const after = await rest(queued.it);
+  assert.equal(artifactText(after), "echo: me too, node");
+  assert.equal(finalState(after), TaskState.TASK_STATE_COMPLETED);
 });
 
 test("missing or wrong keys are UNAUTHENTICATED", async () => {

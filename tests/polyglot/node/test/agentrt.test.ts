@@ -195,6 +195,59 @@ describe("agentrt through @grpc/grpc-js", () => {
     assert.deepEqual(seqs([...seen, ...events]), range(1, seen.length + events.length));
   });
 
+  /** A turn paused on caller tool `wait`: its reader and its tool_call event. */
+  async function waitingOnATool(sid: string) {
+    const chat = alice.chat(sid, "first [tool wait]", {
+      extra_tools: [
+        { name: "wait", description: "waits for the caller", parameters_json_schema: '{"type":"object","properties":{}}' },
+      ],
+    });
+    const seen = await chat.until((e) => e.kind === "tool_call");
+    return { chat, call: seen.at(-1)! };
+  }
+  const submit = (sid: string, turn_id: string, call_id: string) =>
+    alice.unary((cb) =>
+      alice.runtime.SubmitToolResult(
+        { session_id: sid, turn_id, call_id, content: "done" },
+        alice.metadata,
+        alice.options(),
+        cb,
+      ),
+    );
+
+  it("ON_BUSY_ENQUEUE queues a message that runs as its own turn after the live one", async () => {
+    const sid = await alice.createSession();
+    const { chat, call } = await waitingOnATool(sid);
+    const queued = alice.chat(sid, "second", { on_busy: "ON_BUSY_ENQUEUE" });
+    const [head] = await queued.until((e) => e.kind === "queued");
+    assert.equal(Number(head.queued!.position), 1);
+    await submit(sid, call.turn_id, call.tool_call!.call_id);
+    const first = await chat.drain();
+    assert.equal(first.error, null);
+    assert.equal(finishedOf(first.events).outcome, "TURN_OUTCOME_SUCCESS");
+    const { events, error } = await queued.drain();
+    assert.equal(error, null);
+    assert.equal(events[0].kind, "turn_started");
+    assert.deepEqual([...new Set(events.map((e) => e.turn_id))], [head.turn_id]);
+    assert.equal(textOf(events), "echo: second");
+    assert.equal(finishedOf(events).outcome, "TURN_OUTCOME_SUCCESS");
+  });
+
+  it("ON_BUSY_STEER joins the live turn at its next step", async () => {
+    const sid = await alice.createSession();
+    const { chat, call } = await waitingOnATool(sid);
+    const steer = alice.chat(sid, "and this too", { on_busy: "ON_BUSY_STEER" });
+    await submit(sid, call.turn_id, call.tool_call!.call_id);
+    const { events, error } = await steer.drain();
+    assert.equal(error, null);
+    assert.equal(events[0].kind, "steered");
+    assert.ok(Number(events[0].steered!.message_seq) > 0);
+    assert.deepEqual([...new Set(events.map((e) => e.turn_id))], [call.turn_id]);
+    assert.equal(textOf(events), "echo: and this too");
+    assert.equal(finishedOf(events).outcome, "TURN_OUTCOME_SUCCESS");
+    assert.equal((await chat.drain()).error, null);
+  });
+
   it("a 2 s client deadline ends the turn TIMED_OUT, then DEADLINE_EXCEEDED", async () => {
     const sid = await alice.createSession();
     const { events, error } = await alice.chat(sid, "[hang]", {}, 2).drain();
