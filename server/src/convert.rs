@@ -590,6 +590,7 @@ pub fn event_to_pb(session_id: &str, turn_id: &str, e: &TurnEvent) -> pb::ChatEv
 pub fn session_status(s: agentrt_runtime::runtime::SessionStatus) -> pb::SessionStatus {
     let watcher_count = u32::try_from(s.watchers).unwrap_or(u32::MAX);
     let queued = s.queued.into_iter().map(queued_message).collect();
+    let steering = u32::try_from(s.steering).unwrap_or(u32::MAX);
     match s.live {
         Some((turn_id, phase, started_at)) => pb::SessionStatus {
             live: true,
@@ -598,6 +599,7 @@ pub fn session_status(s: agentrt_runtime::runtime::SessionStatus) -> pb::Session
             started_at: Some(timestamp(started_at)),
             watcher_count,
             queued,
+            steering,
         },
         None => pb::SessionStatus {
             watcher_count,

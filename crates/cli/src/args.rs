@@ -86,6 +86,9 @@ pub(crate) enum Command {
     Stop {
         /// The session.
         session: String,
+        /// Also take every queued message out of the session's inbox.
+        #[arg(long)]
+        clear_inbox: bool,
     },
     /// Show whether a session has a live turn, and what it is doing.
     Status {

@@ -45,9 +45,16 @@ async fn run(cli: Cli) -> Outcome {
             }
             Ok(())
         }
-        Command::Stop { session } => {
-            let stopped = client.stop_session(&session).await?;
-            out.stopped(&session, stopped);
+        Command::Stop {
+            session,
+            clear_inbox,
+        } => {
+            let (stopped, cleared) = if clear_inbox {
+                client.stop_session_and_clear_inbox(&session).await?
+            } else {
+                (client.stop_session(&session).await?, 0)
+            };
+            out.stopped(&session, stopped, cleared);
             Ok(())
         }
         Command::Status { session } => {

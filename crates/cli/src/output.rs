@@ -295,13 +295,18 @@ impl Out {
         }
     }
 
-    pub(crate) fn stopped(&self, session: &str, stopped: bool) {
+    pub(crate) fn stopped(&self, session: &str, stopped: bool, cleared: u64) {
         if self.json {
-            print_json(&json!({"session_id": session, "stopped": stopped}));
-        } else if stopped {
+            print_json(&json!({"session_id": session, "stopped": stopped, "cleared": cleared}));
+            return;
+        }
+        if stopped {
             println!("stopped the live turn of {session}");
         } else {
             println!("nothing was running in {session}");
+        }
+        if cleared > 0 {
+            println!("took {cleared} queued message(s) out of its inbox");
         }
     }
 
@@ -314,14 +319,32 @@ impl Out {
                 "phase": s.phase,
                 "started_at": timestamp(s.started_at.as_ref()),
                 "watcher_count": s.watcher_count,
+                "steering": s.steering,
+                "queued": s.queued.iter().map(|q| json!({
+                    "id": q.id,
+                    "enqueued_at": timestamp(q.enqueued_at.as_ref()),
+                    "request_id": q.request_id,
+                    "model": q.model,
+                })).collect::<Vec<_>>(),
             }));
-        } else if s.live {
+            return;
+        }
+        if s.live {
             println!(
                 "{session}: turn {} live, phase {}, {} watcher(s)",
                 s.turn_id, s.phase, s.watcher_count
             );
         } else {
             println!("{session}: idle");
+        }
+        if s.steering > 0 {
+            println!(
+                "  {} steering message(s) wait for its next step",
+                s.steering
+            );
+        }
+        for (i, q) in s.queued.iter().enumerate() {
+            println!("  queued #{}: {} (runs as turn {})", i + 1, q.id, q.id);
         }
     }
 

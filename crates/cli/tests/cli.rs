@@ -439,6 +439,93 @@ async fn busy_status_watch_and_stop() {
     h.server.stop().await;
 }
 
+/// The next JSON line of a running command's stdout.
+async fn next_json(lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>) -> Value {
+    let line = lines.next_line().await.unwrap().expect("a line");
+    serde_json::from_str(&line).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_busy_enqueue_and_steer_wait_for_their_turns() {
+    let h = Harness::start(vec![answer(&["later ok"])]).await;
+    let client = h.client().await;
+    let session = client
+        .create_session(Default::default())
+        .await
+        .unwrap()
+        .session_id;
+    let (live, _) = live_turn(&client, &session).await;
+    let chat = |on_busy: &'static str, text: &'static str| {
+        let mut c = command(&[
+            "--url",
+            &h.url,
+            "--output",
+            "json",
+            "chat",
+            "--session",
+            &session,
+            "--on-busy",
+            on_busy,
+            text,
+        ]);
+        c.stdin(Stdio::null());
+        c.spawn().unwrap()
+    };
+    let mut queued = chat("enqueue", "later");
+    let mut queued_lines = BufReader::new(queued.stdout.take().unwrap()).lines();
+    let first = next_json(&mut queued_lines).await;
+    assert_eq!(first["type"], "queued", "{first}");
+    assert_eq!(first["data"]["position"], 1);
+    let status = h.json(&["status", &session]).await;
+    assert_eq!(status["queued"].as_array().unwrap().len(), 1, "{status}");
+    assert_eq!(status["queued"][0]["id"], first["turn_id"]);
+
+    // A gated turn has no step boundary left: the steering message is
+    // queued when it ends, behind the first.
+    let mut steer = chat("steer", "also");
+    let mut steer_lines = BufReader::new(steer.stdout.take().unwrap()).lines();
+    // Released once the live turn holds the steering message (the status
+    // re-read until it does, bounded).
+    tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while client.session_status(&session).await.unwrap().steering == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the steering message reached the live turn");
+    h.gate.release(1);
+    assert!(live.finish().await.unwrap().status.is_none());
+
+    let mut seen = Vec::new();
+    while let Some(line) = queued_lines.next_line().await.unwrap() {
+        seen.push(serde_json::from_str::<Value>(&line).unwrap());
+    }
+    assert!(queued.wait().await.unwrap().success());
+    assert_eq!(seen[0]["type"], "turn_started");
+    assert!(seen.iter().all(|e| e["turn_id"] == first["turn_id"]));
+    let last = seen.last().unwrap();
+    assert_eq!(last["data"]["outcome"], "SUCCESS", "{last}");
+
+    let steered = next_json(&mut steer_lines).await;
+    assert_eq!(steered["type"], "steered", "{steered}");
+    assert_eq!(steered["data"]["message_seq"], 0);
+    let requeued = next_json(&mut steer_lines).await;
+    assert_eq!(requeued["type"], "queued", "{requeued}");
+    assert_eq!(requeued["data"]["position"], 2);
+    let mut rest = Vec::new();
+    while let Some(line) = steer_lines.next_line().await.unwrap() {
+        rest.push(serde_json::from_str::<Value>(&line).unwrap());
+    }
+    assert!(steer.wait().await.unwrap().success());
+    assert_eq!(rest.last().unwrap()["data"]["outcome"], "SUCCESS");
+    let stop = h.json(&["stop", "--clear-inbox", &session]).await;
+    assert_eq!(
+        (stop["stopped"].clone(), stop["cleared"].clone()),
+        (json!(false), json!(0))
+    );
+    h.server.stop().await;
+}
+
 /// One tool call `lookup` (id `call_1`).
 fn tool_call_reply() -> FakeReply {
     let call = json!({"index": 0, "id": "call_1", "type": "function",

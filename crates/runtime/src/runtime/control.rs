@@ -21,6 +21,8 @@ pub struct SessionStatus {
     /// The session's inbox: messages queued to run as later turns, oldest
     /// first.
     pub queued: Vec<crate::types::Queued>,
+    /// Steering messages waiting for the live turn's next step boundary.
+    pub steering: usize,
 }
 
 impl Runtime {
@@ -112,6 +114,7 @@ impl Runtime {
                 live: Some((turn.turn_id.clone(), turn.phase(), turn.started_at)),
                 watchers: turn.hub.watcher_count(),
                 queued: Vec::new(),
+                steering: turn.steering(),
             },
             None => {
                 self.not_elsewhere(session_id).await?;
@@ -119,6 +122,7 @@ impl Runtime {
                     live: None,
                     watchers: 0,
                     queued: Vec::new(),
+                    steering: 0,
                 }
             }
         };

@@ -98,6 +98,11 @@ impl LiveTurn {
         }
     }
 
+    /// How many steering messages wait for the turn's next step boundary.
+    pub(crate) fn steering(&self) -> usize {
+        lock(&self.steering).as_ref().map_or(0, Vec::len)
+    }
+
     /// The steering messages handed to the turn so far (at a step
     /// boundary); `close` also stops taking more (the turn is ending).
     pub(crate) fn take_steers(&self, close: bool) -> Vec<super::busy::Steer> {
