@@ -106,7 +106,7 @@ impl Runtime {
         let session = self.owned_session(who, session_id).await?;
         let key = session.id.clone();
         let session_id = key.as_str();
-        let _slot = inner.slots.claim_compaction(&session)?;
+        let slot = inner.slots.claim_compaction(&session)?;
         // A turn live on another replica (a shared store) holds the session
         // as a local one would.
         if let Some(lease) = self.lease_elsewhere(session_id).await? {
@@ -126,7 +126,7 @@ impl Runtime {
         let mut context = Context::load(inner.store.as_ref(), &session).await?;
         let tokens_before = context.estimate(system);
         let summariser = inner.models.summariser(&session)?;
-        match compact(
+        let report = match compact(
             inner,
             (session_id, &session.incarnation),
             &context,
@@ -155,6 +155,10 @@ impl Runtime {
             }),
             Err(CompactError::Store(e)) => Err(e.into()),
             Err(CompactError::Summary(e)) => Err(RuntimeError::CompactionFailed(e.to_string())),
-        }
+        };
+        // Messages queued while it ran may go now.
+        drop(slot);
+        super::inbox::after_turn(inner, session_id);
+        report
     }
 }

@@ -641,3 +641,6 @@ impl Drop for DeleteSlot<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
