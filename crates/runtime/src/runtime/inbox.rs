@@ -123,7 +123,9 @@ fn not_runnable(err: &RuntimeError) -> Option<(ErrorCode, String)> {
 /// to its end between two looks, a message taken out elsewhere) — the
 /// store looked at every [`QUEUE_CHECK`].
 pub(crate) fn wait_for_queued(inner: &Arc<Inner>, session: &Session, id: &str) -> Pending {
-    let first = inner.slots.wait_for_queued(session, id);
+    let first = inner
+        .slots
+        .wait_for_queued(session, id, inner.config.max_waiters_per_session);
     let weak = Arc::downgrade(inner);
     let session = session.clone();
     let id = id.to_owned();
@@ -131,7 +133,15 @@ pub(crate) fn wait_for_queued(inner: &Arc<Inner>, session: &Session, id: &str) -
         let mut rx = match first {
             Ok(Next::Live(live)) => return Found::Live(live, 0),
             Ok(Next::Waiting(rx)) => rx,
-            Err(_) => return Found::Ended(WaitEnded::SessionDeleted),
+            Err(RuntimeError::SessionNotFound) => return Found::Ended(WaitEnded::SessionDeleted),
+            // Too many waits already: this one ends, the message stays
+            // queued (follow it with Subscribe).
+            Err(err) => {
+                return Found::Ended(WaitEnded::NotRun(
+                    ErrorCode::ResourceExhausted,
+                    format!("{err}; the message stays queued"),
+                ));
+            }
         };
         loop {
             tokio::select! {

@@ -427,10 +427,13 @@ impl Slots {
     /// live, or a wait for it: woken when it is admitted here, ended when
     /// another replica admitted it, when it will not run, or when the
     /// session is deleted. (Bounded by the inbox: one per queued message.)
+    /// At most `max_waiters` Chats wait for queued messages of one session
+    /// (retries of one request id each add one).
     pub(crate) fn wait_for_queued(
         &self,
         session: &Session,
         turn_id: &str,
+        max_waiters: usize,
     ) -> Result<Next, RuntimeError> {
         let mut table = lock(&self.table);
         if let Some(turn) = table
@@ -446,6 +449,11 @@ impl Slots {
         let (tx, rx) = oneshot::channel();
         let list = table.waiters.entry(session.id.clone()).or_default();
         list.retain(|w| !w.tx.is_closed());
+        if list.iter().filter(|w| w.turn.is_some()).count() >= max_waiters {
+            return Err(RuntimeError::ResourceExhausted(
+                "too many callers are waiting for this session's queued messages",
+            ));
+        }
         list.push(Waiter {
             incarnation: session.incarnation.clone(),
             tx,

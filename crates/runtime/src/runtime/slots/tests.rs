@@ -46,7 +46,7 @@ fn turn(id: &str) -> Arc<LiveTurn> {
 fn a_queued_messages_wait_is_woken_by_its_own_turn_only() {
     let slots = Arc::new(Slots::default());
     let s = session();
-    let Ok(Next::Waiting(mut second)) = slots.wait_for_queued(&s, "q2") else {
+    let Ok(Next::Waiting(mut second)) = slots.wait_for_queued(&s, "q2", 8) else {
         panic!("waits")
     };
     let Ok(Next::Waiting(mut next)) = slots.wait_for_turn(&s, 8) else {
@@ -70,7 +70,7 @@ fn a_queued_messages_wait_is_woken_by_its_own_turn_only() {
     assert!(matches!(second.try_recv(), Ok(Ok(t)) if t.turn_id == "q2"));
     // Live now: a new wait finds it at once.
     assert!(matches!(
-        slots.wait_for_queued(&s, "q2"),
+        slots.wait_for_queued(&s, "q2", 8),
         Ok(Next::Live(t)) if t.turn_id == "q2"
     ));
 }
@@ -79,10 +79,10 @@ fn a_queued_messages_wait_is_woken_by_its_own_turn_only() {
 fn a_not_run_ends_only_the_waits_it_concerns() {
     let slots = Arc::new(Slots::default());
     let s = session();
-    let Ok(Next::Waiting(mut a)) = slots.wait_for_queued(&s, "qa") else {
+    let Ok(Next::Waiting(mut a)) = slots.wait_for_queued(&s, "qa", 8) else {
         panic!("waits")
     };
-    let Ok(Next::Waiting(mut b)) = slots.wait_for_queued(&s, "qb") else {
+    let Ok(Next::Waiting(mut b)) = slots.wait_for_queued(&s, "qb", 8) else {
         panic!("waits")
     };
     let Ok(Next::Waiting(mut watcher)) = slots.wait_for_turn(&s, 8) else {
@@ -96,6 +96,12 @@ fn a_not_run_ends_only_the_waits_it_concerns() {
     assert!(matches!(b.try_recv(), Ok(Err(WaitEnded::NotRun(..)))));
     // A Subscribe waiting for the next turn waits on.
     assert!(watcher.try_recv().is_err());
+    // Bounded.
+    assert!(slots.wait_for_queued(&s, "qc", 1).is_ok());
+    assert!(matches!(
+        slots.wait_for_queued(&s, "qc", 1),
+        Err(RuntimeError::ResourceExhausted(_))
+    ));
 }
 
 #[test]
