@@ -97,7 +97,8 @@ fn a_not_run_ends_only_the_waits_it_concerns() {
     // A Subscribe waiting for the next turn waits on.
     assert!(watcher.try_recv().is_err());
     // Bounded.
-    assert!(slots.wait_for_queued(&s, "qc", 1).is_ok());
+    let held = slots.wait_for_queued(&s, "qc", 1);
+    assert!(matches!(held, Ok(Next::Waiting(_))));
     assert!(matches!(
         slots.wait_for_queued(&s, "qc", 1),
         Err(RuntimeError::ResourceExhausted(_))
