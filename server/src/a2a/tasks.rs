@@ -141,18 +141,7 @@ pub fn task_of(detail: &TurnDetail, history_length: Option<i32>) -> a2a::Task {
         let drop = entries.len().saturating_sub(keep);
         entries.drain(..drop);
     }
-    let history = budget::history(entries, context)
-        .into_iter()
-        .map(|(entry, cut)| a2a::Message {
-            message_id: entry.id,
-            context_id: context.clone(),
-            task_id: id.clone(),
-            role: entry.role as i32,
-            parts: vec![text_part(entry.text)],
-            metadata: cut.map(budget::truncated_metadata),
-            ..Default::default()
-        })
-        .collect();
+    let history = history_messages(entries, context, &id);
     let state = state_of(record.status);
     let message = match (record.status, &record.error) {
         (TurnStatus::Running, _) => None,
@@ -209,6 +198,22 @@ pub fn task_of(detail: &TurnDetail, history_length: Option<i32>) -> a2a::Task {
     }
 }
 
+/// A task's history entries as messages, within the history budget.
+fn history_messages(entries: Vec<Entry>, context: &str, task_id: &str) -> Vec<a2a::Message> {
+    budget::history(entries, context)
+        .into_iter()
+        .map(|(entry, cut)| a2a::Message {
+            message_id: entry.id,
+            context_id: context.to_owned(),
+            task_id: task_id.to_owned(),
+            role: entry.role as i32,
+            parts: vec![text_part(entry.text)],
+            metadata: cut.map(budget::truncated_metadata),
+            ..Default::default()
+        })
+        .collect()
+}
+
 /// The task of a message waiting in its context's inbox (SUBMITTED), or
 /// taken out of it before it ran (`canceled`).
 pub fn queued_task(q: &agentrt_runtime::types::Queued, canceled: bool) -> a2a::Task {
@@ -220,25 +225,12 @@ pub fn queued_task(q: &agentrt_runtime::types::Queued, canceled: bool) -> a2a::T
     } else {
         a2a::TaskState::Submitted
     };
-    let history = budget::history(
-        vec![Entry {
-            id: q.id.clone(),
-            role: a2a::Role::User,
-            text,
-        }],
-        context,
-    )
-    .into_iter()
-    .map(|(entry, cut)| a2a::Message {
-        message_id: entry.id,
-        context_id: context.clone(),
-        task_id: id.clone(),
-        role: entry.role as i32,
-        parts: vec![text_part(entry.text)],
-        metadata: cut.map(budget::truncated_metadata),
-        ..Default::default()
-    })
-    .collect();
+    let user = Entry {
+        id: q.id.clone(),
+        role: a2a::Role::User,
+        text,
+    };
+    let history = history_messages(vec![user], context, &id);
     a2a::Task {
         id,
         context_id: context.clone(),

@@ -394,13 +394,36 @@ impl Slots {
         session: &Session,
         max_waiters: usize,
     ) -> Result<Next, RuntimeError> {
+        self.wait(session, None, max_waiters)
+    }
+
+    /// The turn `turn_id` of `session` (a queued message's) when it is
+    /// live, or a wait for it: woken when it is admitted here, ended when
+    /// another replica admitted it, when it will not run, or when the
+    /// session is deleted. At most `max_waiters` Chats wait for queued
+    /// messages of one session (retries of one request id each add one).
+    pub(crate) fn wait_for_queued(
+        &self,
+        session: &Session,
+        turn_id: &str,
+        max_waiters: usize,
+    ) -> Result<Next, RuntimeError> {
+        self.wait(session, Some(turn_id), max_waiters)
+    }
+
+    /// A wait for `session`'s next turn (`turn`: that one only), or the
+    /// turn when it is live.
+    fn wait(
+        &self,
+        session: &Session,
+        turn: Option<&str>,
+        max_waiters: usize,
+    ) -> Result<Next, RuntimeError> {
         let mut table = lock(&self.table);
-        if let Some(turn) = table
-            .live
-            .get(&session.id)
-            .filter(|t| t.incarnation == session.incarnation)
-        {
-            return Ok(Next::Live(Arc::clone(turn)));
+        if let Some(live) = table.live.get(&session.id).filter(|t| {
+            t.incarnation == session.incarnation && turn.is_none_or(|id| t.turn_id == id)
+        }) {
+            return Ok(Next::Live(Arc::clone(live)));
         }
         // A delete ends the waiters after it reserved the id: one that
         // started meanwhile must not wait on a deleted session.
@@ -409,55 +432,19 @@ impl Slots {
         }
         let list = table.waiters.entry(session.id.clone()).or_default();
         list.retain(|w| !w.tx.is_closed());
-        if list.iter().filter(|w| w.turn.is_none()).count() >= max_waiters {
-            return Err(RuntimeError::ResourceExhausted(
-                "too many callers are waiting for this session's next turn",
-            ));
+        let kind = |w: &&Waiter| w.turn.is_some() == turn.is_some();
+        if list.iter().filter(kind).count() >= max_waiters {
+            return Err(RuntimeError::ResourceExhausted(if turn.is_some() {
+                "too many callers are waiting for this session's queued messages"
+            } else {
+                "too many callers are waiting for this session's next turn"
+            }));
         }
         let (tx, rx) = oneshot::channel();
         list.push(Waiter {
             incarnation: session.incarnation.clone(),
             tx,
-            turn: None,
-        });
-        Ok(Next::Waiting(rx))
-    }
-
-    /// The turn `turn_id` of `session` (a queued message's) when it is
-    /// live, or a wait for it: woken when it is admitted here, ended when
-    /// another replica admitted it, when it will not run, or when the
-    /// session is deleted. (Bounded by the inbox: one per queued message.)
-    /// At most `max_waiters` Chats wait for queued messages of one session
-    /// (retries of one request id each add one).
-    pub(crate) fn wait_for_queued(
-        &self,
-        session: &Session,
-        turn_id: &str,
-        max_waiters: usize,
-    ) -> Result<Next, RuntimeError> {
-        let mut table = lock(&self.table);
-        if let Some(turn) = table
-            .live
-            .get(&session.id)
-            .filter(|t| t.incarnation == session.incarnation && t.turn_id == turn_id)
-        {
-            return Ok(Next::Live(Arc::clone(turn)));
-        }
-        if table.deleting.contains_key(&session.id) {
-            return Err(RuntimeError::SessionNotFound);
-        }
-        let (tx, rx) = oneshot::channel();
-        let list = table.waiters.entry(session.id.clone()).or_default();
-        list.retain(|w| !w.tx.is_closed());
-        if list.iter().filter(|w| w.turn.is_some()).count() >= max_waiters {
-            return Err(RuntimeError::ResourceExhausted(
-                "too many callers are waiting for this session's queued messages",
-            ));
-        }
-        list.push(Waiter {
-            incarnation: session.incarnation.clone(),
-            tx,
-            turn: Some(turn_id.to_owned()),
+            turn: turn.map(str::to_owned),
         });
         Ok(Next::Waiting(rx))
     }
@@ -465,10 +452,7 @@ impl Slots {
     /// Ends the wait for queued message `turn_id` of session `session_id`:
     /// it will not run, for `why`.
     pub(crate) fn end_queued_waiter(&self, session_id: &str, turn_id: &str, why: &WaitEnded) {
-        let ended = self.take_waiters(session_id, |w| w.turn.as_deref() == Some(turn_id));
-        for waiter in ended {
-            let _ = waiter.tx.send(Err(why.clone()));
-        }
+        self.end_picked(session_id, why, |w| w.turn.as_deref() == Some(turn_id));
     }
 
     /// Wakes the watchers waiting for `session`'s next turn with `live`.
@@ -487,15 +471,20 @@ impl Slots {
     /// Ends every watcher waiting for a turn of session `session_id` — for
     /// a turn admitted elsewhere, only those waiting for that turn.
     pub(crate) fn end_waiters(&self, session_id: &str, why: &WaitEnded) {
-        let ended = match why {
+        match why {
             WaitEnded::Elsewhere(lease) => {
-                self.take_waiters(session_id, |w| w.wants(&lease.turn_id))
+                self.end_picked(session_id, why, |w| w.wants(&lease.turn_id));
             }
             WaitEnded::SessionDeleted | WaitEnded::NotRun(..) => {
-                self.take_waiters(session_id, |_| true)
+                self.end_picked(session_id, why, |_| true);
             }
-        };
-        for waiter in ended {
+        }
+    }
+
+    /// Ends the waits of session `session_id` that `pick` selects, for
+    /// `why`.
+    fn end_picked(&self, session_id: &str, why: &WaitEnded, pick: impl Fn(&Waiter) -> bool) {
+        for waiter in self.take_waiters(session_id, pick) {
             let _ = waiter.tx.send(Err(why.clone()));
         }
     }
@@ -503,9 +492,7 @@ impl Slots {
     /// Ends the waits of every queued message of session `session_id`:
     /// none will run, for `why`.
     pub(crate) fn end_queued_waiters(&self, session_id: &str, why: &WaitEnded) {
-        for waiter in self.take_waiters(session_id, |w| w.turn.is_some()) {
-            let _ = waiter.tx.send(Err(why.clone()));
-        }
+        self.end_picked(session_id, why, |w| w.turn.is_some());
     }
 
     /// Takes the waiters of session `session_id` that `pick` selects.
