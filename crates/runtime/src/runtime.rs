@@ -42,6 +42,7 @@ mod keys;
 mod leases;
 mod lifecycle;
 mod models;
+mod queued;
 mod recovery;
 mod replay;
 mod runners;
@@ -259,6 +260,25 @@ pub(crate) struct Inner {
     /// shared store (other replicas queue messages), otherwise once this
     /// process queued one or found one queued (module `inbox`).
     pub(crate) inbox_used: std::sync::atomic::AtomicBool,
+    /// Sessions whose turn (or compaction) just ended, for a look at their
+    /// inbox (module `inbox`); bounded: when it is full the sweep looks.
+    ended: mpsc::Sender<String>,
+}
+
+/// How many ended sessions wait for a look at their inbox.
+const ENDED_BUFFER: usize = 1024;
+
+impl Inner {
+    /// A turn (or compaction) of session `session_id` ended and freed the
+    /// session: its inbox gets a look — unless no message was ever queued
+    /// that this process knows of (a store only it writes, where every
+    /// enqueue is its own).
+    pub(crate) fn turn_ended(&self, session_id: &str) {
+        if self.inbox_used.load(std::sync::atomic::Ordering::Relaxed) {
+            // Full: the sweep looks within `inbox_sweep`.
+            let _ = self.ended.try_send(session_id.to_owned());
+        }
+    }
 }
 
 /// The runtime core. Cheap to clone (an `Arc`).
@@ -319,6 +339,7 @@ impl Runtime {
             }
         }
         let shared = store.leases().is_some();
+        let (ended, ended_rx) = mpsc::channel(ENDED_BUFFER);
         let runtime = Self {
             inner: Arc::new(Inner {
                 shared,
@@ -332,12 +353,13 @@ impl Runtime {
                 lifecycle: Lifecycle::new(),
                 turn_meter: Arc::default(),
                 inbox_used: std::sync::atomic::AtomicBool::new(shared),
+                ended,
             }),
         };
         admin::spawn_reaper(&runtime);
         leases::spawn_jobs(&runtime);
         cluster::spawn_jobs(&runtime);
-        inbox::spawn_sweep(&runtime);
+        inbox::spawn_jobs(&runtime, ended_rx);
         // The gauges exist (at 0) before the first turn or watcher.
         let metrics = crate::telemetry::metrics::get();
         metrics.live_turns.add(0, &[]);

@@ -29,7 +29,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument as _;
 
 use self::offer::{admit_model, offered};
-use super::busy::Busy;
+use super::queued::Busy;
 use super::runners::{Runner, RunnerKey};
 use super::slots::{Claim, LiveTurn, TurnSlot};
 use super::turn::prestart::{self, FirstRequest, Prestart};

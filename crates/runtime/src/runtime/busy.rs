@@ -20,125 +20,22 @@
 //! shared.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use tokio::sync::oneshot;
 
 use super::control::STOP_WAIT;
+use super::queued::{Busy, Steer, Steered, chat_input};
 use super::slots::WaitEnded;
 use super::stream::{Found, Pending};
-use super::{ChatInput, OnBusy, OnDisconnect, Runtime, TurnStream, validate};
+use super::{OnBusy, Runtime, TurnStream, validate};
 use crate::error::RuntimeError;
 use crate::events::{EventKind, TurnEvent};
-use crate::types::{CancelReason, Principal, Queued, QueuedInput, QueuedTool, Session};
+use crate::types::{CancelReason, Principal, Queued, Session};
 
 /// How often an interrupting Chat takes the session over when a turn
 /// admitted meanwhile (a caller quicker than it) holds it again.
 const INTERRUPT_ATTEMPTS: usize = 3;
-
-/// A busy Chat's message, kept from before admission consumed the request.
-#[derive(Debug, Clone)]
-pub(crate) struct Busy {
-    /// Whether the sender is an admin principal.
-    admin: bool,
-    input: QueuedInput,
-    /// The caller's transport deadline, for a turn it runs itself.
-    transport_deadline: Option<Duration>,
-    on_disconnect: OnDisconnect,
-}
-
-impl Busy {
-    /// The message of `input`, sent by `who`.
-    pub(crate) fn of(who: &Principal, input: &ChatInput) -> Self {
-        Self {
-            admin: who.admin,
-            input: QueuedInput {
-                content: input.content.clone(),
-                model: input.model.clone(),
-                thinking: input.thinking,
-                system_override: input.system_override.clone(),
-                timeout: input.timeout,
-                request_id: input.request_id.clone(),
-                excluded_tools: input.excluded_tools.clone(),
-                extra_tools: input
-                    .extra_tools
-                    .iter()
-                    .map(|t| QueuedTool {
-                        name: t.name.clone(),
-                        description: t.description.clone(),
-                        parameters: t.parameters.clone(),
-                    })
-                    .collect(),
-                max_steps: input.max_steps,
-                max_output_tokens: input.max_output_tokens,
-                continue_on_disconnect: input.on_disconnect == OnDisconnect::Continue,
-            },
-            transport_deadline: input.transport_deadline,
-            on_disconnect: input.on_disconnect,
-        }
-    }
-}
-
-impl Busy {
-    /// Whether the sender is an admin principal.
-    pub(crate) fn admin(&self) -> bool {
-        self.admin
-    }
-
-    /// The message, as the inbox keeps it.
-    pub(crate) fn into_input(self) -> QueuedInput {
-        self.input
-    }
-}
-
-/// The request a queued message is admitted with: a queued turn runs on
-/// whether or not anyone follows it (the message was accepted durably).
-pub(crate) fn chat_input(session_id: String, input: QueuedInput) -> ChatInput {
-    ChatInput {
-        session_id,
-        content: input.content,
-        model: input.model,
-        thinking: input.thinking,
-        system_override: input.system_override,
-        timeout: input.timeout,
-        transport_deadline: None,
-        on_disconnect: OnDisconnect::Continue,
-        request_id: input.request_id,
-        excluded_tools: input.excluded_tools,
-        extra_tools: input
-            .extra_tools
-            .into_iter()
-            .map(|t| crate::model::ToolSpec {
-                name: t.name,
-                description: t.description,
-                parameters: t.parameters,
-            })
-            .collect(),
-        max_steps: input.max_steps,
-        max_output_tokens: input.max_output_tokens,
-        on_busy: OnBusy::Reject,
-    }
-}
-
-/// A steering message handed to a live turn, and how its Chat learns
-/// what became of it.
-#[derive(Debug)]
-pub(crate) struct Steer {
-    pub(crate) busy: Busy,
-    pub(crate) reply: oneshot::Sender<Steered>,
-}
-
-/// What became of a steering message.
-#[derive(Debug)]
-pub(crate) enum Steered {
-    /// Stored in the live turn as a user message; its `Steered` event has
-    /// turn seq `event_seq`.
-    Joined { event_seq: u64 },
-    /// The turn ended first: the message is queued (its id, its place).
-    Queued { id: String, position: u64 },
-    /// The turn ended first and queuing the message failed.
-    Failed(WaitEnded),
-}
 
 /// An event of a stream's own (seq 0, outside any turn's numbering).
 pub(crate) fn own_event(kind: EventKind) -> Arc<TurnEvent> {
@@ -205,7 +102,9 @@ impl Runtime {
             input: busy.input,
         };
         let id = queued.id.clone();
-        super::inbox::mark_used(&self.inner);
+        self.inner
+            .inbox_used
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         let position = inbox
             .enqueue(queued, self.inner.config.max_queued_per_session)
             .await?;
@@ -309,7 +208,7 @@ impl Runtime {
                         super::inbox::wait_for_queued(&inner, &waited, &id),
                     )
                 }
-                Ok(Steered::Failed(ended)) => Found::Ended(ended),
+                Ok(Steered::Failed(code, why)) => Found::Ended(WaitEnded::NotRun(code, why)),
                 Err(_) => Found::Ended(WaitEnded::NotRun(
                     crate::events::ErrorCode::Unavailable,
                     "the turn ended without taking the message; send it again".to_owned(),

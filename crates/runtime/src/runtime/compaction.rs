@@ -158,7 +158,7 @@ impl Runtime {
         };
         // Messages queued while it ran may go now.
         drop(slot);
-        super::inbox::after_turn(inner, session_id);
+        inner.turn_ended(session_id);
         report
     }
 }

@@ -2,7 +2,8 @@
 //! becomes its own turn, oldest first, when nothing else runs in the
 //! session.
 //!
-//! Who looks: a turn's end (`kick`, after it freed the session), an enqueue
+//! Who looks: a turn's end (`Inner::turn_ended`, after it freed the
+//! session), an enqueue
 //! that may have found the session just freed, and a sweep every
 //! `RuntimeConfig::inbox_sweep` over every session with queued messages —
 //! which is also what runs them after a restart, or after the replica
@@ -20,14 +21,15 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::busy::{self, Steer, Steered};
 use super::jobs::{Job, every};
+use super::queued::chat_input;
 use super::slots::{Next, WaitEnded};
 use super::stream::{Found, Pending};
 use super::{Inner, Runtime, validate};
 use crate::error::RuntimeError;
 use crate::events::ErrorCode;
 use crate::types::{ContentBlock, NewMessage, Principal, Queued, Role, Session, TurnStatus};
+use tokio::sync::mpsc;
 
 /// How often a queued Chat's stream looks in the store for its message's
 /// turn: one another replica admitted (and may have finished before the
@@ -36,20 +38,6 @@ const QUEUE_CHECK: Duration = Duration::from_secs(1);
 
 /// Sessions looked at per sweep.
 const SWEEP_BATCH: usize = 256;
-
-/// After a turn of session `session_id` ended (the session freed): its
-/// inbox gets a look, unless no message was ever queued that this process
-/// knows of (a store only it writes, where every enqueue is its own).
-pub(crate) fn after_turn(inner: &Arc<Inner>, session_id: &str) {
-    if inner.inbox_used.load(Ordering::Relaxed) {
-        kick(inner, session_id);
-    }
-}
-
-/// Records that a message was queued (see [`after_turn`]).
-pub(crate) fn mark_used(inner: &Inner) {
-    inner.inbox_used.store(true, Ordering::Relaxed);
-}
 
 /// Looks at session `session_id`'s inbox in a task of its own.
 pub(crate) fn kick(inner: &Arc<Inner>, session_id: &str) {
@@ -62,10 +50,29 @@ pub(crate) fn kick(inner: &Arc<Inner>, session_id: &str) {
         .spawn_job(async move { runtime.run_queued(&session_id).await });
 }
 
-/// Starts the inbox sweep (the first one at once: messages queued before a
-/// restart run without waiting for a period).
-pub(crate) fn spawn_sweep(runtime: &Runtime) {
+/// Starts the inbox's jobs: a look at each session whose turn ended
+/// (`ended`, fed by [`Inner::turn_ended`]), and the sweep (the first one at
+/// once: messages queued before a restart run without waiting for a
+/// period).
+pub(crate) fn spawn_jobs(runtime: &Runtime, mut ended: mpsc::Receiver<String>) {
     let weak = Arc::downgrade(&runtime.inner);
+    let looks = weak.clone();
+    let stop = runtime.inner.lifecycle.background();
+    runtime.inner.lifecycle.spawn_job(async move {
+        loop {
+            let session_id = tokio::select! {
+                () = stop.cancelled() => return,
+                next = ended.recv() => match next {
+                    Some(session_id) => session_id,
+                    None => return,
+                },
+            };
+            let Some(inner) = looks.upgrade() else {
+                return;
+            };
+            kick(&inner, &session_id);
+        }
+    });
     let first = runtime.clone();
     runtime
         .inner
@@ -238,7 +245,7 @@ impl Runtime {
             }
         };
         if !sessions.is_empty() {
-            mark_used(&self.inner);
+            self.inner.inbox_used.store(true, Ordering::Relaxed);
         }
         for session_id in sessions {
             self.run_queued(&session_id).await;
@@ -293,7 +300,7 @@ impl Runtime {
             admin: next.admin,
         };
         let id = next.id;
-        let input = busy::chat_input(session.id.clone(), next.input);
+        let input = chat_input(session.id.clone(), next.input);
         let admitted = match validate::chat_input(&input, &self.inner.config) {
             Ok(checked) => {
                 self.admit(&who, session.clone(), input, checked, Some(id.clone()))
@@ -334,42 +341,6 @@ impl Runtime {
             }
             Ok(false) => {}
             Err(err) => tracing::warn!(error = %err, "reporting a queued message not run failed"),
-        }
-    }
-
-    /// A turn ended with steering messages it had not taken: each is queued
-    /// (it runs as a later turn) and its Chat told so.
-    pub(crate) async fn requeue_steers(&self, session: &Session, steers: Vec<Steer>) {
-        for Steer { busy, reply } in steers {
-            let queued = Queued {
-                id: crate::types::new_id(),
-                session_id: session.id.clone(),
-                incarnation: session.incarnation.clone(),
-                enqueued_at: std::time::SystemTime::now(),
-                admin: busy.admin(),
-                input: busy.into_input(),
-            };
-            let id = queued.id.clone();
-            mark_used(&self.inner);
-            let answer = match self
-                .inner
-                .store
-                .inbox()
-                .enqueue(queued, self.inner.config.max_queued_per_session)
-                .await
-            {
-                Ok(position) => Steered::Queued { id, position },
-                Err(err) => {
-                    let err = RuntimeError::from(err);
-                    Steered::Failed(WaitEnded::NotRun(
-                        ErrorCode::ResourceExhausted,
-                        format!(
-                            "the turn ended before the message could join it, and queuing it failed: {err}"
-                        ),
-                    ))
-                }
-            };
-            let _ = reply.send(answer);
         }
     }
 }

@@ -53,7 +53,7 @@ pub(crate) struct LiveTurn {
     leased: AtomicBool,
     /// Messages of `OnBusy::Steer` Chats for the turn's next step
     /// boundary; `None` once the turn takes no more (it is finishing).
-    steering: Mutex<Option<Vec<super::busy::Steer>>>,
+    steering: Mutex<Option<Vec<super::queued::Steer>>>,
 }
 
 impl LiveTurn {
@@ -86,9 +86,9 @@ impl LiveTurn {
     /// when the turn takes no more, or already holds `max`.
     pub(crate) fn steer(
         &self,
-        steer: Box<super::busy::Steer>,
+        steer: Box<super::queued::Steer>,
         max: usize,
-    ) -> Result<(), Box<super::busy::Steer>> {
+    ) -> Result<(), Box<super::queued::Steer>> {
         match lock(&self.steering).as_mut() {
             Some(list) if list.len() < max => {
                 list.push(*steer);
@@ -105,7 +105,7 @@ impl LiveTurn {
 
     /// The steering messages handed to the turn so far (at a step
     /// boundary); `close` also stops taking more (the turn is ending).
-    pub(crate) fn take_steers(&self, close: bool) -> Vec<super::busy::Steer> {
+    pub(crate) fn take_steers(&self, close: bool) -> Vec<super::queued::Steer> {
         let mut steering = lock(&self.steering);
         if close {
             steering.take().unwrap_or_default()

@@ -126,7 +126,7 @@ fn an_interrupt_holds_the_inbox_back_but_not_the_interrupting_chat() {
 
 #[test]
 fn steering_messages_are_bounded_taken_at_a_boundary_and_refused_once_closed() {
-    use crate::runtime::busy::{Busy, Steer};
+    use crate::runtime::queued::{Busy, Steer};
     let live = turn("t");
     let steer = || {
         let (reply, _) = tokio::sync::oneshot::channel();

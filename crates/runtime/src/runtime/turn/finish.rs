@@ -51,7 +51,7 @@ impl Turn {
         // Free the session before the caller sees the end, so a caller that
         // starts its next turn on `TurnFinished` is never told it is busy.
         drop(self.guard.take());
-        crate::runtime::inbox::after_turn(&self.inner, &self.record.session_id);
+        self.inner.turn_ended(&self.record.session_id);
         emitter
             .emit(EventKind::TurnFinished {
                 outcome,

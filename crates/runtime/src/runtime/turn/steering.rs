@@ -4,19 +4,22 @@
 //! model request; its Chat follows the turn from its `Steered` event. At
 //! the turn's end, those it did not take are queued as later turns.
 
+use std::sync::atomic::Ordering;
+use std::time::SystemTime;
+
 use super::emitter::Emitter;
 use super::{Turn, TurnEnd};
-use crate::events::EventKind;
-use crate::runtime::Runtime;
-use crate::runtime::busy::{Steer, Steered};
-use crate::types::{NewMessage, Role};
+use crate::error::RuntimeError;
+use crate::events::{ErrorCode, EventKind};
+use crate::runtime::queued::{Steer, Steered};
+use crate::types::{NewMessage, Queued, Role};
 
 impl Turn {
     /// Stores the steering messages handed to the turn since its last
     /// step boundary; a failed write ends the turn.
     pub(super) async fn steered(&mut self, emitter: &mut Emitter) -> Result<(), TurnEnd> {
         for Steer { busy, reply } in self.live.take_steers(false) {
-            let content = busy.into_input().content;
+            let content = busy.input.content;
             let message = NewMessage::new(&self.record.turn_id, Role::User, content);
             if let Err(end) = self.store(message, emitter).await {
                 // Not stored: this Chat and the rest are told the turn
@@ -35,15 +38,37 @@ impl Turn {
     }
 
     /// At the turn's end, before it frees the session: steering messages
-    /// it did not take are queued, to run as later turns.
+    /// it did not take are queued in the inbox, to run as later turns, and
+    /// their Chats told so.
     pub(super) async fn requeue_steers(&mut self) {
         let steers = self.live.take_steers(true);
         if steers.is_empty() {
             return;
         }
-        let runtime = Runtime {
-            inner: std::sync::Arc::clone(&self.inner),
-        };
-        runtime.requeue_steers(&self.session, steers).await;
+        self.inner.inbox_used.store(true, Ordering::Relaxed);
+        let max = self.inner.config.max_queued_per_session;
+        for Steer { busy, reply } in steers {
+            let queued = Queued {
+                id: crate::types::new_id(),
+                session_id: self.session.id.clone(),
+                incarnation: self.session.incarnation.clone(),
+                enqueued_at: SystemTime::now(),
+                admin: busy.admin,
+                input: busy.input,
+            };
+            let id = queued.id.clone();
+            let answer = match self.inner.store.inbox().enqueue(queued, max).await {
+                Ok(position) => Steered::Queued { id, position },
+                Err(err) => Steered::Failed(
+                    ErrorCode::ResourceExhausted,
+                    format!(
+                        "the turn ended before the message could join it, and queuing it \
+                         failed: {}",
+                        RuntimeError::from(err)
+                    ),
+                ),
+            };
+            let _ = reply.send(answer);
+        }
     }
 }
