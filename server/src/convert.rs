@@ -19,7 +19,7 @@ use agentrt_runtime::events::{
 };
 use agentrt_runtime::runtime::{OnBusy, OnDisconnect};
 use agentrt_runtime::types::{
-    Budget, CancelReason, ContentBlock, LastTurn, Message, NewSession, Role, Session,
+    Budget, CancelReason, ContentBlock, Interrupted, LastTurn, Message, NewSession, Role, Session,
     SessionUpdate, ThinkingLevel, TurnRecord, TurnStatus, Usage,
 };
 
@@ -124,11 +124,18 @@ fn block_to_pb(b: ContentBlock) -> pb::ContentBlock {
             name,
             content,
             is_error,
+            interrupted,
         } => Block::ToolResult(pb::ToolResultBlock {
             call_id,
             name,
             content,
             is_error,
+            interrupted: match interrupted {
+                None => pb::ToolCallInterrupted::Unspecified,
+                Some(Interrupted::Cancelled) => pb::ToolCallInterrupted::Cancelled,
+                Some(Interrupted::OutcomeUnknown) => pb::ToolCallInterrupted::OutcomeUnknown,
+            }
+            .into(),
         }),
     };
     pb::ContentBlock { block: Some(block) }
@@ -161,11 +168,13 @@ pub fn content_from_pb(
                 name: c.name,
                 arguments_json: c.arguments_json,
             }),
+            // Only the server records an interruption.
             Some(Block::ToolResult(r)) => Ok(ContentBlock::ToolResult {
                 call_id: r.call_id,
                 name: r.name,
                 content: r.content,
                 is_error: r.is_error,
+                interrupted: None,
             }),
             None => Err(RuntimeError::invalid(
                 format!("{field}[{i}]"),
@@ -523,6 +532,8 @@ pub fn event_to_pb(session_id: &str, turn_id: &str, e: &TurnEvent) -> pb::ChatEv
                 ToolStatus::Running => pb::ToolStatus::Running,
                 ToolStatus::Done => pb::ToolStatus::Done,
                 ToolStatus::Error => pb::ToolStatus::Error,
+                ToolStatus::Cancelled => pb::ToolStatus::Cancelled,
+                ToolStatus::OutcomeUnknown => pb::ToolStatus::OutcomeUnknown,
             }
             .into(),
             input_summary: t.input_summary.clone(),

@@ -273,25 +273,49 @@ async fn an_mcp_tool_is_discovered_and_called_and_its_result_reaches_the_model()
 
 #[tokio::test]
 async fn stop_during_a_slow_mcp_call_cancels_it_on_the_mcp_server() {
-    let fake = FakeOpenAi::start(vec![calls(&[(
-        "call_1",
-        "test__slow",
-        json!({"ms": 600_000}),
-    )])])
+    // Two calls, one at a time: the stop finds the first running and the
+    // second not yet started.
+    let fake = FakeOpenAi::start(vec![calls(&[
+        ("call_1", "test__slow", json!({"ms": 600_000})),
+        ("call_2", "test__slow", json!({"ms": 600_000})),
+    ])])
     .await;
     let dir = tempfile::tempdir().unwrap();
     let mut record = Record::new(dir.path());
-    let server =
-        TestServer::start_with(config(dir.path(), &fake, &record), &Providers::default()).await;
+    let mut one_at_a_time = config(dir.path(), &fake, &record);
+    one_at_a_time.tools.max_parallel = 1;
+    let server = TestServer::start_with(one_at_a_time, &Providers::default()).await;
     let client = server.client().await;
     let session = new_session(&client).await;
 
-    let chat = client.chat(&session, "be slow").await.unwrap();
-    record.until("slow started").await;
+    let mut chat = client.chat(&session, "be slow").await.unwrap();
+    // The MCP server got the call's id in `_meta`.
+    let started = record.until("slow started").await;
+    assert_eq!(started, "slow started call_1");
     assert_eq!(client.session_status(&session).await.unwrap().phase, "tool");
     assert!(client.stop_session(&session).await.unwrap());
-    let summary = finish(chat).await;
-    assert_eq!(summary.outcome, Some(proto::TurnOutcome::Canceled));
+    let mut statuses = Vec::new();
+    while let Some(event) = futures::StreamExt::next(&mut chat).await {
+        if let Ok(agentrt_client::Event {
+            kind: agentrt_client::ChatEvent::ToolUse(t),
+            ..
+        }) = event
+        {
+            statuses.push((t.call_id.clone(), t.status()));
+        }
+    }
+    // RUNNING each, then the record of each call the stop cut short: the
+    // one running, the one that never started.
+    let status = |id: &str, s| (id.to_owned(), s);
+    assert_eq!(
+        statuses,
+        [
+            status("call_1", proto::ToolStatus::Running),
+            status("call_2", proto::ToolStatus::Running),
+            status("call_1", proto::ToolStatus::OutcomeUnknown),
+            status("call_2", proto::ToolStatus::Cancelled),
+        ]
+    );
     // The MCP server got `notifications/cancelled` and the call saw it.
     let seen = record.until_all(&["cancelled ", "slow cancelled"]).await;
     assert!(seen[0].contains("abandoned"), "{seen:?}");
@@ -299,15 +323,34 @@ async fn stop_during_a_slow_mcp_call_cancels_it_on_the_mcp_server() {
     let history = client.history(&session).await.unwrap();
     assert_eq!(
         history.len(),
-        3,
-        "user, assistant with the call, its result"
+        4,
+        "user, assistant with the calls, their results"
     );
     let result = tool_result(&history[2]);
     assert_eq!(result.call_id, "call_1");
     assert!(
-        result.is_error && result.content.contains("cancelled"),
+        result.is_error && result.content.contains("outcome is unknown"),
         "{result:?}"
     );
+    assert_eq!(
+        result.interrupted(),
+        proto::ToolCallInterrupted::OutcomeUnknown
+    );
+    let result = tool_result(&history[3]);
+    assert_eq!(result.call_id, "call_2");
+    assert!(
+        result.is_error && result.content.contains("was not run"),
+        "{result:?}"
+    );
+    assert_eq!(result.interrupted(), proto::ToolCallInterrupted::Cancelled);
+    let turns = client
+        .list_turns(proto::ListTurnsRequest {
+            session_id: session.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(turns.turns[0].outcome(), proto::TurnOutcome::Canceled);
     server.stop().await;
 }
 

@@ -337,6 +337,12 @@ async fn the_deadline_and_stop_end_a_tool_wait_with_every_call_answered_in_histo
             panic!()
         };
         assert!(r.is_error && r.content.contains("time limit"), "{r:?}");
+        // Handed to the caller, who may have run it.
+        assert_eq!(
+            r.interrupted(),
+            proto::ToolCallInterrupted::OutcomeUnknown,
+            "{r:?}"
+        );
     }
 
     let stopped = new_session(&client).await;

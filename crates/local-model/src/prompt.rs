@@ -220,6 +220,7 @@ mod tests {
                         name: "clock".into(),
                         content: "noon".into(),
                         is_error: false,
+                        interrupted: None,
                     }],
                 ),
                 msg(Role::Notice, vec![ContentBlock::text("timed out")]),

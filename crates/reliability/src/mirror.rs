@@ -121,6 +121,7 @@ mod tests {
             name: "lookup".into(),
             content: "x".into(),
             is_error: false,
+            ..Default::default()
         });
         msg(seq, id, turn, proto::Role::Tool, block)
     }

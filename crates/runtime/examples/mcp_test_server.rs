@@ -6,7 +6,8 @@
 //! unless the call is cancelled first; `fail()` returns an error result.
 //!
 //! With `MCP_TEST_RECORD` naming a file (or a FIFO), it appends one line per
-//! event there: `ready <pid>` at start, `slow started`, `slow cancelled`
+//! event there: `ready <pid>` at start, `slow started <call id>` (the id in
+//! `_meta` "io.agentrt/call_id", `-` without one), `slow cancelled`
 //! when the sleeping call sees its cancellation, and `cancelled <reason>`
 //! for each `notifications/cancelled` received.
 
@@ -97,7 +98,16 @@ impl ServerHandler for TestTools {
             }
             "slow" => {
                 let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(0);
-                record("slow started");
+                // The caller's id of the call, when it sends one in `_meta`.
+                let call_id = context
+                    .meta
+                    .0
+                    .0
+                    .get("io.agentrt/call_id")
+                    .and_then(Value::as_str)
+                    .unwrap_or("-")
+                    .to_owned();
+                record(&format!("slow started {call_id}"));
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_millis(ms)) => {
                         CallToolResult::success(vec![ContentBlock::text(format!("slept {ms} ms"))])

@@ -88,6 +88,11 @@ pub enum ToolStatus {
     Done,
     /// Failed; error result stored.
     Error,
+    /// The turn ended before the call started; its stored result says so.
+    Cancelled,
+    /// The turn ended while the call ran (or while the caller had it): it
+    /// may have had effects; its stored result says so.
+    OutcomeUnknown,
 }
 
 /// One `tool_use` event.

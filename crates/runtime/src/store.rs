@@ -130,11 +130,13 @@ pub fn open_call_results(turn_id: &str, messages: &[Message], why: &str) -> Vec<
             NewMessage::new(
                 turn_id,
                 Role::Tool,
+                // Whether it ran, nobody here can tell.
                 vec![ContentBlock::ToolResult {
                     call_id,
                     name,
                     content: why.to_owned(),
                     is_error: true,
+                    interrupted: Some(crate::types::Interrupted::OutcomeUnknown),
                 }],
             )
         })

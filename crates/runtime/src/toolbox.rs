@@ -79,6 +79,15 @@ pub trait ToolSource: Send + Sync + fmt::Debug {
     /// Dropping the future cancels the call.
     async fn call(&self, name: &str, arguments_json: &str) -> ToolOutcome;
 
+    /// [`ToolSource::call`] for the turn's tool call `call_id` (the model's
+    /// id of it): a source that can hand the id to the tool — as an
+    /// idempotency key, so a tool that sees a call again can recognise it —
+    /// does (MCP: `_meta`); the others ignore it.
+    async fn call_as(&self, call_id: &str, name: &str, arguments_json: &str) -> ToolOutcome {
+        let _ = call_id;
+        self.call(name, arguments_json).await
+    }
+
     /// True when the source knows its last listing is no longer valid (e.g.
     /// its connection is gone): runners are then rebuilt, which lists again.
     fn needs_refresh(&self) -> bool {
@@ -309,13 +318,19 @@ impl Toolbox {
 
     /// Routes a namespaced call to its source, without hooks or limits.
     pub async fn call(&self, name: &str, arguments_json: &str) -> ToolOutcome {
+        self.call_as("", name, arguments_json).await
+    }
+
+    /// [`Toolbox::call`] for the turn's tool call `call_id` (see
+    /// [`ToolSource::call_as`]).
+    pub async fn call_as(&self, call_id: &str, name: &str, arguments_json: &str) -> ToolOutcome {
         let routed = self
             .entries
             .iter()
             .find_map(|e| name.strip_prefix(&e.prefix).map(|tool| (e, tool)));
         match routed {
             Some((entry, tool)) if !tool.is_empty() => {
-                entry.source.call(tool, arguments_json).await
+                entry.source.call_as(call_id, tool, arguments_json).await
             }
             _ => ToolOutcome::error(format!("unknown tool {name:?}")),
         }
@@ -351,14 +366,22 @@ impl Toolbox {
 
     /// Runs one server tool call through the whole pipeline: hooks before,
     /// one of `permits` (the parallelism limit), the per-tool timeout, hooks
-    /// after. Dropping the future cancels the call.
-    pub async fn run(&self, call: ToolCallInfo<'_>, permits: &Semaphore) -> ToolOutcome {
+    /// after. `started` is set once the tool is called (a call dropped
+    /// before then never reached it). Dropping the future cancels the call.
+    pub async fn run(
+        &self,
+        call: ToolCallInfo<'_>,
+        permits: &Semaphore,
+        started: &std::sync::atomic::AtomicBool,
+    ) -> ToolOutcome {
         let outcome = match self.before(call).await {
             Err(denied) => denied,
             Ok(arguments) => {
                 let _permit = permits.acquire().await;
                 let limit = self.policy.timeout_for(call.name);
-                match tokio::time::timeout(limit, self.call(call.name, &arguments)).await {
+                started.store(true, std::sync::atomic::Ordering::Release);
+                let called = self.call_as(call.call_id, call.name, &arguments);
+                match tokio::time::timeout(limit, called).await {
                     Ok(outcome) => outcome,
                     Err(_) => ToolOutcome::error(format!(
                         "the tool call timed out after {}",

@@ -123,7 +123,22 @@ pub enum ContentBlock {
         content: String,
         /// True when the tool failed.
         is_error: bool,
+        /// Set when the turn's end interrupted the call before it had a
+        /// result of its own (the result says so, `is_error` is set).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        interrupted: Option<Interrupted>,
     },
+}
+
+/// What became of a tool call the turn's end (a stop, an interrupt, the
+/// deadline, a disconnect, a crash) cut short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Interrupted {
+    /// It had not started: the tool never saw it.
+    Cancelled,
+    /// It was running (or handed to the caller): it may have had effects.
+    OutcomeUnknown,
 }
 
 impl ContentBlock {

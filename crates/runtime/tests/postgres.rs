@@ -93,6 +93,7 @@ fn result(turn_id: &str, call: &str) -> NewMessage {
             name: "search".to_owned(),
             content: "found".to_owned(),
             is_error: false,
+            interrupted: None,
         }],
     )
 }

@@ -1148,6 +1148,7 @@ pub async fn content_round_trips(store: &dyn Store) {
             name: owned("search"),
             content: owned("found"),
             is_error: true,
+            interrupted: Some(agentrt_runtime::types::Interrupted::OutcomeUnknown),
         },
     ];
     let mut message = NewMessage::new("t1", Role::Assistant, content);

@@ -218,6 +218,7 @@ mod tests {
                 name: "get_weather".into(),
                 content: "sunny".repeat(1000),
                 is_error: true,
+                interrupted: Some(agentrt_runtime::types::Interrupted::OutcomeUnknown),
             },
             ContentBlock::text(""),
         ];

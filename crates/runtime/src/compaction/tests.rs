@@ -33,6 +33,7 @@ fn tool_pair(seq: u64) -> [Message; 2] {
                 name: "lookup".into(),
                 content: "found".into(),
                 is_error: false,
+                interrupted: None,
             }],
         ),
         compacted: false,

@@ -100,6 +100,7 @@ mod tests {
                 name: "x".into(),
                 content: "done".into(),
                 is_error: false,
+                interrupted: None,
             }],
         );
         store

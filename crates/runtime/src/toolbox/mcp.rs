@@ -14,7 +14,14 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, ResourceContents};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ContentBlock, MetaObject, RequestMetaObject,
+    ResourceContents,
+};
+
+/// The `_meta` key of a `tools/call` request that carries the turn's id
+/// of the call (the model's call id): the same id for a retried call.
+pub const CALL_ID_META: &str = "io.agentrt/call_id";
 use rmcp::service::{RoleClient, RunningService};
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{Peer, ServiceError, ServiceExt as _};
@@ -207,6 +214,12 @@ impl ToolSource for McpSource {
     }
 
     async fn call(&self, name: &str, arguments_json: &str) -> ToolOutcome {
+        self.call_as("", name, arguments_json).await
+    }
+
+    /// The call carries its id in `_meta` ([`CALL_ID_META`]), for a server
+    /// that deduplicates retried calls.
+    async fn call_as(&self, call_id: &str, name: &str, arguments_json: &str) -> ToolOutcome {
         let peer = lock(&self.peer).clone();
         let Some(peer) = peer.filter(|p| !p.is_transport_closed()) else {
             return ToolOutcome::error(format!(
@@ -224,7 +237,12 @@ impl ToolSource for McpSource {
                 }
             }
         };
-        let request = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
+        let mut request = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
+        if !call_id.is_empty() {
+            let mut meta = MetaObject::new();
+            meta.0.insert(CALL_ID_META.to_owned(), call_id.into());
+            request.meta = Some(RequestMetaObject(meta));
+        }
         match peer.call_tool(request).await {
             Ok(result) => render(result),
             Err(ServiceError::McpError(e)) => ToolOutcome::error(format!(

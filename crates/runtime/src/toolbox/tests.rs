@@ -145,7 +145,9 @@ async fn denied_tools_are_never_called_and_the_reason_is_the_result() {
         ..ToolPolicy::default()
     });
     let permits = toolbox.permits();
-    let outcome = toolbox.run(server_call("a__echo", "{}"), &permits).await;
+    let outcome = toolbox
+        .run(server_call("a__echo", "{}"), &permits, &Default::default())
+        .await;
     assert!(outcome.is_error);
     assert!(outcome.content.contains("denied"), "{}", outcome.content);
     assert!(a.calls().is_empty());
@@ -178,7 +180,11 @@ async fn hooks_rewrite_arguments_and_redact_results() {
     toolbox.add_hook(hook.clone());
     let permits = toolbox.permits();
     let echoed = toolbox
-        .run(server_call("a__echo", r#"{"x":1}"#), &permits)
+        .run(
+            server_call("a__echo", r#"{"x":1}"#),
+            &permits,
+            &Default::default(),
+        )
         .await;
     assert_eq!(echoed, ToolOutcome::ok(r#"{"rewritten":true}"#));
     assert_eq!(a.calls()[0].1, r#"{"rewritten":true}"#);
@@ -186,7 +192,13 @@ async fn hooks_rewrite_arguments_and_redact_results() {
         lock(&hook.seen)[0],
         (ToolKind::Server, r#"{"x":1}"#.to_owned())
     );
-    let secret = toolbox.run(server_call("a__secret", "{}"), &permits).await;
+    let secret = toolbox
+        .run(
+            server_call("a__secret", "{}"),
+            &permits,
+            &Default::default(),
+        )
+        .await;
     assert_eq!(secret.content, "the password is [redacted]");
 
     // Caller tools go through the same hooks (the runtime calls these).
@@ -214,7 +226,9 @@ async fn long_results_are_cut_and_marked() {
         ..ToolPolicy::default()
     });
     let permits = toolbox.permits();
-    let outcome = toolbox.run(server_call("a__big", "{}"), &permits).await;
+    let outcome = toolbox
+        .run(server_call("a__big", "{}"), &permits, &Default::default())
+        .await;
     assert!(!outcome.is_error);
     assert!(outcome.content.starts_with(&"x".repeat(1000)));
     assert!(
@@ -251,7 +265,9 @@ async fn a_call_past_its_timeout_is_an_error_result() {
     );
     let permits = toolbox.permits();
     let started = tokio::time::Instant::now();
-    let outcome = toolbox.run(server_call("a__hang", "{}"), &permits).await;
+    let outcome = toolbox
+        .run(server_call("a__hang", "{}"), &permits, &Default::default())
+        .await;
     assert_eq!(
         outcome,
         ToolOutcome::error("the tool call timed out after 1.5s")
@@ -303,8 +319,9 @@ async fn parallel_calls_are_bounded_by_max_parallel() {
     let runner = Arc::clone(&toolbox);
     let all = tokio::spawn(async move {
         let permits = runner.permits();
+        let started = std::sync::atomic::AtomicBool::default();
         futures::stream::iter(0..6)
-            .map(|_| runner.run(server_call("g__wait", "{}"), &permits))
+            .map(|_| runner.run(server_call("g__wait", "{}"), &permits, &started))
             .buffer_unordered(6)
             .collect::<Vec<_>>()
             .await

@@ -52,6 +52,7 @@ fn history_maps_roles_images_tool_use_results_and_merges_turns() {
                     name: "ls".into(),
                     content: "denied".into(),
                     is_error: true,
+                    interrupted: None,
                 }],
             ),
             message(

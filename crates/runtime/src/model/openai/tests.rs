@@ -51,6 +51,7 @@ fn history_maps_roles_images_tool_calls_and_drops_thinking() {
                     name: "ls".into(),
                     content: "denied".into(),
                     is_error: true,
+                    interrupted: None,
                 }],
             ),
             message(

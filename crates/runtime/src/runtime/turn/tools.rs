@@ -7,6 +7,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
@@ -19,7 +20,7 @@ use crate::events::{EventKind, Phase, ToolStatus, ToolUse, TurnOutcome};
 use crate::model::ToolSpec;
 use crate::runtime::runners::Runner;
 use crate::toolbox::{ToolCallInfo, ToolKind, ToolOutcome, Toolbox};
-use crate::types::{CancelReason, ContentBlock, NewMessage, Role, StopReason};
+use crate::types::{CancelReason, ContentBlock, Interrupted, NewMessage, Role, StopReason};
 
 /// How a tool phase ended.
 enum ToolsEnd {
@@ -41,6 +42,27 @@ enum Route {
 
 /// A tool call in flight: its index in the step and its result.
 type ToolWait = Pin<Box<dyn Future<Output = (usize, ToolOutcome)> + Send>>;
+
+/// How far a call of the step got, for the record of one the turn's end
+/// cut short.
+enum Reach {
+    /// Answered at once (unknown tool, a hook's answer).
+    Answered,
+    /// A server call: whether the tool was called.
+    Server(Arc<AtomicBool>),
+    /// Handed to the caller (announced with `ToolCall`).
+    Caller,
+}
+
+impl Reach {
+    /// What became of the call when the turn ended without its result.
+    fn interrupted(&self) -> Interrupted {
+        match self {
+            Self::Server(started) if !started.load(Ordering::Acquire) => Interrupted::Cancelled,
+            Self::Answered | Self::Server(_) | Self::Caller => Interrupted::OutcomeUnknown,
+        }
+    }
+}
 
 fn info<'a>(call: &'a ToolCallRequest, kind: ToolKind) -> ToolCallInfo<'a> {
     ToolCallInfo {
@@ -91,13 +113,15 @@ fn invalid_arguments(arguments_json: &str) -> Option<String> {
     }
 }
 
-/// Runs a server tool call; dropping the future cancels it.
+/// Runs a server tool call; dropping the future cancels it. `started` is
+/// set once the tool is called.
 fn server_call(
     toolbox: Arc<Toolbox>,
     permits: Arc<Semaphore>,
     index: usize,
     call: ToolCallRequest,
     capture_content: bool,
+    started: Arc<AtomicBool>,
 ) -> ToolWait {
     let span = crate::runtime::spans::execute_tool(&call.name, &call.id, "extension");
     if capture_content {
@@ -109,7 +133,9 @@ fn server_call(
     let traced = span.clone();
     Box::pin(tracing::Instrument::instrument(
         async move {
-            let outcome = toolbox.run(info(&call, ToolKind::Server), &permits).await;
+            let outcome = toolbox
+                .run(info(&call, ToolKind::Server), &permits, &started)
+                .await;
             if outcome.is_error {
                 crate::runtime::spans::failed(&traced, "tool_error");
             }
@@ -182,7 +208,7 @@ impl Turn {
     ) -> Result<ToolsEnd, TurnEnd> {
         self.live.set_phase(Phase::Tool);
         let mut results: Vec<Option<ToolOutcome>> = vec![None; calls.len()];
-        let mut waits = self.dispatch(&calls, &mut results, emitter).await;
+        let (mut waits, reach) = self.dispatch(&calls, &mut results, emitter).await;
         let cancel = self.live.cancel.clone();
         let mut end = ToolsEnd::Done;
         while !waits.is_empty() {
@@ -215,13 +241,20 @@ impl Turn {
         // `notifications/cancelled`).
         drop(waits);
         crate::runtime::lock(&self.live.pending_tools).clear();
-        let missing = match end {
-            ToolsEnd::TimedOut => "the turn reached its time limit before this tool call finished",
-            _ => "the tool call was cancelled",
+        let why = match end {
+            ToolsEnd::TimedOut => "the turn reached its time limit",
+            ToolsEnd::Done | ToolsEnd::Cancelled(_) => "the turn was stopped",
         };
-        for (call, result) in calls.into_iter().zip(results) {
-            let output = result.unwrap_or_else(|| ToolOutcome::error(missing));
-            self.store_tool_result(call, output, emitter).await?;
+        for ((call, result), reach) in calls.into_iter().zip(results).zip(reach) {
+            let (output, interrupted) = match result {
+                Some(output) => (output, None),
+                None => {
+                    let interrupted = reach.interrupted();
+                    (cut_short(why, interrupted), Some(interrupted))
+                }
+            };
+            self.store_tool_result(call, output, interrupted, emitter)
+                .await?;
         }
         Ok(end)
     }
@@ -235,11 +268,12 @@ impl Turn {
         calls: &[ToolCallRequest],
         results: &mut [Option<ToolOutcome>],
         emitter: &mut Emitter,
-    ) -> FuturesUnordered<ToolWait> {
+    ) -> (FuturesUnordered<ToolWait>, Vec<Reach>) {
         let toolbox = Arc::clone(&self.inner.toolbox);
         // Server calls of this step share the parallelism limit.
         let permits = Arc::new(toolbox.permits());
         let waits = FuturesUnordered::<ToolWait>::new();
+        let mut reach = Vec::with_capacity(calls.len());
         for (i, call) in calls.iter().enumerate() {
             emitter
                 .emit(EventKind::ToolUse(Box::new(ToolUse {
@@ -253,13 +287,18 @@ impl Turn {
                 })))
                 .await;
             match route(&toolbox, &self.runner, &self.tools, call).await {
-                Route::Server => waits.push(server_call(
-                    Arc::clone(&toolbox),
-                    Arc::clone(&permits),
-                    i,
-                    call.clone(),
-                    self.inner.config.capture_content,
-                )),
+                Route::Server => {
+                    let started = Arc::new(AtomicBool::new(false));
+                    reach.push(Reach::Server(Arc::clone(&started)));
+                    waits.push(server_call(
+                        Arc::clone(&toolbox),
+                        Arc::clone(&permits),
+                        i,
+                        call.clone(),
+                        self.inner.config.capture_content,
+                        started,
+                    ));
+                }
                 Route::Caller(arguments_json) => {
                     let rx = crate::runtime::lock(&self.live.pending_tools).wait_for(&call.id);
                     emitter
@@ -270,11 +309,15 @@ impl Turn {
                         })
                         .await;
                     waits.push(caller_result(Arc::clone(&toolbox), i, call.clone(), rx));
+                    reach.push(Reach::Caller);
                 }
-                Route::Done(output) => results[i] = Some(output),
+                Route::Done(output) => {
+                    results[i] = Some(output);
+                    reach.push(Reach::Answered);
+                }
             }
         }
-        waits
+        (waits, reach)
     }
 
     /// Stores one tool result, then announces it (DONE/ERROR): a result is
@@ -283,6 +326,7 @@ impl Turn {
         &mut self,
         call: ToolCallRequest,
         output: ToolOutcome,
+        interrupted: Option<Interrupted>,
         emitter: &mut Emitter,
     ) -> Result<(), TurnEnd> {
         let message = NewMessage::new(
@@ -293,6 +337,7 @@ impl Turn {
                 name: call.name.clone(),
                 content: output.content.clone(),
                 is_error: output.is_error,
+                interrupted,
             }],
         );
         self.store(message, emitter).await?;
@@ -300,10 +345,11 @@ impl Turn {
             .emit(EventKind::ToolUse(Box::new(ToolUse {
                 call_id: call.id,
                 tool_name: call.name,
-                status: if output.is_error {
-                    ToolStatus::Error
-                } else {
-                    ToolStatus::Done
+                status: match interrupted {
+                    Some(Interrupted::Cancelled) => ToolStatus::Cancelled,
+                    Some(Interrupted::OutcomeUnknown) => ToolStatus::OutcomeUnknown,
+                    None if output.is_error => ToolStatus::Error,
+                    None => ToolStatus::Done,
                 },
                 input_summary: input_summary(&call.arguments_json),
                 arguments_json: call.arguments_json,
@@ -324,6 +370,20 @@ impl Turn {
         );
         self.store(notice, emitter).await.ok();
     }
+}
+
+/// The result stored for a call the turn's end cut short (`why`: what
+/// ended it).
+fn cut_short(why: &str, interrupted: Interrupted) -> ToolOutcome {
+    ToolOutcome::error(match interrupted {
+        Interrupted::Cancelled => {
+            format!("{why} before this tool call started: it was not run")
+        }
+        Interrupted::OutcomeUnknown => format!(
+            "{why} while this tool call was running: its outcome is unknown (it may have had \
+             effects; the call id is the idempotency key to check or retry it with)"
+        ),
+    })
 }
 
 /// Longest input summary and result detail in `tool_use` events.
