@@ -136,3 +136,97 @@ async fn a_dead_owners_queue_is_taken_over_and_each_message_runs_once() {
     assert_eq!(users, ["hello", "q1", "q2"]);
     b.server.stop().await;
 }
+
+#[tokio::test]
+async fn interrupt_and_steer_sent_to_another_replica_reach_the_owners_turn() {
+    let Some(db) = agentrt_testkit::pg::database().await else {
+        return;
+    };
+    let gate = Arc::new(GateProvider::default());
+    let quick = Arc::new(GateProvider::default());
+    quick.release(16);
+    let models: Vec<(&str, Arc<dyn ModelProvider>)> = vec![
+        ("gate", Arc::clone(&gate) as Arc<dyn ModelProvider>),
+        ("queued", Arc::clone(&quick) as Arc<dyn ModelProvider>),
+    ];
+    let a = replica(&db.url, true, &models).await;
+    let b = replica(&db.url, true, &models).await;
+    let session = new_session(&a).await;
+    let busy = |text: &str, on_busy: proto::OnBusy| {
+        let mut req = chat(&session, "queued/x", "");
+        req.content = vec![proto::ContentBlock {
+            block: Some(proto::content_block::Block::Text(proto::TextBlock {
+                text: text.to_owned(),
+            })),
+        }];
+        req.on_busy = on_busy as i32;
+        req
+    };
+
+    // INTERRUPT on B: A's turn ends CANCELED (INTERRUPTED), the new one runs.
+    let mut first = live_gate_turn(&a, &session).await;
+    let mut interrupting = runtime(&b)
+        .await
+        .chat(busy("instead", proto::OnBusy::Interrupt))
+        .await
+        .unwrap()
+        .into_inner();
+    let (events, _) = drain(&mut first).await;
+    let finished = events
+        .iter()
+        .find_map(|e| match &e.kind {
+            Some(Kind::TurnFinished(f)) => Some((f.outcome(), f.cancel_reason())),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(
+        finished,
+        (
+            proto::TurnOutcome::Canceled,
+            proto::CancelReason::Interrupted
+        )
+    );
+    let (events, trailer) = drain(&mut interrupting).await;
+    assert!(trailer.is_none(), "{trailer:?}");
+    assert_eq!(outcome(&events), Some(proto::TurnOutcome::Success));
+
+    // STEER on B: handed to A's live turn (B's status, answered by A, shows
+    // it waiting); a gated step has no boundary left, so it runs next.
+    let first = live_gate_turn(&a, &session).await;
+    let mut steering = runtime(&b)
+        .await
+        .chat(busy("also", proto::OnBusy::Steer))
+        .await
+        .unwrap()
+        .into_inner();
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let status = runtime(&b)
+                .await
+                .get_session_status(proto::GetSessionStatusRequest {
+                    session_id: session.clone(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            if status.steering == 1 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the steering message reached the owner's turn");
+    gate.release(1);
+    drop(first);
+    let (events, trailer) = drain(&mut steering).await;
+    assert!(trailer.is_none(), "{trailer:?}");
+    assert!(matches!(
+        &events[0].kind,
+        Some(Kind::Steered(s)) if s.message_seq == 0
+    ));
+    assert!(matches!(&events[1].kind, Some(Kind::Queued(_))));
+    assert_eq!(outcome(&events), Some(proto::TurnOutcome::Success));
+    a.server.stop().await;
+    b.server.stop().await;
+}
