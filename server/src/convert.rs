@@ -602,6 +602,15 @@ pub fn session_status(s: agentrt_runtime::runtime::SessionStatus) -> pb::Session
     let watcher_count = u32::try_from(s.watchers).unwrap_or(u32::MAX);
     let queued = s.queued.into_iter().map(queued_message).collect();
     let steering = u32::try_from(s.steering).unwrap_or(u32::MAX);
+    let pending_calls = s
+        .pending_calls
+        .into_iter()
+        .map(|c| pb::PendingCall {
+            call_id: c.call_id,
+            tool_name: c.name,
+            arguments_json: c.arguments_json,
+        })
+        .collect();
     match s.live {
         Some((turn_id, phase, started_at)) => pb::SessionStatus {
             live: true,
@@ -611,6 +620,7 @@ pub fn session_status(s: agentrt_runtime::runtime::SessionStatus) -> pb::Session
             watcher_count,
             queued,
             steering,
+            pending_calls,
         },
         None => pb::SessionStatus {
             watcher_count,

@@ -160,6 +160,19 @@ async fn enqueued_messages_run_after_the_live_turn_in_order_each_as_its_own_turn
 
     let status = client.session_status(&session).await.unwrap();
     assert_eq!(status.turn_id, first_turn);
+    // The caller tool call the live turn waits for.
+    let pending: Vec<_> = status
+        .pending_calls
+        .iter()
+        .map(|c| {
+            (
+                c.call_id.as_str(),
+                c.tool_name.as_str(),
+                c.arguments_json.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(pending, [("call_1", "wait", "{}")]);
     let listed: Vec<_> = status.queued.iter().map(|q| q.id.clone()).collect();
     let ids: Vec<_> = queued.iter().map(|(_, id)| id.clone()).collect();
     assert_eq!(listed, ids);

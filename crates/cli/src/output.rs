@@ -320,6 +320,11 @@ impl Out {
                 "started_at": timestamp(s.started_at.as_ref()),
                 "watcher_count": s.watcher_count,
                 "steering": s.steering,
+                "pending_calls": s.pending_calls.iter().map(|c| json!({
+                    "call_id": c.call_id,
+                    "tool_name": c.tool_name,
+                    "arguments_json": c.arguments_json,
+                })).collect::<Vec<_>>(),
                 "queued": s.queued.iter().map(|q| json!({
                     "id": q.id,
                     "enqueued_at": timestamp(q.enqueued_at.as_ref()),
@@ -336,6 +341,12 @@ impl Out {
             );
         } else {
             println!("{session}: idle");
+        }
+        for c in &s.pending_calls {
+            println!(
+                "  waits for tool call {} {}({}); answer it with `agentrt tool-result`",
+                c.call_id, c.tool_name, c.arguments_json
+            );
         }
         if s.steering > 0 {
             println!(

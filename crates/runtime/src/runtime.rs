@@ -62,6 +62,7 @@ use runners::Runners;
 use slots::{LiveTurn, Slots};
 
 pub use admin::{RuntimeStats, UserUsage};
+pub use caller_tools::PendingCall;
 pub use compaction::CompactionReport;
 pub use context::load_context;
 pub use control::SessionStatus;

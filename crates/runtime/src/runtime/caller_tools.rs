@@ -20,15 +20,34 @@ const MAX_DESCRIPTION: usize = 4 << 10;
 /// (so a second submit is told ALREADY_EXISTS rather than "unknown").
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
-    waiting: HashMap<String, oneshot::Sender<ToolOutcome>>,
+    waiting: HashMap<String, (PendingCall, oneshot::Sender<ToolOutcome>)>,
     answered: HashSet<String>,
 }
 
+/// A caller-executed tool call the turn waits for (`GetSessionStatus`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingCall {
+    /// Call id (what `SubmitToolResult` names).
+    pub call_id: String,
+    /// Tool name.
+    pub name: String,
+    /// Arguments as the caller was sent them (a JSON document).
+    pub arguments_json: String,
+}
+
 impl Pending {
-    pub(crate) fn wait_for(&mut self, call_id: &str) -> oneshot::Receiver<ToolOutcome> {
+    /// Waits for the result of `call` (announced to the caller).
+    pub(crate) fn wait_for(&mut self, call: PendingCall) -> oneshot::Receiver<ToolOutcome> {
         let (tx, rx) = oneshot::channel();
-        self.waiting.insert(call_id.to_owned(), tx);
+        self.waiting.insert(call.call_id.clone(), (call, tx));
         rx
+    }
+
+    /// The calls waited for, in call id order.
+    pub(crate) fn calls(&self) -> Vec<PendingCall> {
+        let mut calls: Vec<_> = self.waiting.values().map(|(c, _)| c.clone()).collect();
+        calls.sort_by(|a, b| a.call_id.cmp(&b.call_id));
+        calls
     }
 
     /// Stops waiting for everything (the turn moves on or ends).
@@ -137,7 +156,7 @@ impl Runtime {
                 "this tool call already has a result",
             ));
         }
-        let tx = pending
+        let (_, tx) = pending
             .waiting
             .remove(call_id)
             .ok_or(RuntimeError::FailedPrecondition(

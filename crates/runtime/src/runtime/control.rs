@@ -23,6 +23,8 @@ pub struct SessionStatus {
     pub queued: Vec<crate::types::Queued>,
     /// Steering messages waiting for the live turn's next step boundary.
     pub steering: usize,
+    /// Caller-executed tool calls the live turn waits for.
+    pub pending_calls: Vec<super::caller_tools::PendingCall>,
 }
 
 impl Runtime {
@@ -115,6 +117,7 @@ impl Runtime {
                 watchers: turn.hub.watcher_count(),
                 queued: Vec::new(),
                 steering: turn.steering(),
+                pending_calls: super::lock(&turn.pending_tools).calls(),
             },
             None => {
                 self.not_elsewhere(session_id).await?;
@@ -123,6 +126,7 @@ impl Runtime {
                     watchers: 0,
                     queued: Vec::new(),
                     steering: 0,
+                    pending_calls: Vec::new(),
                 }
             }
         };

@@ -18,6 +18,7 @@ use super::step::{StepEnd, StepOutput, ToolCallRequest};
 use super::{TIMEOUT_NOTICE, Turn, TurnEnd, until};
 use crate::events::{EventKind, Phase, ToolStatus, ToolUse, TurnOutcome};
 use crate::model::ToolSpec;
+use crate::runtime::caller_tools::PendingCall;
 use crate::runtime::runners::Runner;
 use crate::toolbox::{ToolCallInfo, ToolKind, ToolOutcome, Toolbox};
 use crate::types::{CancelReason, ContentBlock, Interrupted, NewMessage, Role, StopReason};
@@ -300,7 +301,11 @@ impl Turn {
                     ));
                 }
                 Route::Caller(arguments_json) => {
-                    let rx = crate::runtime::lock(&self.live.pending_tools).wait_for(&call.id);
+                    let rx = crate::runtime::lock(&self.live.pending_tools).wait_for(PendingCall {
+                        call_id: call.id.clone(),
+                        name: call.name.clone(),
+                        arguments_json: arguments_json.clone(),
+                    });
                     emitter
                         .emit(EventKind::ToolCall {
                             call_id: call.id.clone(),
