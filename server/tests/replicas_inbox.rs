@@ -227,6 +227,33 @@ async fn interrupt_and_steer_sent_to_another_replica_reach_the_owners_turn() {
     ));
     assert!(matches!(&events[1].kind, Some(Kind::Queued(_))));
     assert_eq!(outcome(&events), Some(proto::TurnOutcome::Success));
+
+    // StopSession with clear_inbox on B: the owner stops its turn, B
+    // cleared the shared inbox; the answer counts what was cleared.
+    let _live = live_gate_turn(&a, &session).await;
+    let mut queued = runtime(&b)
+        .await
+        .chat(busy("later", proto::OnBusy::Enqueue))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(matches!(
+        next(&mut queued).await.unwrap().unwrap().kind,
+        Some(Kind::Queued(_))
+    ));
+    let stopped = runtime(&b)
+        .await
+        .stop_session(proto::StopSessionRequest {
+            session_id: session.clone(),
+            clear_inbox: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((stopped.stopped, stopped.cleared), (true, 1));
+    let (events, trailer) = drain(&mut queued).await;
+    assert!(events.is_empty(), "{events:?}");
+    assert_eq!(trailer.map(|s| s.code()), Some(tonic::Code::Cancelled));
     a.server.stop().await;
     b.server.stop().await;
 }

@@ -379,14 +379,19 @@ impl AgentRuntime for AgentRuntimeHandler {
         match self.runtime.stop_session(&call.who, &r.session_id).await {
             Ok(stopped) => Ok(Response::new(pb::StopSessionResponse { stopped, cleared })),
             Err(err) => {
-                call.forward_or(
-                    self.forwarder(),
-                    err,
-                    from_runtime,
-                    r,
-                    |mut c: Owner, r| async move { c.stop_session(r).await },
-                )
-                .await
+                // The owner finds the inbox cleared already: what was
+                // cleared here is added to its answer.
+                let mut stopped = call
+                    .forward_or(
+                        self.forwarder(),
+                        err,
+                        from_runtime,
+                        r,
+                        |mut c: Owner, r| async move { c.stop_session(r).await },
+                    )
+                    .await?;
+                stopped.get_mut().cleared += cleared;
+                Ok(stopped)
             }
         }
     }
