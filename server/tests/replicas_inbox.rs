@@ -228,6 +228,25 @@ async fn interrupt_and_steer_sent_to_another_replica_reach_the_owners_turn() {
     assert!(matches!(&events[1].kind, Some(Kind::Queued(_))));
     assert_eq!(outcome(&events), Some(proto::TurnOutcome::Success));
 
+    // Queued on B, run by A when its turn ends: B's stream follows it
+    // there (or replays it, if it ended before B looked).
+    let first = live_gate_turn(&a, &session).await;
+    let mut queued = runtime(&b)
+        .await
+        .chat(busy("after it", proto::OnBusy::Enqueue))
+        .await
+        .unwrap()
+        .into_inner();
+    let head = next(&mut queued).await.unwrap().unwrap();
+    assert!(matches!(head.kind, Some(Kind::Queued(_))));
+    gate.release(1);
+    drop(first);
+    let (events, trailer) = drain(&mut queued).await;
+    assert!(trailer.is_none(), "{trailer:?}");
+    assert!(matches!(events[0].kind, Some(Kind::TurnStarted(_))));
+    assert!(events.iter().all(|e| e.turn_id == head.turn_id));
+    assert_eq!(outcome(&events), Some(proto::TurnOutcome::Success));
+
     // StopSession with clear_inbox on B: the owner stops its turn, B
     // cleared the shared inbox; the answer counts what was cleared.
     let _live = live_gate_turn(&a, &session).await;

@@ -284,28 +284,32 @@ impl AgentRuntime for AgentRuntimeHandler {
         req: Request<pb::ChatRequest>,
     ) -> Result<Response<Self::ChatStream>, Status> {
         let (call, request) = Call::open(req)?;
+        let on_busy = pb::OnBusy::try_from(request.on_busy);
         // Kept only where a retry may join a turn on another replica, or
         // the Chat interrupt or steer a turn there.
         let elsewhere = !request.request_id.is_empty()
-            || matches!(
-                pb::OnBusy::try_from(request.on_busy),
-                Ok(pb::OnBusy::Interrupt | pb::OnBusy::Steer)
-            );
+            || matches!(on_busy, Ok(pb::OnBusy::Interrupt | pb::OnBusy::Steer));
+        // A queued (or requeued steering) message's turn may run on
+        // another replica: its stream follows it there.
+        let may_follow = matches!(on_busy, Ok(pb::OnBusy::Enqueue | pb::OnBusy::Steer));
         let join = (self.forward.is_some() && elsewhere).then(|| request.clone());
         let input = convert::chat_input(request, call.deadline).map_err(from_runtime)?;
         call.session(&input.session_id);
         let session_id = input.session_id.clone();
         match (self.runtime.chat(&call.who, input).await, join) {
             (Ok(turn), _) => {
-                // A queued message's turn may run on another replica.
-                let follow = self.forward.as_ref().map(|forward| Follow {
-                    runtime: self.runtime.clone(),
-                    forward: Arc::clone(forward),
-                    call: call.clone(),
-                    session_id,
-                    after_seq: 0,
-                    turn_id: Some(turn.turn_id().to_owned()),
-                });
+                let follow = self
+                    .forward
+                    .as_ref()
+                    .filter(|_| may_follow)
+                    .map(|forward| Follow {
+                        runtime: self.runtime.clone(),
+                        forward: Arc::clone(forward),
+                        call: call.clone(),
+                        session_id,
+                        after_seq: 0,
+                        turn_id: Some(turn.turn_id().to_owned()),
+                    });
                 Ok(Response::new(ChatEvents::local(Some(turn), follow)))
             }
             (Err(err), Some(join)) => call
