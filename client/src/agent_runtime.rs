@@ -277,4 +277,29 @@ impl Client {
         .await
         .map(drop)
     }
+
+    /// Decides a server tool call that waits for an approval
+    /// ([`crate::ChatEvent::ApprovalRequired`]) in the session's live or
+    /// paused turn: `approved` runs it, otherwise the model is told it was
+    /// denied, with `reason`.
+    pub async fn submit_tool_approval(
+        &self,
+        session_id: &str,
+        call_id: &str,
+        approved: bool,
+        reason: &str,
+    ) -> Result<(), Error> {
+        let req = proto::SubmitToolApprovalRequest {
+            session_id: session_id.to_owned(),
+            call_id: call_id.to_owned(),
+            approved,
+            reason: reason.to_owned(),
+        };
+        let mut stub = self.runtime.clone();
+        self.call(Some(session_id), req, |r| async move {
+            stub.submit_tool_approval(r).await
+        })
+        .await
+        .map(drop)
+    }
 }

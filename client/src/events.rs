@@ -80,6 +80,16 @@ pub enum ChatEvent {
         /// Arguments as a JSON document.
         arguments_json: String,
     },
+    /// A server tool call that requires approval: decide it with
+    /// [`crate::Client::submit_tool_approval`]; the turn waits (paused).
+    ApprovalRequired {
+        /// Call id.
+        call_id: String,
+        /// Tool name.
+        name: String,
+        /// Arguments as a JSON document.
+        arguments_json: String,
+    },
     /// Compaction of the context before the first model step (STARTED,
     /// then COMPLETED or FAILED).
     Compaction(proto::Compaction),
@@ -172,6 +182,11 @@ impl From<proto::ChatEvent> for Event {
                 call_id: c.call_id,
                 name: c.name,
                 arguments_json: c.arguments_json,
+            },
+            Some(Kind::ApprovalRequired(a)) => ChatEvent::ApprovalRequired {
+                call_id: a.call_id,
+                name: a.name,
+                arguments_json: a.arguments_json,
             },
             Some(Kind::Compaction(c)) => ChatEvent::Compaction(c),
             Some(Kind::Queued(q)) => ChatEvent::Queued {

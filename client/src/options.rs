@@ -47,6 +47,7 @@ pub struct ChatOptions {
     pub(crate) resume: Option<ResumePolicy>,
     pub(crate) when_busy: WhenBusy,
     pub(crate) on_busy: OnBusy,
+    pub(crate) require_approval: Vec<String>,
 }
 
 /// What [`crate::Client::chat`] does when the session already has a live
@@ -198,6 +199,14 @@ impl ChatOptions {
         self
     }
 
+    /// Server tools whose calls in this turn wait for an approval
+    /// ([`crate::ChatEvent::ApprovalRequired`], then
+    /// [`crate::Client::submit_tool_approval`]); `"*"` for every one.
+    pub fn require_approval<S: Into<String>>(mut self, tools: impl IntoIterator<Item = S>) -> Self {
+        self.require_approval = tools.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// Whether this chat resumes after a dropped connection.
     pub fn resumes(&self) -> bool {
         self.on_disconnect == OnDisconnect::Continue
@@ -240,6 +249,7 @@ impl ChatOptions {
             max_steps: self.max_steps,
             max_output_tokens: self.max_output_tokens,
             on_busy: self.on_busy as i32,
+            require_approval: self.require_approval.clone(),
         }
     }
 }

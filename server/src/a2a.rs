@@ -262,6 +262,7 @@ impl A2aHandler {
         }
         let state = match detail.record.status {
             TurnStatus::Running => "is still working",
+            TurnStatus::Paused => "waits for its pending calls",
             TurnStatus::Success
             | TurnStatus::Error
             | TurnStatus::Canceled
@@ -270,7 +271,8 @@ impl A2aHandler {
             | TurnStatus::BudgetExceeded => "has ended",
         };
         let result = caller_tools::tool_result(message).map_err(from_runtime)?;
-        let (Some(result), TurnStatus::Running) = (result, detail.record.status) else {
+        let (Some(result), TurnStatus::Running | TurnStatus::Paused) = (result, detail.record.status)
+        else {
             return Err(A2aError::UnsupportedOperation
                 .status(format!(
                     "task {} {state}, and a task here is one exchange (a message to a task \

@@ -364,6 +364,8 @@ impl ServerBuilder {
             stalled_reader_timeout: self.config.stalled_reader_timeout,
             max_queued_per_session: self.config.max_queued_per_session,
             inbox_sweep: self.config.inbox_sweep,
+            require_approval: self.config.tools.require_approval.clone(),
+            approval_timeout: self.config.tools.approval_timeout,
             fast_model: self.config.fast_model.clone(),
             compaction: self.config.compaction.to_runtime(),
             capture_content: self.config.telemetry.capture_content,

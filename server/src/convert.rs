@@ -20,7 +20,7 @@ use agentrt_runtime::events::{
 use agentrt_runtime::runtime::{OnBusy, OnDisconnect};
 use agentrt_runtime::types::{
     Budget, CancelReason, ContentBlock, Interrupted, LastTurn, Message, NewSession, Role, Session,
-    SessionUpdate, ThinkingLevel, TurnRecord, TurnStatus, Usage,
+    SessionUpdate, ThinkingLevel, TurnRecord, TurnStatus, Usage, Wait,
 };
 
 /// A protobuf timestamp.
@@ -68,6 +68,7 @@ fn turn_outcome(s: TurnStatus) -> pb::TurnOutcome {
         TurnStatus::TimedOut => pb::TurnOutcome::TimedOut,
         TurnStatus::Interrupted => pb::TurnOutcome::Interrupted,
         TurnStatus::BudgetExceeded => pb::TurnOutcome::BudgetExceeded,
+        TurnStatus::Paused => pb::TurnOutcome::Paused,
     }
 }
 
@@ -415,6 +416,7 @@ pub fn chat_input(
         on_disconnect,
         request_id: (!r.request_id.is_empty()).then_some(r.request_id),
         on_busy,
+        require_approval: r.require_approval,
     })
 }
 
@@ -550,6 +552,15 @@ pub fn event_to_pb(session_id: &str, turn_id: &str, e: &TurnEvent) -> pb::ChatEv
             name: name.clone(),
             arguments_json: arguments_json.clone(),
         }),
+        EventKind::ApprovalRequired {
+            call_id,
+            name,
+            arguments_json,
+        } => Kind::ApprovalRequired(pb::ApprovalRequired {
+            call_id: call_id.clone(),
+            name: name.clone(),
+            arguments_json: arguments_json.clone(),
+        }),
         EventKind::Compaction(c) => Kind::Compaction(pb::Compaction {
             status: match c.status {
                 CompactionStatus::Started => pb::CompactionStatus::Started,
@@ -609,6 +620,11 @@ pub fn session_status(s: agentrt_runtime::runtime::SessionStatus) -> pb::Session
             call_id: c.call_id,
             tool_name: c.name,
             arguments_json: c.arguments_json,
+            wait: match c.wait {
+                Wait::Result => pb::PendingCallWait::Result,
+                Wait::Approval => pb::PendingCallWait::Approval,
+            }
+            .into(),
         })
         .collect();
     match s.live {
@@ -621,10 +637,13 @@ pub fn session_status(s: agentrt_runtime::runtime::SessionStatus) -> pb::Session
             queued,
             steering,
             pending_calls,
+            paused_turn_id: String::new(),
         },
         None => pb::SessionStatus {
             watcher_count,
             queued,
+            pending_calls,
+            paused_turn_id: s.paused.unwrap_or_default(),
             ..Default::default()
         },
     }

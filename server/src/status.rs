@@ -169,6 +169,10 @@ fn from_store(err: StoreError) -> Status {
         StoreError::NotQueued { .. } => Status::failed_precondition(
             "the queued message is no longer in the inbox (it ran, failed or was cleared)",
         ),
+        StoreError::Paused { turn_id } => from_runtime(RuntimeError::SessionBusy { turn_id }),
+        StoreError::NotPaused { .. } => Status::failed_precondition(
+            "the turn is no longer paused: it resumed elsewhere, or ended",
+        ),
         StoreError::LeaseLost { .. } => {
             tracing::warn!(error = %err, "lease lost");
             Status::unavailable(

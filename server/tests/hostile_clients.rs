@@ -198,6 +198,12 @@ impl Store for PanickyStore {
     async fn finish_turn(&self, t: TurnRecord) -> Result<(), StoreError> {
         self.0.finish_turn(t).await
     }
+    async fn update_turn(&self, t: TurnRecord) -> Result<(), StoreError> {
+        self.0.update_turn(t).await
+    }
+    async fn resume_turn(&self, s: &str, i: &str, t: &str) -> Result<TurnRecord, StoreError> {
+        self.0.resume_turn(s, i, t).await
+    }
     async fn get_turn(&self, s: &str, t: &str) -> Result<Option<TurnRecord>, StoreError> {
         self.0.get_turn(s, t).await
     }

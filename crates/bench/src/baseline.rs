@@ -174,6 +174,15 @@ impl AgentRuntime for Echo {
         ))
     }
 
+    async fn submit_tool_approval(
+        &self,
+        _req: Request<pb::SubmitToolApprovalRequest>,
+    ) -> Result<Response<pb::SubmitToolApprovalResponse>, Status> {
+        Err(Status::failed_precondition(
+            "the bench echo baseline never calls tools",
+        ))
+    }
+
     async fn compact_session(
         &self,
         _req: Request<pb::CompactSessionRequest>,

@@ -120,6 +120,20 @@ pub(crate) enum Command {
         /// The result; read from stdin when absent or `-`.
         content: Option<String>,
     },
+    /// Approve (or, with --deny, refuse) a tool call that waits for an
+    /// approval in a session's live or paused turn.
+    Approve {
+        /// The session.
+        session: String,
+        /// The call id (shown by `chat` and `status`).
+        call: String,
+        /// Refuse the call: the model is told it was denied.
+        #[arg(long)]
+        deny: bool,
+        /// Why (told to the model on a denial).
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
     /// Show a session and its history.
     Show {
         /// The session.
@@ -248,6 +262,10 @@ pub(crate) struct ChatArgs {
     /// turn at its next step (steer).
     #[arg(long, value_enum, default_value_t = BusyArg::Reject)]
     pub(crate) on_busy: BusyArg,
+    /// A server tool whose calls in this turn wait for an approval
+    /// (`agentrt approve`); repeat for several, `*` for every one.
+    #[arg(long = "require-approval", value_name = "TOOL")]
+    pub(crate) require_approval: Vec<String>,
     /// Do not show reasoning.
     #[arg(long)]
     pub(crate) no_reasoning: bool,

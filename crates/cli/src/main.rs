@@ -84,6 +84,18 @@ async fn run(cli: Cli) -> Outcome {
             out.tool_result(&session, &call);
             Ok(())
         }
+        Command::Approve {
+            session,
+            call,
+            deny,
+            reason,
+        } => {
+            client
+                .submit_tool_approval(&session, &call, !deny, &reason)
+                .await?;
+            out.approval(&session, &call, !deny);
+            Ok(())
+        }
         Command::Show { session } => {
             let s = client.get_session(&session).await?;
             let messages = client.history(&session).await?;

@@ -176,6 +176,14 @@ fn event_json(e: &Event) -> Value {
             "tool_call",
             json!({"call_id": call_id, "name": name, "arguments_json": arguments_json}),
         ),
+        ChatEvent::ApprovalRequired {
+            call_id,
+            name,
+            arguments_json,
+        } => (
+            "approval_required",
+            json!({"call_id": call_id, "name": name, "arguments_json": arguments_json}),
+        ),
         ChatEvent::Compaction(c) => (
             "compaction",
             json!({"status": c.status().as_str_name().trim_start_matches("COMPACTION_STATUS_")}),
@@ -320,10 +328,12 @@ impl Out {
                 "started_at": timestamp(s.started_at.as_ref()),
                 "watcher_count": s.watcher_count,
                 "steering": s.steering,
+                "paused_turn_id": s.paused_turn_id,
                 "pending_calls": s.pending_calls.iter().map(|c| json!({
                     "call_id": c.call_id,
                     "tool_name": c.tool_name,
                     "arguments_json": c.arguments_json,
+                    "wait": c.wait().as_str_name().trim_start_matches("PENDING_CALL_WAIT_"),
                 })).collect::<Vec<_>>(),
                 "queued": s.queued.iter().map(|q| json!({
                     "id": q.id,
@@ -339,12 +349,23 @@ impl Out {
                 "{session}: turn {} live, phase {}, {} watcher(s)",
                 s.turn_id, s.phase, s.watcher_count
             );
+        } else if !s.paused_turn_id.is_empty() {
+            println!(
+                "{session}: turn {} paused, waiting for its pending calls",
+                s.paused_turn_id
+            );
         } else {
             println!("{session}: idle");
         }
         for c in &s.pending_calls {
+            let how = match c.wait() {
+                proto::PendingCallWait::Approval => "an approval; decide it with `agentrt approve`",
+                proto::PendingCallWait::Result | proto::PendingCallWait::Unspecified => {
+                    "its result; answer it with `agentrt tool-result`"
+                }
+            };
             println!(
-                "  waits for tool call {} {}({}); answer it with `agentrt tool-result`",
+                "  waits for tool call {} {}({}): {how}",
                 c.call_id, c.tool_name, c.arguments_json
             );
         }
@@ -384,6 +405,16 @@ impl Out {
             print_json(&json!({"session_id": session, "call_id": call, "submitted": true}));
         } else {
             println!("submitted the result of {call}");
+        }
+    }
+
+    pub(crate) fn approval(&self, session: &str, call: &str, approved: bool) {
+        if self.json {
+            print_json(&json!({"session_id": session, "call_id": call, "approved": approved}));
+        } else if approved {
+            println!("approved {call}");
+        } else {
+            println!("denied {call}");
         }
     }
 
@@ -554,6 +585,17 @@ impl Out {
                     "\n[tool call {name}({arguments_json}); answer it with `agentrt tool-result \
                      {} --turn {} --call {call_id} RESULT`]",
                     e.session_id, e.turn_id
+                );
+            }
+            ChatEvent::ApprovalRequired {
+                call_id,
+                name,
+                arguments_json,
+            } => {
+                eprintln!(
+                    "\n[approval required: {name}({arguments_json}); decide it with `agentrt \
+                     approve {} {call_id}` (or --deny)]",
+                    e.session_id
                 );
             }
             ChatEvent::Compaction(c) => {

@@ -174,11 +174,13 @@ pub enum RuntimeError {
 }
 
 impl From<StoreError> for RuntimeError {
-    /// A store's quota refusal is the runtime's; every other store error
-    /// stays one.
+    /// A store's quota refusal and a paused session's busy refusal are
+    /// the runtime's; every other store error stays one.
     fn from(err: StoreError) -> Self {
         match err {
             StoreError::QuotaExceeded(q) => Self::QuotaExceeded(q),
+            // A paused turn keeps its session busy.
+            StoreError::Paused { turn_id } => Self::SessionBusy { turn_id },
             other => Self::Store(other),
         }
     }

@@ -218,6 +218,16 @@ pub enum EventKind {
         /// Arguments as a JSON document.
         arguments_json: String,
     },
+    /// A server tool call that requires approval; the turn waits (paused)
+    /// for `SubmitToolApproval`.
+    ApprovalRequired {
+        /// Call id.
+        call_id: String,
+        /// Tool name.
+        name: String,
+        /// Arguments as a JSON document.
+        arguments_json: String,
+    },
     /// Compaction of the context before the turn's first model step.
     Compaction(Box<Compaction>),
     /// Watchers only (seq 0): events were skipped.
@@ -280,7 +290,8 @@ impl TurnEvent {
             EventKind::ToolUse(t) => {
                 std::mem::size_of::<ToolUse>() + t.arguments_json.len() + t.content.len()
             }
-            EventKind::ToolCall { arguments_json, .. } => arguments_json.len(),
+            EventKind::ToolCall { arguments_json, .. }
+            | EventKind::ApprovalRequired { arguments_json, .. } => arguments_json.len(),
             EventKind::Compaction(c) => std::mem::size_of::<Compaction>() + c.message.len(),
             EventKind::Step { .. }
             | EventKind::TurnFinished { .. }

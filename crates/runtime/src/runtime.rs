@@ -106,6 +106,13 @@ pub struct RuntimeConfig {
     pub inbox_sweep: Duration,
     /// Most model steps of one turn's agent loop. Default 32.
     pub max_steps: u32,
+    /// Server tools whose every call waits for an approval
+    /// (`SubmitToolApproval`); `*` for all. Default: none.
+    pub require_approval: Vec<String>,
+    /// Longest a turn waits for its caller — a caller-executed tool's
+    /// result or an approval — before it times out (the turn's deadline
+    /// bounds it too). Default 1 h.
+    pub approval_timeout: Duration,
     /// `provider/model` for summaries and titles. Default: none — the
     /// session's own model summarises and titles are extracted from the
     /// first message.
@@ -156,6 +163,8 @@ impl Default for RuntimeConfig {
             max_queued_per_session: 16,
             inbox_sweep: Duration::from_secs(2),
             max_steps: 32,
+            require_approval: Vec::new(),
+            approval_timeout: Duration::from_secs(3600),
             fast_model: None,
             compaction: crate::compaction::CompactionConfig::default(),
             turn_timeout: Duration::from_secs(30 * 60),
@@ -233,6 +242,10 @@ pub struct ChatInput {
     pub max_output_tokens: Option<u32>,
     /// What to do when the session is busy.
     pub on_busy: OnBusy,
+    /// Server tools whose calls wait for an approval
+    /// ([`Runtime::submit_tool_approval`]) in this call, besides those the
+    /// configuration names; `*` for every server tool.
+    pub require_approval: Vec<String>,
 }
 
 /// The runtime's shared state, split by what it protects: each owner has

@@ -86,9 +86,6 @@ pub enum StoreError {
     /// ([`crate::quota`]). Nothing was written.
     #[error("{0}")]
     QuotaExceeded(crate::quota::QuotaExceeded),
-    /// A write for a turn whose lease this replica no longer holds (it
-    /// expired and may have been taken over). Nothing was written; the turn
-    /// must stop and store nothing more.
     /// A turn meant to run queued message `id` found it gone from the
     /// inbox (it ran already, was reported failed, or was cleared).
     #[error("queued message {id} is no longer in the inbox")]
@@ -96,6 +93,24 @@ pub enum StoreError {
         /// The queued message.
         id: String,
     },
+    /// [`Store::begin_turn`] while the session's latest turn is paused
+    /// (waiting for caller results or approvals): the session is busy.
+    /// Nothing was written.
+    #[error("the session's turn {turn_id} is paused")]
+    Paused {
+        /// The paused turn.
+        turn_id: String,
+    },
+    /// [`Store::resume_turn`] of a turn that is not paused (it resumed
+    /// elsewhere, or ended). Nothing was written.
+    #[error("turn {turn_id} is not paused")]
+    NotPaused {
+        /// The turn.
+        turn_id: String,
+    },
+    /// A write for a turn whose lease this replica no longer holds (it
+    /// expired and may have been taken over). Nothing was written; the turn
+    /// must stop and store nothing more.
     #[error("this replica no longer holds the lease of turn {turn_id}")]
     LeaseLost {
         /// The turn whose write was refused.
@@ -109,7 +124,35 @@ pub enum StoreError {
 /// turns' messages ignored), one `Tool` message per call without a result,
 /// saying `why`.
 pub fn open_call_results(turn_id: &str, messages: &[Message], why: &str) -> Vec<NewMessage> {
-    use crate::types::{ContentBlock, Role};
+    results_for(turn_id, open_calls(turn_id, messages), why)
+}
+
+/// [`open_call_results`] for a turn whose process is gone and which
+/// [`TurnRecord::interrupt`] marked: a paused turn keeps the calls it
+/// waits for open (answered when it resumes) — unless none of them is open
+/// any more, and then it is interrupted like any other ([`TurnRecord::settle_pause`]).
+pub fn settle_open_calls(
+    turn: &mut TurnRecord,
+    messages: &[Message],
+    why: &str,
+    now: std::time::SystemTime,
+) -> Vec<NewMessage> {
+    let open = open_calls(&turn.turn_id, messages);
+    let ids: Vec<String> = open.iter().map(|(id, _)| id.clone()).collect();
+    turn.settle_pause(&ids, now);
+    let open = if turn.status == crate::types::TurnStatus::Paused {
+        open.into_iter()
+            .filter(|(id, _)| !turn.waits_for(id))
+            .collect()
+    } else {
+        open
+    };
+    results_for(&turn.turn_id, open, why)
+}
+
+/// The tool calls of `turn_id` in `messages` without a result: (id, name).
+fn open_calls(turn_id: &str, messages: &[Message]) -> Vec<(String, String)> {
+    use crate::types::ContentBlock;
     let mut calls = Vec::new();
     let mut answered = std::collections::HashSet::new();
     for m in messages.iter().filter(|m| m.body.turn_id == turn_id) {
@@ -123,9 +166,15 @@ pub fn open_call_results(turn_id: &str, messages: &[Message], why: &str) -> Vec<
             }
         }
     }
+    calls.retain(|(id, _)| !answered.contains(id));
+    calls
+}
+
+/// One interrupted result saying `why` per call.
+fn results_for(turn_id: &str, calls: Vec<(String, String)>, why: &str) -> Vec<NewMessage> {
+    use crate::types::{ContentBlock, Role};
     calls
         .into_iter()
-        .filter(|(id, _)| !answered.contains(id))
         .map(|(call_id, name)| {
             NewMessage::new(
                 turn_id,
@@ -384,6 +433,26 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         self.finish_turn(turn).await?;
         Ok(stored)
     }
+
+    /// Stores the record of a turn still running (its [`TurnRecord::pause`]
+    /// when it starts waiting for caller results or approvals) — on a
+    /// shared store only while this replica holds the turn's lease
+    /// ([`StoreError::LeaseLost`] otherwise). [`StoreError::SessionNotFound`]
+    /// unless the session exists as `turn.incarnation`.
+    async fn update_turn(&self, turn: TurnRecord) -> Result<(), StoreError>;
+
+    /// A paused turn runs again: its record becomes `Running` (the
+    /// session's latest turn, busy), and on a shared store this replica
+    /// takes the session's lease. Returns the record. [`StoreError::NotPaused`]
+    /// when the turn is not paused (resumed elsewhere, or ended);
+    /// [`StoreError::SessionNotFound`] unless the session exists as
+    /// `incarnation`.
+    async fn resume_turn(
+        &self,
+        session_id: &str,
+        incarnation: &str,
+        turn_id: &str,
+    ) -> Result<TurnRecord, StoreError>;
 
     /// One turn record.
     async fn get_turn(

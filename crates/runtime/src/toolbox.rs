@@ -113,7 +113,7 @@ pub fn valid_source_name(name: &str) -> bool {
 
 /// Names the model may call: 1–64 characters of `A-Z a-z 0-9 _ -` (the
 /// rule for server tools and for the tools a caller declares).
-pub(crate) fn valid_tool_name(name: &str) -> bool {
+pub fn valid_tool_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && name

@@ -349,6 +349,19 @@ pub enum TurnStatus {
     Interrupted,
     /// Ended after a step because the session's budget was reached.
     BudgetExceeded,
+    /// Waiting for a caller-executed tool's result or an approval, with no
+    /// process running it (a restart, a drain or a dead replica left it
+    /// so): [`TurnRecord::pause`] says what it waits for, and
+    /// `SubmitToolResult` / `SubmitToolApproval` resume it. The session is
+    /// busy meanwhile.
+    Paused,
+}
+
+impl TurnStatus {
+    /// Whether the turn has ended (neither running nor paused).
+    pub fn is_final(self) -> bool {
+        !matches!(self, Self::Running | Self::Paused)
+    }
 }
 
 /// Why a turn was cancelled.
@@ -424,6 +437,54 @@ pub struct TurnRecord {
     /// is gone.
     #[serde(default)]
     pub from_inbox: Option<String>,
+    /// Set while the turn waits for caller-executed tool results or
+    /// approvals: what it needs to resume from history after a restart or
+    /// on another replica.
+    #[serde(default)]
+    pub pause: Option<Pause>,
+}
+
+/// What a paused turn waits for, and what its next steps need of the Chat
+/// that started it (its content is in history).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pause {
+    /// The model step whose tool calls wait.
+    pub step: u32,
+    /// The calls waited for.
+    pub calls: Vec<PausedCall>,
+    /// The seq of the last event the turn emitted before the pause; a
+    /// resumed turn numbers its events on from it.
+    pub event_seq: u64,
+    /// When the wait ends unanswered (the turn's deadline, or
+    /// `approval_timeout` after the pause began): the turn times out then.
+    pub until: SystemTime,
+    /// The turn's own deadline.
+    pub deadline: SystemTime,
+    /// The Chat's options (without its content).
+    pub input: QueuedInput,
+}
+
+/// A tool call a paused turn waits for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PausedCall {
+    /// Call id.
+    pub call_id: String,
+    /// Tool name.
+    pub name: String,
+    /// Arguments (a JSON document).
+    pub arguments_json: String,
+    /// What it waits for.
+    pub wait: Wait,
+}
+
+/// What a tool call waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Wait {
+    /// A caller-executed tool's result (`SubmitToolResult`).
+    Result,
+    /// An approval of a server tool call (`SubmitToolApproval`).
+    Approval,
 }
 
 /// A Chat that arrived while its session was busy, kept in the session's
@@ -446,7 +507,7 @@ pub struct Queued {
 }
 
 /// The request of a queued Chat, as admission takes it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct QueuedInput {
     /// The user message.
@@ -471,10 +532,12 @@ pub struct QueuedInput {
     pub max_output_tokens: Option<u32>,
     /// The turn runs on when its caller is gone.
     pub continue_on_disconnect: bool,
+    /// Server tools whose calls wait for an approval (`*`: every one).
+    pub require_approval: Vec<String>,
 }
 
 /// A caller-executed tool of a queued Chat.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueuedTool {
     /// Name.
     pub name: String,

@@ -74,6 +74,7 @@ fn budgeted_message(
 pub fn state_of(status: TurnStatus) -> a2a::TaskState {
     match status {
         TurnStatus::Running => a2a::TaskState::Working,
+        TurnStatus::Paused => a2a::TaskState::InputRequired,
         TurnStatus::Success => a2a::TaskState::Completed,
         TurnStatus::Canceled => a2a::TaskState::Canceled,
         TurnStatus::Error
@@ -145,6 +146,13 @@ pub fn task_of(detail: &TurnDetail, history_length: Option<i32>) -> a2a::Task {
     let state = state_of(record.status);
     let message = match (record.status, &record.error) {
         (TurnStatus::Running, _) => None,
+        (TurnStatus::Paused, _) => Some(agent_message(
+            format!("{}:status", record.turn_id),
+            context,
+            &id,
+            "the task waits for its pending tool calls: answer them (GetSessionStatus lists \
+             them) and it goes on",
+        )),
         (
             TurnStatus::Error
             | TurnStatus::TimedOut
@@ -473,6 +481,23 @@ impl Translator {
                 });
                 out.push_back(self.status(state, message, event.at));
                 self.finished = true;
+            }
+            EventKind::ApprovalRequired {
+                call_id,
+                name,
+                arguments_json,
+            } => {
+                let text = format!(
+                    "approval required: {name} {arguments_json} (call {call_id}); decide it \
+                     with AgentRuntime.SubmitToolApproval"
+                );
+                let message = agent_message(
+                    format!("{}:{call_id}", self.task_id),
+                    &self.context_id,
+                    &self.task_id,
+                    &text,
+                );
+                out.push_back(self.status(a2a::TaskState::InputRequired, Some(message), event.at));
             }
             EventKind::ToolCall {
                 call_id,

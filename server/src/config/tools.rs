@@ -64,6 +64,13 @@ pub struct ToolsConfig {
     pub max_result_bytes: usize,
     /// Most server tool calls of one step running at once. Default 4.
     pub max_parallel: usize,
+    /// Server tools (as the model sees them) whose every call waits for an
+    /// approval (`SubmitToolApproval`); `"*"` for all. Default: none.
+    pub require_approval: Vec<String>,
+    /// Longest a turn waits for an approval or a caller-executed tool's
+    /// result before it times out (its deadline bounds it too). Default 1 h.
+    #[serde(deserialize_with = "de_duration_value")]
+    pub approval_timeout: Duration,
 }
 
 impl Default for ToolsConfig {
@@ -74,6 +81,8 @@ impl Default for ToolsConfig {
             timeouts: BTreeMap::new(),
             max_result_bytes: 64 << 10,
             max_parallel: 4,
+            require_approval: Vec::new(),
+            approval_timeout: Duration::from_secs(3600),
         }
     }
 }
@@ -124,6 +133,21 @@ impl Config {
             return Err(ConfigError(
                 "tools.timeout and tools.timeouts must be positive".to_owned(),
             ));
+        }
+        if t.approval_timeout.is_zero() {
+            return Err(ConfigError(
+                "tools.approval_timeout must be positive".to_owned(),
+            ));
+        }
+        if let Some(bad) = t
+            .require_approval
+            .iter()
+            .find(|n| *n != "*" && !agentrt_runtime::toolbox::valid_tool_name(n))
+        {
+            return Err(ConfigError(format!(
+                "tools.require_approval: {bad:?} is not a tool name (1-64 characters of A-Z a-z \
+                 0-9 _ -) nor \"*\""
+            )));
         }
         if t.max_parallel == 0 || t.max_result_bytes == 0 {
             return Err(ConfigError(

@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use agentrt_proto::v1 as pb;
 use agentrt_proto::v1::agent_runtime_client::AgentRuntimeClient;
 use agentrt_proto::v1::agent_runtime_server::AgentRuntime;
-use agentrt_runtime::events::{ErrorCode, EventKind};
+use agentrt_runtime::events::{ErrorCode, EventKind, TurnOutcome};
 use agentrt_runtime::runtime::TurnStream;
 use agentrt_runtime::store::Lease;
 use agentrt_runtime::{Runtime, RuntimeError};
@@ -234,6 +234,12 @@ impl LocalEvents {
                 Poll::Ready(Some(Err(Status::not_found(
                     "the session was deleted while waiting for its next turn",
                 ))))
+            }
+            Poll::Ready(None) if let Some((code, why)) = this.error.take() => {
+                // Ended without a final event but with an error: a turn
+                // suspended (paused) by a drain.
+                this.done = true;
+                Poll::Ready(trailing_status(TurnOutcome::Error, Some((code, &why))).map(Err))
             }
             Poll::Ready(None) => {
                 // The turn ended without a final event: a joined turn that
@@ -475,6 +481,33 @@ impl AgentRuntime for AgentRuntimeHandler {
                     from_runtime,
                     r,
                     |mut c: Owner, r| async move { c.submit_tool_result(r).await },
+                )
+                .await
+            }
+            (Err(err), None) => Err(from_runtime(err)),
+        }
+    }
+
+    async fn submit_tool_approval(
+        &self,
+        req: Request<pb::SubmitToolApprovalRequest>,
+    ) -> Result<Response<pb::SubmitToolApprovalResponse>, Status> {
+        let (call, r) = Call::open(req)?;
+        call.session(&r.session_id);
+        let forwardable = self.forward.is_some().then(|| r.clone());
+        let decided = self
+            .runtime
+            .submit_tool_approval(&call.who, &r.session_id, &r.call_id, r.approved, r.reason)
+            .await;
+        match (decided, forwardable) {
+            (Ok(()), _) => Ok(Response::new(pb::SubmitToolApprovalResponse {})),
+            (Err(err), Some(r)) => {
+                call.forward_or(
+                    self.forwarder(),
+                    err,
+                    from_runtime,
+                    r,
+                    |mut c: Owner, r| async move { c.submit_tool_approval(r).await },
                 )
                 .await
             }

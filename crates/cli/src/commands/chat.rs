@@ -26,6 +26,9 @@ pub(crate) async fn chat(client: &Client, out: &Out, args: ChatArgs) -> Outcome 
         options = options.on_disconnect(OnDisconnect::Continue);
     }
     options = options.on_busy(args.on_busy.into());
+    if !args.require_approval.is_empty() {
+        options = options.require_approval(args.require_approval);
+    }
     let (session_id, created) = match args.session {
         Some(s) => (s, false),
         None => {

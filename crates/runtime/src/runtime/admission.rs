@@ -33,7 +33,7 @@ use super::queued::Busy;
 use super::runners::{Runner, RunnerKey};
 use super::slots::{Claim, LiveTurn, TurnSlot};
 use super::turn::prestart::{self, FirstRequest, Prestart};
-use super::turn::{Emitter, Turn, TurnHolds, TurnPlan};
+use super::turn::{Emitter, Start, Turn, TurnHolds, TurnPlan};
 use super::validate::{self, Checked};
 use super::{ChatInput, Inner, OnBusy, OnDisconnect, Runtime, TurnStream, replay, spans};
 use crate::error::RuntimeError;
@@ -87,6 +87,8 @@ impl Runtime {
         {
             return Ok(existing);
         }
+        // A paused turn past its bound ends first (it times out).
+        self.expire_pause(&session).await?;
         let on_busy = input.on_busy;
         if on_busy == OnBusy::Reject {
             return self.admit(who, session, input, checked, None).await;
@@ -294,11 +296,11 @@ impl Runtime {
             max_output_tokens: input.max_output_tokens,
             started: admitted_at,
             deadline: plan.checked.deadline_from(admitted_at),
+            require_approval: approvals(&self.inner.config, input.require_approval),
         };
         let holds = TurnHolds {
             slot,
-            prestart,
-            first_chat,
+            start: Start::Admitted(prestart, first_chat),
             quota: counted,
         };
         Ok(self.launch(live, plan, holds, input.on_disconnect, span))
@@ -585,6 +587,13 @@ async fn reload(
     })
 }
 
+/// The server tools whose calls wait for an approval: the
+/// configuration's and the call's.
+pub(super) fn approvals(config: &super::RuntimeConfig, mut call: Vec<String>) -> Vec<String> {
+    call.extend(config.require_approval.iter().cloned());
+    call
+}
+
 /// What a turn being admitted holds before its durable start.
 struct Held {
     live: Arc<LiveTurn>,
@@ -599,7 +608,7 @@ struct Held {
 
 /// A rejected admission leaves no trace: the slot freed, the hub closed
 /// for any retry that already joined, the quota count given back.
-fn abandon(live: &LiveTurn, slot: TurnSlot, counted: Option<LiveTurnGuard>) {
+pub(super) fn abandon(live: &LiveTurn, slot: TurnSlot, counted: Option<LiveTurnGuard>) {
     live.hub.abort();
     drop(slot);
     if let Some(counted) = counted {
@@ -633,9 +642,11 @@ fn running_record(
         steps: 0,
         cost_nano_usd: None,
         from_inbox: None,
+        pause: None,
     }
 }
 
 mod offer;
+mod resume;
 #[cfg(test)]
 mod tests;

@@ -140,6 +140,8 @@ impl Runtime {
         let _reserved = self.inner.slots.reserve_interrupt(&session.id);
         let mut last = None;
         for _ in 0..INTERRUPT_ATTEMPTS {
+            // A paused turn is interrupted like a live one.
+            self.wake_paused(&session).await?;
             if self.live_of(&session).is_none()
                 && let Some(lease) = self.lease_elsewhere(&session.id).await?
             {
@@ -172,6 +174,8 @@ impl Runtime {
     /// with no live turn (it ended meanwhile) the message is admitted as a
     /// turn of its own.
     async fn steer(&self, session: Session, busy: Busy) -> Result<TurnStream, RuntimeError> {
+        // A paused turn takes the message once its calls are answered.
+        self.wake_paused(&session).await?;
         let Some(live) = self.live_of(&session) else {
             if let Some(lease) = self.lease_elsewhere(&session.id).await? {
                 return Err(RuntimeError::Elsewhere(lease));

@@ -11,33 +11,64 @@ use crate::error::{FieldViolation, RuntimeError};
 use crate::limits::{MAX_ID_BYTES, MAX_TOOLS, check_short};
 use crate::model::ToolSpec;
 use crate::toolbox::{ToolOutcome, valid_tool_name};
-use crate::types::Principal;
+use crate::types::{PausedCall, Principal, Wait};
 
 /// Longest tool description.
 const MAX_DESCRIPTION: usize = 4 << 10;
+/// Longest reason of an approval decision.
+const MAX_REASON_BYTES: usize = 4 << 10;
 
-/// Calls of one turn waiting for their result, and those already answered
-/// (so a second submit is told ALREADY_EXISTS rather than "unknown").
+/// Calls of one turn waiting for their result or approval, and those
+/// already answered (so a second submit is told ALREADY_EXISTS, a second
+/// decision FAILED_PRECONDITION, rather than "unknown").
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
-    waiting: HashMap<String, (PendingCall, oneshot::Sender<ToolOutcome>)>,
+    waiting: HashMap<String, (PendingCall, oneshot::Sender<Answer>)>,
     answered: HashSet<String>,
 }
 
-/// A caller-executed tool call the turn waits for (`GetSessionStatus`).
+/// What a waiting call is answered with.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    /// A caller-executed tool's result.
+    Result(ToolOutcome),
+    /// A decision on a server tool call that required approval.
+    Decision {
+        /// Run it.
+        approved: bool,
+        /// Why (told to the model on a denial).
+        reason: String,
+    },
+}
+
+/// A tool call the turn waits for (`GetSessionStatus`): a caller-executed
+/// tool's result or an approval.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingCall {
-    /// Call id (what `SubmitToolResult` names).
+    /// Call id (what `SubmitToolResult` / `SubmitToolApproval` name).
     pub call_id: String,
     /// Tool name.
     pub name: String,
     /// Arguments as the caller was sent them (a JSON document).
     pub arguments_json: String,
+    /// What it waits for.
+    pub wait: Wait,
+}
+
+impl From<&PausedCall> for PendingCall {
+    fn from(c: &PausedCall) -> Self {
+        Self {
+            call_id: c.call_id.clone(),
+            name: c.name.clone(),
+            arguments_json: c.arguments_json.clone(),
+            wait: c.wait,
+        }
+    }
 }
 
 impl Pending {
-    /// Waits for the result of `call` (announced to the caller).
-    pub(crate) fn wait_for(&mut self, call: PendingCall) -> oneshot::Receiver<ToolOutcome> {
+    /// Waits for the answer to `call` (announced to the caller).
+    pub(crate) fn wait_for(&mut self, call: PendingCall) -> oneshot::Receiver<Answer> {
         let (tx, rx) = oneshot::channel();
         self.waiting.insert(call.call_id.clone(), (call, tx));
         rx
@@ -53,6 +84,53 @@ impl Pending {
     /// Stops waiting for everything (the turn moves on or ends).
     pub(crate) fn clear(&mut self) {
         self.waiting.clear();
+    }
+
+    /// Hands `answer` to the wait for `call_id`, which must wait for
+    /// `wait`.
+    pub(crate) fn answer(
+        &mut self,
+        call_id: &str,
+        wait: Wait,
+        answer: Answer,
+    ) -> Result<(), RuntimeError> {
+        if self.answered.contains(call_id) {
+            return Err(match wait {
+                Wait::Result => {
+                    RuntimeError::AlreadyExists("this tool call already has a result")
+                }
+                Wait::Approval => {
+                    RuntimeError::FailedPrecondition("this tool call was already decided")
+                }
+            });
+        }
+        match self.waiting.get(call_id) {
+            None => {
+                return Err(RuntimeError::FailedPrecondition(match wait {
+                    Wait::Result => "the turn is not waiting for a result of that call",
+                    Wait::Approval => "the turn is not waiting for an approval of that call",
+                }));
+            }
+            Some((call, _)) if call.wait != wait => {
+                return Err(RuntimeError::FailedPrecondition(match call.wait {
+                    Wait::Result => {
+                        "that call is a caller-executed tool's: answer it with SubmitToolResult"
+                    }
+                    Wait::Approval => {
+                        "that call waits for an approval: decide it with SubmitToolApproval"
+                    }
+                }));
+            }
+            Some(_) => {}
+        }
+        let Some((_, tx)) = self.waiting.remove(call_id) else {
+            return Err(RuntimeError::FailedPrecondition(
+                "the turn stopped waiting for that call",
+            ));
+        };
+        self.answered.insert(call_id.to_owned());
+        tx.send(answer)
+            .map_err(|_| RuntimeError::FailedPrecondition("the turn stopped waiting for that call"))
     }
 }
 
@@ -108,6 +186,26 @@ pub(crate) fn validate_tools(extra: &[ToolSpec], excluded: &[String]) -> Result<
     RuntimeError::check(violations)
 }
 
+/// Checks `require_approval` of a Chat: tool names, or `*`.
+pub(crate) fn validate_approvals(names: &[String]) -> Result<(), RuntimeError> {
+    let mut violations = Vec::new();
+    if names.len() > MAX_TOOLS {
+        violations.push(FieldViolation::new(
+            "require_approval",
+            format!("at most {MAX_TOOLS} names"),
+        ));
+    }
+    for (i, name) in names.iter().enumerate().take(MAX_TOOLS) {
+        if name != "*" && !valid_tool_name(name) {
+            violations.push(FieldViolation::new(
+                format!("require_approval[{i}]"),
+                "must be a tool name (1-64 characters of A-Z a-z 0-9 _ -) or \"*\"",
+            ));
+        }
+    }
+    RuntimeError::check(violations)
+}
+
 /// The tools offered to the model for one call: the caller's, minus the
 /// excluded names.
 pub(crate) fn offered(extra: Vec<ToolSpec>, excluded: &[String]) -> Vec<ToolSpec> {
@@ -144,27 +242,62 @@ impl Runtime {
         let session = self.owned_session(who, session_id).await?;
         let key = session.id.clone();
         let session_id = key.as_str();
-        let Some(live) = self.live_of(&session).filter(|t| t.turn_id == turn_id) else {
-            self.not_elsewhere(session_id).await?;
-            return Err(RuntimeError::FailedPrecondition(
-                "no live turn with that id in this session",
-            ));
+        let live = match self.live_of(&session).filter(|t| t.turn_id == turn_id) {
+            Some(live) => live,
+            None => match self.resume_paused(&session, Some(turn_id), call_id).await? {
+                Some(live) => live,
+                None => {
+                    self.not_elsewhere(session_id).await?;
+                    return Err(RuntimeError::FailedPrecondition(
+                        "no live or paused turn with that id in this session",
+                    ));
+                }
+            },
         };
-        let mut pending = lock(&live.pending_tools);
-        if pending.answered.contains(call_id) {
-            return Err(RuntimeError::AlreadyExists(
-                "this tool call already has a result",
-            ));
+        lock(&live.pending_tools).answer(
+            call_id,
+            Wait::Result,
+            Answer::Result(ToolOutcome { content, is_error }),
+        )
+    }
+
+    /// Decides a server tool call that waits for an approval in the
+    /// session's live or paused turn: approved runs it, denied answers it
+    /// with a result saying so (with `reason`). The session's owner or an
+    /// admin only (another user: NOT_FOUND); a second decision is
+    /// FAILED_PRECONDITION.
+    pub async fn submit_tool_approval(
+        &self,
+        who: &Principal,
+        session_id: &str,
+        call_id: &str,
+        approved: bool,
+        reason: String,
+    ) -> Result<(), RuntimeError> {
+        crate::limits::validate_session_id("session_id", session_id)?;
+        if call_id.is_empty() {
+            return Err(RuntimeError::invalid("call_id", "is required"));
         }
-        let (_, tx) = pending
-            .waiting
-            .remove(call_id)
-            .ok_or(RuntimeError::FailedPrecondition(
-                "the turn is not waiting for a result of that call",
-            ))?;
-        pending.answered.insert(call_id.to_owned());
-        tx.send(ToolOutcome { content, is_error })
-            .map_err(|_| RuntimeError::FailedPrecondition("the turn stopped waiting for that call"))
+        check_short("call_id", call_id, MAX_ID_BYTES)?;
+        check_short("reason", &reason, MAX_REASON_BYTES)?;
+        let session = self.owned_session(who, session_id).await?;
+        let live = match self.live_of(&session) {
+            Some(live) => live,
+            None => match self.resume_paused(&session, None, call_id).await? {
+                Some(live) => live,
+                None => {
+                    self.not_elsewhere(&session.id).await?;
+                    return Err(RuntimeError::FailedPrecondition(
+                        "the session has no turn waiting for an approval of that call",
+                    ));
+                }
+            },
+        };
+        lock(&live.pending_tools).answer(
+            call_id,
+            Wait::Approval,
+            Answer::Decision { approved, reason },
+        )
     }
 }
 

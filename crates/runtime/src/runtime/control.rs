@@ -23,9 +23,15 @@ pub struct SessionStatus {
     pub queued: Vec<crate::types::Queued>,
     /// Steering messages waiting for the live turn's next step boundary.
     pub steering: usize,
-    /// Caller-executed tool calls the live turn waits for.
-    pub pending_calls: Vec<super::caller_tools::PendingCall>,
+    /// Tool calls the live or paused turn waits for: caller-executed
+    /// tools' results and approvals.
+    pub pending_calls: Vec<PendingCall>,
+    /// The paused turn (waiting for its pending calls with no process
+    /// running it), when no turn is live.
+    pub paused: Option<String>,
 }
+
+use super::caller_tools::PendingCall;
 
 impl Runtime {
     /// Attaches read-only to the session's live turn from `after_seq`.
@@ -87,6 +93,8 @@ impl Runtime {
         let session = self.owned_session(who, session_id).await?;
         let key = session.id.clone();
         let session_id = key.as_str();
+        // A paused turn is stopped like a live one: resumed here first.
+        self.wake_paused(&session).await?;
         match self
             .cancel_live(&session, CancelReason::Stopped, STOP_WAIT)
             .await
@@ -118,15 +126,22 @@ impl Runtime {
                 queued: Vec::new(),
                 steering: turn.steering(),
                 pending_calls: super::lock(&turn.pending_tools).calls(),
+                paused: None,
             },
             None => {
                 self.not_elsewhere(session_id).await?;
+                let paused = self.paused_record(&session).await?;
                 SessionStatus {
                     live: None,
                     watchers: 0,
                     queued: Vec::new(),
                     steering: 0,
-                    pending_calls: Vec::new(),
+                    pending_calls: paused
+                        .as_ref()
+                        .and_then(|(_, r)| r.pause.as_ref())
+                        .map(|p| p.calls.iter().map(PendingCall::from).collect())
+                        .unwrap_or_default(),
+                    paused: paused.map(|(_, r)| r.turn_id),
                 }
             }
         };

@@ -49,6 +49,7 @@ impl Busy {
                 max_steps: input.max_steps,
                 max_output_tokens: input.max_output_tokens,
                 continue_on_disconnect: input.on_disconnect == OnDisconnect::Continue,
+                require_approval: input.require_approval.clone(),
             },
             transport_deadline: input.transport_deadline,
             on_disconnect: input.on_disconnect,
@@ -82,6 +83,7 @@ pub(crate) fn chat_input(session_id: String, input: QueuedInput) -> ChatInput {
         max_steps: input.max_steps,
         max_output_tokens: input.max_output_tokens,
         on_busy: OnBusy::Reject,
+        require_approval: input.require_approval,
     }
 }
 

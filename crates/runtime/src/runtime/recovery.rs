@@ -3,19 +3,56 @@
 //! result, so every tool call in history has exactly one result.
 
 pub(crate) use crate::store::INTERRUPTED_TOOL;
-use crate::store::{Store, StoreError, open_call_results};
-use crate::types::TurnRecord;
+use crate::store::{Store, StoreError, open_call_results, settle_open_calls};
+use crate::types::{TurnRecord, TurnStatus};
 
 /// Messages read per interrupted turn (a turn's messages are contiguous).
 const TURN_READ_LIMIT: usize = 10_000;
 
 pub(crate) async fn recover(store: &dyn Store) -> Result<Vec<TurnRecord>, StoreError> {
-    let interrupted = store.recover_interrupted().await?;
-    for turn in &interrupted {
+    let mut interrupted = store.recover_interrupted().await?;
+    for turn in &mut interrupted {
+        if turn.status == TurnStatus::Paused {
+            settle_paused(store, turn).await?;
+            continue;
+        }
         tracing::warn!(session_id = %turn.session_id, turn_id = %turn.turn_id, "turn interrupted by a previous shutdown");
         answer_open_calls(store, turn, INTERRUPTED_TOOL).await?;
     }
     Ok(interrupted)
+}
+
+/// A turn the store found paused at start-up: the calls it does not wait
+/// for that were left open (server calls running at the crash) get an
+/// interrupted result; it stays paused while a call it waits for is open,
+/// and is interrupted (its record final) when none is.
+async fn settle_paused(store: &dyn Store, turn: &mut TurnRecord) -> Result<(), StoreError> {
+    let messages = turn_messages(store, turn).await?;
+    let now = std::time::SystemTime::now();
+    for result in settle_open_calls(turn, &messages, INTERRUPTED_TOOL, now) {
+        store
+            .append_message(&turn.session_id, &turn.incarnation, result)
+            .await?;
+    }
+    if turn.status == TurnStatus::Paused {
+        tracing::info!(session_id = %turn.session_id, turn_id = %turn.turn_id, "turn paused across the restart: it resumes when its calls are answered");
+    } else {
+        tracing::warn!(session_id = %turn.session_id, turn_id = %turn.turn_id, "turn interrupted by a previous shutdown");
+        turn.pause = None;
+        store.finish_turn(turn.clone()).await?;
+    }
+    Ok(())
+}
+
+/// The messages of `turn` (and any after it).
+async fn turn_messages(
+    store: &dyn Store,
+    turn: &TurnRecord,
+) -> Result<Vec<crate::types::Message>, StoreError> {
+    let after = turn.user_message_seq.saturating_sub(1);
+    store
+        .history(&turn.session_id, after, TURN_READ_LIMIT, true)
+        .await
 }
 
 /// Gives every tool call of `turn` that has no result an error result
@@ -25,10 +62,7 @@ pub(crate) async fn answer_open_calls(
     turn: &TurnRecord,
     why: &str,
 ) -> Result<(), StoreError> {
-    let after = turn.user_message_seq.saturating_sub(1);
-    let messages = store
-        .history(&turn.session_id, after, TURN_READ_LIMIT, true)
-        .await?;
+    let messages = turn_messages(store, turn).await?;
     for result in open_call_results(&turn.turn_id, &messages, why) {
         match store
             .append_message(&turn.session_id, &turn.incarnation, result)

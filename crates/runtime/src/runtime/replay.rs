@@ -44,7 +44,7 @@ pub(crate) async fn replay_events(
         system_overridden: record.system_overridden,
     }];
     kinds.extend(stored_events(record, &messages));
-    let TurnEnd { outcome, error } = ending(record);
+    let TurnEnd { outcome, error, .. } = ending(record);
     if let Some((code, message)) = error {
         kinds.push(EventKind::Error { code, message });
     }
@@ -113,6 +113,12 @@ fn ending(record: &TurnRecord) -> TurnEnd {
         TurnStatus::Error => TurnEnd::failed(
             ErrorCode::Unavailable,
             record.error.as_deref().unwrap_or("the turn failed"),
+        ),
+        TurnStatus::Paused => TurnEnd::failed(
+            ErrorCode::Unavailable,
+            "the turn is paused: it waits for the results or approvals of its pending calls \
+             (GetSessionStatus lists them) and resumes once they are answered; Subscribe with \
+             wait_for_turn follows it",
         ),
         TurnStatus::Interrupted | TurnStatus::Running => TurnEnd::failed(
             ErrorCode::Unavailable,

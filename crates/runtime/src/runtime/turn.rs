@@ -31,6 +31,7 @@ mod budget;
 mod compaction;
 mod emitter;
 mod finish;
+mod pause;
 pub(crate) mod prestart;
 mod steering;
 mod step;
@@ -63,6 +64,9 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
 pub(super) struct TurnEnd {
     pub(super) outcome: TurnOutcome,
     pub(super) error: Option<(ErrorCode, String)>,
+    /// Not ended: suspended in its paused record (a drain while it waited
+    /// for its caller); it resumes when its calls are answered.
+    pub(super) suspended: bool,
 }
 
 impl TurnEnd {
@@ -71,6 +75,7 @@ impl TurnEnd {
         Self {
             outcome,
             error: None,
+            suspended: false,
         }
     }
 
@@ -79,8 +84,46 @@ impl TurnEnd {
         Self {
             outcome: TurnOutcome::Error,
             error: Some((code, message.into())),
+            suspended: false,
         }
     }
+
+    /// Suspended, paused in the store (see [`TurnEnd::suspended`]).
+    pub(super) fn suspended() -> Self {
+        Self {
+            suspended: true,
+            ..Self::failed(ErrorCode::Unavailable, SUSPENDED_MESSAGE)
+        }
+    }
+}
+
+/// What the callers of a turn suspended by a drain are told.
+const SUSPENDED_MESSAGE: &str = "the server is shutting down while the turn waits for tool \
+     results or approvals: the turn is paused, and resumes (on this server once restarted, or \
+     another replica) when they are submitted";
+
+/// What a resumed turn starts from: the paused step's calls still open,
+/// their waits (registered before the turn started, so an answer can be
+/// handed over at once), and the context loaded from history.
+pub(crate) struct Resume {
+    /// The step whose calls the turn waits for.
+    pub(crate) index: u32,
+    /// The open calls, in call order.
+    pub(crate) open: Vec<crate::types::PausedCall>,
+    /// Their waits, by call id.
+    pub(crate) waits: std::collections::HashMap<
+        String,
+        (
+            crate::types::Wait,
+            tokio::sync::oneshot::Receiver<super::caller_tools::Answer>,
+        ),
+    >,
+    /// The model's context, as history has it.
+    pub(crate) context: Vec<Message>,
+    /// The seq of the last event before the pause.
+    pub(crate) event_seq: u64,
+    /// When the pause ends unanswered.
+    pub(crate) until: tokio::time::Instant,
 }
 
 pub(crate) struct Turn {
@@ -127,6 +170,14 @@ pub(crate) struct Turn {
     /// Counts the turn against its owner's `live_turns` quota while it
     /// exists (on a store only this process writes).
     _quota: Option<crate::quota::LiveTurnGuard>,
+    /// Server tools whose calls wait for an approval (the call's and the
+    /// configuration's; `*`: all).
+    require_approval: Vec<String>,
+    /// Set while the tool phase waits for the caller: when that wait ends
+    /// unanswered.
+    pause_until: Option<tokio::time::Instant>,
+    /// A resumed turn's start, until its tool phase takes it.
+    resume: Option<Resume>,
 }
 
 /// What admission hands a turn, fixed for its whole run.
@@ -144,16 +195,27 @@ pub(crate) struct TurnPlan {
     /// When the turn was admitted, and when it must end.
     pub(crate) started: Instant,
     pub(crate) deadline: Option<tokio::time::Instant>,
+    /// Server tools whose calls wait for an approval.
+    pub(crate) require_approval: Vec<String>,
 }
 
 /// What a turn holds while it runs, besides its plan: the session's slot,
 /// the context load and first request started at admission (with that
-/// request's span), and its owner's live-turn count.
+/// request's span) — or, for a resumed turn, what it resumes from — and
+/// its owner's live-turn count.
 pub(crate) struct TurnHolds {
     pub(crate) slot: TurnSlot,
-    pub(crate) prestart: Prestart,
-    pub(crate) first_chat: tracing::Span,
+    pub(crate) start: Start,
     pub(crate) quota: Option<crate::quota::LiveTurnGuard>,
+}
+
+/// How a turn starts.
+pub(crate) enum Start {
+    /// Admitted: the context load and first request started at admission,
+    /// with that request's span.
+    Admitted(Prestart, tracing::Span),
+    /// Resumed from its pause.
+    Resumed(Resume),
 }
 
 /// Resolves at `deadline`, or never.
@@ -172,7 +234,14 @@ impl Turn {
         plan: TurnPlan,
         holds: TurnHolds,
     ) -> Self {
+        let (prestart, first_chat, resume) = match holds.start {
+            Start::Admitted(prestart, span) => (Some(prestart), Some(span), None),
+            Start::Resumed(resume) => (None, None, Some(resume)),
+        };
         Self {
+            pause_until: resume.as_ref().map(|r| r.until),
+            resume,
+            require_approval: plan.require_approval,
             inner,
             live,
             runner: plan.runner,
@@ -188,13 +257,13 @@ impl Turn {
             usage: Usage::default(),
             final_message: None,
             open_step: None,
-            prestart: Some(holds.prestart),
+            prestart,
             session: plan.session,
             context: Arc::default(),
             compacted: false,
             store_failed: false,
             store_cause: None,
-            first_chat: Some(holds.first_chat),
+            first_chat,
             _live_metric: crate::telemetry::metrics::LiveGuard::turn(),
             _quota: holds.quota,
         }
@@ -206,6 +275,9 @@ impl Turn {
     /// `TurnFinished` (ERROR, `INTERNAL`), its record closed, its open tool
     /// calls answered, its session freed and its watchers released.
     pub(crate) async fn run(mut self, mut emitter: Emitter) {
+        if let Some(resume) = &self.resume {
+            emitter.continue_after(resume.event_seq);
+        }
         let body = AssertUnwindSafe(self.body(&mut emitter))
             .catch_unwind()
             .await;
@@ -218,11 +290,19 @@ impl Turn {
         };
         // However the body ended, a turn whose replica lost the session's
         // lease stored nothing since and is reported as that.
-        let TurnEnd { outcome, error } = if self.live.lease_lost() {
+        let TurnEnd {
+            outcome,
+            error,
+            suspended,
+        } = if self.live.lease_lost() {
             self.lease_lost_outcome()
         } else {
             end
         };
+        if suspended {
+            self.suspend(&mut emitter).await;
+            return;
+        }
         if let Some((code, message)) = &error {
             emitter
                 .emit(EventKind::Error {
@@ -289,13 +369,26 @@ impl Turn {
         )
     }
 
-    /// The turn's states, from `Loading` to `Finishing`, one at a time.
+    /// The turn's states, from `Loading` (or `Resuming`) to `Finishing`,
+    /// one at a time.
     async fn body(&mut self, emitter: &mut Emitter) -> TurnEnd {
         self.announce(emitter).await;
-        let mut state = State::Loading;
+        let mut state = match &mut self.resume {
+            Some(resume) => {
+                self.context = Arc::new(std::mem::take(&mut resume.context));
+                State::Resuming {
+                    index: resume.index,
+                }
+            }
+            None => State::Loading,
+        };
         loop {
             state = match state {
                 State::Loading => self.load().await,
+                State::Resuming { index } => {
+                    let ended = self.resumed_tool_step(index, emitter).await;
+                    self.after_tools(index, ended, emitter).await
+                }
                 State::Compacting { context, tokens } => {
                     self.compact(context, tokens, emitter).await
                 }
@@ -306,7 +399,8 @@ impl Turn {
         }
     }
 
-    /// `TurnStarted`, then the user message admission stored.
+    /// `TurnStarted`, then the user message admission stored (a resumed
+    /// turn's was announced before its pause).
     async fn announce(&self, emitter: &mut Emitter) {
         emitter
             .emit(EventKind::TurnStarted {
@@ -316,6 +410,9 @@ impl Turn {
                 system_overridden: self.record.system_overridden,
             })
             .await;
+        if self.resume.is_some() {
+            return;
+        }
         emitter
             .emit(EventKind::MessageStored {
                 seq: self.user_message.seq,
@@ -424,7 +521,23 @@ impl Turn {
     /// The tool phase of step `index`; then the next step, unless it ended
     /// the turn or the turn reached `max_steps`.
     async fn tools(&mut self, index: u32, mut output: StepOutput, emitter: &mut Emitter) -> State {
-        let ended = self.tool_step(&mut output, emitter).await;
+        let ended = self.tool_step(index, &mut output, emitter).await;
+        self.after_tools(index, ended, emitter).await
+    }
+
+    /// After the tool phase of step `index`: the next step, unless the
+    /// phase ended the turn or the turn reached `max_steps` (a suspended
+    /// turn's step stays open).
+    async fn after_tools(
+        &mut self,
+        index: u32,
+        ended: Result<(), TurnEnd>,
+        emitter: &mut Emitter,
+    ) -> State {
+        let ended = match ended {
+            Err(end) if end.suspended => return State::Finishing(end),
+            other => other,
+        };
         self.close_step(index, emitter).await;
         match ended {
             Err(end) => State::Finishing(end),
@@ -512,6 +625,8 @@ enum State {
     },
     /// Step `index` called tools: run them and store their results.
     Tools { index: u32, output: StepOutput },
+    /// A resumed turn: the calls of step `index` it waits for.
+    Resuming { index: u32 },
     /// The turn ended so.
     Finishing(TurnEnd),
 }
@@ -535,6 +650,8 @@ fn cause_of(err: &StoreError) -> Option<&'static str> {
         | StoreError::Busy(_)
         | StoreError::QuotaExceeded(_)
         | StoreError::NotQueued { .. }
+        | StoreError::Paused { .. }
+        | StoreError::NotPaused { .. }
         | StoreError::LeaseLost { .. } => None,
     }
 }

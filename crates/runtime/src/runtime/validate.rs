@@ -56,6 +56,7 @@ pub(super) fn chat_input(
     }
     let timeout = turn_timeout(input, config)?;
     super::caller_tools::validate_tools(&input.extra_tools, &input.excluded_tools)?;
+    super::caller_tools::validate_approvals(&input.require_approval)?;
     let max_steps = match input.max_steps {
         Some(0) => return Err(RuntimeError::invalid("max_steps", "must be at least 1")),
         Some(n) => n.min(config.max_steps.max(1) * 8),

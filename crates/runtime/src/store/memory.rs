@@ -16,7 +16,7 @@ use super::{
 use crate::quota::{Quota, QuotaLimits, WriteQuota};
 use crate::store::stored_bytes;
 use crate::types::{
-    Message, NewMessage, NewSession, Queued, Session, SessionUpdate, TurnRecord, new_id,
+    Message, NewMessage, NewSession, Queued, Session, SessionUpdate, TurnRecord, TurnStatus, new_id,
 };
 
 /// A [`Store`] that keeps everything in memory.
@@ -227,6 +227,7 @@ impl Store for MemoryStore {
                 .map_err(StoreError::QuotaExceeded)?;
         }
         let entry = entry_as(&mut sessions, &turn.session_id, &turn.incarnation)?;
+        entry.session.not_paused()?;
         if let Some(id) = &turn.from_inbox
             && !entry.inbox.contains_key(id)
         {
@@ -262,6 +263,34 @@ impl Store for MemoryStore {
         entry.session.finish_turn(&turn);
         entry.turns.insert(turn.turn_id.clone(), turn);
         Ok(())
+    }
+
+    async fn update_turn(&self, turn: TurnRecord) -> Result<(), StoreError> {
+        let mut sessions = self.lock();
+        let entry = entry_as(&mut sessions, &turn.session_id, &turn.incarnation)?;
+        entry.turns.insert(turn.turn_id.clone(), turn);
+        Ok(())
+    }
+
+    async fn resume_turn(
+        &self,
+        session_id: &str,
+        incarnation: &str,
+        turn_id: &str,
+    ) -> Result<TurnRecord, StoreError> {
+        let mut sessions = self.lock();
+        let entry = entry_as(&mut sessions, session_id, incarnation)?;
+        let turn = entry
+            .turns
+            .get_mut(turn_id)
+            .filter(|t| t.status == TurnStatus::Paused)
+            .ok_or_else(|| StoreError::NotPaused {
+                turn_id: turn_id.to_owned(),
+            })?;
+        turn.status = TurnStatus::Running;
+        let turn = turn.clone();
+        entry.session.begin_turn(&turn);
+        Ok(turn)
     }
 
     async fn get_turn(

@@ -361,6 +361,19 @@ impl Store for PostgresStore {
     /// called at start-up, before this process runs any turn). Another
     /// replica's live turn is never touched. Their open tool calls are
     /// answered in the same transaction.
+    async fn update_turn(&self, turn: TurnRecord) -> Result<(), StoreError> {
+        self.put_running(turn).await
+    }
+
+    async fn resume_turn(
+        &self,
+        session_id: &str,
+        incarnation: &str,
+        turn_id: &str,
+    ) -> Result<TurnRecord, StoreError> {
+        self.resume(session_id, incarnation, turn_id).await
+    }
+
     async fn recover_interrupted(&self) -> Result<Vec<TurnRecord>, StoreError> {
         self.recover().await
     }

@@ -440,6 +440,19 @@ impl Store for SledStore {
         self.title_if_empty(session_id, incarnation, title).await
     }
 
+    async fn update_turn(&self, turn: TurnRecord) -> Result<(), StoreError> {
+        self.put_running(turn).await
+    }
+
+    async fn resume_turn(
+        &self,
+        session_id: &str,
+        incarnation: &str,
+        turn_id: &str,
+    ) -> Result<TurnRecord, StoreError> {
+        self.resume(session_id, incarnation, turn_id).await
+    }
+
     async fn recover_interrupted(&self) -> Result<Vec<TurnRecord>, StoreError> {
         self.recover().await
     }

@@ -25,6 +25,7 @@ pub(crate) fn running_turn(session_id: &str, incarnation: &str, turn_id: &str) -
         steps: 0,
         cost_nano_usd: None,
         from_inbox: None,
+        pause: None,
         turn_id: turn_id.to_owned(),
         session_id: session_id.to_owned(),
         status: TurnStatus::Running,

@@ -103,12 +103,31 @@ impl Session {
     /// once: only when its stored record (`before`) was still running.
     /// Whether it changed the record.
     pub(crate) fn spend(&mut self, before: Option<&TurnRecord>, turn: &TurnRecord) -> bool {
-        let was_running = before.is_none_or(|b| b.status == TurnStatus::Running);
-        let ends_now = was_running && turn.status != TurnStatus::Running;
+        let was_running = before.is_none_or(|b| !b.status.is_final());
+        let ends_now = was_running && turn.status.is_final();
         if ends_now {
             self.spent = self.spent.plus(&turn.usage, turn.cost_nano_usd);
         }
         ends_now
+    }
+
+    /// The turn the session waits on, when its latest turn is paused.
+    pub fn paused_turn(&self) -> Option<&str> {
+        self.last_turn
+            .as_ref()
+            .filter(|t| t.status == TurnStatus::Paused)
+            .map(|t| t.turn_id.as_str())
+    }
+
+    /// [`crate::store::StoreError::Paused`] when a turn is paused: no other
+    /// turn begins then.
+    pub(crate) fn not_paused(&self) -> Result<(), crate::store::StoreError> {
+        match self.paused_turn() {
+            Some(turn_id) => Err(crate::store::StoreError::Paused {
+                turn_id: turn_id.to_owned(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Records that `turn` began: it is now the latest.
@@ -190,15 +209,44 @@ impl Session {
 }
 
 impl TurnRecord {
-    /// Marks a turn still running as interrupted at `now`; `false` (and
+    /// Marks a turn still running, whose process is gone, as interrupted
+    /// at `now` — or as [`TurnStatus::Paused`] when it was waiting for
+    /// caller results or approvals ([`TurnRecord::pause`]); `false` (and
     /// nothing changed) when it is not running.
     pub(crate) fn interrupt(&mut self, now: SystemTime) -> bool {
         if self.status != TurnStatus::Running {
             return false;
         }
+        if self.pause.is_some() {
+            self.status = TurnStatus::Paused;
+        } else {
+            self.status = TurnStatus::Interrupted;
+            self.finished_at = Some(now);
+        }
+        true
+    }
+
+    /// A paused turn none of whose waited-for calls is still open (in
+    /// `open`, the ids of its calls without a result) cannot resume: it is
+    /// interrupted at `now` instead. Whether it changed.
+    pub(crate) fn settle_pause(&mut self, open: &[String], now: SystemTime) -> bool {
+        let waiting = self
+            .pause
+            .as_ref()
+            .is_some_and(|p| p.calls.iter().any(|c| open.contains(&c.call_id)));
+        if self.status != TurnStatus::Paused || waiting {
+            return false;
+        }
         self.status = TurnStatus::Interrupted;
         self.finished_at = Some(now);
         true
+    }
+
+    /// Whether the call `call_id` is one the (paused) turn waits for.
+    pub(crate) fn waits_for(&self, call_id: &str) -> bool {
+        self.pause
+            .as_ref()
+            .is_some_and(|p| p.calls.iter().any(|c| c.call_id == call_id))
     }
 
     /// Whether the Chat with idempotency key `request_id` started it.

@@ -128,6 +128,19 @@ impl Store for Shared {
         }
         self.inner.finish_turn(turn).await
     }
+    async fn update_turn(&self, turn: TurnRecord) -> Result<(), StoreError> {
+        self.inner.update_turn(turn).await
+    }
+    async fn resume_turn(
+        &self,
+        session_id: &str,
+        incarnation: &str,
+        turn_id: &str,
+    ) -> Result<TurnRecord, StoreError> {
+        self.inner
+            .resume_turn(session_id, incarnation, turn_id)
+            .await
+    }
     async fn get_turn(
         &self,
         session_id: &str,

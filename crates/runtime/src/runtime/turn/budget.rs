@@ -34,6 +34,7 @@ impl Turn {
         // The outcome is the budget's whatever this write does.
         self.store(notice, emitter).await.ok();
         Some(TurnEnd {
+            suspended: false,
             outcome: TurnOutcome::BudgetExceeded,
             error: Some((ErrorCode::ResourceExhausted, message)),
         })

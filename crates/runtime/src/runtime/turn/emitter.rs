@@ -77,6 +77,12 @@ impl Emitter {
         self.seq
     }
 
+    /// A resumed turn numbers its events on from `seq`, the last one
+    /// before its pause.
+    pub(super) fn continue_after(&mut self, seq: u64) {
+        self.seq = seq;
+    }
+
     pub(super) async fn emit(&mut self, kind: EventKind) {
         self.last_emit = tokio::time::Instant::now();
         self.seq += 1;

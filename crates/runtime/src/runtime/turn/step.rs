@@ -40,6 +40,16 @@ pub(super) struct ToolCallRequest {
     pub(super) arguments_json: String,
 }
 
+impl From<&crate::types::PausedCall> for ToolCallRequest {
+    fn from(c: &crate::types::PausedCall) -> Self {
+        Self {
+            id: c.call_id.clone(),
+            name: c.name.clone(),
+            arguments_json: c.arguments_json.clone(),
+        }
+    }
+}
+
 impl StepOutput {
     /// Text and reasoning produced so far.
     fn bytes(&self) -> usize {

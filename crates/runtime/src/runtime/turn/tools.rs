@@ -18,10 +18,12 @@ use super::step::{StepEnd, StepOutput, ToolCallRequest};
 use super::{TIMEOUT_NOTICE, Turn, TurnEnd, until};
 use crate::events::{EventKind, Phase, ToolStatus, ToolUse, TurnOutcome};
 use crate::model::ToolSpec;
-use crate::runtime::caller_tools::PendingCall;
+use crate::runtime::caller_tools::{Answer, PendingCall};
 use crate::runtime::runners::Runner;
 use crate::toolbox::{ToolCallInfo, ToolKind, ToolOutcome, Toolbox};
-use crate::types::{CancelReason, ContentBlock, Interrupted, NewMessage, Role, StopReason};
+use crate::types::{
+    CancelReason, ContentBlock, Interrupted, NewMessage, PausedCall, Role, StopReason, Wait,
+};
 
 /// How a tool phase ended.
 enum ToolsEnd {
@@ -29,16 +31,32 @@ enum ToolsEnd {
     Done,
     Cancelled(CancelReason),
     TimedOut,
+    /// The server drains or shuts down while the phase waits only for the
+    /// caller (results, approvals): the answers it has are stored, the
+    /// rest stay waited for in the paused record.
+    Suspended,
 }
 
 /// Where a tool call goes.
 enum Route {
     /// To the toolbox (hooks and limits applied there).
     Server,
+    /// To the toolbox once approved (`SubmitToolApproval`).
+    Approval,
     /// To the caller, with these arguments (after the hooks).
     Caller(String),
     /// Nowhere: this is its result (denied, or not an offered tool).
     Done(ToolOutcome),
+}
+
+/// A call a pause waits for.
+fn paused(call: &ToolCallRequest, arguments_json: &str, wait: Wait) -> PausedCall {
+    PausedCall {
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        arguments_json: arguments_json.to_owned(),
+        wait,
+    }
 }
 
 /// A tool call in flight: its index in the step and its result.
@@ -53,16 +71,46 @@ enum Reach {
     Server(Arc<AtomicBool>),
     /// Handed to the caller (announced with `ToolCall`).
     Caller,
+    /// Waiting for an approval (announced with `ApprovalRequired`):
+    /// whether it was decided, and whether the tool was called.
+    Approval {
+        decided: Arc<AtomicBool>,
+        started: Arc<AtomicBool>,
+    },
 }
 
 impl Reach {
     /// What became of the call when the turn ended without its result.
     fn interrupted(&self) -> Interrupted {
         match self {
-            Self::Server(started) if !started.load(Ordering::Acquire) => Interrupted::Cancelled,
-            Self::Answered | Self::Server(_) | Self::Caller => Interrupted::OutcomeUnknown,
+            Self::Server(started) | Self::Approval { started, .. }
+                if !started.load(Ordering::Acquire) =>
+            {
+                Interrupted::Cancelled
+            }
+            Self::Answered | Self::Server(_) | Self::Approval { .. } | Self::Caller => {
+                Interrupted::OutcomeUnknown
+            }
         }
     }
+
+    /// Whether the call waits for its caller (a result, a decision), and
+    /// so may wait in a paused record instead.
+    fn pausable(&self) -> bool {
+        match self {
+            Self::Caller => true,
+            Self::Approval { decided, .. } => !decided.load(Ordering::Acquire),
+            Self::Answered | Self::Server(_) => false,
+        }
+    }
+}
+
+/// The calls the tool phase dispatched: their waits, how far each got, and
+/// those that wait for the caller (the pause).
+struct Dispatched {
+    waits: FuturesUnordered<ToolWait>,
+    reach: Vec<Reach>,
+    paused: Vec<PausedCall>,
 }
 
 fn info<'a>(call: &'a ToolCallRequest, kind: ToolKind) -> ToolCallInfo<'a> {
@@ -82,6 +130,7 @@ async fn route(
     toolbox: &Toolbox,
     runner: &Runner,
     offered: &[ToolSpec],
+    approval: &[String],
     call: &ToolCallRequest,
 ) -> Route {
     if !offered.iter().any(|t| t.name == call.name) {
@@ -95,6 +144,9 @@ async fn route(
         )));
     }
     if runner.tools.iter().any(|t| t.name == call.name) {
+        if approval.iter().any(|n| n == "*" || *n == call.name) {
+            return Route::Approval;
+        }
         return Route::Server;
     }
     let info = info(call, ToolKind::Caller);
@@ -114,35 +166,77 @@ fn invalid_arguments(arguments_json: &str) -> Option<String> {
     }
 }
 
-/// Runs a server tool call; dropping the future cancels it. `started` is
-/// set once the tool is called.
-fn server_call(
+/// A server tool call of the step, ready to run.
+struct ServerCall {
     toolbox: Arc<Toolbox>,
     permits: Arc<Semaphore>,
     index: usize,
-    call: ToolCallRequest,
     capture_content: bool,
+    /// Set once the tool is called.
     started: Arc<AtomicBool>,
-) -> ToolWait {
-    let span = crate::runtime::spans::execute_tool(&call.name, &call.id, "extension");
-    if capture_content {
-        span.record(
-            crate::telemetry::semconv::GEN_AI_TOOL_CALL_ARGUMENTS,
-            call.arguments_json.as_str(),
-        );
+}
+
+impl ServerCall {
+    /// Runs the call; dropping the future cancels it.
+    fn run(self, call: ToolCallRequest) -> ToolWait {
+        let span = crate::runtime::spans::execute_tool(&call.name, &call.id, "extension");
+        if self.capture_content {
+            span.record(
+                crate::telemetry::semconv::GEN_AI_TOOL_CALL_ARGUMENTS,
+                call.arguments_json.as_str(),
+            );
+        }
+        let traced = span.clone();
+        Box::pin(tracing::Instrument::instrument(
+            async move {
+                let outcome = self
+                    .toolbox
+                    .run(info(&call, ToolKind::Server), &self.permits, &self.started)
+                    .await;
+                if outcome.is_error {
+                    crate::runtime::spans::failed(&traced, "tool_error");
+                }
+                (self.index, outcome)
+            },
+            span,
+        ))
     }
-    let traced = span.clone();
-    Box::pin(tracing::Instrument::instrument(
-        async move {
-            let outcome = toolbox
-                .run(info(&call, ToolKind::Server), &permits, &started)
-                .await;
-            if outcome.is_error {
-                crate::runtime::spans::failed(&traced, "tool_error");
+}
+
+/// Waits for the decision on a server tool call that requires approval:
+/// approved, it runs (as [`server_call`]); denied, its result says so.
+fn approved_call(
+    server: ServerCall,
+    call: ToolCallRequest,
+    rx: oneshot::Receiver<Answer>,
+    decided: Arc<AtomicBool>,
+) -> ToolWait {
+    Box::pin(async move {
+        let reason = match rx.await {
+            Ok(Answer::Decision { approved: true, .. }) => {
+                decided.store(true, Ordering::Release);
+                return server.run(call).await;
             }
-            (index, outcome)
-        },
-        span,
+            Ok(Answer::Decision {
+                approved: false,
+                reason,
+            }) => reason,
+            Ok(Answer::Result(_)) | Err(_) => "the approval was abandoned".to_owned(),
+        };
+        decided.store(true, Ordering::Release);
+        (server.index, denied(&call.name, &reason))
+    })
+}
+
+/// The result of a call whose approval was denied.
+fn denied(name: &str, reason: &str) -> ToolOutcome {
+    let why = if reason.trim().is_empty() {
+        String::new()
+    } else {
+        format!(" The reason given: {reason}")
+    };
+    ToolOutcome::error(format!(
+        "The user denied this call of {name}: it was not run.{why}"
     ))
 }
 
@@ -151,14 +245,17 @@ fn caller_result(
     toolbox: Arc<Toolbox>,
     index: usize,
     call: ToolCallRequest,
-    rx: oneshot::Receiver<ToolOutcome>,
+    rx: oneshot::Receiver<Answer>,
 ) -> ToolWait {
     let span = crate::runtime::spans::execute_tool(&call.name, &call.id, "function");
     Box::pin(tracing::Instrument::instrument(
         async move {
-            let outcome = rx
-                .await
-                .unwrap_or_else(|_| ToolOutcome::error("the tool call was abandoned"));
+            let outcome = match rx.await {
+                Ok(Answer::Result(outcome)) => outcome,
+                Ok(Answer::Decision { .. }) | Err(_) => {
+                    ToolOutcome::error("the tool call was abandoned")
+                }
+            };
             let outcome = toolbox.after(info(&call, ToolKind::Caller), outcome).await;
             if outcome.is_error {
                 crate::runtime::spans::failed(&tracing::Span::current(), "tool_error");
@@ -175,16 +272,36 @@ impl Turn {
     /// the turn ended.
     pub(super) async fn tool_step(
         &mut self,
+        index: u32,
         output: &mut StepOutput,
         emitter: &mut Emitter,
     ) -> Result<(), TurnEnd> {
         self.emit_usage(output, emitter).await;
         self.store_partial(output, StopReason::ToolUse, emitter)
             .await?;
-        match self
-            .run_tools(std::mem::take(&mut output.tool_calls), emitter)
-            .await?
-        {
+        let calls = std::mem::take(&mut output.tool_calls);
+        let ended = self.run_tools(index, calls, emitter).await?;
+        self.tools_ended(ended, emitter).await
+    }
+
+    /// The tool phase of a resumed turn: the calls its pause waits for
+    /// that are still open (their waits registered by the resume).
+    pub(super) async fn resumed_tool_step(
+        &mut self,
+        index: u32,
+        emitter: &mut Emitter,
+    ) -> Result<(), TurnEnd> {
+        let calls = self
+            .resume
+            .as_ref()
+            .map(|r| r.open.iter().map(ToolCallRequest::from).collect())
+            .unwrap_or_default();
+        let ended = self.run_tools(index, calls, emitter).await?;
+        self.tools_ended(ended, emitter).await
+    }
+
+    async fn tools_ended(&mut self, ended: ToolsEnd, emitter: &mut Emitter) -> Result<(), TurnEnd> {
+        match ended {
             ToolsEnd::Done => Ok(()),
             ToolsEnd::Cancelled(reason) => {
                 self.record.cancel_reason = Some(reason);
@@ -194,36 +311,65 @@ impl Turn {
                 self.store_timeout_notice(emitter).await;
                 Err(TurnEnd::of(TurnOutcome::TimedOut))
             }
+            ToolsEnd::Suspended => Err(TurnEnd::suspended()),
         }
     }
 
     /// Announces the calls, waits (concurrently) for their results, bounded
-    /// by cancellation and the deadline, and stores every call's result in
-    /// call order — calls left without one get an error result, so each
-    /// call in history has exactly one result. `Err` when a result could
-    /// not be stored.
+    /// by cancellation, the deadline and — while it waits for the caller —
+    /// the pause's bound, and stores every call's result in call order —
+    /// calls left without one get an error result, so each call in history
+    /// has exactly one result. A phase that waits for the caller (results,
+    /// approvals) writes its pause first, so a restart leaves the turn
+    /// paused rather than interrupted; a drain suspends it. `Err` when a
+    /// result could not be stored.
     async fn run_tools(
         &mut self,
+        index: u32,
         calls: Vec<ToolCallRequest>,
         emitter: &mut Emitter,
     ) -> Result<ToolsEnd, TurnEnd> {
         self.live.set_phase(Phase::Tool);
         let mut results: Vec<Option<ToolOutcome>> = vec![None; calls.len()];
-        let (mut waits, reach) = self.dispatch(&calls, &mut results, emitter).await;
+        let Dispatched {
+            mut waits,
+            reach,
+            paused,
+        } = self.dispatch(&calls, &mut results, emitter).await;
+        if !paused.is_empty() {
+            self.write_pause(index, paused, emitter.seq()).await;
+        }
         let cancel = self.live.cancel.clone();
+        let mut draining = self.inner.lifecycle.draining();
         let mut end = ToolsEnd::Done;
         while !waits.is_empty() {
+            // Only calls waiting for the caller are left: a drain need not
+            // wait for them.
+            let suspendable = self.record.pause.is_some()
+                && results
+                    .iter()
+                    .zip(&reach)
+                    .all(|(r, reach)| r.is_some() || reach.pausable());
+            let drained = *draining.borrow_and_update();
+            if suspendable && drained {
+                end = ToolsEnd::Suspended;
+                break;
+            }
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => {
                     end = match self.cancelled() {
+                        StepEnd::Cancelled(CancelReason::Shutdown) if suspendable => {
+                            ToolsEnd::Suspended
+                        }
                         StepEnd::TimedOut => ToolsEnd::TimedOut,
                         StepEnd::Cancelled(reason) => ToolsEnd::Cancelled(reason),
                         _ => ToolsEnd::Cancelled(CancelReason::Stopped),
                     };
                     break;
                 }
-                () = until(self.deadline) => {
+                Ok(()) = draining.changed(), if !drained => {}
+                () = until(self.wait_bound()) => {
                     end = ToolsEnd::TimedOut;
                     break;
                 }
@@ -242,9 +388,21 @@ impl Turn {
         // `notifications/cancelled`).
         drop(waits);
         crate::runtime::lock(&self.live.pending_tools).clear();
+        if matches!(end, ToolsEnd::Suspended) {
+            // The answers there are stored (out of call order); the calls
+            // still waited for stay open in history and in the pause.
+            for (call, result) in calls.into_iter().zip(results) {
+                if let Some(output) = result {
+                    self.store_tool_result(call, output, None, emitter).await?;
+                }
+            }
+            return Ok(end);
+        }
+        self.record.pause = None;
+        self.pause_until = None;
         let why = match end {
             ToolsEnd::TimedOut => "the turn reached its time limit",
-            ToolsEnd::Done | ToolsEnd::Cancelled(_) => "the turn was stopped",
+            ToolsEnd::Done | ToolsEnd::Cancelled(_) | ToolsEnd::Suspended => "the turn was stopped",
         };
         for ((call, result), reach) in calls.into_iter().zip(results).zip(reach) {
             let (output, interrupted) = match result {
@@ -261,20 +419,27 @@ impl Turn {
     }
 
     /// Announces each call (`tool_use` RUNNING) and routes it: a server
-    /// call starts (returned, to be awaited), a caller call is announced
-    /// with a `ToolCall` event and waited for, and a call answered at once
-    /// (unknown tool, a hook's answer) has its result in `results`.
+    /// call starts (returned, to be awaited), a call that requires approval
+    /// is announced with `ApprovalRequired` and waits for the decision, a
+    /// caller call is announced with a `ToolCall` event and waited for, and
+    /// a call answered at once (unknown tool, a hook's answer) has its
+    /// result in `results`. A resumed turn's calls wait as its pause says,
+    /// on the waits the resume registered.
     async fn dispatch(
-        &self,
+        &mut self,
         calls: &[ToolCallRequest],
         results: &mut [Option<ToolOutcome>],
         emitter: &mut Emitter,
-    ) -> (FuturesUnordered<ToolWait>, Vec<Reach>) {
+    ) -> Dispatched {
         let toolbox = Arc::clone(&self.inner.toolbox);
         // Server calls of this step share the parallelism limit.
         let permits = Arc::new(toolbox.permits());
-        let waits = FuturesUnordered::<ToolWait>::new();
-        let mut reach = Vec::with_capacity(calls.len());
+        let mut resumed = self.resume.take().map(|r| r.waits).unwrap_or_default();
+        let mut out = Dispatched {
+            waits: FuturesUnordered::new(),
+            reach: Vec::with_capacity(calls.len()),
+            paused: Vec::new(),
+        };
         for (i, call) in calls.iter().enumerate() {
             emitter
                 .emit(EventKind::ToolUse(Box::new(ToolUse {
@@ -287,42 +452,95 @@ impl Turn {
                     content: String::new(),
                 })))
                 .await;
-            match route(&toolbox, &self.runner, &self.tools, call).await {
+            let waited = resumed.remove(&call.id);
+            let route = match &waited {
+                Some((Wait::Result, _)) => Route::Caller(call.arguments_json.clone()),
+                Some((Wait::Approval, _)) => Route::Approval,
+                None => {
+                    route(
+                        &toolbox,
+                        &self.runner,
+                        &self.tools,
+                        &self.require_approval,
+                        call,
+                    )
+                    .await
+                }
+            };
+            let started = Arc::new(AtomicBool::new(false));
+            let server = ServerCall {
+                toolbox: Arc::clone(&toolbox),
+                permits: Arc::clone(&permits),
+                index: i,
+                capture_content: self.inner.config.capture_content,
+                started: Arc::clone(&started),
+            };
+            match route {
                 Route::Server => {
-                    let started = Arc::new(AtomicBool::new(false));
-                    reach.push(Reach::Server(Arc::clone(&started)));
-                    waits.push(server_call(
-                        Arc::clone(&toolbox),
-                        Arc::clone(&permits),
-                        i,
+                    out.reach.push(Reach::Server(started));
+                    out.waits.push(server.run(call.clone()));
+                }
+                Route::Approval => {
+                    let rx = self.wait_for(call, &call.arguments_json, Wait::Approval, waited);
+                    emitter
+                        .emit(EventKind::ApprovalRequired {
+                            call_id: call.id.clone(),
+                            name: call.name.clone(),
+                            arguments_json: call.arguments_json.clone(),
+                        })
+                        .await;
+                    let decided = Arc::new(AtomicBool::new(false));
+                    out.waits.push(approved_call(
+                        server,
                         call.clone(),
-                        self.inner.config.capture_content,
-                        started,
+                        rx,
+                        Arc::clone(&decided),
                     ));
+                    out.reach.push(Reach::Approval { decided, started });
+                    out.paused
+                        .push(paused(call, &call.arguments_json, Wait::Approval));
                 }
                 Route::Caller(arguments_json) => {
-                    let rx = crate::runtime::lock(&self.live.pending_tools).wait_for(PendingCall {
-                        call_id: call.id.clone(),
-                        name: call.name.clone(),
-                        arguments_json: arguments_json.clone(),
-                    });
+                    let rx = self.wait_for(call, &arguments_json, Wait::Result, waited);
                     emitter
                         .emit(EventKind::ToolCall {
                             call_id: call.id.clone(),
                             name: call.name.clone(),
-                            arguments_json,
+                            arguments_json: arguments_json.clone(),
                         })
                         .await;
-                    waits.push(caller_result(Arc::clone(&toolbox), i, call.clone(), rx));
-                    reach.push(Reach::Caller);
+                    out.waits
+                        .push(caller_result(Arc::clone(&toolbox), i, call.clone(), rx));
+                    out.reach.push(Reach::Caller);
+                    out.paused.push(paused(call, &arguments_json, Wait::Result));
                 }
                 Route::Done(output) => {
                     results[i] = Some(output);
-                    reach.push(Reach::Answered);
+                    out.reach.push(Reach::Answered);
                 }
             }
         }
-        (waits, reach)
+        out
+    }
+
+    /// The wait for the answer to `call`: the one a resume registered, or
+    /// a new one.
+    fn wait_for(
+        &self,
+        call: &ToolCallRequest,
+        arguments_json: &str,
+        wait: Wait,
+        registered: Option<(Wait, oneshot::Receiver<Answer>)>,
+    ) -> oneshot::Receiver<Answer> {
+        match registered {
+            Some((_, rx)) => rx,
+            None => crate::runtime::lock(&self.live.pending_tools).wait_for(PendingCall {
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                arguments_json: arguments_json.to_owned(),
+                wait,
+            }),
+        }
     }
 
     /// Stores one tool result, then announces it (DONE/ERROR): a result is

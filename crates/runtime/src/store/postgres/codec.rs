@@ -221,6 +221,7 @@ pub(super) fn status(status: TurnStatus) -> &'static str {
         TurnStatus::TimedOut => "timed_out",
         TurnStatus::Interrupted => "interrupted",
         TurnStatus::BudgetExceeded => "budget_exceeded",
+        TurnStatus::Paused => "paused",
     }
 }
 

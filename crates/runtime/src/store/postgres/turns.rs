@@ -11,8 +11,8 @@ use super::write::{self, LeaseWrite};
 use super::{PostgresStore, quota};
 use crate::quota::WriteQuota;
 use crate::store::stored_bytes;
-use crate::store::{INTERRUPTED_TOOL, StoreError, open_call_results};
-use crate::types::{Message, NewMessage, Session, TurnRecord};
+use crate::store::{INTERRUPTED_TOOL, StoreError, settle_open_calls};
+use crate::types::{Message, NewMessage, Session, TurnRecord, TurnStatus};
 
 /// Most messages of one turn read to find its open tool calls (as the
 /// runtime's start-up recovery reads).
@@ -55,6 +55,9 @@ impl PostgresStore {
                     "interrupted the turn that held the session's lease");
             }
         }
+        // A paused turn (one just found so, above, included) keeps the
+        // session busy.
+        locked.session.not_paused()?;
         if let Some(request_id) = &turn.request_id
             && let Some(earlier) = by_request(&tx, &turn.session_id, request_id).await?
         {
@@ -117,6 +120,57 @@ impl PostgresStore {
             .await?;
         write::commit(tx).await?;
         Ok(stored)
+    }
+
+    /// A running turn's record (its pause), while this replica holds the
+    /// turn's live lease.
+    pub(super) async fn put_running(&self, turn: TurnRecord) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let tx = write::begin(&mut client).await?;
+        let locked = write::lock_as(&tx, &turn.session_id, &turn.incarnation).await?;
+        if !self.holds(&locked, &turn.turn_id) {
+            return Err(StoreError::LeaseLost {
+                turn_id: turn.turn_id,
+            });
+        }
+        write::put_turn(&tx, &turn, false).await?;
+        write::commit(tx).await
+    }
+
+    /// A paused turn runs again on this replica: the record `Running`, the
+    /// session's lease taken — refused while another replica's lease is
+    /// live; a lapsed lease's turn is settled first (it may be this very
+    /// turn, paused by a replica that died).
+    pub(super) async fn resume(
+        &self,
+        session_id: &str,
+        incarnation: &str,
+        turn_id: &str,
+    ) -> Result<TurnRecord, StoreError> {
+        let mut client = self.client().await?;
+        let tx = write::begin(&mut client).await?;
+        let mut locked = write::lock_as(&tx, session_id, incarnation).await?;
+        let now = SystemTime::now();
+        if let Some(held) = &locked.lease {
+            if held.live && held.lease.replica_id != self.replica_id {
+                return Err(StoreError::Busy(held.lease.clone()));
+            }
+            let left = held.lease.turn_id.clone();
+            interrupt(&tx, &mut locked.session, &left, now).await?;
+        }
+        let mut turn = get_turn(&tx, session_id, turn_id)
+            .await?
+            .filter(|t| t.status == TurnStatus::Paused)
+            .ok_or_else(|| StoreError::NotPaused {
+                turn_id: turn_id.to_owned(),
+            })?;
+        turn.status = TurnStatus::Running;
+        write::put_turn(&tx, &turn, false).await?;
+        locked.session.begin_turn(&turn);
+        self.write_session(&tx, &locked.session, LeaseWrite::Take(turn_id))
+            .await?;
+        write::commit(tx).await?;
+        Ok(turn)
     }
 
     pub(super) async fn turn(
@@ -195,9 +249,10 @@ impl PostgresStore {
     }
 }
 
-/// Marks `turn_id` of the locked `session` interrupted (when it is still
-/// running) and answers its tool calls left without a result, as start-up
-/// recovery does; the caller writes the session. The changed record.
+/// Marks `turn_id` of the locked `session` interrupted — or paused, when
+/// it waited for caller results or approvals — (when it is still running)
+/// and answers its tool calls left without a result (but those a paused
+/// turn waits for), as start-up recovery does; the caller writes the session. The changed record.
 pub(super) async fn interrupt(
     tx: &Transaction<'_>,
     session: &mut Session,
@@ -218,7 +273,7 @@ pub(super) async fn interrupt(
         .iter()
         .map(|row| codec::message(&session.id, row))
         .collect::<Result<Vec<_>, _>>()?;
-    for result in open_call_results(turn_id, &messages, INTERRUPTED_TOOL) {
+    for result in settle_open_calls(&mut turn, &messages, INTERRUPTED_TOOL, now) {
         write::append(tx, session, result, now).await?;
     }
     write::put_turn(tx, &turn, false).await?;

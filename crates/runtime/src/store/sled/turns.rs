@@ -55,6 +55,7 @@ impl SledStore {
                     &user_message,
                     now,
                 )?;
+                session.not_paused().map_err(TxError::Abort)?;
                 // A queued message leaves the inbox in the write that begins its
                 // turn, or the turn does not begin.
                 if let (Some(i), Some(key)) = (inbox, &queued)
@@ -182,6 +183,51 @@ impl SledStore {
         last.into_iter().for_each(keep_body);
         self.durable_write(write_started).await?;
         Ok(written)
+    }
+
+    pub(super) async fn put_running(&self, turn: TurnRecord) -> Result<(), StoreError> {
+        let write_started = std::time::Instant::now();
+        let record = encode(&turn)?;
+        (&self.sessions, &self.turns)
+            .transaction(|(s, t)| {
+                session_as_tx(s, &turn.session_id, &turn.incarnation)?;
+                put_turn_tx(t, &turn, &record)?;
+                Ok(())
+            })
+            .map_err(|e| self.tx_failed(e))?;
+        self.durable_write(write_started).await
+    }
+
+    pub(super) async fn resume(
+        &self,
+        session_id: &str,
+        incarnation: &str,
+        turn_id: &str,
+    ) -> Result<TurnRecord, StoreError> {
+        let write_started = std::time::Instant::now();
+        let key = turn_key(session_id, turn_id);
+        let resumed = (&self.sessions, &self.turns)
+            .transaction(|(s, t)| {
+                let mut session = session_as_tx(s, session_id, incarnation)?;
+                let not_paused = || {
+                    TxError::Abort(StoreError::NotPaused {
+                        turn_id: turn_id.to_owned(),
+                    })
+                };
+                let raw = t.get(&key)?.ok_or_else(not_paused)?;
+                let mut turn: TurnRecord = decode(TURNS, &key, &raw).map_err(TxError::Abort)?;
+                if turn.status != TurnStatus::Paused {
+                    return Err(not_paused());
+                }
+                turn.status = TurnStatus::Running;
+                t.insert(key.as_slice(), encode(&turn).map_err(TxError::Abort)?)?;
+                session.begin_turn(&turn);
+                write_session_tx(s, &session)?;
+                Ok(turn)
+            })
+            .map_err(|e| self.tx_failed(e))?;
+        self.durable_write(write_started).await?;
+        Ok(resumed)
     }
 
     pub(super) fn turn(
