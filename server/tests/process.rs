@@ -500,3 +500,146 @@ async fn sigkill_with_two_queued_messages_runs_each_once_after_restart() {
     );
     drop(server);
 }
+
+/// A turn paused on a caller-executed tool survives the end of its
+/// process — SIGKILL (`kill`) or a drain (SIGTERM) — and SubmitToolResult
+/// after the restart resumes it: a watcher sees it run on from its tool
+/// phase to one SUCCESS, with the result in history.
+async fn paused_turn_resumes_after(kill: bool) {
+    let call = serde_json::json!({
+        "index": 0, "id": "call_1", "type": "function",
+        "function": {"name": "get_time", "arguments": "{\"tz\":\"CET\"}"}
+    });
+    let fake = FakeOpenAi::start(vec![
+        FakeReply::sse(vec![
+            agentrt_testkit::fake_openai::sse_data(
+                &serde_json::json!({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}),
+            ),
+            finish_chunk("tool_calls"),
+        ]),
+        FakeReply::sse(vec![text_chunk("it is noon"), finish_chunk("stop")]),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &fake, "30s");
+    let data = dir.path().join("data");
+    let mut server = start(&data, &config).await;
+    let client = Client::connect(server.url.clone()).await.unwrap();
+    let session = client
+        .create_session(proto::CreateSessionRequest::default())
+        .await
+        .unwrap()
+        .session_id;
+    let mut chat = client
+        .chat_with(proto::ChatRequest {
+            session_id: session.clone(),
+            content: vec![proto::ContentBlock {
+                block: Some(proto::content_block::Block::Text(proto::TextBlock {
+                    text: "what time is it?".into(),
+                })),
+            }],
+            extra_tools: vec![proto::ToolDefinition {
+                name: "get_time".into(),
+                description: "the caller's clock".into(),
+                parameters_json_schema: r#"{"type":"object"}"#.into(),
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let turn_id = loop {
+        let event = chat.next().await.unwrap().unwrap();
+        if matches!(event.kind, ChatEvent::ToolCall { .. }) {
+            break event.turn_id;
+        }
+    };
+    if kill {
+        server.child.kill().await.unwrap();
+    } else {
+        // The drain does not wait for the caller: the turn is suspended,
+        // its Chat told UNAVAILABLE, and the process exits at once.
+        sigterm(&server.child);
+        let mut last = None;
+        while let Some(item) = chat.next().await {
+            last = Some(item);
+        }
+        let err = last.expect("an end").expect_err("a status");
+        assert_eq!(err.code(), Some(tonic::Code::Unavailable), "{err}");
+        assert!(err.to_string().contains("paused"), "{err}");
+        let exited = tokio::time::timeout(Duration::from_secs(10), server.child.wait()).await;
+        assert!(exited.is_ok(), "the drain waited for the caller");
+    }
+    drop((chat, client));
+
+    let server = start(&data, &config).await;
+    let client = Client::connect(server.url.clone()).await.unwrap();
+    let status = client.session_status(&session).await.unwrap();
+    assert!(!status.live);
+    assert_eq!(status.paused_turn_id, turn_id);
+    assert_eq!(status.pending_calls.len(), 1);
+    assert_eq!(status.pending_calls[0].call_id, "call_1");
+    // The session is busy while paused.
+    let busy = client
+        .chat_with(proto::ChatRequest {
+            session_id: session.clone(),
+            content: vec![proto::ContentBlock {
+                block: Some(proto::content_block::Block::Text(proto::TextBlock {
+                    text: "hello?".into(),
+                })),
+            }],
+            ..Default::default()
+        })
+        .await;
+    let err = busy.err().expect("busy");
+    assert_eq!(err.code(), Some(tonic::Code::Aborted), "{err}");
+
+    let mut watch = client.subscribe(&session, 0, true).await.unwrap();
+    client
+        .submit_tool_result(&session, &turn_id, "call_1", "12:00 CET", false)
+        .await
+        .unwrap();
+    let mut outcome = None;
+    while let Some(event) = watch.next().await {
+        let event = event.unwrap();
+        assert_eq!(event.turn_id, turn_id);
+        if let ChatEvent::TurnFinished { outcome: o, .. } = event.kind {
+            outcome = Some(o);
+        }
+    }
+    assert_eq!(outcome, Some(proto::TurnOutcome::Success));
+    // The model got the result after its call, once.
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 2);
+    let last = requests[1].body["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["role"], "tool");
+    assert_eq!(last["content"], "12:00 CET");
+    let history = client.history(&session).await.unwrap();
+    let roles: Vec<_> = history.iter().map(|m| m.role()).collect();
+    assert_eq!(
+        roles,
+        [
+            proto::Role::User,
+            proto::Role::Assistant,
+            proto::Role::Tool,
+            proto::Role::Assistant
+        ]
+    );
+    let turn = client.get_turn(&session, &turn_id).await.unwrap();
+    assert_eq!(turn.outcome(), proto::TurnOutcome::Success);
+    assert!(!client.session_status(&session).await.unwrap().live);
+}
+
+#[tokio::test]
+async fn a_turn_paused_on_a_caller_tool_survives_sigkill_and_resumes_on_submit() {
+    paused_turn_resumes_after(true).await;
+}
+
+#[tokio::test]
+async fn a_drain_suspends_a_turn_paused_on_a_caller_tool_and_a_submit_resumes_it() {
+    paused_turn_resumes_after(false).await;
+}

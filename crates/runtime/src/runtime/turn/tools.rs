@@ -111,6 +111,9 @@ struct Dispatched {
     waits: FuturesUnordered<ToolWait>,
     reach: Vec<Reach>,
     paused: Vec<PausedCall>,
+    /// `ToolCall` / `ApprovalRequired` events, emitted once the pause is
+    /// durable.
+    announce: Vec<EventKind>,
 }
 
 fn info<'a>(call: &'a ToolCallRequest, kind: ToolKind) -> ToolCallInfo<'a> {
@@ -335,9 +338,15 @@ impl Turn {
             mut waits,
             reach,
             paused,
+            announce,
         } = self.dispatch(&calls, &mut results, emitter).await;
         if !paused.is_empty() {
+            // Durable before the caller is asked: an answer always finds
+            // the turn, live or paused.
             self.write_pause(index, paused, emitter.seq()).await;
+        }
+        for event in announce {
+            emitter.emit(event).await;
         }
         let cancel = self.live.cancel.clone();
         let mut draining = self.inner.lifecycle.draining();
@@ -420,8 +429,9 @@ impl Turn {
 
     /// Announces each call (`tool_use` RUNNING) and routes it: a server
     /// call starts (returned, to be awaited), a call that requires approval
-    /// is announced with `ApprovalRequired` and waits for the decision, a
-    /// caller call is announced with a `ToolCall` event and waited for, and
+    /// waits for the decision (`ApprovalRequired`, returned to announce), a
+    /// caller call waits for its result (`ToolCall`, returned to announce),
+    /// and
     /// a call answered at once (unknown tool, a hook's answer) has its
     /// result in `results`. A resumed turn's calls wait as its pause says,
     /// on the waits the resume registered.
@@ -439,6 +449,7 @@ impl Turn {
             waits: FuturesUnordered::new(),
             reach: Vec::with_capacity(calls.len()),
             paused: Vec::new(),
+            announce: Vec::new(),
         };
         for (i, call) in calls.iter().enumerate() {
             emitter
@@ -482,13 +493,11 @@ impl Turn {
                 }
                 Route::Approval => {
                     let rx = self.wait_for(call, &call.arguments_json, Wait::Approval, waited);
-                    emitter
-                        .emit(EventKind::ApprovalRequired {
-                            call_id: call.id.clone(),
-                            name: call.name.clone(),
-                            arguments_json: call.arguments_json.clone(),
-                        })
-                        .await;
+                    out.announce.push(EventKind::ApprovalRequired {
+                        call_id: call.id.clone(),
+                        name: call.name.clone(),
+                        arguments_json: call.arguments_json.clone(),
+                    });
                     let decided = Arc::new(AtomicBool::new(false));
                     out.waits.push(approved_call(
                         server,
@@ -502,13 +511,11 @@ impl Turn {
                 }
                 Route::Caller(arguments_json) => {
                     let rx = self.wait_for(call, &arguments_json, Wait::Result, waited);
-                    emitter
-                        .emit(EventKind::ToolCall {
-                            call_id: call.id.clone(),
-                            name: call.name.clone(),
-                            arguments_json: arguments_json.clone(),
-                        })
-                        .await;
+                    out.announce.push(EventKind::ToolCall {
+                        call_id: call.id.clone(),
+                        name: call.name.clone(),
+                        arguments_json: arguments_json.clone(),
+                    });
                     out.waits
                         .push(caller_result(Arc::clone(&toolbox), i, call.clone(), rx));
                     out.reach.push(Reach::Caller);
