@@ -60,6 +60,17 @@ pub async fn replica_with(
     models: &[(&str, Arc<dyn ModelProvider>)],
     edit: impl FnOnce(&mut Config),
 ) -> Replica {
+    replica_built(url, cluster, models, edit, |b| b).await
+}
+
+/// [`replica_with`], the builder changed by `build` last (tool sources).
+pub async fn replica_built(
+    url: &str,
+    cluster: bool,
+    models: &[(&str, Arc<dyn ModelProvider>)],
+    edit: impl FnOnce(&mut Config),
+    build: impl FnOnce(ServerBuilder) -> ServerBuilder,
+) -> Replica {
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(url, dir.path(), cluster);
     edit(&mut c);
@@ -68,6 +79,7 @@ pub async fn replica_with(
     for (name, provider) in models {
         builder = builder.model_provider(*name, Arc::clone(provider));
     }
+    builder = build(builder);
     Replica {
         server: InProcessServer::start_prepared(builder).await,
         _dir: dir,
