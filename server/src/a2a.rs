@@ -271,7 +271,8 @@ impl A2aHandler {
             | TurnStatus::BudgetExceeded => "has ended",
         };
         let result = caller_tools::tool_result(message).map_err(from_runtime)?;
-        let (Some(result), TurnStatus::Running | TurnStatus::Paused) = (result, detail.record.status)
+        let (Some(result), TurnStatus::Running | TurnStatus::Paused) =
+            (result, detail.record.status)
         else {
             return Err(A2aError::UnsupportedOperation
                 .status(format!(

@@ -590,7 +590,9 @@ async fn paused_turn_resumes_after(kill: bool) {
             ..Default::default()
         })
         .await;
-    let err = busy.err().expect("busy");
+    let Err(err) = busy else {
+        panic!("the session is busy")
+    };
     assert_eq!(err.code(), Some(tonic::Code::Aborted), "{err}");
 
     let mut watch = client.subscribe(&session, 0, true).await.unwrap();

@@ -59,7 +59,8 @@ fn text_reply(text: &str) -> FakeReply {
 }
 
 fn code(err: Error) -> Code {
-    err.code().unwrap_or_else(|| panic!("expected a status, got {err}"))
+    err.code()
+        .unwrap_or_else(|| panic!("expected a status, got {err}"))
 }
 
 struct Setup {
@@ -245,10 +246,6 @@ async fn the_configuration_requires_approval_and_a_stop_cancels_the_waiting_call
         .unwrap_err();
     assert_eq!(code(err), Code::FailedPrecondition);
     // The turn record is a normal ended one.
-    let turn = s
-        .alice
-        .get_turn(&id, &seen[0].turn_id)
-        .await
-        .unwrap();
+    let turn = s.alice.get_turn(&id, &seen[0].turn_id).await.unwrap();
     assert_eq!(turn.outcome(), proto::TurnOutcome::Canceled);
 }

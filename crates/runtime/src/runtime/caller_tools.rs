@@ -96,9 +96,7 @@ impl Pending {
     ) -> Result<(), RuntimeError> {
         if self.answered.contains(call_id) {
             return Err(match wait {
-                Wait::Result => {
-                    RuntimeError::AlreadyExists("this tool call already has a result")
-                }
+                Wait::Result => RuntimeError::AlreadyExists("this tool call already has a result"),
                 Wait::Approval => {
                     RuntimeError::FailedPrecondition("this tool call was already decided")
                 }

@@ -79,7 +79,8 @@ impl Runtime {
         }
         let live = self.resume(&now, record).await?;
         // Ended or not by then, the caller goes on as with any busy session.
-        let _ = tokio::time::timeout(crate::runtime::control::STOP_WAIT, live.done.cancelled()).await;
+        let _ =
+            tokio::time::timeout(crate::runtime::control::STOP_WAIT, live.done.cancelled()).await;
         Ok(())
     }
 
@@ -249,24 +250,14 @@ impl Runtime {
         };
         tracing::info!(session_id = %session.id, turn_id = %live.turn_id, "resuming a paused turn");
         // Nobody reads its own stream: it runs on, watched with Subscribe.
-        drop(self.launch(
-            Arc::clone(&live),
-            plan,
-            holds,
-            OnDisconnect::Continue,
-            span,
-        ));
+        drop(self.launch(Arc::clone(&live), plan, holds, OnDisconnect::Continue, span));
         Ok(live)
     }
 }
 
 /// The calls of `pause` still without a result in `context`, in call
 /// order.
-fn open_calls(
-    pause: &Pause,
-    turn_id: &str,
-    context: &[Message],
-) -> Vec<crate::types::PausedCall> {
+fn open_calls(pause: &Pause, turn_id: &str, context: &[Message]) -> Vec<crate::types::PausedCall> {
     let answered: Vec<&str> = context
         .iter()
         .filter(|m| m.body.turn_id == turn_id)
