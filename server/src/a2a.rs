@@ -203,6 +203,8 @@ impl A2aHandler {
         let content = user_content(&message)?;
         let extra_tools =
             caller_tools::extra_tools(request.metadata.as_ref()).map_err(from_runtime)?;
+        let require_approval =
+            caller_tools::require_approval(request.metadata.as_ref()).map_err(from_runtime)?;
         let limit = self.runtime.quota_limits(who).detached_tasks;
         self.detached
             .admit(&self.runtime, who, limit)
@@ -218,6 +220,7 @@ impl A2aHandler {
             // starting another.
             request_id: (!message.message_id.is_empty()).then(|| message.message_id.clone()),
             extra_tools,
+            require_approval,
             // A2A has no busy error: a message to a context whose task is
             // still working waits in its inbox (the task SUBMITTED).
             on_busy: OnBusy::Enqueue,
@@ -270,9 +273,9 @@ impl A2aHandler {
             | TurnStatus::Interrupted
             | TurnStatus::BudgetExceeded => "has ended",
         };
-        let result = caller_tools::tool_result(message).map_err(from_runtime)?;
-        let (Some(result), TurnStatus::Running | TurnStatus::Paused) =
-            (result, detail.record.status)
+        let answer = caller_tools::answer(message).map_err(from_runtime)?;
+        let (Some(answer), TurnStatus::Running | TurnStatus::Paused) =
+            (answer, detail.record.status)
         else {
             return Err(A2aError::UnsupportedOperation
                 .status(format!(
@@ -285,17 +288,31 @@ impl A2aHandler {
                 .into());
         };
         let turn_id = detail.record.turn_id.clone();
-        self.runtime
-            .submit_tool_result(
-                who,
-                &session,
-                &turn_id,
-                &result.call_id,
-                result.content,
-                result.is_error,
-            )
-            .await
-            .map_err(|err| refused(err, from_runtime))?;
+        let call_id = answer.call_id().to_owned();
+        let answered = match answer {
+            caller_tools::Answer::Result(result) => {
+                self.runtime
+                    .submit_tool_result(
+                        who,
+                        &session,
+                        &turn_id,
+                        &result.call_id,
+                        result.content,
+                        result.is_error,
+                    )
+                    .await
+            }
+            caller_tools::Answer::Decision {
+                call_id,
+                approved,
+                reason,
+            } => {
+                self.runtime
+                    .submit_tool_approval(who, &session, &call_id, approved, reason)
+                    .await
+            }
+        };
+        answered.map_err(|err| refused(err, from_runtime))?;
         let turn = self
             .runtime
             .subscribe(who, &session, 0, false)
@@ -305,7 +322,7 @@ impl A2aHandler {
         Ok(Sent::Resumed {
             task_id: id.clone(),
             session,
-            call_id: result.call_id,
+            call_id,
             turn,
         })
     }

@@ -24,6 +24,10 @@ suite_venv "${A2A_VENV:-$SUITE_ROOT/.ci/.venv-a2a}" "$HERE/python/requirements.t
 suite_npm_ci "$HERE/node"
 pass "tools installed ($((SECONDS - SUITE_STARTED)) s)"
 
+# The MCP test server: server tools, for the approval test.
+SUITE_MCP="${MCP_BIN:-$(dirname "$BIN")/examples/mcp_test_server}"
+[[ -x "$SUITE_MCP" ]] || abort "no MCP test server at $SUITE_MCP: build it with \
+cargo build -p agentrt-runtime --example mcp_test_server and set MCP_BIN"
 suite_start_upstream
 suite_start_server
 export A2A_TARGET="$SERVER_ADDR" A2A_KEY="$KEY_A" A2A_OTHER_KEY="$KEY_B" \

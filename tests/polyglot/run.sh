@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The TypeScript and Python suites and the examples against a built server.
 #
-#   tests/polyglot/run.sh PATH/TO/agentrt-server
+#   [MCP_BIN=PATH/TO/mcp_test_server] tests/polyglot/run.sh PATH/TO/agentrt-server
+#
+# (MCP_BIN defaults to examples/mcp_test_server beside the server binary.)
 #
 # Installs its own tools: a venv .ci/.venv-polyglot from
 # tests/polyglot/python/requirements.txt (every package pinned) and
@@ -24,6 +26,10 @@ suite_venv "${POLYGLOT_VENV:-$SUITE_ROOT/.ci/.venv-polyglot}" "$HERE/python/requ
 suite_npm_ci "$HERE/node"
 pass "tools installed ($((SECONDS - SUITE_STARTED)) s)"
 
+# The MCP test server: server tools, for the approval tests.
+SUITE_MCP="${MCP_BIN:-$(dirname "$BIN")/examples/mcp_test_server}"
+[[ -x "$SUITE_MCP" ]] || abort "no MCP test server at $SUITE_MCP: build it with \
+cargo build -p agentrt-runtime --example mcp_test_server and set MCP_BIN"
 suite_start_upstream
 suite_start_server
 export POLYGLOT_ADDR="$SERVER_ADDR" POLYGLOT_KEY_A="$KEY_A" POLYGLOT_KEY_B="$KEY_B" \

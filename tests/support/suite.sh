@@ -131,7 +131,8 @@ suite_start_upstream() {
 }
 
 # suite_start_server: BIN with the fake upstream as its default model and
-# API keys KEY_A (user alice) and KEY_B (user bob).
+# API keys KEY_A (user alice) and KEY_B (user bob); with SUITE_MCP (the
+# path of the MCP test server) its tools as server tools t__*.
 suite_start_server() {
     local line
     KEY_A="$SUITE_NAME-key-alice-$RANDOM$RANDOM$RANDOM"
@@ -152,6 +153,10 @@ user = "alice"
 key = "$KEY_B"
 user = "bob"
 TOML
+    if [[ -n "${SUITE_MCP:-}" ]]; then
+        # Server tools t__echo, t__slow, t__fail (an MCP server over stdio).
+        printf '\n[[mcp_servers]]\nname = "t"\ncommand = "%s"\n' "$SUITE_MCP" >>"$WORK/agentrt.toml"
+    fi
     SERVER_LOG="$WORK/server.err"
     exec {SERVER_FD}< <(exec "$BIN" --listen 127.0.0.1:0 --data-dir "$WORK/data" \
         --config "$WORK/agentrt.toml" 2>"$SERVER_LOG")

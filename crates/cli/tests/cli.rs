@@ -54,9 +54,12 @@ impl Harness {
             max_output_bytes: None,
         });
         let gate = Arc::new(GateProvider::default());
-        let server =
-            InProcessServer::start(ServerBuilder::new(config).model_provider("gate", gate.clone()))
-                .await;
+        let server = InProcessServer::start(
+            ServerBuilder::new(config)
+                .model_provider("gate", gate.clone())
+                .tool_source("local", Arc::new(Note)),
+        )
+        .await;
         let url = server.url();
         Self {
             server,
@@ -670,4 +673,88 @@ async fn a_bad_url_and_a_refused_connection_are_explained() {
     assert!(plaintext.stderr.contains("--insecure"), "{plaintext:?}");
     let usage = agentrt(&["chat", "--thinking", "enormous", "x"], None).await;
     assert_eq!(usage.code, 2, "{usage:?}");
+}
+
+/// Server tool `local__note`: answers "noted".
+#[derive(Debug)]
+struct Note;
+
+#[async_trait::async_trait]
+impl agentrt_runtime::toolbox::ToolSource for Note {
+    async fn list(
+        &self,
+    ) -> Result<Vec<agentrt_runtime::model::ToolSpec>, agentrt_runtime::toolbox::ToolError> {
+        Ok(vec![agentrt_runtime::model::ToolSpec {
+            name: "note".into(),
+            description: "notes something".into(),
+            parameters: json!({"type": "object"}),
+        }])
+    }
+
+    async fn call(
+        &self,
+        _name: &str,
+        _arguments_json: &str,
+    ) -> agentrt_runtime::toolbox::ToolOutcome {
+        agentrt_runtime::toolbox::ToolOutcome::ok("noted")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_requires_approval_is_listed_and_approved() {
+    let call = json!({"index": 0, "id": "call_1", "type": "function",
+                      "function": {"name": "local__note", "arguments": "{}"}});
+    let h = Harness::start(vec![
+        FakeReply::sse(vec![
+            sse_data(&json!({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]})),
+            finish_chunk("tool_calls"),
+        ]),
+        answer(&["noted it"]),
+    ])
+    .await;
+    let client = h.client().await;
+    let session = client
+        .create_session(Default::default())
+        .await
+        .unwrap()
+        .session_id;
+    let mut chat = command(&[
+        "--url",
+        &h.url,
+        "--output",
+        "json",
+        "chat",
+        "--session",
+        &session,
+        "--require-approval",
+        "local__note",
+        "note it",
+    ]);
+    chat.stdin(Stdio::null());
+    let mut chat = chat.spawn().unwrap();
+    let mut lines = BufReader::new(chat.stdout.take().unwrap()).lines();
+    loop {
+        let event = next_json(&mut lines).await;
+        if event["type"] == "approval_required" {
+            assert_eq!(event["data"]["call_id"], "call_1", "{event}");
+            assert_eq!(event["data"]["name"], "local__note", "{event}");
+            break;
+        }
+    }
+    let status = h.json(&["status", &session]).await;
+    assert_eq!(status["pending_calls"][0]["call_id"], "call_1", "{status}");
+    assert_eq!(status["pending_calls"][0]["wait"], "APPROVAL", "{status}");
+    let approved = h.json(&["approve", &session, "call_1"]).await;
+    assert_eq!(approved["approved"], true, "{approved}");
+    let mut last = Value::Null;
+    while let Ok(Some(line)) = lines.next_line().await {
+        last = serde_json::from_str(&line).unwrap();
+    }
+    assert!(chat.wait().await.unwrap().success());
+    assert_eq!(last["type"], "turn_finished", "{last}");
+    let again = h
+        .run(&["approve", &session, "call_1", "--deny"], None)
+        .await;
+    assert_ne!(again.code, 0, "{again:?}");
+    h.server.stop().await;
 }

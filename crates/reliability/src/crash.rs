@@ -283,14 +283,15 @@ async fn session_loop(
     }
 }
 
-/// Waits until the session's last turn is no longer running; returns its
-/// outcome.
+/// Waits until the session's last turn is no longer running — a paused
+/// one is resumed by answering its calls — and returns its outcome.
 pub(crate) async fn settled(
     c: &Client,
     sid: &str,
     limit: Duration,
 ) -> Result<proto::TurnOutcome, String> {
     let until = Instant::now() + limit;
+    let mut answered = false;
     loop {
         let s = c
             .get_session(sid)
@@ -300,7 +301,15 @@ pub(crate) async fn settled(
             .last_turn
             .as_ref()
             .map_or(proto::TurnOutcome::Success, |t| t.outcome());
-        if outcome != proto::TurnOutcome::Running && outcome != proto::TurnOutcome::Unspecified {
+        if outcome == proto::TurnOutcome::Paused && !answered {
+            // The turn waited for the caller when the server died: it is
+            // paused, not lost; answering its calls resumes it.
+            answer_pending(c, sid).await?;
+            answered = true;
+        } else if outcome != proto::TurnOutcome::Running
+            && outcome != proto::TurnOutcome::Paused
+            && outcome != proto::TurnOutcome::Unspecified
+        {
             return Ok(outcome);
         }
         if Instant::now() >= until {
@@ -310,6 +319,35 @@ pub(crate) async fn settled(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Answers the calls a paused turn of `sid` waits for, as its caller
+/// would: "found it" for a caller tool, an approval for a server tool.
+async fn answer_pending(c: &Client, sid: &str) -> Result<(), String> {
+    let status = c
+        .session_status(sid)
+        .await
+        .map_err(|e| format!("{sid}: GetSessionStatus of a paused turn: {e}"))?;
+    for call in &status.pending_calls {
+        let answered = match call.wait() {
+            proto::PendingCallWait::Approval => {
+                c.submit_tool_approval(sid, &call.call_id, true, "").await
+            }
+            proto::PendingCallWait::Result | proto::PendingCallWait::Unspecified => {
+                c.submit_tool_result(
+                    sid,
+                    &status.paused_turn_id,
+                    &call.call_id,
+                    "found it",
+                    false,
+                )
+                .await
+            }
+        };
+        answered
+            .map_err(|e| format!("{sid}: resuming paused turn {}: {e}", status.paused_turn_id))?;
+    }
+    Ok(())
 }
 
 /// Runs the crash cycles against a server started from `spec`.

@@ -127,10 +127,11 @@ pub fn open_call_results(turn_id: &str, messages: &[Message], why: &str) -> Vec<
     results_for(turn_id, open_calls(turn_id, messages), why)
 }
 
-/// [`open_call_results`] for a turn whose process is gone and which
-/// [`TurnRecord::interrupt`] marked: a paused turn keeps the calls it
-/// waits for open (answered when it resumes) — unless none of them is open
-/// any more, and then it is interrupted like any other ([`TurnRecord::settle_pause`]).
+/// [`open_call_results`] for a turn whose process is gone, already marked
+/// interrupted — or paused, when it waited for caller results or
+/// approvals: a paused turn keeps the calls it waits for open (answered
+/// when it resumes) — unless none of them is open any more, and then it is
+/// interrupted like any other.
 pub fn settle_open_calls(
     turn: &mut TurnRecord,
     messages: &[Message],

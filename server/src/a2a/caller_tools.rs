@@ -10,6 +10,35 @@ use prost_types::value::Kind;
 
 /// The `SendMessageRequest.metadata` key listing the caller's tools.
 pub const EXTRA_TOOLS_KEY: &str = "agentrt_extra_tools";
+/// The `SendMessageRequest.metadata` key listing the server tools whose
+/// calls wait for an approval (`"*"`: every one).
+pub const REQUIRE_APPROVAL_KEY: &str = "agentrt_require_approval";
+
+/// What a caller sent for a pending call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// A caller-executed tool's result.
+    Result(ToolResult),
+    /// A decision on a call that waits for an approval.
+    Decision {
+        /// The call it decides.
+        call_id: String,
+        /// Run it.
+        approved: bool,
+        /// Why (told to the model on a denial).
+        reason: String,
+    },
+}
+
+impl Answer {
+    /// The call it answers.
+    pub fn call_id(&self) -> &str {
+        match self {
+            Self::Result(r) => &r.call_id,
+            Self::Decision { call_id, .. } => call_id,
+        }
+    }
+}
 
 /// A tool result the caller sent for a pending call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,6 +49,47 @@ pub struct ToolResult {
     pub content: String,
     /// The tool failed.
     pub is_error: bool,
+}
+
+/// The server tools whose calls wait for an approval, from
+/// `metadata.agentrt_require_approval` (a list of tool names, `"*"`).
+pub fn require_approval(
+    metadata: Option<&prost_types::Struct>,
+) -> Result<Vec<String>, RuntimeError> {
+    let Some(value) = metadata.and_then(|m| m.fields.get(REQUIRE_APPROVAL_KEY)) else {
+        return Ok(Vec::new());
+    };
+    let field = format!("metadata.{REQUIRE_APPROVAL_KEY}");
+    let serde_json::Value::Array(items) = to_json(value) else {
+        return Err(RuntimeError::invalid(field, "is not a list of tool names"));
+    };
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| match item {
+            serde_json::Value::String(name) => Ok(name),
+            _ => Err(RuntimeError::invalid(
+                format!("{field}[{i}]"),
+                "is not a tool name (a string)",
+            )),
+        })
+        .collect()
+}
+
+/// The data part of an `INPUT_REQUIRED` status for a server tool call
+/// that waits for an approval: `{"approval_required": {"call_id", "name",
+/// "arguments"}}`.
+pub fn approval_part(call_id: &str, name: &str, arguments_json: &str) -> a2a::Part {
+    let arguments = serde_json::from_str(arguments_json)
+        .unwrap_or_else(|_| serde_json::Value::String(arguments_json.to_owned()));
+    let data = serde_json::json!({
+        "approval_required": {"call_id": call_id, "name": name, "arguments": arguments}
+    });
+    a2a::Part {
+        content: Some(a2a::part::Content::Data(from_json(&data))),
+        media_type: "application/json".to_owned(),
+        ..Default::default()
+    }
 }
 
 /// A protobuf `Value` as JSON.
@@ -129,6 +199,47 @@ pub fn call_part(call_id: &str, name: &str, arguments_json: &str) -> a2a::Part {
         media_type: "application/json".to_owned(),
         ..Default::default()
     }
+}
+
+/// The answer in a message to a task: a data part `{"call_id",
+/// "approved", "reason"?}` decides a call that waits for an approval; any
+/// other is a tool result (see [`tool_result`]). `None` when the message
+/// has no data part.
+pub fn answer(message: &a2a::Message) -> Result<Option<Answer>, RuntimeError> {
+    let decision = message
+        .parts
+        .iter()
+        .enumerate()
+        .find_map(|(i, p)| match &p.content {
+            Some(a2a::part::Content::Data(v)) => {
+                let data = to_json(v);
+                data.get("approved").map(|a| (i, a.clone(), data.clone()))
+            }
+            _ => None,
+        });
+    let Some((i, approved, data)) = decision else {
+        return Ok(tool_result(message)?.map(Answer::Result));
+    };
+    let field = format!("message.parts[{i}].data");
+    let approved = approved
+        .as_bool()
+        .ok_or_else(|| RuntimeError::invalid(format!("{field}.approved"), "is not a boolean"))?;
+    let call_id = data
+        .get("call_id")
+        .and_then(|v| v.as_str())
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| RuntimeError::invalid(format!("{field}.call_id"), "is required (a string)"))?
+        .to_owned();
+    let reason = data
+        .get("reason")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+        .to_owned();
+    Ok(Some(Answer::Decision {
+        call_id,
+        approved,
+        reason,
+    }))
 }
 
 /// The tool result in a message to a task: a data part

@@ -279,7 +279,8 @@ pub struct Translator {
     /// Resuming after the caller answered this tool call: the events up to
     /// that call were sent on an earlier stream and are not sent again.
     resume_after: Option<String>,
-    /// The stream ended at a caller tool call (`INPUT_REQUIRED`).
+    /// The stream ended at a caller tool call or an approval
+    /// (`INPUT_REQUIRED`).
     input_required: Option<a2a::TaskStatus>,
 }
 
@@ -418,7 +419,10 @@ impl Translator {
                     self.chunked |= !text.is_empty();
                     return;
                 }
-                EventKind::ToolCall { call_id, .. } if call_id == call => {
+                EventKind::ToolCall { call_id, .. }
+                | EventKind::ApprovalRequired { call_id, .. }
+                    if call_id == call =>
+                {
                     self.resume_after = None;
                     return;
                 }
@@ -487,17 +491,26 @@ impl Translator {
                 name,
                 arguments_json,
             } => {
-                let text = format!(
-                    "approval required: {name} {arguments_json} (call {call_id}); decide it \
-                     with AgentRuntime.SubmitToolApproval"
-                );
-                let message = agent_message(
-                    format!("{}:{call_id}", self.task_id),
-                    &self.context_id,
-                    &self.task_id,
-                    &text,
-                );
-                out.push_back(self.status(a2a::TaskState::InputRequired, Some(message), event.at));
+                // Decided by a message to the task: a data part
+                // `{"call_id", "approved", "reason"?}`.
+                let message = a2a::Message {
+                    message_id: format!("{}:{call_id}", self.task_id),
+                    context_id: self.context_id.clone(),
+                    task_id: self.task_id.clone(),
+                    role: a2a::Role::Agent as i32,
+                    parts: vec![super::caller_tools::approval_part(
+                        call_id,
+                        name,
+                        arguments_json,
+                    )],
+                    ..Default::default()
+                };
+                let update = self.status(a2a::TaskState::InputRequired, Some(message), event.at);
+                if let Some(a2a::stream_response::Payload::StatusUpdate(u)) = &update.payload {
+                    self.input_required = u.status.clone();
+                }
+                out.push_back(update);
+                self.finished = true;
             }
             EventKind::ToolCall {
                 call_id,

@@ -92,6 +92,7 @@ pub(crate) const CASES: &[Case] = &[
     owned("agentrt.v1.AgentRuntime/CloseSession", "soft"),
     owned("agentrt.v1.AgentRuntime/CloseSession", "force"),
     owned("agentrt.v1.AgentRuntime/SubmitToolResult", ""),
+    owned("agentrt.v1.AgentRuntime/SubmitToolApproval", ""),
     owned("agentrt.v1.AgentRuntime/CompactSession", ""),
     admin("agentrt.v1.RuntimeAdmin/ResetRunners"),
     admin("agentrt.v1.RuntimeAdmin/SetDefaultModel"),
@@ -332,6 +333,15 @@ pub(crate) async fn call(world: &World, case: &Case, user: User, target: &Target
                 is_error: false,
             };
             unary(runtime.submit_tool_result(authed(r, user)).await, ok)
+        }
+        ("agentrt.v1.AgentRuntime/SubmitToolApproval", _) => {
+            let r = pb::SubmitToolApprovalRequest {
+                session_id: id(),
+                call_id: target.call_id.clone(),
+                approved: true,
+                reason: String::new(),
+            };
+            unary(runtime.submit_tool_approval(authed(r, user)).await, ok)
         }
         ("agentrt.v1.AgentRuntime/CompactSession", _) => {
             let r = pb::CompactSessionRequest { session_id: id() };

@@ -44,7 +44,8 @@ async fn sigkill_of_the_owner_lets_another_replica_take_the_session_after_the_le
         let owner = round % 3;
         let other = (owner + 1) % 3;
         let key = format!("k{round}");
-        // Rounds 3, 8, 13, 18: a tool call open, on both takeover paths.
+        // Rounds 3, 8, 13, 18: the caller's tool call open: the turn pauses
+        // and is resumed on another replica by the call's result.
         let with_tool = round % 5 == 3;
         let text = if with_tool {
             format!("tool {key}")
@@ -112,6 +113,12 @@ async fn sigkill_of_the_owner_lets_another_replica_take_the_session_after_the_le
         cluster.kill(owner).await;
         let killed_at = Instant::now();
         drop(events);
+        if with_tool {
+            paused_then_resumed(&cluster, other, &session, &turn_id, &key, killed_at, round).await;
+            let url = cluster.db.url.clone();
+            cluster.restart(owner, &url).await;
+            continue;
+        }
 
         // Even rounds: the sweepers of the surviving replicas (every half
         // lease time) find the lapsed lease and mark the turn INTERRUPTED
@@ -239,4 +246,74 @@ async fn sigkill_of_the_owner_lets_another_replica_take_the_session_after_the_le
     }
     let history = cluster.client(0).history(&session).await.unwrap();
     assert_history_sound(&history, "after every round");
+}
+
+/// Round `round` killed its turn while it waited for the caller's tool
+/// call: the turn is PAUSED once the owner's lease lapsed — not
+/// interrupted — and keeps the session busy; the call's result, submitted
+/// on another replica, resumes it there to one SUCCESS, the call answered
+/// once in history.
+async fn paused_then_resumed(
+    cluster: &Cluster,
+    other: usize,
+    session: &str,
+    turn_id: &str,
+    key: &str,
+    killed_at: Instant,
+    round: usize,
+) {
+    let deadline = killed_at + LEASE_TTL * 2 + Duration::from_secs(1);
+    loop {
+        let s = cluster.client(other).get_session(session).await.unwrap();
+        let last = s.last_turn.expect("a last turn");
+        assert_eq!(last.turn_id, turn_id, "round {round}");
+        if last.outcome() == proto::TurnOutcome::Paused {
+            break;
+        }
+        assert_eq!(last.outcome(), proto::TurnOutcome::Running, "round {round}");
+        assert!(
+            Instant::now() < deadline,
+            "round {round}: not paused {:?} after the kill",
+            killed_at.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let busy = cluster
+        .client(other)
+        .chat_with(text_request(session, &format!("while paused {round}")))
+        .await;
+    let Err(err) = busy else {
+        panic!("round {round}: admitted while paused")
+    };
+    assert_eq!(
+        aborted_reason(&err).as_deref(),
+        Some("SESSION_BUSY"),
+        "round {round}"
+    );
+    let watch = cluster
+        .client(other)
+        .subscribe(session, 0, true)
+        .await
+        .unwrap();
+    cluster
+        .client(other)
+        .submit_tool_result(session, turn_id, &format!("call-{key}"), "found", false)
+        .await
+        .unwrap();
+    let resumed = finish(watch, Duration::from_secs(10)).await;
+    assert_eq!(
+        outcome(&resumed),
+        Some((
+            proto::TurnOutcome::Success,
+            proto::CancelReason::Unspecified
+        )),
+        "round {round}: {}",
+        errors(&resumed)
+    );
+    let history = cluster.client(other).history(session).await.unwrap();
+    assert_history_sound(&history, &format!("round {round}"));
+    let results = results_of(&history, &format!("call-{key}"));
+    assert_eq!(results.len(), 1, "round {round}: the call answered once");
+    assert!(!results[0].is_error, "round {round}: {:?}", results[0]);
+    assert_eq!(results[0].content, "found", "round {round}");
 }

@@ -462,3 +462,34 @@ async def test_a_caller_tool_call_is_input_required_and_its_result_resumes(clien
     assert kind(resumed[0]) == "task" and resumed[0].task.id == task.id
     assert artifact_text(resumed) == "tool said: 42"
     assert final_state(resumed) == TaskState.TASK_STATE_COMPLETED
+
+
+async def test_a_server_tool_call_awaiting_approval_is_input_required_and_a_denial_resumes(client, ctx):
+    req = request("[tool t__echo] please")
+    req.metadata.update({"agentrt_require_approval": ["*"]})
+    events = [e async for e in client.send_message(req, context=ctx)]
+    task = events[0].task
+    last = events[-1].status_update.status
+    assert last.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    asked = json_format.MessageToDict(last.message.parts[0].data)["approval_required"]
+    assert (asked["call_id"], asked["name"]) == ("call_1", "t__echo")
+
+    decision = SendMessageRequest(
+        message=Message(
+            message_id=str(uuid.uuid4()),
+            task_id=task.id,
+            role=a2a_pb2.ROLE_USER,
+            parts=[
+                Part(
+                    data=json_format.ParseDict(
+                        {"call_id": "call_1", "approved": False, "reason": "not now"}, struct_pb2.Value()
+                    )
+                )
+            ],
+        )
+    )
+    resumed = [e async for e in client.send_message(decision, context=ctx)]
+    assert kind(resumed[0]) == "task" and resumed[0].task.id == task.id
+    said = artifact_text(resumed)
+    assert said.startswith("tool said: ") and "denied" in said and "not now" in said, said
+    assert final_state(resumed) == TaskState.TASK_STATE_COMPLETED

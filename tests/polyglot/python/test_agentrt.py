@@ -269,3 +269,47 @@ def test_requests_without_a_known_key_are_unauthenticated(pb, channel):
     with pytest.raises(grpc.RpcError) as caught:
         stranger.create_session()
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def _waiting_on_an_approval(pb, alice, sid, text):
+    """A turn paused on server tool t__echo, which requires approval."""
+    chat = alice.chat(sid, f"{text} [tool t__echo]", require_approval=["t__echo"])
+    seen = read_until(chat, lambda e: kind(e) == "approval_required")
+    event = seen[-1]
+    assert event.approval_required.name == "t__echo"
+    assert event.approval_required.call_id == "call_1"
+    status = alice.call(alice.runtime.GetSessionStatus, pb.runtime.GetSessionStatusRequest(session_id=sid))
+    assert [(c.call_id, c.wait) for c in status.pending_calls] == [("call_1", pb.runtime.PENDING_CALL_WAIT_APPROVAL)]
+    return chat
+
+
+def test_an_approved_server_tool_call_runs_and_a_second_decision_is_refused(pb, alice, bob):
+    sid = alice.create_session()
+    chat = _waiting_on_an_approval(pb, alice, sid, "approve")
+    decision = pb.runtime.SubmitToolApprovalRequest(session_id=sid, call_id="call_1", approved=True)
+    # Another user's decision: the session does not exist for them.
+    with pytest.raises(grpc.RpcError) as other:
+        bob.call(bob.runtime.SubmitToolApproval, decision)
+    assert other.value.code() == grpc.StatusCode.NOT_FOUND
+    alice.call(alice.runtime.SubmitToolApproval, decision)
+    with pytest.raises(grpc.RpcError) as twice:
+        alice.call(alice.runtime.SubmitToolApproval, decision)
+    assert twice.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    events, err = drain(chat)
+    assert err is None, err
+    done = [e.tool_use for e in events if kind(e) == "tool_use" and e.tool_use.call_id == "call_1"]
+    assert done and done[-1].status in (pb.runtime.TOOL_STATUS_DONE, pb.runtime.TOOL_STATUS_ERROR)
+    assert text_of(events).startswith("tool said: ")
+    assert finished(events).outcome == pb.sessions.TURN_OUTCOME_SUCCESS
+
+
+def test_a_denied_call_is_not_run_and_the_model_is_told_the_reason(pb, alice):
+    sid = alice.create_session()
+    chat = _waiting_on_an_approval(pb, alice, sid, "deny")
+    alice.call(alice.runtime.SubmitToolApproval, pb.runtime.SubmitToolApprovalRequest(
+        session_id=sid, call_id="call_1", approved=False, reason="not today"))
+    events, err = drain(chat)
+    assert err is None, err
+    said = text_of(events)
+    assert "denied" in said and "not today" in said, said
+    assert finished(events).outcome == pb.sessions.TURN_OUTCOME_SUCCESS

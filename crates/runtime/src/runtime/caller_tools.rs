@@ -81,6 +81,13 @@ impl Pending {
         calls
     }
 
+    /// Stops waiting for `call_id`, answered already (before a restart):
+    /// a second answer is told so.
+    pub(crate) fn answered_before(&mut self, call_id: &str) {
+        self.waiting.remove(call_id);
+        self.answered.insert(call_id.to_owned());
+    }
+
     /// Stops waiting for everything (the turn moves on or ends).
     pub(crate) fn clear(&mut self) {
         self.waiting.clear();

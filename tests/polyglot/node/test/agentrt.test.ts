@@ -248,6 +248,29 @@ describe("agentrt through @grpc/grpc-js", () => {
     assert.equal((await chat.drain()).error, null);
   });
 
+  it("an approved server tool call runs; a second decision is FAILED_PRECONDITION", async () => {
+    const sid = await alice.createSession();
+    const chat = alice.chat(sid, "approve [tool t__echo]", { require_approval: ["*"] });
+    const seen = await chat.until((e) => e.kind === "approval_required");
+    const asked = seen.at(-1)!.approval_required!;
+    assert.equal(asked.name, "t__echo");
+    const decide = () =>
+      alice.unary((cb) =>
+        alice.runtime.SubmitToolApproval(
+          { session_id: sid, call_id: asked.call_id, approved: true, reason: "" },
+          alice.metadata,
+          alice.options(),
+          cb,
+        ),
+      );
+    await decide();
+    await assert.rejects(decide(), (e: grpc.ServiceError) => e.code === grpc.status.FAILED_PRECONDITION);
+    const { events, error } = await chat.drain();
+    assert.equal(error, null);
+    assert.ok(textOf(events).startsWith("tool said: "), textOf(events));
+    assert.equal(finishedOf(events).outcome, "TURN_OUTCOME_SUCCESS");
+  });
+
   it("a 2 s client deadline ends the turn TIMED_OUT, then DEADLINE_EXCEEDED", async () => {
     const sid = await alice.createSession();
     const { events, error } = await alice.chat(sid, "[hang]", {}, 2).drain();

@@ -215,6 +215,11 @@ impl Runtime {
         };
         let open = open_calls(&pause, &record.turn_id, &context);
         waits.retain(|id, _| open.iter().any(|c| &c.call_id == id));
+        for call in &pause.calls {
+            if !waits.contains_key(&call.call_id) {
+                lock(&live.pending_tools).answered_before(&call.call_id);
+            }
+        }
         let user_message = user_message(inner, &record, &context).await?;
         let span = spans::invoke_agent(&now, &record.turn_id, &runner.key.model);
         let resume = Resume {

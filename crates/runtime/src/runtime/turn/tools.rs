@@ -111,8 +111,9 @@ struct Dispatched {
     waits: FuturesUnordered<ToolWait>,
     reach: Vec<Reach>,
     paused: Vec<PausedCall>,
-    /// `ToolCall` / `ApprovalRequired` events, emitted once the pause is
-    /// durable.
+    /// The calls' `tool_use` RUNNING and `ToolCall` / `ApprovalRequired`
+    /// events, in order, emitted once the pause is durable (no call runs
+    /// before they are: the waits are polled after).
     announce: Vec<EventKind>,
 }
 
@@ -339,7 +340,7 @@ impl Turn {
             reach,
             paused,
             announce,
-        } = self.dispatch(&calls, &mut results, emitter).await;
+        } = self.dispatch(&calls, &mut results).await;
         if !paused.is_empty() {
             // Durable before the caller is asked: an answer always finds
             // the turn, live or paused.
@@ -400,10 +401,15 @@ impl Turn {
         if matches!(end, ToolsEnd::Suspended) {
             // The answers there are stored (out of call order); the calls
             // still waited for stay open in history and in the pause.
+            let mut open = Vec::new();
             for (call, result) in calls.into_iter().zip(results) {
-                if let Some(output) = result {
-                    self.store_tool_result(call, output, None, emitter).await?;
+                match result {
+                    Some(output) => self.store_tool_result(call, output, None, emitter).await?,
+                    None => open.push(call.id),
                 }
+            }
+            if let Some(pause) = &mut self.record.pause {
+                pause.calls.retain(|c| open.contains(&c.call_id));
             }
             return Ok(end);
         }
@@ -427,7 +433,8 @@ impl Turn {
         Ok(end)
     }
 
-    /// Announces each call (`tool_use` RUNNING) and routes it: a server
+    /// Routes each call, its announcement (`tool_use` RUNNING) returned to
+    /// emit: a server
     /// call starts (returned, to be awaited), a call that requires approval
     /// waits for the decision (`ApprovalRequired`, returned to announce), a
     /// caller call waits for its result (`ToolCall`, returned to announce),
@@ -439,7 +446,6 @@ impl Turn {
         &mut self,
         calls: &[ToolCallRequest],
         results: &mut [Option<ToolOutcome>],
-        emitter: &mut Emitter,
     ) -> Dispatched {
         let toolbox = Arc::clone(&self.inner.toolbox);
         // Server calls of this step share the parallelism limit.
@@ -452,17 +458,15 @@ impl Turn {
             announce: Vec::new(),
         };
         for (i, call) in calls.iter().enumerate() {
-            emitter
-                .emit(EventKind::ToolUse(Box::new(ToolUse {
-                    call_id: call.id.clone(),
-                    tool_name: call.name.clone(),
-                    status: ToolStatus::Running,
-                    input_summary: input_summary(&call.arguments_json),
-                    arguments_json: call.arguments_json.clone(),
-                    detail: String::new(),
-                    content: String::new(),
-                })))
-                .await;
+            out.announce.push(EventKind::ToolUse(Box::new(ToolUse {
+                call_id: call.id.clone(),
+                tool_name: call.name.clone(),
+                status: ToolStatus::Running,
+                input_summary: input_summary(&call.arguments_json),
+                arguments_json: call.arguments_json.clone(),
+                detail: String::new(),
+                content: String::new(),
+            })));
             let waited = resumed.remove(&call.id);
             let route = match &waited {
                 Some((Wait::Result, _)) => Route::Caller(call.arguments_json.clone()),
