@@ -316,6 +316,17 @@ pub(crate) fn check_compaction(
         .map_err(|why| StoreError::Backend(format!("invalid compaction: {why}")))
 }
 
+/// [`StoreError::Paused`] when the session's latest turn is paused: no
+/// other turn begins then.
+pub(crate) fn not_paused(session: &crate::types::Session) -> Result<(), StoreError> {
+    match session.paused_turn() {
+        Some(turn_id) => Err(StoreError::Paused {
+            turn_id: turn_id.to_owned(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// The error of an append past the last seq.
 pub(crate) fn seq_exhausted() -> StoreError {
     StoreError::Backend("seq space exhausted".to_owned())

@@ -80,13 +80,23 @@ pub fn require_approval(
 /// that waits for an approval: `{"approval_required": {"call_id", "name",
 /// "arguments"}}`.
 pub fn approval_part(call_id: &str, name: &str, arguments_json: &str) -> a2a::Part {
+    pending_part("approval_required", call_id, name, arguments_json)
+}
+
+/// A data part `{key: {"call_id", "name", "arguments"}}` (`arguments`
+/// parsed when it is JSON, else the raw text).
+fn pending_part(key: &str, call_id: &str, name: &str, arguments_json: &str) -> a2a::Part {
     let arguments = serde_json::from_str(arguments_json)
         .unwrap_or_else(|_| serde_json::Value::String(arguments_json.to_owned()));
-    let data = serde_json::json!({
-        "approval_required": {"call_id": call_id, "name": name, "arguments": arguments}
-    });
+    let mut data = serde_json::Map::new();
+    data.insert(
+        key.to_owned(),
+        serde_json::json!({"call_id": call_id, "name": name, "arguments": arguments}),
+    );
     a2a::Part {
-        content: Some(a2a::part::Content::Data(from_json(&data))),
+        content: Some(a2a::part::Content::Data(from_json(
+            &serde_json::Value::Object(data),
+        ))),
         media_type: "application/json".to_owned(),
         ..Default::default()
     }
@@ -189,16 +199,7 @@ pub fn extra_tools(metadata: Option<&prost_types::Struct>) -> Result<Vec<ToolSpe
 /// run, `{"tool_call": {"call_id", "name", "arguments"}}` (`arguments`
 /// parsed when it is JSON, else the raw text).
 pub fn call_part(call_id: &str, name: &str, arguments_json: &str) -> a2a::Part {
-    let arguments = serde_json::from_str(arguments_json)
-        .unwrap_or_else(|_| serde_json::Value::String(arguments_json.to_owned()));
-    let data = serde_json::json!({
-        "tool_call": {"call_id": call_id, "name": name, "arguments": arguments}
-    });
-    a2a::Part {
-        content: Some(a2a::part::Content::Data(from_json(&data))),
-        media_type: "application/json".to_owned(),
-        ..Default::default()
-    }
+    pending_part("tool_call", call_id, name, arguments_json)
 }
 
 /// The answer in a message to a task: a data part `{"call_id",

@@ -404,6 +404,31 @@ impl Translator {
         ))
     }
 
+    /// The stream's end at a call that waits for the caller: an
+    /// `INPUT_REQUIRED` status whose agent message carries `part`.
+    fn ask_caller(
+        &mut self,
+        call_id: &str,
+        part: a2a::Part,
+        at: SystemTime,
+        out: &mut VecDeque<a2a::StreamResponse>,
+    ) {
+        let message = a2a::Message {
+            message_id: format!("{}:{call_id}", self.task_id),
+            context_id: self.context_id.clone(),
+            task_id: self.task_id.clone(),
+            role: a2a::Role::Agent as i32,
+            parts: vec![part],
+            ..Default::default()
+        };
+        let update = self.status(a2a::TaskState::InputRequired, Some(message), at);
+        if let Some(a2a::stream_response::Payload::StatusUpdate(u)) = &update.payload {
+            self.input_required = u.status.clone();
+        }
+        out.push_back(update);
+        self.finished = true;
+    }
+
     /// Appends what `event` means on the A2A stream to `out` (at most
     /// three responses).
     pub fn on_event(&mut self, event: &TurnEvent, out: &mut VecDeque<a2a::StreamResponse>) {
@@ -486,57 +511,24 @@ impl Translator {
                 out.push_back(self.status(state, message, event.at));
                 self.finished = true;
             }
-            EventKind::ApprovalRequired {
-                call_id,
-                name,
-                arguments_json,
-            } => {
-                // Decided by a message to the task: a data part
-                // `{"call_id", "approved", "reason"?}`.
-                let message = a2a::Message {
-                    message_id: format!("{}:{call_id}", self.task_id),
-                    context_id: self.context_id.clone(),
-                    task_id: self.task_id.clone(),
-                    role: a2a::Role::Agent as i32,
-                    parts: vec![super::caller_tools::approval_part(
-                        call_id,
-                        name,
-                        arguments_json,
-                    )],
-                    ..Default::default()
-                };
-                let update = self.status(a2a::TaskState::InputRequired, Some(message), event.at);
-                if let Some(a2a::stream_response::Payload::StatusUpdate(u)) = &update.payload {
-                    self.input_required = u.status.clone();
-                }
-                out.push_back(update);
-                self.finished = true;
-            }
+            // No closing chunk: the answer goes on once the caller has sent
+            // the result (a data part `{"call_id", "content"}`) or the
+            // decision (`{"call_id", "approved", "reason"?}`).
             EventKind::ToolCall {
                 call_id,
                 name,
                 arguments_json,
             } => {
-                // No closing chunk: the answer goes on once the caller has
-                // sent the result.
-                let message = a2a::Message {
-                    message_id: format!("{}:{call_id}", self.task_id),
-                    context_id: self.context_id.clone(),
-                    task_id: self.task_id.clone(),
-                    role: a2a::Role::Agent as i32,
-                    parts: vec![super::caller_tools::call_part(
-                        call_id,
-                        name,
-                        arguments_json,
-                    )],
-                    ..Default::default()
-                };
-                let update = self.status(a2a::TaskState::InputRequired, Some(message), event.at);
-                if let Some(a2a::stream_response::Payload::StatusUpdate(u)) = &update.payload {
-                    self.input_required = u.status.clone();
-                }
-                out.push_back(update);
-                self.finished = true;
+                let part = super::caller_tools::call_part(call_id, name, arguments_json);
+                self.ask_caller(call_id, part, event.at, out);
+            }
+            EventKind::ApprovalRequired {
+                call_id,
+                name,
+                arguments_json,
+            } => {
+                let part = super::caller_tools::approval_part(call_id, name, arguments_json);
+                self.ask_caller(call_id, part, event.at, out);
             }
             EventKind::Reasoning(_)
             | EventKind::Step { .. }

@@ -227,7 +227,7 @@ impl Store for MemoryStore {
                 .map_err(StoreError::QuotaExceeded)?;
         }
         let entry = entry_as(&mut sessions, &turn.session_id, &turn.incarnation)?;
-        entry.session.not_paused()?;
+        crate::store::not_paused(&entry.session)?;
         if let Some(id) = &turn.from_inbox
             && !entry.inbox.contains_key(id)
         {

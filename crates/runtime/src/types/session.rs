@@ -119,17 +119,6 @@ impl Session {
             .map(|t| t.turn_id.as_str())
     }
 
-    /// [`crate::store::StoreError::Paused`] when a turn is paused: no other
-    /// turn begins then.
-    pub(crate) fn not_paused(&self) -> Result<(), crate::store::StoreError> {
-        match self.paused_turn() {
-            Some(turn_id) => Err(crate::store::StoreError::Paused {
-                turn_id: turn_id.to_owned(),
-            }),
-            None => Ok(()),
-        }
-    }
-
     /// Records that `turn` began: it is now the latest.
     pub(crate) fn begin_turn(&mut self, turn: &TurnRecord) {
         self.last_turn = Some(LastTurn::from(turn));

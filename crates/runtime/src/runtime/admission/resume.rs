@@ -11,19 +11,22 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
+use tokio::sync::oneshot;
+
 use super::offer::offered;
 use super::{Runtime, abandon};
 use crate::error::RuntimeError;
 use crate::hub::TurnHub;
-use crate::runtime::OnDisconnect;
-use crate::runtime::caller_tools::PendingCall;
+use crate::model::ToolSpec;
+use crate::runtime::caller_tools::{Answer, PendingCall};
 use crate::runtime::context::Context;
-use crate::runtime::runners::RunnerKey;
+use crate::runtime::runners::{Runner, RunnerKey};
 use crate::runtime::slots::{Claim, LiveTurn};
 use crate::runtime::turn::{Resume, Start, TurnHolds, TurnPlan};
+use crate::runtime::{Inner, OnDisconnect};
 use crate::runtime::{lock, spans};
 use crate::store::StoreError;
-use crate::types::{ContentBlock, Message, Pause, Session, TurnRecord, TurnStatus};
+use crate::types::{ContentBlock, Message, Pause, Session, TurnRecord, TurnStatus, Wait};
 
 impl Runtime {
     /// The paused turn of `session` (the one named `turn_id`, when given)
@@ -119,6 +122,68 @@ impl Runtime {
         let Some(pause) = record.pause.clone() else {
             return Err(RuntimeError::FailedPrecondition("the turn is not paused"));
         };
+        let (runner, tools) = self.resumed_runner(session, &record, &pause).await?;
+        let live = Arc::new(LiveTurn::new(
+            record.turn_id.clone(),
+            session.incarnation.clone(),
+            record.request_id.clone(),
+            TurnHub::new(self.inner.config.replay),
+        ));
+        // Every call the pause waits for gets its wait before the turn can
+        // be found; those answered already are dropped once history is read.
+        let waits: HashMap<_, _> = pause
+            .calls
+            .iter()
+            .map(|c| {
+                let rx = lock(&live.pending_tools).wait_for(PendingCall::from(c));
+                (c.call_id.clone(), (c.wait, rx))
+            })
+            .collect();
+        let slot = match self.inner.slots.claim_turn(session, &live, false) {
+            Ok(Claim::Claimed(slot)) => slot,
+            Ok(Claim::Joined(busy)) => return Ok(busy),
+            // Resumed here a moment ago by another answer.
+            Err(RuntimeError::SessionBusy { turn_id }) if turn_id == record.turn_id => {
+                return self
+                    .live_of(session)
+                    .ok_or(RuntimeError::SessionBusy { turn_id });
+            }
+            Err(e) => return Err(e),
+        };
+        let reopened = match self.reopen(session, &record.turn_id).await {
+            Ok(reopened) => reopened,
+            Err(e) => {
+                abandon(&live, slot, None);
+                return Err(e);
+            }
+        };
+        let span = spans::invoke_agent(&reopened.session, &live.turn_id, &runner.key.model);
+        let (plan, resume) = resumed_plan(&self.inner, reopened, pause, (runner, tools), waits);
+        // Calls answered before the pause was left: a second answer is
+        // told so.
+        let answered = plan.record.pause.iter().flat_map(|p| &p.calls);
+        for call in answered.filter(|c| !resume.waits.contains_key(&c.call_id)) {
+            lock(&live.pending_tools).answered_before(&call.call_id);
+        }
+        let holds = TurnHolds {
+            slot,
+            start: Start::Resumed(resume),
+            quota: None,
+        };
+        tracing::info!(session_id = %session.id, turn_id = %live.turn_id, "resuming a paused turn");
+        // Nobody reads its own stream: it runs on, watched with Subscribe.
+        drop(self.launch(Arc::clone(&live), plan, holds, OnDisconnect::Continue, span));
+        Ok(live)
+    }
+
+    /// The runner of a paused turn's model, and the tools its pause says
+    /// were offered.
+    async fn resumed_runner(
+        &self,
+        session: &Session,
+        record: &TurnRecord,
+        pause: &Pause,
+    ) -> Result<(Arc<Runner>, Vec<ToolSpec>), RuntimeError> {
         let inner = &self.inner;
         let key = RunnerKey {
             model: record.model.clone(),
@@ -139,125 +204,112 @@ impl Runtime {
             .input
             .extra_tools
             .iter()
-            .map(|t| crate::model::ToolSpec {
+            .map(|t| ToolSpec {
                 name: t.name.clone(),
                 description: t.description.clone(),
                 parameters: t.parameters.clone(),
             })
             .collect();
         let tools = offered(&runner, extra, &pause.input.excluded_tools)?;
-        let live = Arc::new(LiveTurn::new(
-            record.turn_id.clone(),
-            session.incarnation.clone(),
-            record.request_id.clone(),
-            TurnHub::new(inner.config.replay),
-        ));
-        // Every call the pause waits for gets its wait before the turn can
-        // be found; those answered already are dropped below.
-        let mut waits: HashMap<_, _> = pause
-            .calls
-            .iter()
-            .map(|c| {
-                let rx = lock(&live.pending_tools).wait_for(PendingCall::from(c));
-                (c.call_id.clone(), (c.wait, rx))
-            })
-            .collect();
-        let slot = match inner.slots.claim_turn(session, &live, false) {
-            Ok(Claim::Claimed(slot)) => slot,
-            Ok(Claim::Joined(busy)) => return Ok(busy),
-            // Resumed here a moment ago by another answer.
-            Err(RuntimeError::SessionBusy { turn_id }) if turn_id == record.turn_id => {
-                return self
-                    .live_of(session)
-                    .ok_or(RuntimeError::SessionBusy { turn_id });
-            }
-            Err(e) => return Err(e),
-        };
-        let resumed = inner
-            .store
-            .resume_turn(&session.id, &session.incarnation, &record.turn_id)
-            .await;
-        let record = match resumed {
-            Ok(record) => record,
-            Err(e) => {
-                abandon(&live, slot, None);
-                return Err(match e {
-                    StoreError::Busy(lease) => RuntimeError::Elsewhere(lease),
-                    StoreError::NotPaused { .. } => RuntimeError::FailedPrecondition(
-                        "the turn is no longer paused: it resumed elsewhere, or ended",
-                    ),
-                    other => other.into(),
-                });
-            }
-        };
-        let loaded = async {
-            let now = inner
-                .store
+        Ok((runner, tools))
+    }
+
+    /// The store's side of a resume, under the session's slot: the record
+    /// running again (with the lease, on a shared store), then the session,
+    /// its context and the turn's user message read. A failed read pauses
+    /// the turn again: nothing ran.
+    async fn reopen(&self, session: &Session, turn_id: &str) -> Result<Reopened, RuntimeError> {
+        let store = &self.inner.store;
+        let record = store
+            .resume_turn(&session.id, &session.incarnation, turn_id)
+            .await
+            .map_err(|e| match e {
+                StoreError::Busy(lease) => RuntimeError::Elsewhere(lease),
+                StoreError::NotPaused { .. } => RuntimeError::FailedPrecondition(
+                    "the turn is no longer paused: it resumed elsewhere, or ended",
+                ),
+                other => other.into(),
+            })?;
+        let read = async {
+            let now = store
                 .get_session(&session.id)
                 .await?
                 .ok_or(RuntimeError::SessionNotFound)?;
-            let context = Context::load(inner.store.as_ref(), &now).await?;
-            Ok::<_, RuntimeError>((now, context.into_messages()))
-        }
-        .await;
-        let (now, context) = match loaded {
-            Ok(loaded) => loaded,
+            let context = Context::load(store.as_ref(), &now).await?.into_messages();
+            let user_message = user_message(store.as_ref(), &record, &context).await?;
+            Ok::<_, RuntimeError>((now, context, user_message))
+        };
+        match read.await {
+            Ok((session, context, user_message)) => Ok(Reopened {
+                record,
+                session,
+                context,
+                user_message,
+            }),
             Err(e) => {
-                // Paused again for a later answer: nothing ran.
                 let mut paused = record;
                 paused.status = TurnStatus::Paused;
-                if let Err(err) = inner.store.finish_turn(paused).await {
+                if let Err(err) = store.finish_turn(paused).await {
                     tracing::error!(error = %err, "re-pausing a turn whose resume failed");
                 }
-                abandon(&live, slot, None);
-                return Err(e);
-            }
-        };
-        let open = open_calls(&pause, &record.turn_id, &context);
-        waits.retain(|id, _| open.iter().any(|c| &c.call_id == id));
-        for call in &pause.calls {
-            if !waits.contains_key(&call.call_id) {
-                lock(&live.pending_tools).answered_before(&call.call_id);
+                Err(e)
             }
         }
-        let user_message = user_message(inner, &record, &context).await?;
-        let span = spans::invoke_agent(&now, &record.turn_id, &runner.key.model);
-        let resume = Resume {
-            index: pause.step,
-            open,
-            waits,
-            context,
-            event_seq: pause.event_seq,
-            until: instant(pause.until),
-        };
-        let system_prompt = pause
-            .input
-            .system_override
-            .clone()
-            .or_else(|| (!now.system_prompt.is_empty()).then(|| now.system_prompt.clone()));
-        let plan = TurnPlan {
-            runner,
-            record,
-            user_message,
-            system_prompt,
-            session: now,
-            tools,
-            max_steps: pause.input.max_steps.unwrap_or(inner.config.max_steps),
-            max_output_tokens: pause.input.max_output_tokens,
-            started: Instant::now(),
-            deadline: Some(instant(pause.deadline)),
-            require_approval: pause.input.require_approval,
-        };
-        let holds = TurnHolds {
-            slot,
-            start: Start::Resumed(resume),
-            quota: None,
-        };
-        tracing::info!(session_id = %session.id, turn_id = %live.turn_id, "resuming a paused turn");
-        // Nobody reads its own stream: it runs on, watched with Subscribe.
-        drop(self.launch(Arc::clone(&live), plan, holds, OnDisconnect::Continue, span));
-        Ok(live)
     }
+}
+
+/// A paused turn running again in the store, with what it resumes from.
+struct Reopened {
+    record: TurnRecord,
+    session: Session,
+    context: Vec<Message>,
+    user_message: Message,
+}
+
+/// The plan of a resumed turn and where it resumes: the calls of its pause
+/// still open (their `waits` kept), its options from the pause.
+fn resumed_plan(
+    inner: &Inner,
+    reopened: Reopened,
+    pause: Pause,
+    (runner, tools): (Arc<Runner>, Vec<ToolSpec>),
+    mut waits: HashMap<String, (Wait, oneshot::Receiver<Answer>)>,
+) -> (TurnPlan, Resume) {
+    let Reopened {
+        record,
+        session,
+        context,
+        user_message,
+    } = reopened;
+    let open = open_calls(&pause, &record.turn_id, &context);
+    waits.retain(|id, _| open.iter().any(|c| &c.call_id == id));
+    let system_prompt = pause
+        .input
+        .system_override
+        .clone()
+        .or_else(|| (!session.system_prompt.is_empty()).then(|| session.system_prompt.clone()));
+    let resume = Resume {
+        index: pause.step,
+        open,
+        waits,
+        context,
+        event_seq: pause.event_seq,
+        until: instant(pause.until),
+    };
+    let plan = TurnPlan {
+        runner,
+        record,
+        user_message,
+        system_prompt,
+        session,
+        tools,
+        max_steps: pause.input.max_steps.unwrap_or(inner.config.max_steps),
+        max_output_tokens: pause.input.max_output_tokens,
+        started: Instant::now(),
+        deadline: Some(instant(pause.deadline)),
+        require_approval: pause.input.require_approval,
+    };
+    (plan, resume)
 }
 
 /// The calls of `pause` still without a result in `context`, in call
@@ -282,7 +334,7 @@ fn open_calls(pause: &Pause, turn_id: &str, context: &[Message]) -> Vec<crate::t
 
 /// The turn's stored user message: in its context, or read.
 async fn user_message(
-    inner: &crate::runtime::Inner,
+    store: &dyn crate::store::Store,
     record: &TurnRecord,
     context: &[Message],
 ) -> Result<Message, RuntimeError> {
@@ -290,8 +342,7 @@ async fn user_message(
         return Ok(m.clone());
     }
     let after = record.user_message_seq.saturating_sub(1);
-    inner
-        .store
+    store
         .history(&record.session_id, after, 1, true)
         .await?
         .into_iter()

@@ -9,13 +9,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
 use tokio::sync::{Semaphore, oneshot};
 
 use super::emitter::Emitter;
-use super::step::{StepEnd, StepOutput, ToolCallRequest};
-use super::{TIMEOUT_NOTICE, Turn, TurnEnd, until};
+use super::step::{StepOutput, ToolCallRequest};
+use super::{TIMEOUT_NOTICE, Turn, TurnEnd};
 use crate::events::{EventKind, Phase, ToolStatus, ToolUse, TurnOutcome};
 use crate::model::ToolSpec;
 use crate::runtime::caller_tools::{Answer, PendingCall};
@@ -24,6 +23,8 @@ use crate::toolbox::{ToolCallInfo, ToolKind, ToolOutcome, Toolbox};
 use crate::types::{
     CancelReason, ContentBlock, Interrupted, NewMessage, PausedCall, Role, StopReason, Wait,
 };
+
+mod wait;
 
 /// How a tool phase ended.
 enum ToolsEnd {
@@ -349,68 +350,15 @@ impl Turn {
         for event in announce {
             emitter.emit(event).await;
         }
-        let cancel = self.live.cancel.clone();
-        let mut draining = self.inner.lifecycle.draining();
-        let mut end = ToolsEnd::Done;
-        while !waits.is_empty() {
-            // Only calls waiting for the caller are left: a drain need not
-            // wait for them.
-            let suspendable = self.record.pause.is_some()
-                && results
-                    .iter()
-                    .zip(&reach)
-                    .all(|(r, reach)| r.is_some() || reach.pausable());
-            let drained = *draining.borrow_and_update();
-            if suspendable && drained {
-                end = ToolsEnd::Suspended;
-                break;
-            }
-            tokio::select! {
-                biased;
-                () = cancel.cancelled() => {
-                    end = match self.cancelled() {
-                        StepEnd::Cancelled(CancelReason::Shutdown) if suspendable => {
-                            ToolsEnd::Suspended
-                        }
-                        StepEnd::TimedOut => ToolsEnd::TimedOut,
-                        StepEnd::Cancelled(reason) => ToolsEnd::Cancelled(reason),
-                        _ => ToolsEnd::Cancelled(CancelReason::Stopped),
-                    };
-                    break;
-                }
-                Ok(()) = draining.changed(), if !drained => {}
-                () = until(self.wait_bound()) => {
-                    end = ToolsEnd::TimedOut;
-                    break;
-                }
-                Some((i, output)) = waits.next() => results[i] = Some(output),
-                () = tokio::time::sleep_until(emitter.heartbeat_due()) => {
-                    let waiting = calls
-                        .iter()
-                        .zip(&results)
-                        .find(|(_, r)| r.is_none())
-                        .map(|(c, _)| c.name.clone());
-                    emitter.emit(EventKind::Heartbeat { phase: Phase::Tool, tool: waiting }).await;
-                }
-            }
-        }
+        let end = self
+            .wait_tools(&calls, &mut waits, &mut results, &reach, emitter)
+            .await;
         // Dropping unfinished server calls cancels them (MCP sends
         // `notifications/cancelled`).
         drop(waits);
         crate::runtime::lock(&self.live.pending_tools).clear();
         if matches!(end, ToolsEnd::Suspended) {
-            // The answers there are stored (out of call order); the calls
-            // still waited for stay open in history and in the pause.
-            let mut open = Vec::new();
-            for (call, result) in calls.into_iter().zip(results) {
-                match result {
-                    Some(output) => self.store_tool_result(call, output, None, emitter).await?,
-                    None => open.push(call.id),
-                }
-            }
-            if let Some(pause) = &mut self.record.pause {
-                pause.calls.retain(|c| open.contains(&c.call_id));
-            }
+            self.store_suspended(calls, results, emitter).await?;
             return Ok(end);
         }
         self.record.pause = None;
@@ -482,56 +430,73 @@ impl Turn {
                     .await
                 }
             };
-            let started = Arc::new(AtomicBool::new(false));
             let server = ServerCall {
                 toolbox: Arc::clone(&toolbox),
                 permits: Arc::clone(&permits),
                 index: i,
                 capture_content: self.inner.config.capture_content,
-                started: Arc::clone(&started),
+                started: Arc::new(AtomicBool::new(false)),
             };
-            match route {
-                Route::Server => {
-                    out.reach.push(Reach::Server(started));
-                    out.waits.push(server.run(call.clone()));
-                }
-                Route::Approval => {
-                    let rx = self.wait_for(call, &call.arguments_json, Wait::Approval, waited);
-                    out.announce.push(EventKind::ApprovalRequired {
-                        call_id: call.id.clone(),
-                        name: call.name.clone(),
-                        arguments_json: call.arguments_json.clone(),
-                    });
-                    let decided = Arc::new(AtomicBool::new(false));
-                    out.waits.push(approved_call(
-                        server,
-                        call.clone(),
-                        rx,
-                        Arc::clone(&decided),
-                    ));
-                    out.reach.push(Reach::Approval { decided, started });
-                    out.paused
-                        .push(paused(call, &call.arguments_json, Wait::Approval));
-                }
-                Route::Caller(arguments_json) => {
-                    let rx = self.wait_for(call, &arguments_json, Wait::Result, waited);
-                    out.announce.push(EventKind::ToolCall {
-                        call_id: call.id.clone(),
-                        name: call.name.clone(),
-                        arguments_json: arguments_json.clone(),
-                    });
-                    out.waits
-                        .push(caller_result(Arc::clone(&toolbox), i, call.clone(), rx));
-                    out.reach.push(Reach::Caller);
-                    out.paused.push(paused(call, &arguments_json, Wait::Result));
-                }
-                Route::Done(output) => {
-                    results[i] = Some(output);
-                    out.reach.push(Reach::Answered);
-                }
-            }
+            self.start_call(call, route, server, waited, (&mut out, results));
         }
         out
+    }
+
+    /// Starts `call` on its `route`: its wait, how far it got, its pause
+    /// and its announcement go to `out`; an answer at once to `results`.
+    fn start_call(
+        &self,
+        call: &ToolCallRequest,
+        route: Route,
+        server: ServerCall,
+        waited: Option<(Wait, oneshot::Receiver<Answer>)>,
+        (out, results): (&mut Dispatched, &mut [Option<ToolOutcome>]),
+    ) {
+        match route {
+            Route::Done(output) => {
+                results[server.index] = Some(output);
+                out.reach.push(Reach::Answered);
+            }
+            Route::Server => {
+                out.reach.push(Reach::Server(Arc::clone(&server.started)));
+                out.waits.push(server.run(call.clone()));
+            }
+            Route::Approval => {
+                let rx = self.wait_for(call, &call.arguments_json, Wait::Approval, waited);
+                out.announce.push(EventKind::ApprovalRequired {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    arguments_json: call.arguments_json.clone(),
+                });
+                let decided = Arc::new(AtomicBool::new(false));
+                let started = Arc::clone(&server.started);
+                out.waits.push(approved_call(
+                    server,
+                    call.clone(),
+                    rx,
+                    Arc::clone(&decided),
+                ));
+                out.reach.push(Reach::Approval { decided, started });
+                out.paused
+                    .push(paused(call, &call.arguments_json, Wait::Approval));
+            }
+            Route::Caller(arguments_json) => {
+                let rx = self.wait_for(call, &arguments_json, Wait::Result, waited);
+                out.announce.push(EventKind::ToolCall {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    arguments_json: arguments_json.clone(),
+                });
+                out.waits.push(caller_result(
+                    Arc::clone(&server.toolbox),
+                    server.index,
+                    call.clone(),
+                    rx,
+                ));
+                out.reach.push(Reach::Caller);
+                out.paused.push(paused(call, &arguments_json, Wait::Result));
+            }
+        }
     }
 
     /// The wait for the answer to `call`: the one a resume registered, or

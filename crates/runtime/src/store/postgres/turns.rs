@@ -57,7 +57,7 @@ impl PostgresStore {
         }
         // A paused turn (one just found so, above, included) keeps the
         // session busy.
-        locked.session.not_paused()?;
+        crate::store::not_paused(&locked.session)?;
         if let Some(request_id) = &turn.request_id
             && let Some(earlier) = by_request(&tx, &turn.session_id, request_id).await?
         {

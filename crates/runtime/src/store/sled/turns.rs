@@ -55,7 +55,7 @@ impl SledStore {
                     &user_message,
                     now,
                 )?;
-                session.not_paused().map_err(TxError::Abort)?;
+                crate::store::not_paused(&session).map_err(TxError::Abort)?;
                 // A queued message leaves the inbox in the write that begins its
                 // turn, or the turn does not begin.
                 if let (Some(i), Some(key)) = (inbox, &queued)
