@@ -92,6 +92,10 @@ pub fn quota_exceeded(quota: &QuotaExceeded) -> Status {
                 format!("at most {} micro-USD in this session", quota.limit)
             }
             Quota::Inbox => format!("at most {} queued messages per session", quota.limit),
+            Quota::DailyTokens => format!("at most {} tokens per user per UTC day", quota.limit),
+            Quota::DailyCost => {
+                format!("at most {} micro-USD per user per UTC day", quota.limit)
+            }
             Quota::Sessions
             | Quota::StoredBytes
             | Quota::LiveTurns
@@ -115,6 +119,7 @@ pub fn quota_exceeded(quota: &QuotaExceeded) -> Status {
             "; raise the session's budget (UpdateSession) or start a new session"
         }
         Quota::Inbox => "; retry when the queued messages have run",
+        Quota::DailyTokens | Quota::DailyCost => "; retry after midnight UTC (the RetryInfo delay)",
     };
     Status::with_error_details(Code::ResourceExhausted, format!("{quota}{hint}"), details)
 }

@@ -198,6 +198,13 @@ impl Store for PanickyStore {
     async fn finish_turn(&self, t: TurnRecord) -> Result<(), StoreError> {
         self.0.finish_turn(t).await
     }
+    async fn daily_spent(
+        &self,
+        owner: &str,
+        day: u64,
+    ) -> Result<agentrt_runtime::quota::DailySpent, StoreError> {
+        self.0.daily_spent(owner, day).await
+    }
     async fn update_turn(&self, t: TurnRecord) -> Result<(), StoreError> {
         self.0.update_turn(t).await
     }

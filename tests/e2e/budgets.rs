@@ -260,3 +260,73 @@ async fn a_cost_budget_refuses_the_next_chat_and_a_bad_budget_is_invalid() {
     }
     server.stop().await;
 }
+
+/// A user's budget for the day (`[quotas] daily_tokens`): the tokens of
+/// every session of the user's ended turns add up; a turn that crosses it
+/// ends after its step (BUDGET_EXCEEDED), the user's next Chat — in any
+/// session — is refused until midnight UTC (RetryInfo), another user is
+/// untouched.
+#[tokio::test]
+async fn a_users_daily_token_budget_spans_sessions_and_refuses_until_midnight() {
+    const ALICE: &str = "alice-key-123";
+    const BOB: &str = "bob-key-456";
+    // alice: 17 tokens, then 30 (crossing 40 after the first step); bob: 17.
+    let fake = FakeOpenAi::start(vec![answer("first"), calling(), answer("bob's")]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config =
+        super::harness::with_keys(base_config(dir.path()), &[(ALICE, "alice"), (BOB, "bob")]);
+    config.default_model = "mock/m".into();
+    config.providers.push(mock_provider(&fake, None));
+    config.quotas.daily_tokens = Some(40);
+    let server = InProcessServer::start(
+        ServerBuilder::new(config).tool_source("local", std::sync::Arc::new(Ping)),
+    )
+    .await;
+    let connect = |key: &'static str| {
+        let url = server.url();
+        async move { Client::builder(url).token(key).connect().await.unwrap() }
+    };
+    let (alice, bob) = (connect(ALICE).await, connect(BOB).await);
+    let new = |c: &Client| {
+        let c = c.clone();
+        async move {
+            c.create_session(Default::default())
+                .await
+                .unwrap()
+                .session_id
+        }
+    };
+
+    let first = run(&alice, &new(&alice).await, "hello").await;
+    assert_eq!(first.outcome, Some(proto::TurnOutcome::Success));
+    // Another session of hers: 17 + 30 crosses 40 after the step.
+    let crossing = run(&alice, &new(&alice).await, "ping").await;
+    assert_eq!(crossing.outcome, Some(proto::TurnOutcome::BudgetExceeded));
+    let said = crossing.events.iter().find_map(|e| match &e.kind {
+        ChatEvent::Error { message, .. } => Some(message.clone()),
+        _ => None,
+    });
+    assert!(
+        said.as_deref().is_some_and(|m| m.contains("for today")),
+        "{said:?}"
+    );
+    // Any session of hers is refused now, until midnight UTC.
+    let third = new(&alice).await;
+    let Err(err) = alice.chat_with(text_request(&third, "more")).await else {
+        panic!("the day's budget is spent: refused")
+    };
+    assert_eq!(err.code(), Some(Code::ResourceExhausted), "{err}");
+    let status = err.status().expect("a status");
+    assert_eq!(budget_failure(status), ("daily_tokens".to_owned(), 40));
+    let retry = status
+        .get_details_retry_info()
+        .and_then(|r| r.retry_delay)
+        .expect("a RetryInfo");
+    assert!(retry <= std::time::Duration::from_secs(86_400), "{retry:?}");
+    // Nothing of the refused Chat was stored.
+    assert!(alice.history(&third).await.unwrap().is_empty());
+    // Bob has his own budget.
+    let his = run(&bob, &new(&bob).await, "hi").await;
+    assert_eq!(his.outcome, Some(proto::TurnOutcome::Success));
+    assert_eq!(fake.requests().len(), 3);
+}

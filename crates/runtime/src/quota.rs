@@ -1,6 +1,6 @@
 //! Quotas per principal: how much one user may hold and run at once.
 //!
-//! Five quotas, each named as the gRPC adapter reports it (a
+//! Seven quotas, each named as the gRPC adapter reports it (a
 //! `google.rpc.QuotaFailure` violation's subject):
 //!
 //! - `sessions`: sessions stored for the user;
@@ -11,7 +11,11 @@
 //! - `turns_per_minute`: turns admitted per calendar minute (a fixed
 //!   window; the refusal says when the next minute starts);
 //! - `detached_tasks`: A2A tasks running with no caller attached (the
-//!   A2A adapter enforces it; the core only names it).
+//!   A2A adapter enforces it; the core only names it);
+//! - `daily_tokens`, `daily_cost`: what the user's turns may use (input
+//!   plus output tokens) and cost per UTC day, summed over their ended
+//!   turns by the store; a turn that crosses it ends after its step
+//!   (`BUDGET_EXCEEDED`), the next Chat is refused until midnight UTC.
 //!
 //! The counts live where the data does: a store counts sessions and
 //! stored bytes in the transaction that writes them (PostgreSQL under a
@@ -45,6 +49,11 @@ pub enum Quota {
     SessionBudgetCost,
     /// Messages queued in one session's inbox.
     Inbox,
+    /// Tokens the user's turns may use per UTC day.
+    DailyTokens,
+    /// Cost the user's turns may run up per UTC day (its limit in
+    /// micro-USD).
+    DailyCost,
 }
 
 impl Quota {
@@ -59,6 +68,8 @@ impl Quota {
             Self::SessionBudgetTokens => "session_budget_tokens",
             Self::SessionBudgetCost => "session_budget_cost",
             Self::Inbox => "inbox",
+            Self::DailyTokens => "daily_tokens",
+            Self::DailyCost => "daily_cost",
         }
     }
 }
@@ -92,6 +103,16 @@ impl std::fmt::Display for QuotaExceeded {
                 f,
                 "the session's inbox holds {limit} queued messages already"
             ),
+            Quota::DailyTokens => write!(
+                f,
+                "the user's budget of {limit} tokens for today (UTC) is spent"
+            ),
+            Quota::DailyCost => write!(
+                f,
+                "the user's budget of ${}.{:06} for today (UTC) is spent",
+                limit / 1_000_000,
+                limit % 1_000_000
+            ),
             Quota::Sessions
             | Quota::StoredBytes
             | Quota::LiveTurns
@@ -119,6 +140,67 @@ impl QuotaExceeded {
     }
 }
 
+impl QuotaExceeded {
+    /// The refusal of a user whose budget for today (`limit` of `quota`,
+    /// `DailyTokens` or `DailyCost`; cost in nano-USD) is reached at
+    /// `now`: retry at the next midnight UTC.
+    pub fn daily(quota: Quota, limit: u64, now: SystemTime) -> Self {
+        let limit = match quota {
+            // Micro-USD: QuotaFailure's value is an integer.
+            Quota::DailyCost => limit / 1_000,
+            _ => limit,
+        };
+        Self {
+            quota,
+            limit,
+            retry_after: Some(day_window(now).1),
+        }
+    }
+}
+
+/// The UTC day holding `now` (days since the epoch), and how long until
+/// the next one starts.
+pub fn day_window(now: SystemTime) -> (u64, Duration) {
+    let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let day = since.as_secs() / 86_400;
+    let next = Duration::from_secs((day + 1) * 86_400);
+    (
+        day,
+        next.saturating_sub(since).max(Duration::from_millis(1)),
+    )
+}
+
+/// What a user's ended turns used and cost on one UTC day
+/// ([`crate::store::Store::daily_spent`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DailySpent {
+    /// Input plus output tokens.
+    pub tokens: u64,
+    /// Cost in nano-USD.
+    pub cost_nano_usd: u64,
+}
+
+impl DailySpent {
+    /// `self` plus `tokens` and `cost_nano_usd`.
+    pub fn plus(self, tokens: u64, cost_nano_usd: u64) -> Self {
+        Self {
+            tokens: self.tokens.saturating_add(tokens),
+            cost_nano_usd: self.cost_nano_usd.saturating_add(cost_nano_usd),
+        }
+    }
+
+    /// What `turn` adds (its usage and cost).
+    pub fn of(turn: &crate::types::TurnRecord) -> Self {
+        Self {
+            tokens: turn
+                .usage
+                .input_tokens
+                .saturating_add(turn.usage.output_tokens),
+            cost_nano_usd: turn.cost_nano_usd.unwrap_or(0),
+        }
+    }
+}
+
 /// The hint given with a refusal of `live_turns`: a turn usually ends
 /// within seconds.
 pub const LIVE_TURNS_RETRY: Duration = Duration::from_secs(1);
@@ -136,6 +218,10 @@ pub struct QuotaLimits {
     pub turns_per_minute: Option<u64>,
     /// Most A2A tasks running with no caller attached.
     pub detached_tasks: Option<u64>,
+    /// Most tokens (input plus output) per UTC day.
+    pub daily_tokens: Option<u64>,
+    /// Most cost per UTC day, in nano-USD.
+    pub daily_cost_nano_usd: Option<u64>,
 }
 
 impl QuotaLimits {
@@ -146,7 +232,29 @@ impl QuotaLimits {
         live_turns: None,
         turns_per_minute: None,
         detached_tasks: None,
+        daily_tokens: None,
+        daily_cost_nano_usd: None,
     };
+
+    /// Whether a daily budget is set.
+    pub fn limits_days(&self) -> bool {
+        self.daily_tokens.is_some() || self.daily_cost_nano_usd.is_some()
+    }
+
+    /// The first daily limit `spent` reached, as the refusal at `now`.
+    pub fn daily_reached(&self, spent: DailySpent, now: SystemTime) -> Option<QuotaExceeded> {
+        if let Some(max) = self.daily_tokens
+            && spent.tokens >= max
+        {
+            return Some(QuotaExceeded::daily(Quota::DailyTokens, max, now));
+        }
+        match self.daily_cost_nano_usd {
+            Some(max) if spent.cost_nano_usd >= max => {
+                Some(QuotaExceeded::daily(Quota::DailyCost, max, now))
+            }
+            Some(_) | None => None,
+        }
+    }
 
     /// Whether any limit a store checks at `begin_turn` is set.
     pub fn limits_turns(&self) -> bool {

@@ -565,6 +565,16 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Called once at start-up; returns the records it changed.
     async fn recover_interrupted(&self) -> Result<Vec<TurnRecord>, StoreError>;
 
+    /// What `owner`'s ended turns used (input plus output tokens) and
+    /// cost on UTC day `day` (days since the epoch), summed by the store
+    /// in the write that ends each turn, whatever became of its session
+    /// since (the `daily_*` quotas).
+    async fn daily_spent(
+        &self,
+        owner: &str,
+        day: u64,
+    ) -> Result<crate::quota::DailySpent, StoreError>;
+
     /// Number of stored sessions (all owners).
     async fn count_sessions(&self) -> Result<u64, StoreError>;
 

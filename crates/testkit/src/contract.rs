@@ -49,6 +49,8 @@ macro_rules! store_contract_tests {
             compaction_rejects_bad_ranges, title_is_set_only_once,
             history_stops_at_the_byte_budget, list_stops_at_the_byte_budget,
             a_key_extending_another_is_its_own_session,
+            a_paused_turn_keeps_its_session_until_resumed,
+            daily_spent_sums_an_owners_ended_turns,
         );
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn concurrent_appends_are_contiguous() {
@@ -79,11 +81,15 @@ macro_rules! __store_contract_test {
 mod budget;
 mod compaction;
 mod keys;
+mod pause;
 pub use budget::{history_stops_at_the_byte_budget, list_stops_at_the_byte_budget};
 pub use compaction::{
     compaction_marks_covered_messages, compaction_rejects_bad_ranges, title_is_set_only_once,
 };
 pub use keys::a_key_extending_another_is_its_own_session;
+pub use pause::{
+    a_paused_turn_keeps_its_session_until_resumed, daily_spent_sums_an_owners_ended_turns,
+};
 
 /// A text message of `turn_id`.
 pub fn text_message(turn_id: &str, role: Role, body: &str) -> NewMessage {

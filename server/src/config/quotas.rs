@@ -11,6 +11,8 @@
 //! live_turns = 32           # turns running at once per user
 //! turns_per_minute = 600    # turns begun per calendar minute per user
 //! detached_tasks = 16       # A2A tasks running with no caller, per user
+//! daily_tokens = 5000000    # tokens (input + output) per user per UTC day; default none
+//! daily_cost = 20.0         # US dollars per user per UTC day, by [prices]; default none
 //!
 //! [quotas.users.alice]      # an override: unset fields keep the values above
 //! sessions = 50000          # 0 is no limit
@@ -53,6 +55,26 @@ pub struct LimitSettings {
     pub turns_per_minute: Option<u64>,
     /// A2A tasks running with no caller attached.
     pub detached_tasks: Option<u64>,
+    /// Tokens (input plus output) per UTC day.
+    pub daily_tokens: Option<u64>,
+    /// Cost per UTC day, written in US dollars, kept in nano-USD.
+    #[serde(default, deserialize_with = "usd")]
+    pub daily_cost: Option<u64>,
+}
+
+/// A cost in US dollars (a number ≥ 0) as nano-USD.
+fn usd<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let Some(dollars) = Option::<f64>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if !dollars.is_finite() || !(0.0..=1e9).contains(&dollars) {
+        return Err(serde::de::Error::custom(format!(
+            "{dollars} is not a cost in US dollars (a number from 0 to 1e9)"
+        )));
+    }
+    // In range: at most 1e18 nano-USD.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok(Some((dollars * 1e9).round() as u64))
 }
 
 /// The `[quotas]` table.
@@ -76,6 +98,12 @@ pub struct QuotaSettings {
     pub turns_per_minute: Option<u64>,
     /// Every user's A2A tasks running with no caller attached. Default 16.
     pub detached_tasks: Option<u64>,
+    /// Every user's tokens (input plus output) per UTC day. Default none.
+    pub daily_tokens: Option<u64>,
+    /// Every user's cost per UTC day, in US dollars (kept in nano-USD).
+    /// Default none.
+    #[serde(default, deserialize_with = "usd")]
+    pub daily_cost: Option<u64>,
     /// Overrides per user id (as authenticated).
     #[serde(default)]
     pub users: BTreeMap<String, LimitSettings>,
@@ -95,6 +123,8 @@ impl Default for QuotaSettings {
             live_turns: None,
             turns_per_minute: None,
             detached_tasks: None,
+            daily_tokens: None,
+            daily_cost: None,
             users: BTreeMap::new(),
         }
     }
@@ -115,6 +145,8 @@ impl LimitSettings {
             live_turns: pick(self.live_turns, base.live_turns),
             turns_per_minute: pick(self.turns_per_minute, base.turns_per_minute),
             detached_tasks: pick(self.detached_tasks, base.detached_tasks),
+            daily_tokens: pick(self.daily_tokens, base.daily_tokens),
+            daily_cost_nano_usd: pick(self.daily_cost, base.daily_cost_nano_usd),
         }
     }
 }
@@ -131,6 +163,8 @@ impl QuotaSettings {
             live_turns: Some(DEFAULT_LIVE_TURNS),
             turns_per_minute: Some(DEFAULT_TURNS_PER_MINUTE),
             detached_tasks: Some(DEFAULT_DETACHED_TASKS),
+            daily_tokens: None,
+            daily_cost_nano_usd: None,
         };
         let own = LimitSettings {
             sessions: self.sessions,
@@ -138,6 +172,8 @@ impl QuotaSettings {
             live_turns: self.live_turns,
             turns_per_minute: self.turns_per_minute,
             detached_tasks: self.detached_tasks,
+            daily_tokens: self.daily_tokens,
+            daily_cost: self.daily_cost,
         };
         let default = own.over(&builtin);
         QuotaPolicy {
@@ -187,6 +223,27 @@ mod tests {
         assert_eq!(alice.live_turns, None);
         assert_eq!(alice.turns_per_minute, Some(7));
         assert_eq!(alice.stored_bytes, Some(DEFAULT_STORED_BYTES));
+    }
+
+    #[test]
+    fn daily_budgets_are_off_by_default_and_cost_is_written_in_dollars() {
+        assert!(!parse("").to_policy().default.limits_days());
+        let policy = parse(
+            "[quotas]\ndaily_tokens = 1000\ndaily_cost = 2.5\n\
+             [quotas.users.batch]\ndaily_cost = 0\n",
+        )
+        .to_policy();
+        assert_eq!(policy.default.daily_tokens, Some(1000));
+        assert_eq!(policy.default.daily_cost_nano_usd, Some(2_500_000_000));
+        assert_eq!(policy.users["batch"].daily_cost_nano_usd, None);
+        assert_eq!(policy.users["batch"].daily_tokens, Some(1000));
+        #[derive(Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct File {
+            quotas: QuotaSettings,
+        }
+        let err = toml::from_str::<File>("[quotas]\ndaily_cost = -1.0\n").unwrap_err();
+        assert!(err.to_string().contains("US dollars"), "{err}");
     }
 
     #[test]

@@ -33,7 +33,7 @@ use super::queued::Busy;
 use super::runners::{Runner, RunnerKey};
 use super::slots::{Claim, LiveTurn, TurnSlot};
 use super::turn::prestart::{self, FirstRequest, Prestart};
-use super::turn::{Emitter, Start, Turn, TurnHolds, TurnPlan};
+use super::turn::{DailyBudget, Emitter, Start, Turn, TurnHolds, TurnPlan};
 use super::validate::{self, Checked};
 use super::{ChatInput, Inner, OnBusy, OnDisconnect, Runtime, TurnStream, replay, spans};
 use crate::error::RuntimeError;
@@ -60,6 +60,8 @@ struct Plan {
     system_overridden: bool,
     /// The caller's quota, for the write that begins the turn.
     quota: WriteQuota,
+    /// The owner's budget for the day, when one is set.
+    daily: Option<DailyBudget>,
 }
 
 impl Runtime {
@@ -120,7 +122,27 @@ impl Runtime {
     ) -> Result<TurnStream, RuntimeError> {
         let mut plan = self.plan(&session, &mut input, checked).await?;
         plan.quota = self.write_quota(who);
+        plan.daily = self.spent_today(&session.owner, plan.quota.limits).await?;
         self.begin(session, input, plan, from_inbox).await
+    }
+
+    /// The owner's budget for today with what it spent, when `limits` set
+    /// one; refused ([`QuotaExceeded`], retry at midnight UTC) once spent.
+    async fn spent_today(
+        &self,
+        owner: &str,
+        limits: crate::quota::QuotaLimits,
+    ) -> Result<Option<DailyBudget>, RuntimeError> {
+        if !limits.limits_days() {
+            return Ok(None);
+        }
+        let now = SystemTime::now();
+        let day = crate::quota::day_window(now).0;
+        let spent = self.inner.store.daily_spent(owner, day).await?;
+        if let Some(refused) = limits.daily_reached(spent, now) {
+            return Err(RuntimeError::QuotaExceeded(refused));
+        }
+        Ok(Some(DailyBudget { limits, spent }))
     }
 
     /// The turn's decisions (see [`Plan`]); takes the call's extra tools
@@ -175,6 +197,7 @@ impl Runtime {
             system_prompt,
             system_overridden,
             quota: WriteQuota::default(),
+            daily: None,
         })
     }
 
@@ -297,6 +320,7 @@ impl Runtime {
             started: admitted_at,
             deadline: plan.checked.deadline_from(admitted_at),
             require_approval: approvals(&self.inner.config, input.require_approval),
+            daily: plan.daily,
         };
         let holds = TurnHolds {
             slot,

@@ -178,6 +178,17 @@ pub(crate) struct Turn {
     pause_until: Option<tokio::time::Instant>,
     /// A resumed turn's start, until its tool phase takes it.
     resume: Option<Resume>,
+    /// The owner's budget for the day, with what it spent before this
+    /// turn began.
+    daily: Option<DailyBudget>,
+}
+
+/// An owner's budget for the day and what its turns spent before a turn
+/// began.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DailyBudget {
+    pub(crate) limits: crate::quota::QuotaLimits,
+    pub(crate) spent: crate::quota::DailySpent,
 }
 
 /// What admission hands a turn, fixed for its whole run.
@@ -197,6 +208,8 @@ pub(crate) struct TurnPlan {
     pub(crate) deadline: Option<tokio::time::Instant>,
     /// Server tools whose calls wait for an approval.
     pub(crate) require_approval: Vec<String>,
+    /// The owner's budget for the day, when one is set.
+    pub(crate) daily: Option<DailyBudget>,
 }
 
 /// What a turn holds while it runs, besides its plan: the session's slot,
@@ -242,6 +255,7 @@ impl Turn {
             pause_until: resume.as_ref().map(|r| r.until),
             resume,
             require_approval: plan.require_approval,
+            daily: plan.daily,
             inner,
             live,
             runner: plan.runner,

@@ -424,6 +424,30 @@ impl Store for MemoryStore {
         Ok(changed)
     }
 
+    /// Summed from the owner's stored turn records (a test double's store:
+    /// a deleted session's turns no longer count).
+    async fn daily_spent(
+        &self,
+        owner: &str,
+        day: u64,
+    ) -> Result<crate::quota::DailySpent, StoreError> {
+        let sessions = self.lock();
+        let ended_on = |t: &&TurnRecord| {
+            t.status.is_final()
+                && t.finished_at
+                    .is_some_and(|at| crate::quota::day_window(at).0 == day)
+        };
+        Ok(sessions
+            .values()
+            .filter(|e| e.session.owner == owner)
+            .flat_map(|e| e.turns.values())
+            .filter(ended_on)
+            .fold(crate::quota::DailySpent::default(), |sum, t| {
+                let turn = crate::quota::DailySpent::of(t);
+                sum.plus(turn.tokens, turn.cost_nano_usd)
+            }))
+    }
+
     async fn count_sessions(&self) -> Result<u64, StoreError> {
         Ok(self.lock().len() as u64)
     }

@@ -374,6 +374,14 @@ impl Store for PostgresStore {
         self.resume(session_id, incarnation, turn_id).await
     }
 
+    async fn daily_spent(
+        &self,
+        owner: &str,
+        day: u64,
+    ) -> Result<crate::quota::DailySpent, StoreError> {
+        turns::daily_spent(&self.client().await?, owner, day).await
+    }
+
     async fn recover_interrupted(&self) -> Result<Vec<TurnRecord>, StoreError> {
         self.recover().await
     }

@@ -63,6 +63,7 @@ use sled::Tree;
 use sled::transaction::{TransactionError, Transactional};
 
 mod bodies;
+mod daily;
 mod disk;
 mod history;
 mod inbox;
@@ -83,7 +84,7 @@ use super::{
     CreateOutcome, HistoryQuery, Leases, ListQuery, MessagePage, SessionPage, Store, StoreError,
     record,
 };
-use crate::quota::WriteQuota;
+use crate::quota::{DailySpent, WriteQuota};
 #[cfg(doc)]
 use crate::types::Queued;
 use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord};
@@ -128,6 +129,8 @@ pub struct SledStore {
     disk: Arc<Disk>,
     /// Every owner's stored bytes (`usage.rs`).
     owners: Arc<usage::Owners>,
+    /// Every owner's spending of the current day (`daily.rs`).
+    daily: Arc<daily::Daily>,
 }
 
 // sled's own Debug dumps every tree's contents.
@@ -169,6 +172,8 @@ impl SledStore {
             .map_err(|e| fail(e.to_string()))?;
         usage::init(&sessions, &usage)?;
         let owners = Arc::new(usage::Owners::load(&sessions, &usage)?);
+        let today = crate::quota::day_window(std::time::SystemTime::now()).0;
+        let daily = Arc::new(daily::Daily::load(&usage, today)?);
         let bodies = Bodies::open(&path, |key| {
             messages.contains_key(key).map_err(|e| backend("read", e))
         })?;
@@ -190,6 +195,7 @@ impl SledStore {
             bodies,
             disk,
             owners,
+            daily,
         })
     }
 
@@ -451,6 +457,10 @@ impl Store for SledStore {
         turn_id: &str,
     ) -> Result<TurnRecord, StoreError> {
         self.resume(session_id, incarnation, turn_id).await
+    }
+
+    async fn daily_spent(&self, owner: &str, day: u64) -> Result<DailySpent, StoreError> {
+        self.daily.spent(&self.usage, owner, day)
     }
 
     async fn recover_interrupted(&self) -> Result<Vec<TurnRecord>, StoreError> {

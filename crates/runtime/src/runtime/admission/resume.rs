@@ -308,6 +308,8 @@ fn resumed_plan(
         started: Instant::now(),
         deadline: Some(instant(pause.deadline)),
         require_approval: pause.input.require_approval,
+        // The day's budget was checked when the turn was admitted.
+        daily: None,
     };
     (plan, resume)
 }

@@ -128,6 +128,13 @@ impl Store for Shared {
         }
         self.inner.finish_turn(turn).await
     }
+    async fn daily_spent(
+        &self,
+        owner: &str,
+        day: u64,
+    ) -> Result<crate::quota::DailySpent, StoreError> {
+        self.inner.daily_spent(owner, day).await
+    }
     async fn update_turn(&self, turn: TurnRecord) -> Result<(), StoreError> {
         self.inner.update_turn(turn).await
     }

@@ -1,5 +1,6 @@
-//! The session's budget at a step boundary: once what the session spent
-//! before this turn plus what the turn used so far reaches a limit, the
+//! The session's budget — and its owner's budget for the day — at a step
+//! boundary: once what the session (the owner, today) spent before this
+//! turn plus what the turn used so far reaches a limit, the
 //! turn ends after the step that crossed it (its tool results stored, no
 //! further model request), with a notice in history and outcome
 //! `BudgetExceeded`. Admission refuses the session's next turn.
@@ -11,8 +12,9 @@ use crate::quota::QuotaExceeded;
 use crate::types::{ContentBlock, NewMessage, Role};
 
 impl Turn {
-    /// The end of the turn when the session's budget is reached after step
-    /// `index` (its notice stored); `None` while there is budget left.
+    /// The end of the turn when the session's budget (or its owner's for
+    /// the day) is reached after step `index` (its notice stored); `None`
+    /// while there is budget left.
     pub(super) async fn budget_end(
         &mut self,
         index: u32,
@@ -21,11 +23,25 @@ impl Turn {
         let prices = &self.inner.config.prices;
         let cost = prices.cost_nano_usd(&self.record.model, &self.usage);
         let spent = self.session.spent.plus(&self.usage, cost);
-        let (limit, value) = self.session.budget.reached(&spent)?;
-        let message = format!(
-            "{}: the turn ended after step {index} without a final answer",
-            QuotaExceeded::budget(limit, value)
-        );
+        let reached = match self.session.budget.reached(&spent) {
+            Some((limit, value)) => QuotaExceeded::budget(limit, value),
+            None => {
+                let daily = self.daily.as_ref()?;
+                let turn = crate::quota::DailySpent {
+                    tokens: self
+                        .usage
+                        .input_tokens
+                        .saturating_add(self.usage.output_tokens),
+                    cost_nano_usd: cost.unwrap_or(0),
+                };
+                let today = daily.spent.plus(turn.tokens, turn.cost_nano_usd);
+                daily
+                    .limits
+                    .daily_reached(today, std::time::SystemTime::now())?
+            }
+        };
+        let message =
+            format!("{reached}: the turn ended after step {index} without a final answer");
         let notice = NewMessage::new(
             &self.record.turn_id,
             Role::Notice,

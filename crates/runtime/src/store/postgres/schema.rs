@@ -22,6 +22,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (4, include_str!("migrations/0004_turn_listing.sql")),
     (5, include_str!("migrations/0005_budgets.sql")),
     (6, include_str!("migrations/0006_inbox.sql")),
+    (7, include_str!("migrations/0007_daily_spent.sql")),
 ];
 
 /// The advisory lock key held while migrating ("agentrt\0" as a number).

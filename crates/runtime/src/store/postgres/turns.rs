@@ -114,7 +114,9 @@ impl PostgresStore {
         write::put_turn(&tx, &turn, false).await?;
         // Under its own lease the stored record is still running: this is
         // the turn's one end, so what it spent counts now.
-        locked.session.spend(None, &turn);
+        if locked.session.spend(None, &turn) {
+            add_daily(&tx, &locked.session.owner, &turn).await?;
+        }
         locked.session.finish_turn(&turn);
         self.write_session(&tx, &locked.session, LeaseWrite::Release)
             .await?;
@@ -154,6 +156,12 @@ impl PostgresStore {
         if let Some(held) = &locked.lease {
             if held.live && held.lease.replica_id != self.replica_id {
                 return Err(StoreError::Busy(held.lease.clone()));
+            }
+            if held.live && held.lease.turn_id == turn_id {
+                // Running here already.
+                return Err(StoreError::NotPaused {
+                    turn_id: turn_id.to_owned(),
+                });
             }
             let left = held.lease.turn_id.clone();
             interrupt(&tx, &mut locked.session, &left, now).await?;
@@ -279,6 +287,40 @@ pub(super) async fn interrupt(
     write::put_turn(tx, &turn, false).await?;
     session.recover_turn(&turn);
     Ok(Some(turn))
+}
+
+/// Adds what `turn` spent to its owner's row of the day it ended.
+async fn add_daily(tx: &Transaction<'_>, owner: &str, turn: &TurnRecord) -> Result<(), StoreError> {
+    let spent = crate::quota::DailySpent::of(turn);
+    let day = crate::quota::day_window(turn.finished_at.unwrap_or_else(SystemTime::now)).0;
+    let (day, tokens, cost) = (
+        codec::big(day)?,
+        codec::big(spent.tokens)?,
+        codec::big(spent.cost_nano_usd)?,
+    );
+    let sql = "INSERT INTO daily_spent (owner, day, tokens, cost) VALUES ($1, $2, $3, $4) \
+               ON CONFLICT (owner, day) DO UPDATE SET \
+               tokens = daily_spent.tokens + EXCLUDED.tokens, cost = daily_spent.cost + EXCLUDED.cost";
+    codec::execute(tx, sql, &[&owner, &day, &tokens, &cost]).await?;
+    Ok(())
+}
+
+/// What `owner`'s turns spent on `day`.
+pub(super) async fn daily_spent<C: deadpool_postgres::GenericClient>(
+    client: &C,
+    owner: &str,
+    day: u64,
+) -> Result<crate::quota::DailySpent, StoreError> {
+    let day = codec::big(day)?;
+    let sql = "SELECT tokens, cost FROM daily_spent WHERE owner = $1 AND day = $2";
+    let Some(row) = codec::row(client, sql, &[&owner, &day]).await? else {
+        return Ok(crate::quota::DailySpent::default());
+    };
+    let word = |i: usize| -> u64 { u64::try_from(row.get::<_, i64>(i)).unwrap_or(0) };
+    Ok(crate::quota::DailySpent {
+        tokens: word(0),
+        cost_nano_usd: word(1),
+    })
 }
 
 async fn get_turn<C: deadpool_postgres::GenericClient>(

@@ -66,6 +66,58 @@ async fn reopen_keeps_sessions_and_messages() {
     );
 }
 
+/// The day's totals per owner are kept on disk per session and summed
+/// again when the store opens: a restart forgets nothing spent today.
+#[tokio::test]
+async fn what_an_owner_spent_today_survives_a_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SledStore::open(dir.path().join("db")).expect("open");
+    let id = testing::seed_history(&store, 1).await;
+    let incarnation = testing::incarnation(&store, &id).await;
+    let owner = store
+        .get_session(&id)
+        .await
+        .expect("get")
+        .expect("a session")
+        .owner;
+    store
+        .begin_turn(running_turn(&id, &incarnation, "t1"), user("t1"))
+        .await
+        .expect("begin");
+    let now = std::time::SystemTime::now();
+    let ended = TurnRecord {
+        status: crate::types::TurnStatus::Success,
+        finished_at: Some(now),
+        usage: crate::types::Usage {
+            input_tokens: 30,
+            output_tokens: 12,
+            ..crate::types::Usage::default()
+        },
+        cost_nano_usd: Some(77),
+        ..running_turn(&id, &incarnation, "t1")
+    };
+    store.finish_turn(ended).await.expect("finish");
+    let today = crate::quota::day_window(now).0;
+    let spent = DailySpent {
+        tokens: 42,
+        cost_nano_usd: 77,
+    };
+    assert_eq!(
+        store.daily_spent(&owner, today).await.expect("daily"),
+        spent
+    );
+    drop(store);
+    let store = SledStore::open(dir.path().join("db")).expect("reopen");
+    assert_eq!(
+        store.daily_spent(&owner, today).await.expect("daily"),
+        spent
+    );
+    assert_eq!(
+        store.daily_spent("nobody", today).await.expect("daily"),
+        DailySpent::default()
+    );
+}
+
 #[tokio::test]
 async fn garbage_values_are_corrupt() {
     let (store, _dir) = open_temp();

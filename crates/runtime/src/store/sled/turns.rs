@@ -12,7 +12,7 @@ use sled::transaction::{
 use super::keys::{child, child_end, inbox_key, turn_key};
 use super::tx::{append_tx, session_as_tx, session_tx, write_session_tx};
 use super::{SledStore, TURNS, backend, blocking, decode, keep_body, tx_err, usage};
-use crate::quota::WriteQuota;
+use crate::quota::{DailySpent, WriteQuota};
 use crate::store::StoreError;
 use crate::store::record::encode;
 use crate::store::stored_bytes;
@@ -127,18 +127,28 @@ impl SledStore {
     pub(super) async fn finish(&self, turn: TurnRecord) -> Result<(), StoreError> {
         let write_started = std::time::Instant::now();
         let record = encode(&turn)?;
-        (&self.sessions, &self.turns)
-            .transaction(|(s, t)| {
+        let day = day_of(&turn);
+        let counted = (&self.sessions, &self.turns, &self.usage)
+            .transaction(|(s, t, u)| {
                 let mut session = session_as_tx(s, &turn.session_id, &turn.incarnation)?;
                 let before = put_turn_tx(t, &turn, &record)?;
                 let spent = session.spend(before.as_ref(), &turn);
                 if session.finish_turn(&turn) || spent {
                     write_session_tx(s, &session)?;
                 }
-                Ok(())
+                count_day(u, spent, day, &session, &turn)
             })
             .map_err(|e| self.tx_failed(e))?;
+        self.counted(day, counted, &turn);
         self.durable_write(write_started).await
+    }
+
+    /// Adds a turn's spending, committed for `owner` (when it counted), to
+    /// the day's totals in memory.
+    fn counted(&self, day: u64, owner: Option<String>, turn: &TurnRecord) {
+        if let Some(owner) = owner {
+            self.daily.add(day, &owner, DailySpent::of(turn));
+        }
     }
 
     pub(super) async fn finish_with(
@@ -156,8 +166,15 @@ impl SledStore {
             }
             None => None,
         };
-        let written = (&self.sessions, &self.activity, &self.messages, &self.turns)
-            .transaction(|(s, a, m, t)| {
+        let day = day_of(&turn);
+        let written = (
+            &self.sessions,
+            &self.activity,
+            &self.messages,
+            &self.turns,
+            &self.usage,
+        )
+            .transaction(|(s, a, m, t, u)| {
                 let (mut session, stored) = match &last {
                     Some(message) => {
                         let (session, stored) = append_tx(
@@ -174,12 +191,14 @@ impl SledStore {
                     None => (session_as_tx(s, &turn.session_id, &turn.incarnation)?, None),
                 };
                 let before = put_turn_tx(t, &turn, &record)?;
-                session.spend(before.as_ref(), &turn);
+                let spent = session.spend(before.as_ref(), &turn);
                 session.finish_turn(&turn);
                 write_session_tx(s, &session)?;
-                Ok(stored)
+                Ok((stored, count_day(u, spent, day, &session, &turn)?))
             })
             .map_err(|e| self.tx_failed(e))?;
+        let (written, counted) = written;
+        self.counted(day, counted, &turn);
         last.into_iter().for_each(keep_body);
         self.durable_write(write_started).await?;
         Ok(written)
@@ -318,6 +337,27 @@ impl SledStore {
         self.flush_db().await?;
         Ok(changed)
     }
+}
+
+/// The UTC day a turn's end counts on.
+fn day_of(turn: &TurnRecord) -> u64 {
+    crate::quota::day_window(turn.finished_at.unwrap_or_else(SystemTime::now)).0
+}
+
+/// When the turn's end `spent` (counted now), adds it to the session's key
+/// of `day`; the owner it counted for.
+fn count_day(
+    u: &TransactionalTree,
+    spent: bool,
+    day: u64,
+    session: &crate::types::Session,
+    turn: &TurnRecord,
+) -> Result<Option<String>, TxError<StoreError>> {
+    if !spent {
+        return Ok(None);
+    }
+    super::daily::add_tx(u, day, &session.id, &session.owner, DailySpent::of(turn))?;
+    Ok(Some(session.owner.clone()))
 }
 
 /// Writes `turn`'s `record` in the transaction; the record it replaced.
