@@ -645,3 +645,91 @@ async fn a_turn_paused_on_a_caller_tool_survives_sigkill_and_resumes_on_submit()
 async fn a_drain_suspends_a_turn_paused_on_a_caller_tool_and_a_submit_resumes_it() {
     paused_turn_resumes_after(false).await;
 }
+
+/// A paused turn nobody answers ends at its bound even with no process
+/// running it: after the restart the inbox sweep finds it past
+/// `approval_timeout` and it times out (its open call answered as cut
+/// short), freeing the session.
+#[tokio::test]
+async fn a_paused_turn_past_its_bound_times_out_after_a_restart() {
+    let call = serde_json::json!({
+        "index": 0, "id": "call_1", "type": "function",
+        "function": {"name": "get_time", "arguments": "{}"}
+    });
+    let fake = FakeOpenAi::start(vec![
+        FakeReply::sse(vec![
+            agentrt_testkit::fake_openai::sse_data(
+                &serde_json::json!({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}),
+            ),
+            finish_chunk("tool_calls"),
+        ]),
+        FakeReply::sse(vec![text_chunk("later"), finish_chunk("stop")]),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &fake, "30s");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("\n[tools]\napproval_timeout = \"1s\"\n");
+    std::fs::write(&config, text).unwrap();
+    let data = dir.path().join("data");
+    let mut server = start(&data, &config).await;
+    let client = Client::connect(server.url.clone()).await.unwrap();
+    let session = client
+        .create_session(proto::CreateSessionRequest::default())
+        .await
+        .unwrap()
+        .session_id;
+    let ask = |t: &str| proto::ChatRequest {
+        session_id: session.clone(),
+        content: vec![proto::ContentBlock {
+            block: Some(proto::content_block::Block::Text(proto::TextBlock {
+                text: t.to_owned(),
+            })),
+        }],
+        extra_tools: vec![proto::ToolDefinition {
+            name: "get_time".into(),
+            description: "the caller's clock".into(),
+            parameters_json_schema: r#"{"type":"object"}"#.into(),
+        }],
+        ..Default::default()
+    };
+    let mut chat = client.chat_with(ask("what time is it?")).await.unwrap();
+    let turn_id = loop {
+        let event = chat.next().await.unwrap().unwrap();
+        if matches!(event.kind, ChatEvent::ToolCall { .. }) {
+            break event.turn_id;
+        }
+    };
+    server.child.kill().await.unwrap();
+    drop((chat, client));
+
+    let server = start(&data, &config).await;
+    let client = Client::connect(server.url.clone()).await.unwrap();
+    let mut watch = client.subscribe(&session, 0, true).await.unwrap();
+    let mut outcome = None;
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(event) = watch.next().await {
+            // TIMED_OUT ends the stream with DEADLINE_EXCEEDED after it.
+            let Ok(event) = event else { break };
+            assert_eq!(event.turn_id, turn_id);
+            if let ChatEvent::TurnFinished { outcome: o, .. } = event.kind {
+                outcome = Some(o);
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the paused turn did not end at its bound");
+    assert_eq!(outcome, Some(proto::TurnOutcome::TimedOut));
+    let status = client.session_status(&session).await.unwrap();
+    assert!(status.paused_turn_id.is_empty() && !status.live);
+    // The session is free again.
+    let next = client
+        .chat_with(ask("again"))
+        .await
+        .unwrap()
+        .finish()
+        .await
+        .unwrap();
+    assert_eq!(next.outcome, Some(proto::TurnOutcome::Success));
+    assert_eq!(fake.requests().len(), 2);
+}

@@ -73,12 +73,21 @@ struct Setup {
 }
 
 async fn setup(replies: Vec<FakeReply>, configured: &[&str]) -> Setup {
+    setup_with(replies, configured, Duration::from_secs(3600)).await
+}
+
+async fn setup_with(
+    replies: Vec<FakeReply>,
+    configured: &[&str],
+    approval_timeout: Duration,
+) -> Setup {
     let fake = FakeOpenAi::start(replies).await;
     let dir = tempfile::tempdir().unwrap();
     let mut config = with_keys(base_config(dir.path()), &[(ALICE, "alice"), (BOB, "bob")]);
     config.default_model = "mock/m".into();
     config.providers.push(mock_provider(&fake, None));
     config.tools.require_approval = configured.iter().map(|s| (*s).to_owned()).collect();
+    config.tools.approval_timeout = approval_timeout;
     let tool = Arc::new(Recorder::default());
     let server =
         InProcessServer::start(ServerBuilder::new(config).tool_source("local", tool.clone())).await;
@@ -248,4 +257,32 @@ async fn the_configuration_requires_approval_and_a_stop_cancels_the_waiting_call
     // The turn record is a normal ended one.
     let turn = s.alice.get_turn(&id, &seen[0].turn_id).await.unwrap();
     assert_eq!(turn.outcome(), proto::TurnOutcome::Canceled);
+}
+
+#[tokio::test]
+async fn an_approval_never_given_times_the_turn_out_at_approval_timeout() {
+    let s = setup_with(
+        vec![call_reply("call_5", "{}")],
+        &["local__act"],
+        Duration::from_millis(300),
+    )
+    .await;
+    let id = session(&s.alice).await;
+    let chat = s.alice.chat_with(text_request(&id, "act")).await.unwrap();
+    let end = tokio::time::timeout(WAIT, chat.finish())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(end.outcome, Some(proto::TurnOutcome::TimedOut));
+    assert!(s.tool.0.lock().unwrap().is_empty());
+    let history = s.alice.history(&id).await.unwrap();
+    let result = history
+        .iter()
+        .find_map(|m| match &m.content.first()?.block {
+            Some(proto::content_block::Block::ToolResult(r)) => Some(r.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(result.interrupted(), proto::ToolCallInterrupted::Cancelled);
+    assert_eq!(history.last().unwrap().role(), proto::Role::Notice);
 }

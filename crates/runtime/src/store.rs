@@ -565,6 +565,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Called once at start-up; returns the records it changed.
     async fn recover_interrupted(&self) -> Result<Vec<TurnRecord>, StoreError>;
 
+    /// Turns left paused (`TurnStatus::Paused`, no process running them),
+    /// at most `limit`, in no particular order: the runtime ends those past
+    /// their pause's bound.
+    async fn paused_turns(&self, limit: usize) -> Result<Vec<TurnRecord>, StoreError>;
+
     /// What `owner`'s ended turns used (input plus output tokens) and
     /// cost on UTC day `day` (days since the epoch), summed by the store
     /// in the write that ends each turn, whatever became of its session

@@ -226,11 +226,13 @@ async fn look_up(inner: &Arc<Inner>, session: &Session, id: &str) -> Option<Foun
 }
 
 impl Runtime {
-    /// Every session with queued messages gets a look.
+    /// Every session with queued messages gets a look, and paused turns
+    /// past their bound end.
     async fn sweep(&self) {
         if self.inner.lifecycle.admitting().is_err() {
             return;
         }
+        self.end_expired_pauses(SWEEP_BATCH).await;
         let sessions = match self
             .inner
             .store

@@ -424,6 +424,17 @@ impl Store for MemoryStore {
         Ok(changed)
     }
 
+    async fn paused_turns(&self, limit: usize) -> Result<Vec<TurnRecord>, StoreError> {
+        let sessions = self.lock();
+        Ok(sessions
+            .values()
+            .flat_map(|e| e.turns.values())
+            .filter(|t| t.status == TurnStatus::Paused)
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+
     /// Summed from the owner's stored turn records (a test double's store:
     /// a deleted session's turns no longer count).
     async fn daily_spent(

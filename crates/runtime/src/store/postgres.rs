@@ -374,6 +374,10 @@ impl Store for PostgresStore {
         self.resume(session_id, incarnation, turn_id).await
     }
 
+    async fn paused_turns(&self, limit: usize) -> Result<Vec<TurnRecord>, StoreError> {
+        self.paused(limit).await
+    }
+
     async fn daily_spent(
         &self,
         owner: &str,

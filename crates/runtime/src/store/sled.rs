@@ -68,6 +68,7 @@ mod disk;
 mod history;
 mod inbox;
 mod keys;
+mod paused;
 mod sessions;
 #[cfg(test)]
 mod tests;
@@ -131,6 +132,8 @@ pub struct SledStore {
     owners: Arc<usage::Owners>,
     /// Every owner's spending of the current day (`daily.rs`).
     daily: Arc<daily::Daily>,
+    /// The paused turns (`paused.rs`).
+    paused: Arc<paused::Paused>,
 }
 
 // sled's own Debug dumps every tree's contents.
@@ -174,6 +177,7 @@ impl SledStore {
         let owners = Arc::new(usage::Owners::load(&sessions, &usage)?);
         let today = crate::quota::day_window(std::time::SystemTime::now()).0;
         let daily = Arc::new(daily::Daily::load(&usage, today)?);
+        let paused = Arc::new(paused::Paused::load(&sessions)?);
         let bodies = Bodies::open(&path, |key| {
             messages.contains_key(key).map_err(|e| backend("read", e))
         })?;
@@ -196,6 +200,7 @@ impl SledStore {
             disk,
             owners,
             daily,
+            paused,
         })
     }
 
@@ -457,6 +462,17 @@ impl Store for SledStore {
         turn_id: &str,
     ) -> Result<TurnRecord, StoreError> {
         self.resume(session_id, incarnation, turn_id).await
+    }
+
+    async fn paused_turns(&self, limit: usize) -> Result<Vec<TurnRecord>, StoreError> {
+        let mut paused = Vec::new();
+        for (session_id, turn_id) in self.paused.list(limit) {
+            match self.turn(&session_id, &turn_id)? {
+                Some(turn) if turn.status == crate::types::TurnStatus::Paused => paused.push(turn),
+                Some(_) | None => self.paused.forget(&session_id, &turn_id),
+            }
+        }
+        Ok(paused)
     }
 
     async fn daily_spent(&self, owner: &str, day: u64) -> Result<DailySpent, StoreError> {

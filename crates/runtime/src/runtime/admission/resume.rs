@@ -87,6 +87,40 @@ impl Runtime {
         Ok(())
     }
 
+    /// Ends the paused turns past their bound (at most `limit` looked at):
+    /// each is resumed here and times out at once. Run by the inbox sweep,
+    /// so a paused turn nobody touches still ends; one resumed or ended
+    /// elsewhere meanwhile is left alone.
+    pub(crate) async fn end_expired_pauses(&self, limit: usize) {
+        let paused = match self.inner.store.paused_turns(limit).await {
+            Ok(paused) => paused,
+            Err(err) => {
+                tracing::debug!(error = %err, "listing the paused turns failed");
+                return;
+            }
+        };
+        let now = SystemTime::now();
+        let expired = paused
+            .into_iter()
+            .filter(|r| r.pause.as_ref().is_some_and(|p| p.until <= now));
+        for record in expired {
+            let session = match self.inner.store.get_session(&record.session_id).await {
+                Ok(Some(s)) if s.incarnation == record.incarnation => s,
+                Ok(_) => continue,
+                Err(err) => {
+                    tracing::debug!(error = %err, "reading a paused turn's session failed");
+                    continue;
+                }
+            };
+            match self.resume(&session, record).await {
+                Ok(live) => tracing::info!(session_id = %session.id, turn_id = %live.turn_id,
+                    "a paused turn reached its bound: it times out"),
+                Err(err) => tracing::debug!(error = %err, session_id = %session.id,
+                    "a paused turn past its bound was not resumed here"),
+            }
+        }
+    }
+
     /// The session as stored now and its paused turn's record, if its
     /// latest turn is paused.
     pub(crate) async fn paused_record(

@@ -128,6 +128,9 @@ impl Store for Shared {
         }
         self.inner.finish_turn(turn).await
     }
+    async fn paused_turns(&self, limit: usize) -> Result<Vec<TurnRecord>, StoreError> {
+        self.inner.paused_turns(limit).await
+    }
     async fn daily_spent(
         &self,
         owner: &str,

@@ -223,6 +223,22 @@ impl PostgresStore {
             .collect()
     }
 
+    /// At most `limit` paused turns (the partial index `turns_paused`).
+    pub(super) async fn paused(&self, limit: usize) -> Result<Vec<TurnRecord>, StoreError> {
+        let limit = codec::big(u64::try_from(limit).unwrap_or(u64::MAX))?;
+        let client = self.client().await?;
+        let sql = "SELECT session_id, turn_id, record FROM turns WHERE status = 'paused' LIMIT $1";
+        let rows = codec::rows(&client, sql, &[&limit]).await?;
+        rows.iter()
+            .map(|row| {
+                let session_id: String = row
+                    .try_get(0)
+                    .map_err(|e| StoreError::Backend(format!("reading paused turns: {e}")))?;
+                codec::turn(&session_id, row)
+            })
+            .collect()
+    }
+
     pub(super) async fn turn_count(&self, session_id: &str) -> Result<u64, StoreError> {
         let sql = "SELECT count(*) FROM turns WHERE session_id = $1";
         let row = codec::row(&self.client().await?, sql, &[&session_id]).await?;

@@ -149,6 +149,7 @@ impl SledStore {
         if let Some(owner) = owner {
             self.daily.add(day, &owner, DailySpent::of(turn));
         }
+        self.paused.note(turn);
     }
 
     pub(super) async fn finish_with(
@@ -245,6 +246,7 @@ impl SledStore {
                 Ok(turn)
             })
             .map_err(|e| self.tx_failed(e))?;
+        self.paused.note(&resumed);
         self.durable_write(write_started).await?;
         Ok(resumed)
     }
@@ -334,6 +336,9 @@ impl SledStore {
     pub(super) async fn recover(&self) -> Result<Vec<TurnRecord>, StoreError> {
         let (sessions, turns) = (self.sessions.clone(), self.turns.clone());
         let changed = blocking(move || recover_blocking(&sessions, &turns)).await?;
+        for turn in &changed {
+            self.paused.note(turn);
+        }
         self.flush_db().await?;
         Ok(changed)
     }

@@ -13,3 +13,8 @@ CREATE TABLE daily_spent (
     cost   bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (owner, day)
 );
+
+-- The paused turns (waiting for their callers with no process running
+-- them), looked through by every replica every few seconds for those past
+-- their bound.
+CREATE INDEX turns_paused ON turns (session_id, turn_id) WHERE status = 'paused';
