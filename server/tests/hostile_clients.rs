@@ -198,11 +198,12 @@ impl Store for PanickyStore {
     async fn finish_turn(&self, t: TurnRecord) -> Result<(), StoreError> {
         self.0.finish_turn(t).await
     }
-    async fn paused_turns(
+    async fn expired_pauses(
         &self,
+        now: std::time::SystemTime,
         limit: usize,
     ) -> Result<Vec<agentrt_runtime::types::TurnRecord>, StoreError> {
-        self.0.paused_turns(limit).await
+        self.0.expired_pauses(now, limit).await
     }
     async fn daily_spent(
         &self,

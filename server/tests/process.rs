@@ -501,11 +501,39 @@ async fn sigkill_with_two_queued_messages_runs_each_once_after_restart() {
     drop(server);
 }
 
-/// A turn paused on a caller-executed tool survives the end of its
-/// process — SIGKILL (`kill`) or a drain (SIGTERM) — and SubmitToolResult
-/// after the restart resumes it: a watcher sees it run on from its tool
-/// phase to one SUCCESS, with the result in history.
-async fn paused_turn_resumes_after(kill: bool) {
+/// A Chat offering the caller tool `get_time`.
+fn get_time_request(session_id: &str, text: &str) -> proto::ChatRequest {
+    proto::ChatRequest {
+        session_id: session_id.to_owned(),
+        content: vec![proto::ContentBlock {
+            block: Some(proto::content_block::Block::Text(proto::TextBlock {
+                text: text.to_owned(),
+            })),
+        }],
+        extra_tools: vec![proto::ToolDefinition {
+            name: "get_time".into(),
+            description: "the caller's clock".into(),
+            parameters_json_schema: r#"{"type":"object"}"#.into(),
+        }],
+        ..Default::default()
+    }
+}
+
+/// A server (config with `extra` appended) whose turn waits for the
+/// caller's `get_time` call `call_1`; the model answers `answer` after it.
+struct PausedOnGetTime {
+    fake: FakeOpenAi,
+    _dir: tempfile::TempDir,
+    data: std::path::PathBuf,
+    config: std::path::PathBuf,
+    server: Server,
+    client: Client,
+    session: String,
+    turn_id: String,
+    chat: agentrt_client::EventStream,
+}
+
+async fn paused_on_get_time(answer: &str, extra: &str) -> PausedOnGetTime {
     let call = serde_json::json!({
         "index": 0, "id": "call_1", "type": "function",
         "function": {"name": "get_time", "arguments": "{\"tz\":\"CET\"}"}
@@ -517,13 +545,16 @@ async fn paused_turn_resumes_after(kill: bool) {
             ),
             finish_chunk("tool_calls"),
         ]),
-        FakeReply::sse(vec![text_chunk("it is noon"), finish_chunk("stop")]),
+        FakeReply::sse(vec![text_chunk(answer), finish_chunk("stop")]),
     ])
     .await;
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), &fake, "30s");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(extra);
+    std::fs::write(&config, text).unwrap();
     let data = dir.path().join("data");
-    let mut server = start(&data, &config).await;
+    let server = start(&data, &config).await;
     let client = Client::connect(server.url.clone()).await.unwrap();
     let session = client
         .create_session(proto::CreateSessionRequest::default())
@@ -531,20 +562,7 @@ async fn paused_turn_resumes_after(kill: bool) {
         .unwrap()
         .session_id;
     let mut chat = client
-        .chat_with(proto::ChatRequest {
-            session_id: session.clone(),
-            content: vec![proto::ContentBlock {
-                block: Some(proto::content_block::Block::Text(proto::TextBlock {
-                    text: "what time is it?".into(),
-                })),
-            }],
-            extra_tools: vec![proto::ToolDefinition {
-                name: "get_time".into(),
-                description: "the caller's clock".into(),
-                parameters_json_schema: r#"{"type":"object"}"#.into(),
-            }],
-            ..Default::default()
-        })
+        .chat_with(get_time_request(&session, "what time is it?"))
         .await
         .unwrap();
     let turn_id = loop {
@@ -553,6 +571,35 @@ async fn paused_turn_resumes_after(kill: bool) {
             break event.turn_id;
         }
     };
+    PausedOnGetTime {
+        fake,
+        _dir: dir,
+        data,
+        config,
+        server,
+        client,
+        session,
+        turn_id,
+        chat,
+    }
+}
+
+/// A turn paused on a caller-executed tool survives the end of its
+/// process — SIGKILL (`kill`) or a drain (SIGTERM) — and SubmitToolResult
+/// after the restart resumes it: a watcher sees it run on from its tool
+/// phase to one SUCCESS, with the result in history.
+async fn paused_turn_resumes_after(kill: bool) {
+    let PausedOnGetTime {
+        fake,
+        _dir,
+        data,
+        config,
+        mut server,
+        client,
+        session,
+        turn_id,
+        mut chat,
+    } = paused_on_get_time("it is noon", "").await;
     if kill {
         server.child.kill().await.unwrap();
     } else {
@@ -652,54 +699,17 @@ async fn a_drain_suspends_a_turn_paused_on_a_caller_tool_and_a_submit_resumes_it
 /// short), freeing the session.
 #[tokio::test]
 async fn a_paused_turn_past_its_bound_times_out_after_a_restart() {
-    let call = serde_json::json!({
-        "index": 0, "id": "call_1", "type": "function",
-        "function": {"name": "get_time", "arguments": "{}"}
-    });
-    let fake = FakeOpenAi::start(vec![
-        FakeReply::sse(vec![
-            agentrt_testkit::fake_openai::sse_data(
-                &serde_json::json!({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}),
-            ),
-            finish_chunk("tool_calls"),
-        ]),
-        FakeReply::sse(vec![text_chunk("later"), finish_chunk("stop")]),
-    ])
-    .await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), &fake, "30s");
-    let mut text = std::fs::read_to_string(&config).unwrap();
-    text.push_str("\n[tools]\napproval_timeout = \"1s\"\n");
-    std::fs::write(&config, text).unwrap();
-    let data = dir.path().join("data");
-    let mut server = start(&data, &config).await;
-    let client = Client::connect(server.url.clone()).await.unwrap();
-    let session = client
-        .create_session(proto::CreateSessionRequest::default())
-        .await
-        .unwrap()
-        .session_id;
-    let ask = |t: &str| proto::ChatRequest {
-        session_id: session.clone(),
-        content: vec![proto::ContentBlock {
-            block: Some(proto::content_block::Block::Text(proto::TextBlock {
-                text: t.to_owned(),
-            })),
-        }],
-        extra_tools: vec![proto::ToolDefinition {
-            name: "get_time".into(),
-            description: "the caller's clock".into(),
-            parameters_json_schema: r#"{"type":"object"}"#.into(),
-        }],
-        ..Default::default()
-    };
-    let mut chat = client.chat_with(ask("what time is it?")).await.unwrap();
-    let turn_id = loop {
-        let event = chat.next().await.unwrap().unwrap();
-        if matches!(event.kind, ChatEvent::ToolCall { .. }) {
-            break event.turn_id;
-        }
-    };
+    let PausedOnGetTime {
+        fake,
+        _dir,
+        data,
+        config,
+        mut server,
+        client,
+        session,
+        turn_id,
+        chat,
+    } = paused_on_get_time("later", "\n[tools]\napproval_timeout = \"1s\"\n").await;
     server.child.kill().await.unwrap();
     drop((chat, client));
 
@@ -724,7 +734,7 @@ async fn a_paused_turn_past_its_bound_times_out_after_a_restart() {
     assert!(status.paused_turn_id.is_empty() && !status.live);
     // The session is free again.
     let next = client
-        .chat_with(ask("again"))
+        .chat_with(get_time_request(&session, "again"))
         .await
         .unwrap()
         .finish()

@@ -5,7 +5,7 @@
 //! SubmitToolApproval on B resumes it there: the tool runs once, a watcher
 //! on B sees the turn to one SUCCESS.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 #[path = "support/replicas.rs"]
@@ -13,33 +13,12 @@ mod support;
 
 use agentrt_client::proto;
 use agentrt_client::proto::chat_event::Kind;
-use agentrt_runtime::model::{ModelProvider, ToolSpec};
-use agentrt_runtime::toolbox::{ToolError, ToolOutcome, ToolSource};
+use agentrt_runtime::model::ModelProvider;
 use agentrt_server::config::{ProviderConfig, ProviderKind};
 use agentrt_testkit::fake_openai::{FakeOpenAi, FakeReply, finish_chunk, sse_data, text_chunk};
-use async_trait::async_trait;
+use agentrt_testkit::tools::Recorder;
 use serde_json::json;
 use support::*;
-
-/// `act`: records each call's arguments.
-#[derive(Debug, Default)]
-struct Recorder(Mutex<Vec<String>>);
-
-#[async_trait]
-impl ToolSource for Recorder {
-    async fn list(&self) -> Result<Vec<ToolSpec>, ToolError> {
-        Ok(vec![ToolSpec {
-            name: "act".into(),
-            description: "does something with effects".into(),
-            parameters: json!({"type": "object"}),
-        }])
-    }
-
-    async fn call(&self, _name: &str, arguments_json: &str) -> ToolOutcome {
-        self.0.lock().unwrap().push(arguments_json.to_owned());
-        ToolOutcome::ok("acted")
-    }
-}
 
 #[tokio::test]
 async fn an_approval_pending_on_a_dead_replica_resumes_the_turn_on_another() {
@@ -119,7 +98,7 @@ async fn an_approval_pending_on_a_dead_replica_resumes_the_turn_on_another() {
         status.pending_calls[0].wait(),
         proto::PendingCallWait::Approval
     );
-    assert!(tool.0.lock().unwrap().is_empty());
+    assert!(tool.calls().is_empty());
 
     let mut watch = runtime(&b)
         .await
@@ -145,7 +124,7 @@ async fn an_approval_pending_on_a_dead_replica_resumes_the_turn_on_another() {
     assert!(trailer.is_none(), "{trailer:?}");
     assert!(events.iter().all(|e| e.turn_id == turn_id));
     assert_eq!(outcome(&events), Some(proto::TurnOutcome::Success));
-    assert_eq!(*tool.0.lock().unwrap(), ["{\"n\":1}"]);
+    assert_eq!(tool.calls(), ["{\"n\":1}"]);
     assert_eq!(fake.requests().len(), 2);
     b.server.stop().await;
 }

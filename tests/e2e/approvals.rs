@@ -4,16 +4,14 @@
 //! denied tells the model so with the reason; another user's decision is
 //! NOT_FOUND and a second decision FAILED_PRECONDITION.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentrt_client::{ChatEvent, Client, Error, proto};
-use agentrt_runtime::model::ToolSpec;
-use agentrt_runtime::toolbox::{ToolError, ToolOutcome, ToolSource};
 use agentrt_server::ServerBuilder;
 use agentrt_testkit::fake_openai::{FakeOpenAi, FakeReply, finish_chunk, sse_data, text_chunk};
 use agentrt_testkit::server::InProcessServer;
-use async_trait::async_trait;
+use agentrt_testkit::tools::Recorder;
 use serde_json::json;
 use tonic::Code;
 
@@ -22,26 +20,6 @@ use super::harness::{base_config, mock_provider, read_until, text_request, with_
 const WAIT: Duration = Duration::from_secs(30);
 const ALICE: &str = "alice-key-123";
 const BOB: &str = "bob-key-456";
-
-/// `act`: records each call's arguments.
-#[derive(Debug, Default)]
-struct Recorder(Mutex<Vec<String>>);
-
-#[async_trait]
-impl ToolSource for Recorder {
-    async fn list(&self) -> Result<Vec<ToolSpec>, ToolError> {
-        Ok(vec![ToolSpec {
-            name: "act".into(),
-            description: "does something with effects".into(),
-            parameters: json!({"type": "object"}),
-        }])
-    }
-
-    async fn call(&self, _name: &str, arguments_json: &str) -> ToolOutcome {
-        self.0.lock().unwrap().push(arguments_json.to_owned());
-        ToolOutcome::ok("acted")
-    }
-}
 
 fn call_reply(id: &str, arguments: &str) -> FakeReply {
     let call = json!({
@@ -56,6 +34,17 @@ fn call_reply(id: &str, arguments: &str) -> FakeReply {
 
 fn text_reply(text: &str) -> FakeReply {
     FakeReply::sse(vec![text_chunk(text), finish_chunk("stop")])
+}
+
+/// The first tool result stored in `history`.
+fn first_tool_result(history: &[proto::Message]) -> proto::ToolResultBlock {
+    history
+        .iter()
+        .find_map(|m| match &m.content.first()?.block {
+            Some(proto::content_block::Block::ToolResult(r)) => Some(r.clone()),
+            _ => None,
+        })
+        .expect("a tool result in history")
 }
 
 fn code(err: Error) -> Code {
@@ -148,7 +137,7 @@ async fn approve_runs_the_call_deny_tells_the_model_why_and_only_the_owner_decid
         (call_id.as_str(), name.as_str(), arguments_json.as_str()),
         ("call_1", "local__act", r#"{"n":1}"#)
     );
-    assert!(s.tool.0.lock().unwrap().is_empty(), "ran before approval");
+    assert!(s.tool.calls().is_empty(), "ran before approval");
     let status = s.alice.session_status(&id).await.unwrap();
     assert_eq!(status.pending_calls.len(), 1);
     assert_eq!(status.pending_calls[0].call_id, "call_1");
@@ -185,7 +174,7 @@ async fn approve_runs_the_call_deny_tells_the_model_why_and_only_the_owner_decid
         .unwrap()
         .unwrap();
     assert_eq!(end.outcome, Some(proto::TurnOutcome::Success));
-    assert_eq!(*s.tool.0.lock().unwrap(), [r#"{"n":1}"#]);
+    assert_eq!(s.tool.calls(), [r#"{"n":1}"#]);
 
     // Denied: never run; the model is told so with the reason.
     let mut req = text_request(&id, "act again");
@@ -204,7 +193,7 @@ async fn approve_runs_the_call_deny_tells_the_model_why_and_only_the_owner_decid
         .unwrap()
         .unwrap();
     assert_eq!(end.outcome, Some(proto::TurnOutcome::Success));
-    assert_eq!(s.tool.0.lock().unwrap().len(), 1, "a denied call ran");
+    assert_eq!(s.tool.calls().len(), 1, "a denied call ran");
     let requests = s.fake.requests();
     let last = requests.last().unwrap().body["messages"]
         .as_array()
@@ -236,16 +225,10 @@ async fn the_configuration_requires_approval_and_a_stop_cancels_the_waiting_call
         .unwrap()
         .unwrap();
     assert_eq!(end.outcome, Some(proto::TurnOutcome::Canceled));
-    assert!(s.tool.0.lock().unwrap().is_empty());
+    assert!(s.tool.calls().is_empty());
     // The call's record says it never ran; a late decision finds nothing.
     let history = s.alice.history(&id).await.unwrap();
-    let result = history
-        .iter()
-        .find_map(|m| match &m.content.first()?.block {
-            Some(proto::content_block::Block::ToolResult(r)) => Some(r.clone()),
-            _ => None,
-        })
-        .unwrap();
+    let result = first_tool_result(&history);
     assert_eq!(result.call_id, "call_9");
     assert_eq!(result.interrupted(), proto::ToolCallInterrupted::Cancelled);
     let err = s
@@ -274,15 +257,9 @@ async fn an_approval_never_given_times_the_turn_out_at_approval_timeout() {
         .unwrap()
         .unwrap();
     assert_eq!(end.outcome, Some(proto::TurnOutcome::TimedOut));
-    assert!(s.tool.0.lock().unwrap().is_empty());
+    assert!(s.tool.calls().is_empty());
     let history = s.alice.history(&id).await.unwrap();
-    let result = history
-        .iter()
-        .find_map(|m| match &m.content.first()?.block {
-            Some(proto::content_block::Block::ToolResult(r)) => Some(r.clone()),
-            _ => None,
-        })
-        .unwrap();
+    let result = first_tool_result(&history);
     assert_eq!(result.interrupted(), proto::ToolCallInterrupted::Cancelled);
     assert_eq!(history.last().unwrap().role(), proto::Role::Notice);
 }

@@ -565,10 +565,16 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Called once at start-up; returns the records it changed.
     async fn recover_interrupted(&self) -> Result<Vec<TurnRecord>, StoreError>;
 
-    /// Turns left paused (`TurnStatus::Paused`, no process running them),
-    /// at most `limit`, in no particular order: the runtime ends those past
-    /// their pause's bound.
-    async fn paused_turns(&self, limit: usize) -> Result<Vec<TurnRecord>, StoreError>;
+    /// Turns left paused (`TurnStatus::Paused`, no process running them)
+    /// whose pause's bound ([`crate::types::Pause::until`]) is at or
+    /// before `now`, at most `limit`, the longest expired first: the
+    /// runtime ends them. A store in this process knows its paused turns
+    /// from [`Store::recover_interrupted`] on and from every write since.
+    async fn expired_pauses(
+        &self,
+        now: std::time::SystemTime,
+        limit: usize,
+    ) -> Result<Vec<TurnRecord>, StoreError>;
 
     /// What `owner`'s ended turns used (input plus output tokens) and
     /// cost on UTC day `day` (days since the epoch), summed by the store

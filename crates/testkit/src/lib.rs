@@ -17,6 +17,7 @@
 //!   system's binaries, or `AGENTRT_TEST_PG_URL`), one database per test.
 //! - [`tcp_proxy`]: a loopback TCP proxy a test cuts and restores (a
 //!   database that goes away and comes back).
+//! - [`tools`]: server tools for tests ([`tools::Recorder`]).
 //! - `server` (feature `server`): an in-process agentrt server on
 //!   `127.0.0.1:0`.
 //! - `local_model` (feature `local-model`): the real local model file for
@@ -36,3 +37,4 @@ pub mod provider;
 #[cfg(feature = "server")]
 pub mod server;
 pub mod tcp_proxy;
+pub mod tools;

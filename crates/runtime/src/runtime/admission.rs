@@ -41,7 +41,9 @@ use crate::hub::TurnHub;
 use crate::model::{Reservation, ToolSpec};
 use crate::quota::{LiveTurnGuard, QuotaExceeded, WriteQuota};
 use crate::store::StoreError;
-use crate::types::{Message, NewMessage, Principal, Role, Session, TurnRecord, TurnStatus, Usage};
+use crate::types::{
+    Message, NewMessage, Principal, Role, Session, ThinkingLevel, TurnRecord, TurnStatus, Usage,
+};
 
 /// What admission decided about a turn before taking its session's slot.
 struct Plan {
@@ -161,28 +163,19 @@ impl Runtime {
                 limit, value,
             )));
         }
-        let inner = &self.inner;
         let (model, thinking, model_field) =
-            inner
+            self.inner
                 .models
                 .for_turn(input.model.as_deref(), input.thinking, session);
-        let key = RunnerKey {
-            model,
-            thinking,
-            incarnation: session.incarnation.clone(),
-        };
-        let runner = inner
-            .runners
-            .runner_for(
-                &inner.models,
-                &inner.toolbox,
-                (&session.id, &session.owner),
-                key,
-                model_field,
+        let extra = std::mem::take(&mut input.extra_tools);
+        let (runner, tools) = self
+            .runner_and_tools(
+                session,
+                (model, thinking, model_field),
+                extra,
+                &input.excluded_tools,
             )
             .await?;
-        let extra = std::mem::take(&mut input.extra_tools);
-        let tools = offered(&runner, extra, &input.excluded_tools)?;
         let reservation = admit_model(&runner, &tools, input.max_output_tokens)?;
         let system_overridden = input.system_override.is_some();
         let system_prompt = input
@@ -199,6 +192,37 @@ impl Runtime {
             quota: WriteQuota::default(),
             daily: None,
         })
+    }
+
+    /// The session's runner for `model` and `thinking` (`model_field`
+    /// names the request field they came from, for errors), and the tools
+    /// offered with it: the runner's server tools and the caller's
+    /// `extra`, minus `excluded`.
+    async fn runner_and_tools(
+        &self,
+        session: &Session,
+        (model, thinking, model_field): (String, Option<ThinkingLevel>, &str),
+        extra: Vec<ToolSpec>,
+        excluded: &[String],
+    ) -> Result<(Arc<Runner>, Vec<ToolSpec>), RuntimeError> {
+        let inner = &self.inner;
+        let key = RunnerKey {
+            model,
+            thinking,
+            incarnation: session.incarnation.clone(),
+        };
+        let runner = inner
+            .runners
+            .runner_for(
+                &inner.models,
+                &inner.toolbox,
+                (&session.id, &session.owner),
+                key,
+                model_field,
+            )
+            .await?;
+        let tools = offered(&runner, extra, excluded)?;
+        Ok((runner, tools))
     }
 
     /// Takes the session's slot, stores the turn's start durably and spawns
@@ -319,7 +343,7 @@ impl Runtime {
             max_output_tokens: input.max_output_tokens,
             started: admitted_at,
             deadline: plan.checked.deadline_from(admitted_at),
-            require_approval: approvals(&self.inner.config, input.require_approval),
+            require_approval: input.require_approval,
             daily: plan.daily,
         };
         let holds = TurnHolds {
@@ -609,13 +633,6 @@ async fn reload(
         user,
         prestart,
     })
-}
-
-/// The server tools whose calls wait for an approval: the
-/// configuration's and the call's.
-pub(super) fn approvals(config: &super::RuntimeConfig, mut call: Vec<String>) -> Vec<String> {
-    call.extend(config.require_approval.iter().cloned());
-    call
 }
 
 /// What a turn being admitted holds before its durable start.

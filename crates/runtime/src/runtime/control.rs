@@ -138,10 +138,10 @@ impl Runtime {
                     steering: 0,
                     pending_calls: paused
                         .as_ref()
-                        .and_then(|(_, r)| r.pause.as_ref())
+                        .and_then(|r| r.pause.as_ref())
                         .map(|p| p.calls.iter().map(PendingCall::from).collect())
                         .unwrap_or_default(),
-                    paused: paused.map(|(_, r)| r.turn_id),
+                    paused: paused.map(|r| r.turn_id),
                 }
             }
         };

@@ -170,8 +170,8 @@ pub(crate) struct Turn {
     /// Counts the turn against its owner's `live_turns` quota while it
     /// exists (on a store only this process writes).
     _quota: Option<crate::quota::LiveTurnGuard>,
-    /// Server tools whose calls wait for an approval (the call's and the
-    /// configuration's; `*`: all).
+    /// Server tools whose calls in this turn wait for an approval (the
+    /// call's; the configuration's apply too; `*`: all).
     require_approval: Vec<String>,
     /// Set while the tool phase waits for the caller: when that wait ends
     /// unanswered.

@@ -424,15 +424,23 @@ impl Store for MemoryStore {
         Ok(changed)
     }
 
-    async fn paused_turns(&self, limit: usize) -> Result<Vec<TurnRecord>, StoreError> {
+    async fn expired_pauses(
+        &self,
+        now: SystemTime,
+        limit: usize,
+    ) -> Result<Vec<TurnRecord>, StoreError> {
         let sessions = self.lock();
-        Ok(sessions
+        let mut expired: Vec<TurnRecord> = sessions
             .values()
             .flat_map(|e| e.turns.values())
-            .filter(|t| t.status == TurnStatus::Paused)
-            .take(limit)
+            .filter(|t| {
+                t.status == TurnStatus::Paused && t.paused_until().is_some_and(|u| u <= now)
+            })
             .cloned()
-            .collect())
+            .collect();
+        expired.sort_by_key(TurnRecord::paused_until);
+        expired.truncate(limit);
+        Ok(expired)
     }
 
     /// Summed from the owner's stored turn records (a test double's store:

@@ -374,8 +374,12 @@ impl Store for PostgresStore {
         self.resume(session_id, incarnation, turn_id).await
     }
 
-    async fn paused_turns(&self, limit: usize) -> Result<Vec<TurnRecord>, StoreError> {
-        self.paused(limit).await
+    async fn expired_pauses(
+        &self,
+        now: std::time::SystemTime,
+        limit: usize,
+    ) -> Result<Vec<TurnRecord>, StoreError> {
+        self.expired(now, limit).await
     }
 
     async fn daily_spent(

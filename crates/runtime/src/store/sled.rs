@@ -177,7 +177,6 @@ impl SledStore {
         let owners = Arc::new(usage::Owners::load(&sessions, &usage)?);
         let today = crate::quota::day_window(std::time::SystemTime::now()).0;
         let daily = Arc::new(daily::Daily::load(&usage, today)?);
-        let paused = Arc::new(paused::Paused::load(&sessions)?);
         let bodies = Bodies::open(&path, |key| {
             messages.contains_key(key).map_err(|e| backend("read", e))
         })?;
@@ -200,7 +199,7 @@ impl SledStore {
             disk,
             owners,
             daily,
-            paused,
+            paused: Arc::default(),
         })
     }
 
@@ -464,15 +463,19 @@ impl Store for SledStore {
         self.resume(session_id, incarnation, turn_id).await
     }
 
-    async fn paused_turns(&self, limit: usize) -> Result<Vec<TurnRecord>, StoreError> {
-        let mut paused = Vec::new();
-        for (session_id, turn_id) in self.paused.list(limit) {
+    async fn expired_pauses(
+        &self,
+        now: std::time::SystemTime,
+        limit: usize,
+    ) -> Result<Vec<TurnRecord>, StoreError> {
+        let mut expired = Vec::new();
+        for (session_id, turn_id) in self.paused.expired(now, limit) {
             match self.turn(&session_id, &turn_id)? {
-                Some(turn) if turn.status == crate::types::TurnStatus::Paused => paused.push(turn),
+                Some(turn) if turn.status == crate::types::TurnStatus::Paused => expired.push(turn),
                 Some(_) | None => self.paused.forget(&session_id, &turn_id),
             }
         }
-        Ok(paused)
+        Ok(expired)
     }
 
     async fn daily_spent(&self, owner: &str, day: u64) -> Result<DailySpent, StoreError> {

@@ -231,6 +231,11 @@ impl TurnRecord {
         true
     }
 
+    /// When the turn's pause ends unanswered, while it has one.
+    pub fn paused_until(&self) -> Option<SystemTime> {
+        self.pause.as_ref().map(|p| p.until)
+    }
+
     /// Whether the call `call_id` is one the (paused) turn waits for.
     pub(crate) fn waits_for(&self, call_id: &str) -> bool {
         self.pause

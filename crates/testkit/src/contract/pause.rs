@@ -1,6 +1,6 @@
 //! Paused turns and the owners' spending per day, on every store.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use agentrt_runtime::quota::{DailySpent, day_window};
 use agentrt_runtime::store::{Store, StoreError};
@@ -65,6 +65,18 @@ pub async fn a_paused_turn_keeps_its_session_until_resumed(store: &dyn Store) {
     assert_eq!(paused.finished_at, None);
     let session = get(store, &s.id).await;
     assert_eq!(session.paused_turn(), Some("t1"));
+    // Past its bound from `now` on, not before.
+    let expired = |at| async move {
+        store
+            .expired_pauses(at, 10)
+            .await
+            .expect("expired_pauses")
+            .into_iter()
+            .map(|t| t.turn_id)
+            .collect::<Vec<_>>()
+    };
+    assert!(expired(now - Duration::from_secs(1)).await.is_empty());
+    assert_eq!(expired(now + Duration::from_secs(1)).await, ["t1"]);
 
     let refused = store
         .begin_turn(
@@ -84,6 +96,7 @@ pub async fn a_paused_turn_keeps_its_session_until_resumed(store: &dyn Store) {
     assert_eq!(resumed.status, TurnStatus::Running);
     assert_eq!(resumed.pause, waiting.pause);
     assert_eq!(get(store, &s.id).await.paused_turn(), None);
+    assert!(expired(now + Duration::from_secs(1)).await.is_empty());
     let again = store.resume_turn(&s.id, &s.incarnation, "t1").await;
     assert!(
         matches!(again, Err(StoreError::NotPaused { .. })),

@@ -13,14 +13,14 @@ use std::time::{Instant, SystemTime};
 
 use tokio::sync::oneshot;
 
-use super::offer::offered;
 use super::{Runtime, abandon};
 use crate::error::RuntimeError;
 use crate::hub::TurnHub;
 use crate::model::ToolSpec;
 use crate::runtime::caller_tools::{Answer, PendingCall};
 use crate::runtime::context::Context;
-use crate::runtime::runners::{Runner, RunnerKey};
+use crate::runtime::queued::chat_input;
+use crate::runtime::runners::Runner;
 use crate::runtime::slots::{Claim, LiveTurn};
 use crate::runtime::turn::{Resume, Start, TurnHolds, TurnPlan};
 use crate::runtime::{Inner, OnDisconnect};
@@ -38,13 +38,13 @@ impl Runtime {
         turn_id: Option<&str>,
         call_id: &str,
     ) -> Result<Option<Arc<LiveTurn>>, RuntimeError> {
-        let Some((session, record)) = self.paused_record(session).await? else {
+        let Some(record) = self.paused_record(session).await? else {
             return Ok(None);
         };
         if turn_id.is_some_and(|t| t != record.turn_id) || !record.waits_for(call_id) {
             return Ok(None);
         }
-        self.resume(&session, record).await.map(Some)
+        self.resume(session, record).await.map(Some)
     }
 
     /// The session's paused turn, resumed here so it can be stopped,
@@ -54,10 +54,20 @@ impl Runtime {
         &self,
         session: &Session,
     ) -> Result<Option<Arc<LiveTurn>>, RuntimeError> {
-        if session.paused_turn().is_none() || self.live_of(session).is_some() {
+        if self.live_of(session).is_some() {
             return Ok(None);
         }
-        let Some((now, record)) = self.paused_record(session).await? else {
+        // The caller's session may be older than a pause since.
+        let Some(now) = self
+            .inner
+            .store
+            .get_session(&session.id)
+            .await?
+            .filter(|s| s.incarnation == session.incarnation)
+        else {
+            return Ok(None);
+        };
+        let Some(record) = self.paused_record(&now).await? else {
             return Ok(None);
         };
         self.resume(&now, record).await.map(Some)
@@ -67,10 +77,7 @@ impl Runtime {
     /// deadline, `approval_timeout`): resumed, it times out at once; this
     /// waits (bounded) for its end. Nothing when no turn is paused.
     pub(crate) async fn expire_pause(&self, session: &Session) -> Result<(), RuntimeError> {
-        if session.paused_turn().is_none() {
-            return Ok(());
-        }
-        let Some((now, record)) = self.paused_record(session).await? else {
+        let Some(record) = self.paused_record(session).await? else {
             return Ok(());
         };
         if record
@@ -80,7 +87,7 @@ impl Runtime {
         {
             return Ok(());
         }
-        let live = self.resume(&now, record).await?;
+        let live = self.resume(session, record).await?;
         // Ended or not by then, the caller goes on as with any busy session.
         let _ =
             tokio::time::timeout(crate::runtime::control::STOP_WAIT, live.done.cancelled()).await;
@@ -92,17 +99,18 @@ impl Runtime {
     /// so a paused turn nobody touches still ends; one resumed or ended
     /// elsewhere meanwhile is left alone.
     pub(crate) async fn end_expired_pauses(&self, limit: usize) {
-        let paused = match self.inner.store.paused_turns(limit).await {
-            Ok(paused) => paused,
+        let expired = match self
+            .inner
+            .store
+            .expired_pauses(SystemTime::now(), limit)
+            .await
+        {
+            Ok(expired) => expired,
             Err(err) => {
-                tracing::debug!(error = %err, "listing the paused turns failed");
+                tracing::debug!(error = %err, "listing the paused turns past their bound failed");
                 return;
             }
         };
-        let now = SystemTime::now();
-        let expired = paused
-            .into_iter()
-            .filter(|r| r.pause.as_ref().is_some_and(|p| p.until <= now));
         for record in expired {
             let session = match self.inner.store.get_session(&record.session_id).await {
                 Ok(Some(s)) if s.incarnation == record.incarnation => s,
@@ -121,28 +129,22 @@ impl Runtime {
         }
     }
 
-    /// The session as stored now and its paused turn's record, if its
-    /// latest turn is paused.
+    /// The record of `session`'s paused turn, if its latest turn is paused
+    /// (`session` as just read from the store: a turn resumed since is no
+    /// longer paused in its record).
     pub(crate) async fn paused_record(
         &self,
         session: &Session,
-    ) -> Result<Option<(Session, TurnRecord)>, RuntimeError> {
-        let store = &self.inner.store;
-        let Some(now) = store
-            .get_session(&session.id)
-            .await?
-            .filter(|s| s.incarnation == session.incarnation)
-        else {
+    ) -> Result<Option<TurnRecord>, RuntimeError> {
+        let Some(turn_id) = session.paused_turn() else {
             return Ok(None);
         };
-        let Some(turn_id) = now.paused_turn() else {
-            return Ok(None);
-        };
-        let record = store
-            .get_turn(&now.id, turn_id)
+        Ok(self
+            .inner
+            .store
+            .get_turn(&session.id, turn_id)
             .await?
-            .filter(|r| r.status == TurnStatus::Paused && r.pause.is_some());
-        Ok(record.map(|r| (now, r)))
+            .filter(|r| r.status == TurnStatus::Paused && r.pause.is_some()))
     }
 
     /// Resumes the paused turn `record` of `session` here (see the module
@@ -218,34 +220,10 @@ impl Runtime {
         record: &TurnRecord,
         pause: &Pause,
     ) -> Result<(Arc<Runner>, Vec<ToolSpec>), RuntimeError> {
-        let inner = &self.inner;
-        let key = RunnerKey {
-            model: record.model.clone(),
-            thinking: record.thinking,
-            incarnation: session.incarnation.clone(),
-        };
-        let runner = inner
-            .runners
-            .runner_for(
-                &inner.models,
-                &inner.toolbox,
-                (&session.id, &session.owner),
-                key,
-                "model",
-            )
-            .await?;
-        let extra = pause
-            .input
-            .extra_tools
-            .iter()
-            .map(|t| ToolSpec {
-                name: t.name.clone(),
-                description: t.description.clone(),
-                parameters: t.parameters.clone(),
-            })
-            .collect();
-        let tools = offered(&runner, extra, &pause.input.excluded_tools)?;
-        Ok((runner, tools))
+        let input = chat_input(session.id.clone(), pause.input.clone());
+        let selection = (record.model.clone(), record.thinking, "model");
+        self.runner_and_tools(session, selection, input.extra_tools, &input.excluded_tools)
+            .await
     }
 
     /// The store's side of a resume, under the session's slot: the record

@@ -128,8 +128,12 @@ impl Store for Shared {
         }
         self.inner.finish_turn(turn).await
     }
-    async fn paused_turns(&self, limit: usize) -> Result<Vec<TurnRecord>, StoreError> {
-        self.inner.paused_turns(limit).await
+    async fn expired_pauses(
+        &self,
+        now: std::time::SystemTime,
+        limit: usize,
+    ) -> Result<Vec<TurnRecord>, StoreError> {
+        self.inner.expired_pauses(now, limit).await
     }
     async fn daily_spent(
         &self,

@@ -127,7 +127,9 @@ fn info<'a>(call: &'a ToolCallRequest, kind: ToolKind) -> ToolCallInfo<'a> {
     }
 }
 
-/// Decides where `call` goes; for caller tools the before-call hooks run
+/// Decides where `call` goes — a server tool named in `approval` (the
+/// call's list and the configuration's; `*`: every one) waits for its
+/// approval; for caller tools the before-call hooks run
 /// here, so a denied call is never announced. A call whose arguments are
 /// not a JSON object goes nowhere: its result is an error telling the model
 /// so, and neither a server tool nor the caller sees it.
@@ -135,7 +137,7 @@ async fn route(
     toolbox: &Toolbox,
     runner: &Runner,
     offered: &[ToolSpec],
-    approval: &[String],
+    approval: [&[String]; 2],
     call: &ToolCallRequest,
 ) -> Route {
     if !offered.iter().any(|t| t.name == call.name) {
@@ -149,7 +151,11 @@ async fn route(
         )));
     }
     if runner.tools.iter().any(|t| t.name == call.name) {
-        if approval.iter().any(|n| n == "*" || *n == call.name) {
+        if approval
+            .iter()
+            .flat_map(|names| names.iter())
+            .any(|n| n == "*" || *n == call.name)
+        {
             return Route::Approval;
         }
         return Route::Server;
@@ -424,7 +430,7 @@ impl Turn {
                         &toolbox,
                         &self.runner,
                         &self.tools,
-                        &self.require_approval,
+                        [&self.require_approval, &self.inner.config.require_approval],
                         call,
                     )
                     .await

@@ -223,12 +223,19 @@ impl PostgresStore {
             .collect()
     }
 
-    /// At most `limit` paused turns (the partial index `turns_paused`).
-    pub(super) async fn paused(&self, limit: usize) -> Result<Vec<TurnRecord>, StoreError> {
+    /// At most `limit` paused turns past their bound at `now`, the longest
+    /// expired first (the partial index `turns_paused`).
+    pub(super) async fn expired(
+        &self,
+        now: SystemTime,
+        limit: usize,
+    ) -> Result<Vec<TurnRecord>, StoreError> {
         let limit = codec::big(u64::try_from(limit).unwrap_or(u64::MAX))?;
+        let now = codec::nanos(now)?;
         let client = self.client().await?;
-        let sql = "SELECT session_id, turn_id, record FROM turns WHERE status = 'paused' LIMIT $1";
-        let rows = codec::rows(&client, sql, &[&limit]).await?;
+        let sql = "SELECT session_id, turn_id, record FROM turns \
+                   WHERE status = 'paused' AND pause_until <= $1 ORDER BY pause_until LIMIT $2";
+        let rows = codec::rows(&client, sql, &[&now, &limit]).await?;
         rows.iter()
             .map(|row| {
                 let session_id: String = row

@@ -14,7 +14,7 @@ use super::PostgresStore;
 use super::codec::{self, Locked, SessionParams, locked_cols, update_session};
 use super::error::pg_error;
 use crate::store::{StoreError, record, seq_exhausted};
-use crate::types::{Message, NewMessage, Session, TurnRecord};
+use crate::types::{Message, NewMessage, Session, TurnRecord, TurnStatus};
 
 /// What a session write does to the lease columns.
 #[derive(Debug, Clone, Copy)]
@@ -179,13 +179,18 @@ pub(super) async fn put_turn(
     )?;
     let record = record::encode(turn)?;
     let status = codec::status(turn.status);
+    let pause_until = match turn.paused_until() {
+        Some(until) if turn.status == TurnStatus::Paused => Some(codec::nanos(until)?),
+        Some(_) | None => None,
+    };
     let sql = if begin {
-        "INSERT INTO turns (session_id, turn_id, request_id, status, record) \
-         VALUES ($1, $2, $3, $4, $5)"
+        "INSERT INTO turns (session_id, turn_id, request_id, status, record, pause_until) \
+         VALUES ($1, $2, $3, $4, $5, $6)"
     } else {
-        "INSERT INTO turns (session_id, turn_id, request_id, status, record) \
-         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (session_id, turn_id) DO UPDATE \
-         SET request_id = EXCLUDED.request_id, status = EXCLUDED.status, record = EXCLUDED.record"
+        "INSERT INTO turns (session_id, turn_id, request_id, status, record, pause_until) \
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (session_id, turn_id) DO UPDATE \
+         SET request_id = EXCLUDED.request_id, status = EXCLUDED.status, \
+         record = EXCLUDED.record, pause_until = EXCLUDED.pause_until"
     };
     codec::execute(
         tx,
@@ -196,6 +201,7 @@ pub(super) async fn put_turn(
             &turn.request_id,
             &status,
             &record,
+            &pause_until,
         ],
     )
     .await

@@ -1,48 +1,35 @@
-//! The paused turns of the sled store, in memory: sled has no index by a
-//! turn's state, and the runtime looks for paused turns past their bound
-//! every few seconds. Loaded at open from the sessions whose latest turn
-//! is paused; kept up to date by every write that pauses, resumes or ends
-//! a turn (sled is opened by one process, so nothing else writes).
+//! The paused turns of the sled store and their bounds, in memory: sled
+//! has no index by a turn's state, and the runtime looks for paused turns
+//! past their bound every few seconds. Filled by start-up recovery (its
+//! scan of every turn record finds those left paused, and pauses those a
+//! crash left waiting) and kept up to date by every write that pauses,
+//! resumes or ends a turn (sled is opened by one process, so nothing else
+//! writes).
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
+use std::time::SystemTime;
 
-use sled::Tree;
+use crate::types::{TurnRecord, TurnStatus};
 
-use super::{SESSIONS, backend, decode};
-use crate::store::StoreError;
-use crate::types::{Session, TurnRecord, TurnStatus};
-
-/// (session id, turn id) of every paused turn.
+/// (session id, turn id) of every paused turn, with its pause's bound.
 #[derive(Debug, Default)]
 pub(super) struct Paused {
-    turns: Mutex<BTreeSet<(String, String)>>,
+    turns: Mutex<BTreeMap<(String, String), SystemTime>>,
 }
 
 impl Paused {
-    /// The paused turns, from the sessions' latest turns.
-    pub(super) fn load(sessions: &Tree) -> Result<Self, StoreError> {
-        let mut turns = BTreeSet::new();
-        for entry in sessions.iter() {
-            let (key, raw) = entry.map_err(|e| backend("scan", e))?;
-            let session: Session = decode(SESSIONS, &key, &raw)?;
-            if let Some(turn_id) = session.paused_turn() {
-                turns.insert((session.id.clone(), turn_id.to_owned()));
-            }
-        }
-        Ok(Self {
-            turns: Mutex::new(turns),
-        })
-    }
-
     /// Notes `turn`'s state as just stored.
     pub(super) fn note(&self, turn: &TurnRecord) {
         let key = (turn.session_id.clone(), turn.turn_id.clone());
         let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
-        if turn.status == TurnStatus::Paused {
-            turns.insert(key);
-        } else {
-            turns.remove(&key);
+        match turn.paused_until() {
+            Some(until) if turn.status == TurnStatus::Paused => {
+                turns.insert(key, until);
+            }
+            Some(_) | None => {
+                turns.remove(&key);
+            }
         }
     }
 
@@ -52,9 +39,16 @@ impl Paused {
         turns.remove(&(session_id.to_owned(), turn_id.to_owned()));
     }
 
-    /// At most `limit` of them.
-    pub(super) fn list(&self, limit: usize) -> Vec<(String, String)> {
+    /// At most `limit` of those whose bound is at or before `now`, the
+    /// longest expired first.
+    pub(super) fn expired(&self, now: SystemTime, limit: usize) -> Vec<(String, String)> {
         let turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
-        turns.iter().take(limit).cloned().collect()
+        let mut expired: Vec<_> = turns.iter().filter(|(_, until)| **until <= now).collect();
+        expired.sort_by_key(|(_, until)| **until);
+        expired
+            .into_iter()
+            .take(limit)
+            .map(|(key, _)| key.clone())
+            .collect()
     }
 }

@@ -139,13 +139,14 @@ impl SledStore {
                 count_day(u, spent, day, &session, &turn)
             })
             .map_err(|e| self.tx_failed(e))?;
-        self.counted(day, counted, &turn);
+        self.finished(day, counted, &turn);
         self.durable_write(write_started).await
     }
 
-    /// Adds a turn's spending, committed for `owner` (when it counted), to
-    /// the day's totals in memory.
-    fn counted(&self, day: u64, owner: Option<String>, turn: &TurnRecord) {
+    /// After a turn's final (or paused) record is committed: its spending,
+    /// counted for `owner`, added to the day's totals in memory, and the
+    /// paused turns' index told its state.
+    fn finished(&self, day: u64, owner: Option<String>, turn: &TurnRecord) {
         if let Some(owner) = owner {
             self.daily.add(day, &owner, DailySpent::of(turn));
         }
@@ -199,7 +200,7 @@ impl SledStore {
             })
             .map_err(|e| self.tx_failed(e))?;
         let (written, counted) = written;
-        self.counted(day, counted, &turn);
+        self.finished(day, counted, &turn);
         last.into_iter().for_each(keep_body);
         self.durable_write(write_started).await?;
         Ok(written)
@@ -335,8 +336,8 @@ impl SledStore {
 
     pub(super) async fn recover(&self) -> Result<Vec<TurnRecord>, StoreError> {
         let (sessions, turns) = (self.sessions.clone(), self.turns.clone());
-        let changed = blocking(move || recover_blocking(&sessions, &turns)).await?;
-        for turn in &changed {
+        let (changed, paused) = blocking(move || recover_blocking(&sessions, &turns)).await?;
+        for turn in changed.iter().chain(&paused) {
             self.paused.note(turn);
         }
         self.flush_db().await?;
@@ -349,8 +350,8 @@ fn day_of(turn: &TurnRecord) -> u64 {
     crate::quota::day_window(turn.finished_at.unwrap_or_else(SystemTime::now)).0
 }
 
-/// When the turn's end `spent` (counted now), adds it to the session's key
-/// of `day`; the owner it counted for.
+/// When the turn's end `spent` (counted now) something, adds it to the
+/// session's key of `day`; the owner it counted for.
 fn count_day(
     u: &TransactionalTree,
     spent: bool,
@@ -358,10 +359,11 @@ fn count_day(
     session: &crate::types::Session,
     turn: &TurnRecord,
 ) -> Result<Option<String>, TxError<StoreError>> {
-    if !spent {
+    let adds = DailySpent::of(turn);
+    if !spent || adds == DailySpent::default() {
         return Ok(None);
     }
-    super::daily::add_tx(u, day, &session.id, &session.owner, DailySpent::of(turn))?;
+    super::daily::add_tx(u, day, &session.id, &session.owner, adds)?;
     Ok(Some(session.owner.clone()))
 }
 
@@ -379,13 +381,27 @@ fn put_turn_tx(
         .map_err(TxError::Abort)
 }
 
-fn recover_blocking(sessions: &Tree, turns: &Tree) -> Result<Vec<TurnRecord>, StoreError> {
+/// Interrupts (or pauses) the turns left running; the changed records,
+/// and those a previous process left paused.
+fn recover_blocking(
+    sessions: &Tree,
+    turns: &Tree,
+) -> Result<(Vec<TurnRecord>, Vec<TurnRecord>), StoreError> {
     let now = SystemTime::now();
     let mut running = Vec::new();
+    let mut paused = Vec::new();
     for entry in turns.iter() {
         let (key, raw) = entry.map_err(|e| backend("scan", e))?;
-        if decode::<TurnRecord>(TURNS, &key, &raw)?.status == TurnStatus::Running {
-            running.push(key);
+        let turn = decode::<TurnRecord>(TURNS, &key, &raw)?;
+        match turn.status {
+            TurnStatus::Running => running.push(key),
+            TurnStatus::Paused => paused.push(turn),
+            TurnStatus::Success
+            | TurnStatus::Error
+            | TurnStatus::Canceled
+            | TurnStatus::TimedOut
+            | TurnStatus::Interrupted
+            | TurnStatus::BudgetExceeded => {}
         }
     }
     let mut changed = Vec::new();
@@ -412,5 +428,5 @@ fn recover_blocking(sessions: &Tree, turns: &Tree) -> Result<Vec<TurnRecord>, St
         });
         changed.extend(outcome.map_err(tx_err)?);
     }
-    Ok(changed)
+    Ok((changed, paused))
 }

@@ -14,7 +14,8 @@ CREATE TABLE daily_spent (
     PRIMARY KEY (owner, day)
 );
 
--- The paused turns (waiting for their callers with no process running
--- them), looked through by every replica every few seconds for those past
--- their bound.
-CREATE INDEX turns_paused ON turns (session_id, turn_id) WHERE status = 'paused';
+-- A paused turn's bound (its pause's `until`, nanoseconds since the epoch;
+-- NULL unless paused): every replica looks every few seconds for the paused
+-- turns past it, the longest expired first.
+ALTER TABLE turns ADD COLUMN pause_until bigint;
+CREATE INDEX turns_paused ON turns (pause_until) WHERE status = 'paused';
