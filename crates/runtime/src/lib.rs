@@ -20,6 +20,7 @@
 //! - [`telemetry`]: span and metric names, the core's instruments, and the
 //!   `traceparent` of outgoing provider requests (OpenTelemetry API only).
 
+pub mod blobs;
 pub mod compaction;
 pub mod error;
 pub mod events;
