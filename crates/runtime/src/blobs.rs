@@ -46,6 +46,25 @@ impl From<object_store::Error> for BlobError {
     }
 }
 
+/// What a blob is, kept beside its bytes (`o/<sha256(owner)>/m/<id>`):
+/// the first writer's mime type and name (the bytes are the same for every
+/// writer; names and types given later do not replace them).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BlobMeta {
+    /// Its id (sha256, hex).
+    pub id: String,
+    /// Mime type.
+    pub mime_type: String,
+    /// File name, possibly empty.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+fn meta_path(owner: &str, id: &str) -> Path {
+    Path::from(format!("{}/m/{id}", owner_dir(owner)))
+}
+
 /// The bytes of a blob, in the store's chunks.
 pub type BlobStream = BoxStream<'static, Result<Bytes, BlobError>>;
 
@@ -152,6 +171,45 @@ impl Blobs {
         Ok(id)
     }
 
+    /// Stores `bytes` for `owner` with what they are; their metadata (the
+    /// stored one when the same bytes were stored before).
+    pub async fn put_with(
+        &self,
+        owner: &str,
+        bytes: Bytes,
+        mime_type: &str,
+        name: &str,
+    ) -> Result<BlobMeta, BlobError> {
+        let size = bytes.len() as u64;
+        let id = self.put(owner, bytes).await?;
+        match self.meta(owner, &id).await {
+            Ok(meta) => return Ok(meta),
+            Err(BlobError::NotFound) => {}
+            Err(e) => return Err(e),
+        }
+        let meta = BlobMeta {
+            id,
+            mime_type: mime_type.to_owned(),
+            name: name.to_owned(),
+            size,
+        };
+        let json = serde_json::to_vec(&meta).map_err(|e| BlobError::Backend(e.to_string()))?;
+        self.store
+            .put(&meta_path(owner, &meta.id), PutPayload::from(json))
+            .await?;
+        Ok(meta)
+    }
+
+    /// The metadata of `owner`'s blob `id`.
+    pub async fn meta(&self, owner: &str, id: &str) -> Result<BlobMeta, BlobError> {
+        if !valid_id(id) {
+            return Err(BlobError::NotFound);
+        }
+        let raw = self.store.get(&meta_path(owner, id)).await?.bytes().await?;
+        serde_json::from_slice(&raw)
+            .map_err(|e| BlobError::Backend(format!("blob metadata {id}: {e}")))
+    }
+
     /// The size of `owner`'s blob `id`.
     pub async fn size(&self, owner: &str, id: &str) -> Result<u64, BlobError> {
         if !valid_id(id) {
@@ -177,10 +235,13 @@ impl Blobs {
         if !valid_id(id) {
             return Ok(());
         }
-        match self.store.delete(&blob_path(owner, id)).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(e.into()),
+        for path in [meta_path(owner, id), blob_path(owner, id)] {
+            match self.store.delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
+        Ok(())
     }
 
     /// How many bytes of `owner`'s upload `upload_id` are committed (0 for
@@ -341,6 +402,32 @@ mod tests {
             Err(BlobError::NotFound)
         ));
         blobs.delete("alice", &id).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn metadata_is_the_first_writers_and_goes_with_the_blob() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = Blobs::local(dir.path()).unwrap();
+        let bytes = Bytes::from_static(b"%PDF-1.7");
+        let first = blobs
+            .put_with("alice", bytes.clone(), "application/pdf", "a.pdf")
+            .await
+            .unwrap();
+        assert_eq!((first.size, first.name.as_str()), (8, "a.pdf"));
+        let again = blobs
+            .put_with("alice", bytes, "application/octet-stream", "b.bin")
+            .await
+            .unwrap();
+        assert_eq!(again, first);
+        assert!(matches!(
+            blobs.meta("bob", &first.id).await,
+            Err(BlobError::NotFound)
+        ));
+        blobs.delete("alice", &first.id).await.unwrap();
+        assert!(matches!(
+            blobs.meta("alice", &first.id).await,
+            Err(BlobError::NotFound)
+        ));
     }
 
     #[tokio::test]
