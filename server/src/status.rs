@@ -96,6 +96,9 @@ pub fn quota_exceeded(quota: &QuotaExceeded) -> Status {
             Quota::DailyCost => {
                 format!("at most {} micro-USD per user per UTC day", quota.limit)
             }
+            Quota::BlobBytes => {
+                format!("at most {} bytes of images and files per user", quota.limit)
+            }
             Quota::Sessions
             | Quota::StoredBytes
             | Quota::LiveTurns
@@ -113,6 +116,7 @@ pub fn quota_exceeded(quota: &QuotaExceeded) -> Status {
     }
     let hint = match quota.quota {
         Quota::Sessions | Quota::StoredBytes => "; delete sessions to make room",
+        Quota::BlobBytes => "; delete sessions that hold images or files to make room",
         Quota::LiveTurns | Quota::DetachedTasks => "; retry when one has finished",
         Quota::TurnsPerMinute => "; retry after the RetryInfo delay",
         Quota::SessionBudgetTokens | Quota::SessionBudgetCost => {

@@ -56,6 +56,8 @@ pub fn chat_messages(request: &ModelRequest) -> Vec<ChatMessage> {
             let piece = match block {
                 ContentBlock::Text { text } => text.clone(),
                 ContentBlock::Image { .. } => "[image]".to_owned(),
+                ContentBlock::File { name, .. } => format!("[file {name}]"),
+                ContentBlock::Media(media) => format!("[{}]", media.describe()),
                 ContentBlock::ToolCall {
                     name,
                     arguments_json,

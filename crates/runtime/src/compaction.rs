@@ -16,7 +16,7 @@ use std::time::Duration;
 use futures::StreamExt as _;
 
 use crate::model::{ModelError, ModelEvent, ModelProvider, ModelRequest};
-use crate::types::{ContentBlock, Message, Role, Usage, flatten_text};
+use crate::types::{ContentBlock, MediaKind, MediaRef, Message, Role, Usage, flatten_text};
 
 /// Compaction settings. Every field has a documented default.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,16 +73,33 @@ pub fn estimate_message(message: &Message) -> u64 {
             ContentBlock::Text { text } => text_tokens(text.len()),
             ContentBlock::Thinking { thinking, .. } => text_tokens(thinking.len()),
             ContentBlock::Image { .. } => IMAGE_TOKENS,
+            ContentBlock::File { data, .. } => text_tokens(data.len()),
+            ContentBlock::Media(media) => media_tokens(media),
             ContentBlock::ToolCall {
                 name,
                 arguments_json,
                 ..
             } => text_tokens(name.len() + arguments_json.len()),
-            ContentBlock::ToolResult { name, content, .. } => {
-                text_tokens(name.len() + content.len())
-            }
+            ContentBlock::ToolResult {
+                name,
+                content,
+                media,
+                ..
+            } => media
+                .iter()
+                .map(media_tokens)
+                .fold(text_tokens(name.len() + content.len()), u64::saturating_add),
         })
         .fold(MESSAGE_OVERHEAD, u64::saturating_add)
+}
+
+/// Estimated tokens of a stored image or file: an image's fixed estimate;
+/// a file as if it were text (a PDF's pages cost about that much).
+fn media_tokens(media: &MediaRef) -> u64 {
+    match media.kind {
+        MediaKind::Image => IMAGE_TOKENS,
+        MediaKind::File => text_tokens(usize::try_from(media.size).unwrap_or(usize::MAX)),
+    }
 }
 
 /// The estimated size of a context: the larger of a character-based
@@ -200,6 +217,10 @@ fn render(message: &Message) -> String {
             ContentBlock::Text { text } => format!("[{role}] {text}"),
             ContentBlock::Thinking { .. } => continue,
             ContentBlock::Image { mime_type, .. } => format!("[{role}] (an image, {mime_type})"),
+            ContentBlock::File {
+                mime_type, name, ..
+            } => format!("[{role}] (a file {name:?}, {mime_type})"),
+            ContentBlock::Media(media) => format!("[{role}] {}", media.describe()),
             ContentBlock::ToolCall {
                 name,
                 arguments_json,

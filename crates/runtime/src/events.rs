@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::types::{CancelReason, Role, ThinkingLevel, Usage};
+use crate::types::{CancelReason, MediaRef, Role, ThinkingLevel, Usage};
 
 /// Status codes carried by turn errors (named like `google.rpc.Code`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -112,6 +112,58 @@ pub struct ToolUse {
     pub detail: String,
     /// The result text (Done/Error).
     pub content: String,
+    /// What the result carried or cited (Done/Error).
+    pub references: Vec<Reference>,
+}
+
+/// An item a tool's result carried or cited.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reference {
+    /// An image or file stored in the session.
+    Blob {
+        /// The blob.
+        blob: MediaRef,
+        /// Why it is referenced (`"result"`).
+        intent: &'static str,
+    },
+    /// A resource the tool linked.
+    Uri {
+        /// Where it is.
+        uri: String,
+        /// A name or title.
+        title: String,
+        /// A short description.
+        preview: String,
+        /// Its media type, when the tool said.
+        mime_type: String,
+    },
+}
+
+impl Reference {
+    fn approx_size(&self) -> usize {
+        match self {
+            Self::Blob { blob, .. } => blob.approx_bytes(),
+            Self::Uri {
+                uri,
+                title,
+                preview,
+                mime_type,
+            } => uri.len() + title.len() + preview.len() + mime_type.len(),
+        }
+    }
+}
+
+/// An `image` or `file` event: media a tool returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MediaEvent {
+    /// The stored blob.
+    pub blob: MediaRef,
+    /// Its bytes, when small enough to send inline.
+    pub data: Option<bytes::Bytes>,
+    /// The tool call that returned it.
+    pub call_id: String,
+    /// Where the tool said it is (a file it wrote), if anywhere.
+    pub uri: String,
 }
 
 /// Where a compaction is.
@@ -230,6 +282,25 @@ pub enum EventKind {
     },
     /// Compaction of the context before the turn's first model step.
     Compaction(Box<Compaction>),
+    /// An image a tool returned (between its `ToolUse` Running and Done).
+    Image(Box<MediaEvent>),
+    /// A file a tool returned or wrote.
+    File(Box<MediaEvent>),
+    /// Resources a tool cited.
+    References {
+        /// The call that cited them.
+        call_id: String,
+        /// What it cited.
+        references: Vec<Reference>,
+    },
+    /// Something the caller should know that is not an error (e.g. media
+    /// the model could not read).
+    Notice {
+        /// `"MEDIA_NOT_SHOWN"`, ...
+        code: &'static str,
+        /// For a person.
+        message: String,
+    },
     /// Watchers only (seq 0): events were skipped.
     ReplayGap {
         /// Seq of the next event delivered.
@@ -288,8 +359,24 @@ impl TurnEvent {
             EventKind::MessageStored { id, .. } => id.len(),
             EventKind::Queued { .. } | EventKind::Steered { .. } => 0,
             EventKind::ToolUse(t) => {
-                std::mem::size_of::<ToolUse>() + t.arguments_json.len() + t.content.len()
+                std::mem::size_of::<ToolUse>()
+                    + t.arguments_json.len()
+                    + t.content.len()
+                    + t.references
+                        .iter()
+                        .map(Reference::approx_size)
+                        .sum::<usize>()
             }
+            EventKind::Image(m) | EventKind::File(m) => {
+                std::mem::size_of::<MediaEvent>()
+                    + m.blob.approx_bytes()
+                    + m.uri.len()
+                    + m.data.as_ref().map_or(0, bytes::Bytes::len)
+            }
+            EventKind::References { references, .. } => {
+                references.iter().map(Reference::approx_size).sum()
+            }
+            EventKind::Notice { message, .. } => message.len(),
             EventKind::ToolCall { arguments_json, .. }
             | EventKind::ApprovalRequired { arguments_json, .. } => arguments_json.len(),
             EventKind::Compaction(c) => std::mem::size_of::<Compaction>() + c.message.len(),

@@ -29,6 +29,7 @@ pub mod events;
 pub mod fuzzing;
 pub mod hub;
 pub mod limits;
+pub mod media;
 pub mod model;
 pub mod prices;
 pub mod quota;

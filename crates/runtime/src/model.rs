@@ -339,6 +339,13 @@ pub trait ModelProvider: Send + Sync + fmt::Debug + 'static {
         true
     }
 
+    /// What `model` reads besides text (images, PDFs): what it cannot read
+    /// is replaced by a placeholder in its requests. Default: text only.
+    fn media_support(&self, model: &str) -> crate::media::MediaSupport {
+        let _ = model;
+        crate::media::MediaSupport::TEXT
+    }
+
     /// Whether a turn may offer tools to `model`. When this is false, the
     /// runtime rejects a turn that would offer it any tool at admission
     /// (`INVALID_ARGUMENT`, naming the model) instead of letting the model

@@ -54,6 +54,8 @@ pub enum Quota {
     /// Cost the user's turns may run up per UTC day (its limit in
     /// micro-USD).
     DailyCost,
+    /// Bytes of blobs (images, files, uploads in progress) the user holds.
+    BlobBytes,
 }
 
 impl Quota {
@@ -70,6 +72,7 @@ impl Quota {
             Self::Inbox => "inbox",
             Self::DailyTokens => "daily_tokens",
             Self::DailyCost => "daily_cost",
+            Self::BlobBytes => "blob_bytes",
         }
     }
 }
@@ -113,6 +116,10 @@ impl std::fmt::Display for QuotaExceeded {
                 limit / 1_000_000,
                 limit % 1_000_000
             ),
+            Quota::BlobBytes => write!(
+                f,
+                "the user's storage for images and files ({limit} bytes) is full"
+            ),
             Quota::Sessions
             | Quota::StoredBytes
             | Quota::LiveTurns
@@ -125,6 +132,16 @@ impl std::fmt::Display for QuotaExceeded {
 }
 
 impl QuotaExceeded {
+    /// The refusal of more blobs for a user holding `limit` bytes of them
+    /// (or close enough that what is added would pass it).
+    pub fn blob_bytes(limit: u64) -> Self {
+        Self {
+            quota: Quota::BlobBytes,
+            limit,
+            retry_after: None,
+        }
+    }
+
     /// The refusal of a session whose budget `limit` is reached.
     pub fn budget(limit: crate::types::BudgetLimit, value: u64) -> Self {
         let (quota, limit) = match limit {

@@ -41,6 +41,7 @@ mod jobs;
 mod keys;
 mod leases;
 mod lifecycle;
+mod media;
 mod models;
 mod queued;
 mod recovery;
@@ -54,6 +55,7 @@ mod stream;
 mod title;
 mod turn;
 mod turns;
+mod uploads;
 mod validate;
 
 use lifecycle::Lifecycle;
@@ -71,6 +73,7 @@ pub use store_health::StoreHealth;
 pub use stream::TurnStream;
 pub use title::{TITLE_MAX_CHARS, extract_title};
 pub use turns::{TurnDetail, TurnList, page_token_after};
+pub use uploads::{BlobRead, UploadStart, UploadStatus, kind_of};
 
 /// Settings of the runtime core. Every field has a documented default.
 #[derive(Debug, Clone)]
@@ -80,9 +83,14 @@ pub struct RuntimeConfig {
     pub default_model: String,
     /// Thinking level used when the call names none. Default: none set.
     pub default_thinking: Option<ThinkingLevel>,
-    /// Largest accepted user message, summing text and image bytes.
+    /// Largest accepted text of a user message (its text blocks together).
     /// Default 1 MiB.
     pub max_input_bytes: usize,
+    /// Limits on images and files ([`crate::media`]).
+    pub media: crate::media::MediaLimits,
+    /// Where media bytes are stored. Default: in memory (the server opens
+    /// the configured store).
+    pub blobs: crate::blobs::Blobs,
     /// Events buffered towards a Chat caller before the turn waits for it.
     /// Default 256.
     pub event_buffer: usize,
@@ -154,6 +162,8 @@ impl Default for RuntimeConfig {
             default_model: "builtin/echo".to_owned(),
             default_thinking: None,
             max_input_bytes: 1 << 20,
+            media: crate::media::MediaLimits::default(),
+            blobs: crate::blobs::Blobs::default(),
             event_buffer: 256,
             replay: ReplayLimits::default(),
             heartbeat_interval: Duration::from_secs(15),

@@ -187,6 +187,7 @@ fn results_for(turn_id: &str, calls: Vec<(String, String)>, why: &str) -> Vec<Ne
                     content: why.to_owned(),
                     is_error: true,
                     interrupted: Some(crate::types::Interrupted::OutcomeUnknown),
+                    media: Vec::new(),
                 }],
             )
         })

@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use tokio::sync::Semaphore;
 
 use crate::model::ToolSpec;
+use crate::types::MediaKind;
 
 pub mod hooks;
 pub mod mcp;
@@ -33,6 +34,39 @@ pub struct ToolOutcome {
     pub content: String,
     /// Whether the call failed (the model is told so).
     pub is_error: bool,
+    /// Images, files and links the result carried: the turn stores the
+    /// bytes as blobs of the session's owner, shows them as `image` /
+    /// `file` / `references` events and gives the model what it can read.
+    pub media: Vec<ToolMedia>,
+}
+
+/// Media a tool's result carried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolMedia {
+    /// Bytes: an image, audio, an embedded resource.
+    Bytes {
+        /// Image or file.
+        kind: MediaKind,
+        /// The bytes.
+        data: bytes::Bytes,
+        /// Their media type.
+        mime_type: String,
+        /// A file name (may be empty).
+        name: String,
+        /// Where the tool said they come from (may be empty).
+        uri: String,
+    },
+    /// A link to a resource.
+    Link {
+        /// Where it is.
+        uri: String,
+        /// Its name or title.
+        name: String,
+        /// A short description.
+        description: String,
+        /// Its media type, when the tool said.
+        mime_type: String,
+    },
 }
 
 impl ToolOutcome {
@@ -41,6 +75,7 @@ impl ToolOutcome {
         Self {
             content: content.into(),
             is_error: false,
+            media: Vec::new(),
         }
     }
 
@@ -49,6 +84,7 @@ impl ToolOutcome {
         Self {
             content: content.into(),
             is_error: true,
+            media: Vec::new(),
         }
     }
 }

@@ -104,6 +104,22 @@ pub enum ContentBlock {
         /// e.g. `image/png`.
         mime_type: String,
     },
+    /// A file given inline (a request's, or on its way to a model): the
+    /// runtime stores it as a blob at admission, so history holds a
+    /// [`ContentBlock::Media`] instead.
+    File {
+        /// Raw bytes (base64 in the store).
+        #[serde(with = "crate::types::base64_bytes")]
+        data: Vec<u8>,
+        /// e.g. `application/pdf`.
+        mime_type: String,
+        /// The file's name (may be empty).
+        #[serde(default)]
+        name: String,
+    },
+    /// An image or file stored as a blob of the session's owner, by
+    /// reference: history carries this, never the bytes.
+    Media(MediaRef),
     /// A tool call made by the model.
     ToolCall {
         /// Call id, unique within the turn.
@@ -127,7 +143,36 @@ pub enum ContentBlock {
         /// result of its own (the result says so, `is_error` is set).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         interrupted: Option<Interrupted>,
+        /// Images and files the tool returned, stored as blobs.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        media: Vec<MediaRef>,
     },
+}
+
+/// What kind of media a [`MediaRef`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MediaKind {
+    /// An image (a model that reads images is shown it).
+    Image,
+    /// Any other file: a PDF, text, audio, ...
+    File,
+}
+
+/// A blob of the session owner's, as a message refers to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MediaRef {
+    /// Image or file.
+    pub kind: MediaKind,
+    /// The blob's id: the sha256 of its bytes, lower-case hex.
+    pub blob_id: String,
+    /// e.g. `image/png`, `application/pdf`.
+    pub mime_type: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// A file name (may be empty).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
 }
 
 /// What became of a tool call the turn's end (a stop, an interrupt, the
@@ -145,6 +190,46 @@ impl ContentBlock {
     /// A text block.
     pub fn text(text: impl Into<String>) -> Self {
         Self::Text { text: text.into() }
+    }
+}
+
+impl MediaRef {
+    /// "an image \"cat.png\" (image/png, 12 KB)": how a placeholder or a
+    /// summariser transcript names it.
+    pub fn describe(&self) -> String {
+        let what = match self.kind {
+            MediaKind::Image => "an image",
+            MediaKind::File => "a file",
+        };
+        let name = if self.name.is_empty() {
+            String::new()
+        } else {
+            format!(" {:?}", self.name)
+        };
+        format!(
+            "{what}{name} ({}, {})",
+            self.mime_type,
+            human_size(self.size)
+        )
+    }
+
+    /// Bytes it takes in memory, roughly.
+    pub fn approx_bytes(&self) -> usize {
+        self.blob_id.len() + self.mime_type.len() + self.name.len() + 8
+    }
+}
+
+/// `n` bytes as "812 B", "12 KB", "3.4 MB".
+pub fn human_size(n: u64) -> String {
+    const KB: u64 = 1024;
+    const MB: u64 = 1024 * KB;
+    if n < KB {
+        format!("{n} B")
+    } else if n < MB {
+        format!("{} KB", n.div_ceil(KB))
+    } else {
+        let tenths = n.saturating_mul(10).div_ceil(MB);
+        format!("{}.{} MB", tenths / 10, tenths % 10)
     }
 }
 

@@ -22,9 +22,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use agentrt_runtime::store::{CreateOutcome, ListCursor, ListQuery, Store, StoreError};
 use agentrt_runtime::types::{
-    Budget, CancelReason, ContentBlock, LastTurn, Message, NewMessage, NewSession, Queued,
-    QueuedInput, Role, Session, SessionUpdate, Spent, StopReason, ThinkingLevel, TurnRecord,
-    TurnStatus, Usage, flatten_text,
+    Budget, CancelReason, ContentBlock, LastTurn, MediaKind, MediaRef, Message, NewMessage,
+    NewSession, Queued, QueuedInput, Role, Session, SessionUpdate, Spent, StopReason,
+    ThinkingLevel, TurnRecord, TurnStatus, Usage, flatten_text,
 };
 
 /// Expands to one `#[tokio::test]` per contract check, each on a fresh store
@@ -1131,6 +1131,13 @@ pub async fn concurrent_appends_are_contiguous(store: Arc<dyn Store>) {
 pub async fn content_round_trips(store: &dyn Store) {
     let s = create(store, "alice", "agent").await;
     let owned = String::from;
+    let media = |kind, mime_type: &str, name: &str| MediaRef {
+        kind,
+        blob_id: "ab".repeat(32),
+        mime_type: mime_type.to_owned(),
+        size: 12_345,
+        name: name.to_owned(),
+    };
     let content = vec![
         ContentBlock::text("héllo\n\u{0}wörld 🦀"),
         ContentBlock::Thinking {
@@ -1156,7 +1163,9 @@ pub async fn content_round_trips(store: &dyn Store) {
             content: owned("found"),
             is_error: true,
             interrupted: Some(agentrt_runtime::types::Interrupted::OutcomeUnknown),
+            media: vec![media(MediaKind::Image, "image/png", "")],
         },
+        ContentBlock::Media(media(MediaKind::File, "application/pdf", "report.pdf")),
     ];
     let mut message = NewMessage::new("t1", Role::Assistant, content);
     message.model = Some(owned("echo/echo"));

@@ -34,6 +34,7 @@ fn tool_pair(seq: u64) -> [Message; 2] {
                 content: "found".into(),
                 is_error: false,
                 interrupted: None,
+                media: Vec::new(),
             }],
         ),
         compacted: false,

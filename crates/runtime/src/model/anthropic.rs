@@ -13,6 +13,14 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use crate::media::MediaSupport;
+
+/// What its models read unless configured.
+const DEFAULT_READS: MediaSupport = MediaSupport {
+    images: true,
+    pdf: true,
+};
+
 use async_trait::async_trait;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
@@ -86,6 +94,10 @@ impl ModelProvider for AnthropicProvider {
         self.endpoint.serves(model)
     }
 
+    fn media_support(&self, model: &str) -> MediaSupport {
+        self.endpoint.reads(model, DEFAULT_READS)
+    }
+
     fn max_output_tokens_limit(&self, _model: &str) -> Option<u32> {
         Some(self.endpoint.limits().max_tokens_limit)
     }
@@ -152,7 +164,7 @@ fn wire_messages(request: &ModelRequest) -> Vec<Value> {
         let (role, blocks) = match message.body.role {
             Role::User => ("user", user_blocks(content)),
             Role::Assistant => ("assistant", assistant_blocks(content)),
-            Role::Tool => ("user", content.iter().filter_map(tool_result).collect()),
+            Role::Tool => ("user", tool_results(content)),
             Role::Summary => (
                 "user",
                 text_block(format!(
@@ -191,17 +203,64 @@ fn user_blocks(content: &[ContentBlock]) -> Vec<Value> {
             ContentBlock::Text { text } if !text.is_empty() => {
                 Some(json!({ "type": "text", "text": text }))
             }
-            ContentBlock::Image { data, mime_type } => Some(json!({
-                "type": "image",
+            other => media_block(other),
+        })
+        .collect()
+}
+
+/// An image as an image block, a PDF as a document block.
+fn media_block(block: &ContentBlock) -> Option<Value> {
+    match block {
+        ContentBlock::Image { data, mime_type } => Some(json!({
+            "type": "image",
+            "source": {
+                "type": "base64",
+                "media_type": mime_type,
+                "data": STANDARD.encode(data),
+            },
+        })),
+        ContentBlock::File {
+            data,
+            mime_type,
+            name,
+        } => {
+            let mut document = json!({
+                "type": "document",
                 "source": {
                     "type": "base64",
                     "media_type": mime_type,
                     "data": STANDARD.encode(data),
                 },
-            })),
-            _ => None,
-        })
-        .collect()
+            });
+            if !name.is_empty() {
+                document["title"] = json!(name);
+            }
+            Some(document)
+        }
+        _ => None,
+    }
+}
+
+/// A tool message's result, with the images and documents that follow it
+/// in the message (what the tool returned) inside its content.
+fn tool_results(content: &[ContentBlock]) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    for block in content {
+        if let Some(result) = tool_result(block) {
+            out.push(result);
+        } else if let (Some(media), Some(last)) = (media_block(block), out.last_mut()) {
+            let text = last["content"].take();
+            let mut parts = match text {
+                Value::Array(parts) => parts,
+                Value::String(text) if text.is_empty() => Vec::new(),
+                Value::String(text) => vec![json!({ "type": "text", "text": text })],
+                _ => Vec::new(),
+            };
+            parts.push(media);
+            last["content"] = Value::Array(parts);
+        }
+    }
+    out
 }
 
 /// Thinking goes back only with its signature (the API rejects unsigned

@@ -17,6 +17,7 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderName, HeaderValue};
 
 use super::http::{self, SseDecoder};
 use super::{ModelError, ModelStream, OutputLimits};
+use crate::media::MediaSupport;
 
 /// Settings of one HTTP model endpoint (OpenAI-compatible or Anthropic).
 #[derive(Clone)]
@@ -37,6 +38,34 @@ pub struct EndpointConfig {
     /// How much a step may generate. Default [`OutputLimits::default`]
     /// (`max_tokens` 4096).
     pub limits: OutputLimits,
+    /// What its models read besides text: `None` for the provider's
+    /// default (images; PDFs too on Anthropic).
+    pub reads: Option<MediaReads>,
+}
+
+/// What an endpoint's models read besides text: one setting for all, and
+/// per-model exceptions (model names without the provider prefix).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MediaReads {
+    /// For models not listed.
+    pub default: MediaSupport,
+    /// Per model.
+    pub models: std::collections::BTreeMap<String, MediaSupport>,
+}
+
+impl MediaReads {
+    /// Every model reads what `support` says.
+    pub fn all(support: MediaSupport) -> Self {
+        Self {
+            default: support,
+            models: std::collections::BTreeMap::new(),
+        }
+    }
+
+    /// What `model` reads.
+    pub fn of(&self, model: &str) -> MediaSupport {
+        self.models.get(model).copied().unwrap_or(self.default)
+    }
 }
 
 impl EndpointConfig {
@@ -51,6 +80,7 @@ impl EndpointConfig {
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             limits: OutputLimits::default(),
+            reads: None,
         }
     }
 }
@@ -64,6 +94,7 @@ impl fmt::Debug for EndpointConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("idle_timeout", &self.idle_timeout)
             .field("limits", &self.limits)
+            .field("reads", &self.reads)
             .finish()
     }
 }
@@ -102,6 +133,7 @@ pub(crate) struct Endpoint {
     connect_timeout: Duration,
     idle_timeout: Duration,
     limits: OutputLimits,
+    reads: Option<MediaReads>,
 }
 
 impl fmt::Debug for Endpoint {
@@ -154,7 +186,13 @@ impl Endpoint {
             connect_timeout: config.connect_timeout,
             idle_timeout: config.idle_timeout,
             limits: config.limits,
+            reads: config.reads,
         })
+    }
+
+    /// What `model` reads besides text; `default` when not configured.
+    pub(crate) fn reads(&self, model: &str, default: MediaSupport) -> MediaSupport {
+        self.reads.as_ref().map_or(default, |r| r.of(model))
     }
 
     /// The operation's URL.

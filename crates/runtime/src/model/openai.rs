@@ -16,6 +16,14 @@
 
 use std::collections::VecDeque;
 
+use crate::media::MediaSupport;
+
+/// What its models read unless configured.
+const DEFAULT_READS: MediaSupport = MediaSupport {
+    images: true,
+    pdf: false,
+};
+
 use async_trait::async_trait;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
@@ -110,6 +118,10 @@ impl ModelProvider for OpenAiProvider {
         self.endpoint.serves(model)
     }
 
+    fn media_support(&self, model: &str) -> MediaSupport {
+        self.endpoint.reads(model, DEFAULT_READS)
+    }
+
     fn max_output_tokens_limit(&self, _model: &str) -> Option<u32> {
         Some(self.endpoint.limits().max_tokens_limit)
     }
@@ -162,12 +174,21 @@ fn wire_messages(request: &ModelRequest) -> Vec<Value> {
     if let Some(system) = request.system_prompt.as_deref().filter(|s| !s.is_empty()) {
         out.push(json!({ "role": "system", "content": system }));
     }
+    // Media tool results returned: the API's tool messages carry text
+    // only, so they follow the run of tool messages as one user message.
+    let mut tool_media: Vec<Value> = Vec::new();
     for message in request.messages.iter() {
         let content = &message.body.content;
+        if message.body.role != Role::Tool && !tool_media.is_empty() {
+            out.push(tool_media_message(std::mem::take(&mut tool_media)));
+        }
         match message.body.role {
             Role::User => out.push(json!({ "role": "user", "content": user_content(content) })),
             Role::Assistant => out.extend(assistant_message(content)),
-            Role::Tool => out.extend(content.iter().filter_map(tool_message)),
+            Role::Tool => {
+                out.extend(content.iter().filter_map(tool_message));
+                tool_media.extend(content.iter().filter_map(media_part));
+            }
             Role::Summary => out.push(json!({
                 "role": "system",
                 "content": format!("Summary of earlier conversation:\n{}", flatten_text(content)),
@@ -175,15 +196,48 @@ fn wire_messages(request: &ModelRequest) -> Vec<Value> {
             Role::Notice => out.push(json!({ "role": "system", "content": flatten_text(content) })),
         }
     }
+    if !tool_media.is_empty() {
+        out.push(tool_media_message(tool_media));
+    }
     out
 }
 
+fn tool_media_message(parts: Vec<Value>) -> Value {
+    let mut content =
+        vec![json!({ "type": "text", "text": "Media the tool calls above returned:" })];
+    content.extend(parts);
+    json!({ "role": "user", "content": content })
+}
+
+/// An image or file block as a content part (image parts; file parts with
+/// the bytes as a data URL).
+fn media_part(block: &ContentBlock) -> Option<Value> {
+    match block {
+        ContentBlock::Image { data, mime_type } => Some(json!({
+            "type": "image_url",
+            "image_url": { "url": format!("data:{mime_type};base64,{}", STANDARD.encode(data)) },
+        })),
+        ContentBlock::File {
+            data,
+            mime_type,
+            name,
+        } => Some(json!({
+            "type": "file",
+            "file": {
+                "filename": if name.is_empty() { "file" } else { name.as_str() },
+                "file_data": format!("data:{mime_type};base64,{}", STANDARD.encode(data)),
+            },
+        })),
+        _ => None,
+    }
+}
+
 /// Text-only content goes as a plain string, which every compatible server
-/// accepts; the parts array is only needed for images.
+/// accepts; the parts array is only needed for images and files.
 fn user_content(content: &[ContentBlock]) -> Value {
     if !content
         .iter()
-        .any(|b| matches!(b, ContentBlock::Image { .. }))
+        .any(|b| matches!(b, ContentBlock::Image { .. } | ContentBlock::File { .. }))
     {
         return Value::String(flatten_text(content));
     }
@@ -193,11 +247,7 @@ fn user_content(content: &[ContentBlock]) -> Value {
             ContentBlock::Text { text } if !text.is_empty() => {
                 Some(json!({ "type": "text", "text": text }))
             }
-            ContentBlock::Image { data, mime_type } => Some(json!({
-                "type": "image_url",
-                "image_url": { "url": format!("data:{mime_type};base64,{}", STANDARD.encode(data)) },
-            })),
-            _ => None,
+            other => media_part(other),
         })
         .collect();
     Value::Array(parts)

@@ -91,6 +91,17 @@ impl Runtime {
         {
             return Ok(existing);
         }
+        // Media become blobs of the session before anything routes the
+        // message (a queue, a live turn): those carry references only. A
+        // refused admission may leave them stored — content-addressed, so a
+        // retry adds nothing, and deleted with the session.
+        input.content = super::media::store_user_media(
+            &self.inner,
+            &session.owner,
+            &session.id,
+            std::mem::take(&mut input.content),
+        )
+        .await?;
         // A paused turn past its bound ends first (it times out).
         self.expire_pause(&session).await?;
         let on_busy = input.on_busy;

@@ -262,7 +262,11 @@ impl Runtime {
         lock(&live.pending_tools).answer(
             call_id,
             Wait::Result,
-            Answer::Result(ToolOutcome { content, is_error }),
+            Answer::Result(ToolOutcome {
+                content,
+                is_error,
+                media: Vec::new(),
+            }),
         )
     }
 

@@ -135,6 +135,7 @@ mod tests {
                 content: "done".into(),
                 is_error: false,
                 interrupted: None,
+                media: Vec::new(),
             }],
         );
         store

@@ -335,11 +335,24 @@ impl Runtime {
             }
         }
         self.inner.runners.remove(session_id);
-        Ok(self
+        let deleted = self
             .inner
             .store
             .delete_session(session_id, Some(&session.incarnation))
-            .await?)
+            .await?;
+        // Its blobs go with it (those no other session of the owner refers
+        // to). A failure leaves them counted against the owner's quota; it
+        // is logged, the session is gone either way.
+        if let Err(e) = self
+            .inner
+            .config
+            .blobs
+            .delete_session(&session.owner, session_id)
+            .await
+        {
+            tracing::error!(error = %e, "deleting a deleted session's blobs failed");
+        }
+        Ok(deleted)
     }
 
     /// A page of one of `who`'s sessions' history. `page_token` (from a

@@ -14,6 +14,7 @@
 //! Store writes are never raced against cancellation: once a write starts it
 //! completes, so a stop can cut a model stream but never a record.
 
+use crate::runtime::media::{self, NotShown};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -157,6 +158,9 @@ pub(crate) struct Turn {
     context: Arc<Vec<Message>>,
     /// The context was compacted (or truncated) during this turn.
     compacted: bool,
+    /// A `notice` told the caller of media the model was not shown (once
+    /// per turn).
+    media_notice_sent: std::sync::atomic::AtomicBool,
     /// A store write of this turn failed.
     store_failed: bool,
     /// Why a store write of this turn failed, when that is worth telling
@@ -275,6 +279,7 @@ impl Turn {
             session: plan.session,
             context: Arc::default(),
             compacted: false,
+            media_notice_sent: std::sync::atomic::AtomicBool::new(false),
             store_failed: false,
             store_cause: None,
             first_chat,
@@ -398,7 +403,7 @@ impl Turn {
         };
         loop {
             state = match state {
-                State::Loading => self.load().await,
+                State::Loading => self.load(emitter).await,
                 State::Resuming { index } => {
                     let ended = self.resumed_tool_step(index, emitter).await;
                     self.after_tools(index, ended, emitter).await
@@ -438,14 +443,15 @@ impl Turn {
 
     /// Waits for the context admission started loading: the first step
     /// (with the request admission started), or compaction first.
-    async fn load(&mut self) -> State {
+    async fn load(&mut self, emitter: &mut Emitter) -> State {
         let loaded = match self.prestart.take() {
             Some(prestart) => prestart.loaded().await,
             None => Err(StoreError::Backend("the turn has no context".to_owned())),
         };
         match loaded {
-            Ok((Loaded::Sent(messages), first)) => {
+            Ok((Loaded::Sent(messages, not_shown), first)) => {
                 self.context = messages;
+                self.not_shown(&not_shown, emitter).await;
                 State::Stepping { index: 1, first }
             }
             Ok((Loaded::NeedsCompaction { context, tokens }, _)) => {
@@ -459,6 +465,37 @@ impl Turn {
                 ))
             }
         }
+    }
+
+    /// Tells the caller, once per turn, of media its model was not shown.
+    async fn not_shown(&self, not_shown: &NotShown, emitter: &mut Emitter) {
+        use std::sync::atomic::Ordering;
+        if self.media_notice_sent.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(notice) = not_shown.notice(&self.runner.key.model) {
+            self.media_notice_sent.store(true, Ordering::Relaxed);
+            emitter.emit(notice).await;
+        }
+    }
+
+    /// The context as this turn's model is shown it (its media resolved,
+    /// see [`media::for_model`]); a notice of what it was not shown.
+    async fn shown_context(&self, emitter: &mut Emitter) -> Arc<Vec<Message>> {
+        let support = self
+            .runner
+            .model
+            .provider
+            .media_support(&self.runner.model.provider_model);
+        let (shown, not_shown) = media::for_model(
+            &self.inner,
+            &self.session.owner,
+            support,
+            Arc::clone(&self.context),
+        )
+        .await;
+        self.not_shown(&not_shown, emitter).await;
+        shown
     }
 
     /// Compacts an over-budget context, then the first step.

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use super::{ChatInput, RuntimeConfig};
 use crate::error::{FieldViolation, RuntimeError};
 use crate::limits::{self, check_model_name};
-use crate::types::ContentBlock;
+use crate::media::{MediaLimits, block_name, check_blob_id, check_inline, check_name};
+use crate::types::{ContentBlock, MediaKind};
 
 /// What the checks decided about a valid request.
 #[derive(Debug, Clone, Copy)]
@@ -39,7 +40,7 @@ pub(super) fn chat_input(
     config: &RuntimeConfig,
 ) -> Result<Checked, RuntimeError> {
     crate::limits::validate_session_id("session_id", &input.session_id)?;
-    validate_content(&input.content, config.max_input_bytes)?;
+    validate_content(&input.content, config.max_input_bytes, &config.media)?;
     if let Some(system) = &input.system_override
         && system.len() > config.max_input_bytes
     {
@@ -127,65 +128,19 @@ fn validate_request_id(id: &str) -> Result<(), RuntimeError> {
     Ok(())
 }
 
-/// Image types a user message may carry (what the model providers take),
-/// each with the signature its bytes start with.
-const IMAGE_TYPES: [(&str, &[u8]); 4] = [
-    ("image/png", b"\x89PNG\r\n\x1a\n"),
-    ("image/jpeg", b"\xff\xd8\xff"),
-    ("image/gif", b"GIF8"),
-    ("image/webp", b"RIFF"),
-];
-const ALLOWED_IMAGES: &str = "image/png, image/jpeg, image/gif or image/webp";
-
-/// The accepted type whose signature `data` starts with.
-fn sniff(data: &[u8]) -> Option<&'static str> {
-    let webp = data.len() >= 12 && &data[8..12] == b"WEBP";
-    IMAGE_TYPES
-        .iter()
-        .find(|(mime, magic)| data.starts_with(magic) && (*mime != "image/webp" || webp))
-        .map(|(mime, _)| *mime)
-}
-
-/// An image block: an accepted type, and bytes that are an image of that
-/// type (a caller cannot pass SVG, HTML or anything else off as an image).
-fn check_image(i: usize, data: &[u8], mime_type: &str, violations: &mut Vec<FieldViolation>) {
-    if !IMAGE_TYPES.iter().any(|(mime, _)| *mime == mime_type) {
-        violations.push(FieldViolation::new(
-            format!("content[{i}].image.mime_type"),
-            format!(
-                "{:?} is not an accepted image type; use {ALLOWED_IMAGES}",
-                limits::display_clip(mime_type, limits::MAX_ECHO_CHARS)
-            ),
-        ));
-        return;
-    }
-    if data.is_empty() {
-        violations.push(FieldViolation::new(
-            format!("content[{i}].image.data"),
-            "is empty",
-        ));
-        return;
-    }
-    let found = sniff(data);
-    if found != Some(mime_type) {
-        let what = match found {
-            Some(other) => format!("the bytes are {other}"),
-            None => format!("the bytes are not a {ALLOWED_IMAGES} image"),
-        };
-        violations.push(FieldViolation::new(
-            format!("content[{i}].image.data"),
-            format!("does not match mime_type {mime_type}: {what}"),
-        ));
-    }
-}
-
 /// Checks a user message: at most [`limits::MAX_BLOCKS`] blocks, at least one
-/// non-empty text or image block, only text and image blocks, images of an
-/// accepted type whose bytes match it, bounded size.
-fn validate_content(content: &[ContentBlock], max_bytes: usize) -> Result<(), RuntimeError> {
+/// non-empty text, image or file block, only those, media of an accepted
+/// type whose bytes match it (a caller cannot pass SVG or HTML off as an
+/// image), text within `max_bytes`, media within `media`'s limits.
+fn validate_content(
+    content: &[ContentBlock],
+    max_bytes: usize,
+    media: &MediaLimits,
+) -> Result<(), RuntimeError> {
     limits::check_block_count("content", content.len())?;
     let mut violations = Vec::new();
     let mut total = 0usize;
+    let mut media_bytes = 0u64;
     let mut has_payload = false;
     for (i, block) in content.iter().enumerate() {
         match block {
@@ -194,16 +149,48 @@ fn validate_content(content: &[ContentBlock], max_bytes: usize) -> Result<(), Ru
                 has_payload |= !text.trim().is_empty();
             }
             ContentBlock::Image { data, mime_type } => {
-                total += data.len();
-                has_payload |= !data.is_empty();
-                check_image(i, data, mime_type, &mut violations);
+                media_bytes += data.len() as u64;
+                has_payload = true;
+                let field = format!("content[{i}].image");
+                check_inline(
+                    &field,
+                    MediaKind::Image,
+                    data,
+                    mime_type,
+                    media,
+                    &mut violations,
+                );
+            }
+            ContentBlock::File {
+                data,
+                mime_type,
+                name,
+            } => {
+                media_bytes += data.len() as u64;
+                has_payload = true;
+                let field = format!("content[{i}].file");
+                check_inline(
+                    &field,
+                    MediaKind::File,
+                    data,
+                    mime_type,
+                    media,
+                    &mut violations,
+                );
+                check_name(&field, name, &mut violations);
+            }
+            ContentBlock::Media(m) => {
+                has_payload = true;
+                let field = format!("content[{i}].{}", block_name(m.kind));
+                check_blob_id(&field, &m.blob_id, &mut violations);
+                check_name(&field, &m.name, &mut violations);
             }
             ContentBlock::Thinking { .. }
             | ContentBlock::ToolCall { .. }
             | ContentBlock::ToolResult { .. } => {
                 violations.push(FieldViolation::new(
                     format!("content[{i}]"),
-                    "a user message may only hold text and image blocks",
+                    "a user message may only hold text, image and file blocks",
                 ));
             }
         }
@@ -211,13 +198,22 @@ fn validate_content(content: &[ContentBlock], max_bytes: usize) -> Result<(), Ru
     if !has_payload && violations.is_empty() {
         violations.push(FieldViolation::new(
             "content",
-            "must hold at least one non-empty text or image block",
+            "must hold at least one non-empty text, image or file block",
         ));
     }
     if total > max_bytes {
         violations.push(FieldViolation::new(
             "content",
-            format!("is {total} bytes; the limit is {max_bytes}"),
+            format!("holds {total} bytes of text; the limit is {max_bytes}"),
+        ));
+    }
+    if media_bytes > media.max_message_bytes {
+        violations.push(FieldViolation::new(
+            "content",
+            format!(
+                "holds {media_bytes} bytes of media; the limit is {} per message",
+                media.max_message_bytes
+            ),
         ));
     }
     RuntimeError::check(violations)
@@ -245,7 +241,7 @@ mod tests {
     }
 
     fn violations(content: Vec<ContentBlock>) -> Vec<FieldViolation> {
-        match validate_content(&content, 1 << 20) {
+        match validate_content(&content, 1 << 20, &MediaLimits::default()) {
             Ok(()) => Vec::new(),
             Err(RuntimeError::InvalidArgument(v)) => v,
             Err(other) => panic!("{other}"),

@@ -30,6 +30,12 @@ fn block(b: &ContentBlock) -> usize {
                 signature,
             } => string(thinking.len()) + string(signature.len()),
             ContentBlock::Image { data, mime_type } => string(data.len()) + string(mime_type.len()),
+            ContentBlock::File {
+                data,
+                mime_type,
+                name,
+            } => string(data.len()) + string(mime_type.len()) + string(name.len()),
+            ContentBlock::Media(media) => media_ref(media),
             ContentBlock::ToolCall {
                 id,
                 name,
@@ -39,9 +45,21 @@ fn block(b: &ContentBlock) -> usize {
                 call_id,
                 name,
                 content,
+                media,
                 ..
-            } => string(call_id.len()) + string(name.len()) + string(content.len()) + FIELD,
+            } => {
+                string(call_id.len())
+                    + string(name.len())
+                    + string(content.len())
+                    + FIELD
+                    + media.iter().map(|m| FIELD + media_ref(m)).sum::<usize>()
+            }
         }
+}
+
+/// Bytes of a blob reference (id, mime type, size, name, digest), at most.
+fn media_ref(m: &crate::types::MediaRef) -> usize {
+    string(m.blob_id.len()) * 2 + string(m.mime_type.len()) + string(m.name.len()) + 2 * FIELD
 }
 
 /// Bytes `m` takes as an `agentrt.v1.Message` inside a page, at most.

@@ -26,8 +26,9 @@ use rmcp::service::{RoleClient, RunningService};
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{Peer, ServiceError, ServiceExt as _};
 
-use super::{ToolError, ToolOutcome, ToolSource};
+use super::{ToolError, ToolMedia, ToolOutcome, ToolSource};
 use crate::model::ToolSpec;
+use crate::types::MediaKind;
 
 /// How to reach an MCP server.
 #[derive(Clone, PartialEq, Eq)]
@@ -285,22 +286,87 @@ fn spec(tool: rmcp::model::Tool) -> ToolSpec {
     }
 }
 
-/// Joins the text parts; other parts are summarised (`[image]`).
+/// Joins the text parts (and embedded text resources); images, audio and
+/// embedded binary resources become [`ToolMedia::Bytes`] (stored as blobs by
+/// the turn), resource links [`ToolMedia::Link`]s.
 pub(crate) fn render(result: CallToolResult) -> ToolOutcome {
+    use base64::Engine as _;
+    let decode = |data: &str| {
+        base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .ok()
+            .map(bytes::Bytes::from)
+    };
     let mut parts = Vec::with_capacity(result.content.len());
+    let mut media = Vec::new();
     for block in &result.content {
-        parts.push(match block {
-            ContentBlock::Text(t) => t.text.clone(),
-            ContentBlock::Image(_) => "[image]".to_owned(),
-            ContentBlock::Audio(_) => "[audio]".to_owned(),
+        let (kind, data, mime_type, uri) = match block {
+            ContentBlock::Text(t) => {
+                parts.push(t.text.clone());
+                continue;
+            }
+            ContentBlock::Image(i) => (MediaKind::Image, &i.data, &i.mime_type, ""),
+            ContentBlock::Audio(a) => (MediaKind::File, &a.data, &a.mime_type, ""),
             ContentBlock::Resource(r) => match &r.resource {
-                ResourceContents::TextResourceContents { text, .. } => text.clone(),
-                ResourceContents::BlobResourceContents { uri, .. } => format!("[resource {uri}]"),
-                _ => "[resource]".to_owned(),
+                ResourceContents::TextResourceContents { text, .. } => {
+                    parts.push(text.clone());
+                    continue;
+                }
+                ResourceContents::BlobResourceContents {
+                    uri,
+                    mime_type,
+                    blob,
+                    ..
+                } => {
+                    let mime = mime_type.as_deref().unwrap_or("application/octet-stream");
+                    let kind = if mime.starts_with("image/") {
+                        MediaKind::Image
+                    } else {
+                        MediaKind::File
+                    };
+                    match decode(blob) {
+                        Some(data) => media.push(ToolMedia::Bytes {
+                            kind,
+                            data,
+                            mime_type: mime.to_owned(),
+                            name: file_name(uri),
+                            uri: uri.clone(),
+                        }),
+                        None => parts.push(format!("[resource {uri}: not valid base64]")),
+                    }
+                    continue;
+                }
+                // A kind of resource newer than this SDK (non-exhaustive).
+                _ => {
+                    parts.push("[resource]".to_owned());
+                    continue;
+                }
             },
-            ContentBlock::ResourceLink(link) => format!("[resource link {}]", link.uri),
-            _ => "[content]".to_owned(),
-        });
+            ContentBlock::ResourceLink(link) => {
+                media.push(ToolMedia::Link {
+                    uri: link.uri.clone(),
+                    name: link.title.clone().unwrap_or_else(|| link.name.clone()),
+                    description: link.description.clone().unwrap_or_default(),
+                    mime_type: link.mime_type.clone().unwrap_or_default(),
+                });
+                continue;
+            }
+            // A kind of content newer than this SDK (non-exhaustive).
+            _ => {
+                parts.push("[content]".to_owned());
+                continue;
+            }
+        };
+        match decode(data) {
+            Some(data) => media.push(ToolMedia::Bytes {
+                kind,
+                data,
+                mime_type: mime_type.clone(),
+                name: String::new(),
+                uri: uri.to_owned(),
+            }),
+            None => parts.push(format!("[{mime_type} content: not valid base64]")),
+        }
     }
     if parts.is_empty()
         && let Some(structured) = &result.structured_content
@@ -310,5 +376,12 @@ pub(crate) fn render(result: CallToolResult) -> ToolOutcome {
     ToolOutcome {
         content: parts.join("\n"),
         is_error: result.is_error.unwrap_or(false),
+        media,
     }
+}
+
+/// The last path segment of `uri` (a name for a download), or "".
+fn file_name(uri: &str) -> String {
+    let path = uri.split(['?', '#']).next().unwrap_or("");
+    path.rsplit('/').next().unwrap_or("").to_owned()
 }

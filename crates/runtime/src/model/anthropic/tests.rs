@@ -53,6 +53,7 @@ fn history_maps_roles_images_tool_use_results_and_merges_turns() {
                     content: "denied".into(),
                     is_error: true,
                     interrupted: None,
+                    media: Vec::new(),
                 }],
             ),
             message(

@@ -52,6 +52,7 @@ fn history_maps_roles_images_tool_calls_and_drops_thinking() {
                     content: "denied".into(),
                     is_error: true,
                     interrupted: None,
+                    media: Vec::new(),
                 }],
             ),
             message(

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::SystemTime;
 
-use crate::types::{ContentBlock, Message, Session};
+use crate::types::{ContentBlock, MediaRef, Message, Session};
 
 /// Contexts shorter than this are read from the store each turn.
 pub(crate) const MIN_CACHED_MESSAGES: usize = 64;
@@ -75,6 +75,12 @@ fn approx_bytes(messages: &[Message]) -> usize {
                         signature,
                     } => thinking.len() + signature.len(),
                     ContentBlock::Image { data, mime_type } => data.len() + mime_type.len(),
+                    ContentBlock::File {
+                        data,
+                        mime_type,
+                        name,
+                    } => data.len() + mime_type.len() + name.len(),
+                    ContentBlock::Media(media) => media.approx_bytes(),
                     ContentBlock::ToolCall {
                         id,
                         name,
@@ -84,8 +90,14 @@ fn approx_bytes(messages: &[Message]) -> usize {
                         call_id,
                         name,
                         content,
+                        media,
                         ..
-                    } => call_id.len() + name.len() + content.len(),
+                    } => {
+                        call_id.len()
+                            + name.len()
+                            + content.len()
+                            + media.iter().map(MediaRef::approx_bytes).sum::<usize>()
+                    }
                 })
                 .sum();
             content + std::mem::size_of::<Message>() + m.body.id.len() + m.body.turn_id.len() + 64

@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 use crate::model::{ModelError, ModelRequest, ModelStream, Reservation, ToolSpec};
 use crate::runtime::Inner;
 use crate::runtime::context::Context;
+use crate::runtime::media::{self, NotShown};
 use crate::runtime::runners::Runner;
 use crate::store::StoreError;
 use crate::types::{Message, Session};
@@ -29,8 +30,9 @@ use crate::types::{Message, Session};
 /// The loaded context, as the prestart task found it.
 pub(crate) enum Loaded {
     /// Within the budget: these messages were sent with the first model
-    /// request (whose start is the [`FirstStep`]).
-    Sent(Arc<Vec<Message>>),
+    /// request (whose start is the [`FirstStep`]), with what the model was
+    /// not shown of their media.
+    Sent(Arc<Vec<Message>>, NotShown),
     /// Over the budget (estimated at `tokens`): the turn compacts before
     /// its first model request.
     NeedsCompaction {
@@ -76,7 +78,9 @@ impl Prestart {
     pub(crate) async fn loaded(self) -> Result<(Loaded, Option<FirstStep>), StoreError> {
         let Self { loaded, first } = self;
         match loaded.await {
-            Ok(Ok(Loaded::Sent(messages))) => Ok((Loaded::Sent(messages), Some(first))),
+            Ok(Ok(Loaded::Sent(messages, not_shown))) => {
+                Ok((Loaded::Sent(messages, not_shown), Some(first)))
+            }
             Ok(Ok(other)) => Ok((other, None)),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(StoreError::Backend(
@@ -145,16 +149,22 @@ pub(crate) fn spawn(
                 return None;
             }
             let messages = Arc::new(context.into_messages());
+            let support = runner
+                .model
+                .provider
+                .media_support(&runner.model.provider_model);
+            let (shown, not_shown) =
+                media::for_model(&shared, &session.owner, support, Arc::clone(&messages)).await;
             let request = ModelRequest {
                 model: runner.model.provider_model.clone(),
                 system_prompt,
-                messages: Arc::clone(&messages),
+                messages: shown,
                 thinking: runner.key.thinking,
                 tools: first.tools,
                 max_output_tokens: first.max_output_tokens,
                 reservation: first.reservation,
             };
-            if durable.await.is_err() || tx.send(Ok(Loaded::Sent(messages))).is_err() {
+            if durable.await.is_err() || tx.send(Ok(Loaded::Sent(messages, not_shown))).is_err() {
                 return None;
             }
             Some(runner.model.provider.stream(request).await)

@@ -279,7 +279,7 @@ impl Turn {
             None => self.runner.model.provider.stream(ModelRequest {
                 model: self.runner.model.provider_model.clone(),
                 system_prompt: self.system_prompt.clone(),
-                messages: self.context.clone(),
+                messages: self.shown_context(emitter).await,
                 thinking: self.runner.key.thinking,
                 tools: self.tools.clone(),
                 max_output_tokens: self.max_output_tokens,

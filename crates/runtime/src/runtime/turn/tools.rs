@@ -4,6 +4,7 @@
 //! through the toolbox's hooks either way, wait for the results — bounded
 //! by cancellation and the deadline — and store one result per call.
 
+use crate::runtime::media::{ToolMediaStored, store_tool_media};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -420,6 +421,7 @@ impl Turn {
                 arguments_json: call.arguments_json.clone(),
                 detail: String::new(),
                 content: String::new(),
+                references: Vec::new(),
             })));
             let waited = resumed.remove(&call.id);
             let route = match &waited {
@@ -527,13 +529,37 @@ impl Turn {
 
     /// Stores one tool result, then announces it (DONE/ERROR): a result is
     /// durable before anyone is told it exists.
+    ///
+    /// Media the result carries are stored as blobs first and shown
+    /// (`image` / `file` / `references` events, before DONE).
     async fn store_tool_result(
         &mut self,
         call: ToolCallRequest,
-        output: ToolOutcome,
+        mut output: ToolOutcome,
         interrupted: Option<Interrupted>,
         emitter: &mut Emitter,
     ) -> Result<(), TurnEnd> {
+        let mut stored = ToolMediaStored::default();
+        if !output.media.is_empty() {
+            let mut events = Vec::new();
+            stored = store_tool_media(
+                &self.inner,
+                (&self.session.owner, &self.session.id),
+                &call.id,
+                std::mem::take(&mut output.media),
+                &mut events,
+            )
+            .await;
+            for event in events {
+                emitter.emit(event).await;
+            }
+            for note in &stored.notes {
+                if !output.content.is_empty() {
+                    output.content.push('\n');
+                }
+                output.content.push_str(note);
+            }
+        }
         let message = NewMessage::new(
             &self.record.turn_id,
             Role::Tool,
@@ -543,6 +569,7 @@ impl Turn {
                 content: output.content.clone(),
                 is_error: output.is_error,
                 interrupted,
+                media: stored.media,
             }],
         );
         self.store(message, emitter).await?;
@@ -560,6 +587,7 @@ impl Turn {
                 arguments_json: call.arguments_json,
                 detail: result_detail(&output.content),
                 content: output.content,
+                references: stored.references,
             })))
             .await;
         Ok(())
