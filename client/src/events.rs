@@ -93,6 +93,21 @@ pub enum ChatEvent {
     /// Compaction of the context before the first model step (STARTED,
     /// then COMPLETED or FAILED).
     Compaction(proto::Compaction),
+    /// An image a tool returned (its bytes inline when small; otherwise
+    /// read them with [`crate::Client::get_blob`]).
+    Image(proto::ImageEvent),
+    /// A file a tool returned or wrote.
+    File(proto::FileEvent),
+    /// Resources a tool cited.
+    References(proto::ReferencesEvent),
+    /// Something worth knowing that is not an error (e.g. media the model
+    /// could not read).
+    Notice {
+        /// e.g. `MEDIA_NOT_SHOWN`.
+        code: String,
+        /// For a person.
+        message: String,
+    },
     /// The message was queued in the session's inbox
     /// ([`crate::OnBusy::Enqueue`]); its turn (the event's `turn_id`)
     /// follows once the turns before it ended.
@@ -189,6 +204,13 @@ impl From<proto::ChatEvent> for Event {
                 arguments_json: a.arguments_json,
             },
             Some(Kind::Compaction(c)) => ChatEvent::Compaction(c),
+            Some(Kind::Image(i)) => ChatEvent::Image(i),
+            Some(Kind::File(f)) => ChatEvent::File(f),
+            Some(Kind::References(r)) => ChatEvent::References(r),
+            Some(Kind::Notice(n)) => ChatEvent::Notice {
+                code: n.code,
+                message: n.message,
+            },
             Some(Kind::Queued(q)) => ChatEvent::Queued {
                 position: q.position,
             },

@@ -66,6 +66,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 mod agent_runtime;
+mod blobs;
 mod builder;
 pub mod error;
 pub mod events;
@@ -74,6 +75,7 @@ mod runtime_admin;
 mod session_service;
 
 pub use agentrt_proto::v1 as proto;
+pub use blobs::sha256_hex;
 pub use builder::{Auth, ClientBuilder};
 pub use error::Error;
 pub use events::{ChatEvent, Event, EventStream, TurnSummary};

@@ -31,7 +31,8 @@ pub use proto::{OnBusy, OnDisconnect, ThinkingLevel};
 #[derive(Debug, Clone, Default)]
 pub struct ChatOptions {
     pub(crate) text: String,
-    pub(crate) images: Vec<proto::ImageBlock>,
+    /// Image and file blocks, after the text.
+    pub(crate) images: Vec<proto::ContentBlock>,
     pub(crate) model: Option<String>,
     pub(crate) system: Option<String>,
     pub(crate) thinking: ThinkingLevel,
@@ -75,10 +76,58 @@ impl ChatOptions {
 
     /// Adds an image block (after the text).
     pub fn image(mut self, mime_type: impl Into<String>, data: impl Into<Vec<u8>>) -> Self {
-        self.images.push(proto::ImageBlock {
-            mime_type: mime_type.into(),
-            data: data.into(),
+        self.images.push(proto::ContentBlock {
+            block: Some(proto::content_block::Block::Image(proto::ImageBlock {
+                mime_type: mime_type.into(),
+                data: data.into(),
+                ..proto::ImageBlock::default()
+            })),
         });
+        self
+    }
+
+    /// Adds a file block with its bytes inline (after the text): a PDF, a
+    /// text file, ... within the server's inline limit
+    /// (`[blobs] max_inline_bytes`); upload larger ones with
+    /// [`crate::Client::upload_blob`] and attach them with
+    /// [`ChatOptions::blob`].
+    pub fn file(
+        mut self,
+        mime_type: impl Into<String>,
+        name: impl Into<String>,
+        data: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.images.push(proto::ContentBlock {
+            block: Some(proto::content_block::Block::File(proto::FileBlock {
+                mime_type: mime_type.into(),
+                name: name.into(),
+                data: data.into(),
+                ..proto::FileBlock::default()
+            })),
+        });
+        self
+    }
+
+    /// Attaches a blob uploaded to the session (by
+    /// [`crate::Client::upload_blob`]): as an image block when it is an
+    /// image, a file block otherwise.
+    pub fn blob(mut self, blob: &proto::BlobRef) -> Self {
+        let block = if blob.kind == proto::MediaKind::Image as i32 {
+            proto::content_block::Block::Image(proto::ImageBlock {
+                blob_id: blob.blob_id.clone(),
+                mime_type: blob.mime_type.clone(),
+                name: blob.name.clone(),
+                ..proto::ImageBlock::default()
+            })
+        } else {
+            proto::content_block::Block::File(proto::FileBlock {
+                blob_id: blob.blob_id.clone(),
+                mime_type: blob.mime_type.clone(),
+                name: blob.name.clone(),
+                ..proto::FileBlock::default()
+            })
+        };
+        self.images.push(proto::ContentBlock { block: Some(block) });
         self
     }
 
@@ -230,9 +279,7 @@ impl ChatOptions {
                 })),
             });
         }
-        content.extend(self.images.iter().map(|i| proto::ContentBlock {
-            block: Some(Block::Image(i.clone())),
-        }));
+        content.extend(self.images.iter().cloned());
         proto::ChatRequest {
             session_id: session_id.to_owned(),
             content,

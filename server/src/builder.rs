@@ -355,7 +355,14 @@ impl ServerBuilder {
             .as_ref()
             .map_or(crate::cluster::NO_LISTENER, |c| c.advertise.as_str());
         let store = self.open_store(advertise).await?;
+        // The URL may carry a bucket's name but never a credential; the
+        // error says what is wrong without repeating it.
+        let blobs =
+            agentrt_runtime::blobs::Blobs::open(&self.config.blobs.url, &self.config.data_dir)
+                .map_err(|e| crate::config::ConfigError(format!("blobs.url: {e}")))?;
         let runtime_config = RuntimeConfig {
+            media: self.config.blobs.limits(),
+            blobs,
             default_model: self.config.default_model.clone(),
             heartbeat_interval: self.config.heartbeat_interval,
             runner_idle_timeout: self.config.runner_idle_timeout,

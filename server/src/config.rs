@@ -15,6 +15,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 mod auth;
+mod blobs;
 mod cluster;
 mod compaction;
 mod diagnostics;
@@ -29,6 +30,7 @@ mod tools;
 mod transport;
 
 pub use auth::{AuthConfig, MtlsConfig};
+pub use blobs::BlobSettings;
 pub use cluster::{ClusterKey, ClusterSettings, MIN_CLUSTER_KEY_BYTES};
 pub use compaction::CompactionSettings;
 pub use diagnostics::{cli_error_exit, cli_error_message};
@@ -179,6 +181,33 @@ pub struct ProviderConfig {
     /// normally. Default 1048576 (1 MiB); between 1024 and 67108864.
     #[serde(default)]
     pub max_output_bytes: Option<usize>,
+    /// What its models read besides text: `"image"`, `"pdf"`. Default
+    /// `["image"]` for `openai`, `["image", "pdf"]` for `anthropic`. A model
+    /// is sent a placeholder (and the caller a notice) for what it cannot
+    /// read; text files are text to every model.
+    #[serde(default)]
+    pub reads: Option<Vec<MediaName>>,
+    /// Per-model `reads` (model names without the provider prefix), e.g.
+    /// `{ "gpt-3.5-turbo" = [] }`.
+    #[serde(default)]
+    pub model_reads: Option<std::collections::BTreeMap<String, Vec<MediaName>>>,
+}
+
+/// A kind of media a model reads (`reads` of a `[[providers]]` entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MediaName {
+    /// Images.
+    Image,
+    /// PDF documents.
+    Pdf,
+}
+
+fn media_support(names: &[MediaName]) -> agentrt_runtime::media::MediaSupport {
+    agentrt_runtime::media::MediaSupport {
+        images: names.contains(&MediaName::Image),
+        pdf: names.contains(&MediaName::Pdf),
+    }
 }
 
 /// `max_tokens_param` of a `[[providers]]` entry.
@@ -219,8 +248,29 @@ impl ProviderConfig {
             models: self.models.clone(),
             idle_timeout: self.idle_timeout.unwrap_or(defaults.idle_timeout),
             limits: self.output_limits(),
+            reads: self.media_reads(),
             ..defaults
         }
+    }
+
+    /// What `reads` and `model_reads` say; `None` (the provider's default)
+    /// when neither is set.
+    fn media_reads(&self) -> Option<agentrt_runtime::model::endpoint::MediaReads> {
+        if self.reads.is_none() && self.model_reads.is_none() {
+            return None;
+        }
+        let default = match (&self.reads, self.kind) {
+            (Some(names), _) => media_support(names),
+            (None, ProviderKind::Openai) => media_support(&[MediaName::Image]),
+            (None, ProviderKind::Anthropic) => media_support(&[MediaName::Image, MediaName::Pdf]),
+        };
+        let models = self
+            .model_reads
+            .iter()
+            .flatten()
+            .map(|(model, names)| (model.clone(), media_support(names)))
+            .collect();
+        Some(agentrt_runtime::model::endpoint::MediaReads { default, models })
     }
 
     /// The output limits this entry configures, over the defaults of
@@ -357,6 +407,8 @@ struct FileConfig {
     #[serde(default)]
     quotas: QuotaSettings,
     #[serde(default)]
+    blobs: BlobSettings,
+    #[serde(default)]
     prices: std::collections::BTreeMap<String, prices::PriceSettings>,
 }
 
@@ -440,6 +492,9 @@ pub struct Config {
     pub cluster: Option<ClusterSettings>,
     /// The `[quotas]` table: limits per principal.
     pub quotas: QuotaSettings,
+    /// The `[blobs]` table: where images and files are stored, their
+    /// limits.
+    pub blobs: BlobSettings,
     /// The `[prices]` table: what each model's tokens cost.
     pub prices: agentrt_runtime::prices::Prices,
 }
@@ -476,6 +531,7 @@ impl Default for Config {
             store: StoreSettings::default(),
             cluster: None,
             quotas: QuotaSettings::default(),
+            blobs: BlobSettings::default(),
             prices: agentrt_runtime::prices::Prices::default(),
         }
     }
@@ -556,6 +612,7 @@ impl Config {
             store: file.store,
             cluster: file.cluster,
             quotas: file.quotas,
+            blobs: file.blobs,
             prices: prices::prices(file.prices)?,
         })
     }
@@ -653,6 +710,7 @@ impl Config {
         }
         self.validate_tools()?;
         self.compaction.validate()?;
+        self.blobs.validate(self.transport.max_request_bytes)?;
         if !(4..=65_536).contains(&self.store_cache_mb) {
             return Err(ConfigError(format!(
                 "store_cache_mb is {}; it must be between 4 and 65536",

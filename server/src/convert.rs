@@ -15,12 +15,12 @@ use agentrt_proto::v1 as pb;
 use agentrt_runtime::ChatInput;
 use agentrt_runtime::RuntimeError;
 use agentrt_runtime::events::{
-    CompactionStatus, ErrorCode, EventKind, StepKind, ToolStatus, TurnEvent, TurnOutcome,
+    CompactionStatus, ErrorCode, EventKind, Reference, StepKind, ToolStatus, TurnEvent, TurnOutcome,
 };
 use agentrt_runtime::runtime::{OnBusy, OnDisconnect};
 use agentrt_runtime::types::{
-    Budget, CancelReason, ContentBlock, Interrupted, LastTurn, Message, NewSession, Role, Session,
-    SessionUpdate, ThinkingLevel, TurnRecord, TurnStatus, Usage, Wait,
+    Budget, CancelReason, ContentBlock, Interrupted, LastTurn, MediaKind, MediaRef, Message,
+    NewSession, Role, Session, SessionUpdate, ThinkingLevel, TurnRecord, TurnStatus, Usage, Wait,
 };
 
 /// A protobuf timestamp.
@@ -110,7 +110,39 @@ fn block_to_pb(b: ContentBlock) -> pb::ContentBlock {
             thinking,
             signature,
         }),
-        ContentBlock::Image { data, mime_type } => Block::Image(pb::ImageBlock { data, mime_type }),
+        ContentBlock::Image { data, mime_type } => Block::Image(pb::ImageBlock {
+            size: data.len() as u64,
+            data,
+            mime_type,
+            ..pb::ImageBlock::default()
+        }),
+        ContentBlock::File {
+            data,
+            mime_type,
+            name,
+        } => Block::File(pb::FileBlock {
+            size: data.len() as u64,
+            data,
+            mime_type,
+            name,
+            ..pb::FileBlock::default()
+        }),
+        ContentBlock::Media(m) => match m.kind {
+            MediaKind::Image => Block::Image(pb::ImageBlock {
+                data: Vec::new(),
+                mime_type: m.mime_type,
+                blob_id: m.blob_id,
+                size: m.size,
+                name: m.name,
+            }),
+            MediaKind::File => Block::File(pb::FileBlock {
+                data: Vec::new(),
+                mime_type: m.mime_type,
+                name: m.name,
+                blob_id: m.blob_id,
+                size: m.size,
+            }),
+        },
         ContentBlock::ToolCall {
             id,
             name,
@@ -126,11 +158,13 @@ fn block_to_pb(b: ContentBlock) -> pb::ContentBlock {
             content,
             is_error,
             interrupted,
+            media,
         } => Block::ToolResult(pb::ToolResultBlock {
             call_id,
             name,
             content,
             is_error,
+            media: media.into_iter().map(blob_ref).collect(),
             interrupted: match interrupted {
                 None => pb::ToolCallInterrupted::Unspecified,
                 Some(Interrupted::Cancelled) => pb::ToolCallInterrupted::Cancelled,
@@ -140,6 +174,47 @@ fn block_to_pb(b: ContentBlock) -> pb::ContentBlock {
         }),
     };
     pb::ContentBlock { block: Some(block) }
+}
+
+/// A blob reference.
+pub fn blob_ref(m: MediaRef) -> pb::BlobRef {
+    pb::BlobRef {
+        blob_id: m.blob_id,
+        kind: match m.kind {
+            MediaKind::Image => pb::MediaKind::Image,
+            MediaKind::File => pb::MediaKind::File,
+        }
+        .into(),
+        mime_type: m.mime_type,
+        size: m.size,
+        name: m.name,
+    }
+}
+
+/// A request's image or file: its bytes inline, or a reference to a blob
+/// uploaded to the session (`blob_id`; the server fills in the rest).
+fn media_from_pb(
+    kind: MediaKind,
+    (data, mime_type, name, blob_id): (Vec<u8>, String, String, String),
+) -> ContentBlock {
+    if !blob_id.is_empty() {
+        return ContentBlock::Media(MediaRef {
+            kind,
+            blob_id,
+            mime_type,
+            size: 0,
+            name,
+        });
+    }
+    match kind {
+        // An inline image has no name in history (it is a blob's).
+        MediaKind::Image => ContentBlock::Image { data, mime_type },
+        MediaKind::File => ContentBlock::File {
+            data,
+            mime_type,
+            name,
+        },
+    }
 }
 
 /// Decodes content blocks; an empty oneof is an invalid argument.
@@ -156,10 +231,14 @@ pub fn content_from_pb(
         .enumerate()
         .map(|(i, b)| match b.block {
             Some(Block::Text(t)) => Ok(ContentBlock::Text { text: t.text }),
-            Some(Block::Image(img)) => Ok(ContentBlock::Image {
-                data: img.data,
-                mime_type: img.mime_type,
-            }),
+            Some(Block::Image(img)) => Ok(media_from_pb(
+                MediaKind::Image,
+                (img.data, img.mime_type, img.name, img.blob_id),
+            )),
+            Some(Block::File(f)) => Ok(media_from_pb(
+                MediaKind::File,
+                (f.data, f.mime_type, f.name, f.blob_id),
+            )),
             Some(Block::Thinking(t)) => Ok(ContentBlock::Thinking {
                 thinking: t.thinking,
                 signature: t.signature,
@@ -176,6 +255,7 @@ pub fn content_from_pb(
                 content: r.content,
                 is_error: r.is_error,
                 interrupted: None,
+                media: Vec::new(),
             }),
             None => Err(RuntimeError::invalid(
                 format!("{field}[{i}]"),
@@ -183,6 +263,33 @@ pub fn content_from_pb(
             )),
         })
         .collect()
+}
+
+fn reference(r: &Reference) -> pb::Reference {
+    match r {
+        Reference::Blob { blob, intent } => pb::Reference {
+            kind: "blob".to_owned(),
+            id: blob.blob_id.clone(),
+            title: blob.name.clone(),
+            mime_type: blob.mime_type.clone(),
+            intent: (*intent).to_owned(),
+            ..pb::Reference::default()
+        },
+        Reference::Uri {
+            uri,
+            title,
+            preview,
+            mime_type,
+        } => pb::Reference {
+            kind: "uri".to_owned(),
+            uri: uri.clone(),
+            title: title.clone(),
+            preview: preview.clone(),
+            mime_type: mime_type.clone(),
+            intent: "result".to_owned(),
+            ..pb::Reference::default()
+        },
+    }
 }
 
 /// A stored message.
@@ -542,6 +649,29 @@ pub fn event_to_pb(session_id: &str, turn_id: &str, e: &TurnEvent) -> pb::ChatEv
             arguments_json: t.arguments_json.clone(),
             detail: t.detail.clone(),
             content: t.content.clone(),
+            references: t.references.iter().map(reference).collect(),
+        }),
+        EventKind::Image(m) => Kind::Image(pb::ImageEvent {
+            blob: Some(blob_ref(m.blob.clone())),
+            data: m.data.as_ref().map(|d| d.to_vec()).unwrap_or_default(),
+            call_id: m.call_id.clone(),
+        }),
+        EventKind::File(m) => Kind::File(pb::FileEvent {
+            blob: Some(blob_ref(m.blob.clone())),
+            data: m.data.as_ref().map(|d| d.to_vec()).unwrap_or_default(),
+            call_id: m.call_id.clone(),
+            uri: m.uri.clone(),
+        }),
+        EventKind::References {
+            call_id,
+            references,
+        } => Kind::References(pb::ReferencesEvent {
+            references: references.iter().map(reference).collect(),
+            call_id: call_id.clone(),
+        }),
+        EventKind::Notice { code, message } => Kind::Notice(pb::Notice {
+            code: (*code).to_owned(),
+            message: message.clone(),
         }),
         EventKind::ToolCall {
             call_id,

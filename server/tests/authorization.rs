@@ -170,6 +170,7 @@ async fn check_admin(world: &World, failures: &mut Vec<String>) {
                     turn: String::new(),
                     request_id: String::new(),
                     call_id: String::new(),
+                    blob: String::new(),
                 };
                 let answer = call(world, case, user, &target).await;
                 if answer.code() != Some(Code::PermissionDenied) {
@@ -192,6 +193,7 @@ async fn check_admin(world: &World, failures: &mut Vec<String>) {
             turn: String::new(),
             request_id: String::new(),
             call_id: String::new(),
+            blob: String::new(),
         };
         let answer = call(world, case, User::Admin, &target).await;
         if !answer.is_ok() {

@@ -250,6 +250,7 @@ async fn huge_caller_strings_in_any_error_keep_grpc_message_under_1_kib() {
         block: Some(pb::content_block::Block::Image(pb::ImageBlock {
             data: vec![1, 2, 3],
             mime_type: mime.to_owned(),
+            ..pb::ImageBlock::default()
         })),
     };
     let (auth_name, auth_value) = auth();

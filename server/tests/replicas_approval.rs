@@ -58,6 +58,8 @@ async fn an_approval_pending_on_a_dead_replica_resumes_the_turn_on_another() {
             max_tokens_limit: None,
             max_tokens_param: None,
             max_output_bytes: None,
+            reads: None,
+            model_reads: None,
         });
     };
     let with_tool = |b: agentrt_server::ServerBuilder| b.tool_source("local", tool.clone());

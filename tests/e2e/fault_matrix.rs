@@ -306,6 +306,8 @@ fn provider_config(case: &Case) -> ProviderConfig {
         max_tokens_limit: None,
         max_tokens_param: None,
         max_output_bytes: Some(OUTPUT_BOUND),
+        reads: None,
+        model_reads: None,
     }
 }
 

@@ -65,6 +65,8 @@ pub(crate) fn mock_provider(
         max_tokens_limit: None,
         max_tokens_param: None,
         max_output_bytes: None,
+        reads: None,
+        model_reads: None,
     }
 }
 

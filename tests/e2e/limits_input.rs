@@ -64,6 +64,7 @@ fn image(data: &[u8], mime_type: &str) -> proto::ContentBlock {
         block: Some(proto::content_block::Block::Image(proto::ImageBlock {
             data: data.to_vec(),
             mime_type: mime_type.to_owned(),
+            ..proto::ImageBlock::default()
         })),
     }
 }

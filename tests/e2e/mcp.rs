@@ -470,3 +470,87 @@ async fn an_mcp_server_that_cannot_start_leaves_the_server_running_without_its_t
     assert!(offered(&fake.requests()[0].body).is_empty());
     server.stop().await;
 }
+
+#[tokio::test]
+async fn an_mcp_tools_image_and_link_are_stored_shown_and_survive_a_restart() {
+    let fake = FakeOpenAi::start(vec![
+        calls(&[("call_1", "test__picture", json!({}))]),
+        answer("a red dot"),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut record = Record::new(dir.path());
+    let server =
+        TestServer::start_with(config(dir.path(), &fake, &record), &Providers::default()).await;
+    record.until("ready ").await;
+    let client = server.client().await;
+    let session = new_session(&client).await;
+
+    let chat = client.chat(&session, "show me").await.unwrap();
+    let summary = finish(chat).await;
+    assert_eq!(summary.outcome, Some(proto::TurnOutcome::Success));
+    let events = &summary.events;
+    let at = |want: &dyn Fn(&ChatEvent) -> bool| {
+        events
+            .iter()
+            .position(|e| want(&e.kind))
+            .unwrap_or_else(|| panic!("no such event in {events:#?}"))
+    };
+    let running =
+        at(&|k| matches!(k, ChatEvent::ToolUse(t) if t.status() == proto::ToolStatus::Running));
+    let image = at(&|k| matches!(k, ChatEvent::Image(_)));
+    let references = at(&|k| matches!(k, ChatEvent::References(_)));
+    let done = at(&|k| matches!(k, ChatEvent::ToolUse(t) if t.status() == proto::ToolStatus::Done));
+    assert!(running < image && image < done, "{events:#?}");
+    assert!(running < references && references < done, "{events:#?}");
+
+    let ChatEvent::Image(shown) = &events[image].kind else {
+        unreachable!()
+    };
+    let blob = shown.blob.clone().expect("the image event names its blob");
+    assert_eq!(blob.mime_type, "image/png");
+    assert_eq!(shown.call_id, "call_1");
+    // Small: the bytes come inline too, and GetBlob returns the same.
+    assert_eq!(shown.data.len() as u64, blob.size);
+    let (read, bytes) = client.get_blob(&session, &blob.blob_id).await.unwrap();
+    assert_eq!(
+        (read.blob_id.as_str(), &bytes),
+        (blob.blob_id.as_str(), &shown.data)
+    );
+    let ChatEvent::References(links) = &events[references].kind else {
+        unreachable!()
+    };
+    assert_eq!(links.references[0].uri, "https://example.invalid/report");
+    assert_eq!(links.references[0].title, "The report");
+    let ChatEvent::ToolUse(done) = &events[done].kind else {
+        unreachable!()
+    };
+    let kinds: Vec<&str> = done.references.iter().map(|r| r.kind.as_str()).collect();
+    assert_eq!(kinds, ["blob", "uri"]);
+
+    // The model got the image (an OpenAI tool message is text, so the
+    // image follows the tool messages as a user message).
+    let second = &fake.requests()[1].body;
+    let messages = second["messages"].as_array().unwrap();
+    let media = messages.last().unwrap();
+    assert_eq!(media["role"], "user");
+    let url = media["content"][1]["image_url"]["url"].as_str().unwrap();
+    assert!(url.starts_with("data:image/png;base64,"), "{url}");
+
+    // History keeps the reference (never the bytes) across a restart.
+    server.stop().await;
+    let server =
+        TestServer::start_with(config(dir.path(), &fake, &record), &Providers::default()).await;
+    let client = server.client().await;
+    let history = client.history(&session).await.unwrap();
+    let result = history
+        .iter()
+        .find(|m| m.role() == proto::Role::Tool)
+        .map(tool_result)
+        .unwrap();
+    assert_eq!(result.media, vec![blob.clone()]);
+    assert!(result.content.contains("here is the picture"));
+    let (_, again) = client.get_blob(&session, &blob.blob_id).await.unwrap();
+    assert_eq!(again, bytes);
+    server.stop().await;
+}

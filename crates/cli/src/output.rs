@@ -67,16 +67,59 @@ fn block_json(b: &proto::ContentBlock) -> Value {
     match &b.block {
         Some(Block::Text(t)) => json!({"type": "text", "text": t.text}),
         Some(Block::Thinking(t)) => json!({"type": "thinking", "thinking": t.thinking}),
-        Some(Block::Image(i)) => {
-            json!({"type": "image", "mime_type": i.mime_type, "bytes": i.data.len()})
-        }
+        Some(Block::Image(i)) => json!({
+            "type": "image", "mime_type": i.mime_type, "blob_id": i.blob_id,
+            "size": i.size, "name": i.name
+        }),
+        Some(Block::File(f)) => json!({
+            "type": "file", "mime_type": f.mime_type, "blob_id": f.blob_id,
+            "size": f.size, "name": f.name
+        }),
         Some(Block::ToolCall(c)) => json!({
             "type": "tool_call", "id": c.id, "name": c.name, "arguments_json": c.arguments_json
         }),
         Some(Block::ToolResult(r)) => json!({
-            "type": "tool_result", "call_id": r.call_id, "content": r.content, "is_error": r.is_error
+            "type": "tool_result", "call_id": r.call_id, "content": r.content, "is_error": r.is_error,
+            "media": r.media.iter().map(blob_json).collect::<Vec<_>>()
         }),
         None => json!({"type": "unknown"}),
+    }
+}
+
+fn blob_json(b: &proto::BlobRef) -> Value {
+    json!({
+        "blob_id": b.blob_id,
+        "kind": b.kind().as_str_name().trim_start_matches("MEDIA_KIND_").to_lowercase(),
+        "mime_type": b.mime_type,
+        "size": b.size,
+        "name": b.name,
+    })
+}
+
+fn reference_json(r: &proto::Reference) -> Value {
+    json!({
+        "kind": r.kind, "id": r.id, "uri": r.uri, "title": r.title,
+        "preview": r.preview, "mime_type": r.mime_type, "intent": r.intent,
+    })
+}
+
+/// "cat.png (image/png, 12 KB)".
+fn describe_blob(name: &str, mime_type: &str, size: u64) -> String {
+    let size = if size < 1024 {
+        format!("{size} B")
+    } else if size < 1 << 20 {
+        format!("{} KB", size.div_ceil(1024))
+    } else {
+        format!(
+            "{}.{} MB",
+            size >> 20,
+            ((size & ((1 << 20) - 1)) * 10) >> 20
+        )
+    };
+    if name.is_empty() {
+        format!("{mime_type}, {size}")
+    } else {
+        format!("{name} ({mime_type}, {size})")
     }
 }
 
@@ -124,7 +167,14 @@ fn message_text(m: &proto::Message) -> String {
         .filter_map(|b| match &b.block {
             Some(Block::Text(t)) => Some(t.text.clone()),
             Some(Block::Thinking(t)) => Some(format!("(thinking: {})", t.thinking)),
-            Some(Block::Image(i)) => Some(format!("[image {} bytes]", i.data.len())),
+            Some(Block::Image(i)) => Some(format!(
+                "[image {}]",
+                describe_blob(&i.name, &i.mime_type, i.size)
+            )),
+            Some(Block::File(f)) => Some(format!(
+                "[file {}]",
+                describe_blob(&f.name, &f.mime_type, f.size)
+            )),
             Some(Block::ToolCall(c)) => {
                 Some(format!("[tool call {} {}]", c.name, c.arguments_json))
             }
@@ -188,6 +238,24 @@ fn event_json(e: &Event) -> Value {
             "compaction",
             json!({"status": c.status().as_str_name().trim_start_matches("COMPACTION_STATUS_")}),
         ),
+        ChatEvent::Image(i) => (
+            "image",
+            json!({"call_id": i.call_id, "blob": i.blob.as_ref().map(blob_json),
+                   "inline_bytes": i.data.len()}),
+        ),
+        ChatEvent::File(f) => (
+            "file",
+            json!({"call_id": f.call_id, "blob": f.blob.as_ref().map(blob_json),
+                   "uri": f.uri, "inline_bytes": f.data.len()}),
+        ),
+        ChatEvent::References(r) => (
+            "references",
+            json!({"call_id": r.call_id,
+                   "references": r.references.iter().map(reference_json).collect::<Vec<_>>()}),
+        ),
+        ChatEvent::Notice { code, message } => {
+            ("notice", json!({"code": code, "message": message}))
+        }
         ChatEvent::Queued { position } => ("queued", json!({"position": position})),
         ChatEvent::Steered { message_seq } => ("steered", json!({"message_seq": message_seq})),
         ChatEvent::ReplayGap {
@@ -611,6 +679,37 @@ impl Out {
             } => {
                 eprintln!("[events missed; continuing at #{first_available_seq}]");
             }
+            ChatEvent::Image(i) => {
+                if let Some(b) = &i.blob {
+                    eprintln!(
+                        "\n[image {}; save it with `agentrt blob get {} {}`]",
+                        describe_blob(&b.name, &b.mime_type, b.size),
+                        e.session_id,
+                        b.blob_id
+                    );
+                }
+            }
+            ChatEvent::File(f) => {
+                if let Some(b) = &f.blob {
+                    eprintln!(
+                        "\n[file {}; save it with `agentrt blob get {} {}`]",
+                        describe_blob(&b.name, &b.mime_type, b.size),
+                        e.session_id,
+                        b.blob_id
+                    );
+                }
+            }
+            ChatEvent::References(r) => {
+                for reference in &r.references {
+                    let what = if reference.uri.is_empty() {
+                        &reference.id
+                    } else {
+                        &reference.uri
+                    };
+                    eprintln!("\n[reference {} <{what}>]", reference.title);
+                }
+            }
+            ChatEvent::Notice { message, .. } => eprintln!("\n[notice: {message}]"),
             ChatEvent::Queued { position } => {
                 eprintln!(
                     "[queued: #{position} in the session's inbox; runs as turn {}]",

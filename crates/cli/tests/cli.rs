@@ -52,6 +52,8 @@ impl Harness {
             max_tokens_limit: None,
             max_tokens_param: None,
             max_output_bytes: None,
+            reads: None,
+            model_reads: None,
         });
         let gate = Arc::new(GateProvider::default());
         let server = InProcessServer::start(

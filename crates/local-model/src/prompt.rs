@@ -223,6 +223,7 @@ mod tests {
                         content: "noon".into(),
                         is_error: false,
                         interrupted: None,
+                        media: Vec::new(),
                     }],
                 ),
                 msg(Role::Notice, vec![ContentBlock::text("timed out")]),

@@ -38,6 +38,9 @@ fn record(line: &str) {
     }
 }
 
+/// A 1×1 PNG, base64 (what the `picture` tool returns).
+const PICTURE_PNG_BASE64: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+
 fn schema(value: Value) -> serde_json::Map<String, Value> {
     match value {
         Value::Object(map) => map,
@@ -82,6 +85,11 @@ impl ServerHandler for TestTools {
                 "Always fails",
                 schema(json!({"type": "object", "properties": {}})),
             ),
+            Tool::new(
+                "picture",
+                "Returns a small PNG and a link to a report",
+                schema(json!({"type": "object", "properties": {}})),
+            ),
         ]))
     }
 
@@ -119,6 +127,18 @@ impl ServerHandler for TestTools {
                 }
             }
             "fail" => CallToolResult::error(vec![ContentBlock::text("the fail tool failed")]),
+            "picture" => {
+                let mut link =
+                    rmcp::model::Resource::new("https://example.invalid/report", "report");
+                link.title = Some("The report".to_owned());
+                link.description = Some("What the picture shows".to_owned());
+                link.mime_type = Some("text/html".to_owned());
+                CallToolResult::success(vec![
+                    ContentBlock::text("here is the picture"),
+                    ContentBlock::image(PICTURE_PNG_BASE64, "image/png"),
+                    ContentBlock::resource_link(link),
+                ])
+            }
             other => {
                 return Err(ErrorData::invalid_params(
                     format!("no tool named {other}"),

@@ -94,6 +94,7 @@ fn result(turn_id: &str, call: &str) -> NewMessage {
             content: "found".to_owned(),
             is_error: false,
             interrupted: None,
+            media: Vec::new(),
         }],
     )
 }

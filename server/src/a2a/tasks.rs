@@ -537,6 +537,10 @@ impl Translator {
             | EventKind::ToolUse(_)
             | EventKind::Compaction(_)
             | EventKind::Steered { .. }
+            | EventKind::Image(_)
+            | EventKind::File(_)
+            | EventKind::References { .. }
+            | EventKind::Notice { .. }
             | EventKind::ReplayGap { .. } => {}
         }
     }

@@ -3,8 +3,13 @@
 
 use agentrt_proto::v1 as pb;
 use agentrt_proto::v1::session_service_server::SessionService;
-use agentrt_runtime::Runtime;
-use tonic::{Request, Response, Status};
+use std::pin::Pin;
+
+use agentrt_runtime::runtime::{BlobRead, UploadStart, UploadStatus};
+use agentrt_runtime::{Runtime, RuntimeError};
+use bytes::{Bytes, BytesMut};
+use futures::{Stream, StreamExt as _};
+use tonic::{Request, Response, Status, Streaming};
 
 use crate::call::Call;
 use crate::convert;
@@ -179,14 +184,144 @@ impl SessionService for SessionServiceHandler {
         })?;
         Ok(Response::new(convert::turn_to_pb(turn)))
     }
+
+    async fn upload_blob(
+        &self,
+        req: Request<Streaming<pb::UploadBlobRequest>>,
+    ) -> Result<Response<pb::UploadBlobResponse>, Status> {
+        let (call, mut messages) = Call::open(req)?;
+        let first = messages.message().await?.ok_or_else(|| {
+            Status::invalid_argument(
+                "the upload stream is empty: its first message names the session and the upload",
+            )
+        })?;
+        call.session(&first.session_id);
+        let start = UploadStart {
+            session_id: first.session_id,
+            upload_id: first.upload_id,
+            size: first.size,
+            sha256: first.sha256,
+            mime_type: first.mime_type,
+            name: first.name,
+            write_offset: first.write_offset,
+        };
+        let head = futures::stream::iter([Ok(Bytes::from(first.data))]);
+        let rest = messages.map(|m| match m {
+            Ok(m) => Ok(Bytes::from(m.data)),
+            Err(status) => {
+                tracing::debug!(%status, "an upload stream broke");
+                Err(RuntimeError::Unavailable(
+                    "the upload stream broke; what arrived is committed",
+                ))
+            }
+        });
+        let status = self
+            .runtime
+            .upload_blob(&call.who, start, head.chain(rest))
+            .await
+            .map_err(from_runtime)?;
+        Ok(Response::new(upload_response(status)))
+    }
+
+    async fn get_upload_status(
+        &self,
+        req: Request<pb::GetUploadStatusRequest>,
+    ) -> Result<Response<pb::UploadBlobResponse>, Status> {
+        let (call, r) = Call::open(req)?;
+        call.session(&r.session_id);
+        let sha256 = (!r.sha256.is_empty()).then_some(r.sha256.as_str());
+        let status = self
+            .runtime
+            .upload_status(&call.who, &r.session_id, &r.upload_id, sha256)
+            .await
+            .map_err(from_runtime)?;
+        Ok(Response::new(upload_response(status)))
+    }
+
+    type GetBlobStream = BlobChunks;
+
+    async fn get_blob(
+        &self,
+        req: Request<pb::GetBlobRequest>,
+    ) -> Result<Response<Self::GetBlobStream>, Status> {
+        let (call, r) = Call::open(req)?;
+        call.session(&r.session_id);
+        let read = self
+            .runtime
+            .get_blob(&call.who, &r.session_id, &r.blob_id, r.read_offset)
+            .await
+            .map_err(from_runtime)?
+            .ok_or_else(|| Status::not_found("the session holds no such blob"))?;
+        Ok(Response::new(blob_chunks(read)))
+    }
+}
+
+fn upload_response(status: UploadStatus) -> pb::UploadBlobResponse {
+    pb::UploadBlobResponse {
+        committed_size: status.committed,
+        blob: status.blob.map(convert::blob_ref),
+    }
+}
+
+/// A blob's bytes as `BlobChunk`s.
+pub type BlobChunks = Pin<Box<dyn Stream<Item = Result<pb::BlobChunk, Status>> + Send>>;
+
+/// Most bytes in one `BlobChunk` (the store's own chunks are gathered up
+/// to this, so a large blob is not thousands of tiny messages).
+const CHUNK_BYTES: usize = 256 << 10;
+
+/// `read`'s bytes in chunks of up to [`CHUNK_BYTES`], the first carrying
+/// the blob's reference (an empty read is that one chunk). A store failure
+/// midway ends the stream `UNAVAILABLE`.
+fn blob_chunks(read: BlobRead) -> BlobChunks {
+    struct State {
+        bytes: agentrt_runtime::blobs::BlobStream,
+        blob: Option<pb::BlobRef>,
+        buffered: BytesMut,
+        ended: bool,
+    }
+    let state = State {
+        bytes: read.bytes,
+        blob: Some(convert::blob_ref(read.blob)),
+        buffered: BytesMut::new(),
+        ended: false,
+    };
+    Box::pin(futures::stream::unfold(state, |mut st| async move {
+        while !st.ended && st.buffered.len() < CHUNK_BYTES {
+            match st.bytes.next().await {
+                Some(Ok(chunk)) => st.buffered.extend_from_slice(&chunk),
+                Some(Err(e)) => {
+                    tracing::error!(error = %e, "reading a blob failed");
+                    st.ended = true;
+                    st.buffered.clear();
+                    st.blob = None;
+                    let status = Status::unavailable(
+                        "the blob store failed while reading; retry from read_offset",
+                    );
+                    return Some((Err(status), st));
+                }
+                None => st.ended = true,
+            }
+        }
+        if st.buffered.is_empty() && st.blob.is_none() {
+            return None;
+        }
+        let take = st.buffered.len().min(CHUNK_BYTES);
+        let data = st.buffered.split_to(take).to_vec();
+        let chunk = pb::BlobChunk {
+            blob: st.blob.take(),
+            data,
+        };
+        Some((Ok(chunk), st))
+    }))
 }
 
 #[cfg(test)]
 mod tests {
     use agentrt_runtime::store::{MemoryStore, Store as _, message_wire_bytes, session_wire_bytes};
     use agentrt_runtime::types::{
-        ContentBlock, LastTurn, Message, NewMessage, NewSession, Role, StopReason, TurnStatus,
-        Usage,
+        ContentBlock, LastTurn, MediaKind, MediaRef, Message, NewMessage, NewSession, Role,
+        StopReason, TurnStatus, Usage,
     };
     use prost::Message as _;
 
@@ -197,6 +332,13 @@ mod tests {
     #[tokio::test]
     async fn wire_size_estimates_are_upper_bounds_of_the_encoding() {
         let framed = |len: usize| len + 1 + prost::length_delimiter_len(len);
+        let media = |kind| MediaRef {
+            kind,
+            blob_id: "f".repeat(64),
+            mime_type: "application/vnd.openxmlformats-officedocument".into(),
+            size: u64::MAX,
+            name: "n".repeat(255),
+        };
         let blocks = vec![
             ContentBlock::text("hello"),
             ContentBlock::text("x".repeat(300_000)),
@@ -219,6 +361,14 @@ mod tests {
                 content: "sunny".repeat(1000),
                 is_error: true,
                 interrupted: Some(agentrt_runtime::types::Interrupted::OutcomeUnknown),
+                media: vec![media(MediaKind::Image), media(MediaKind::File)],
+            },
+            ContentBlock::Media(media(MediaKind::File)),
+            ContentBlock::Media(media(MediaKind::Image)),
+            ContentBlock::File {
+                data: vec![b'%'; 1000],
+                mime_type: "application/pdf".into(),
+                name: "n".repeat(255),
             },
             ContentBlock::text(""),
         ];

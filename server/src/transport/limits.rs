@@ -462,7 +462,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reflection_is_the_only_streaming_request_served() {
+    fn upload_and_reflection_are_the_streaming_requests_served() {
         let paths = streaming_request_paths(&[
             agentrt_proto::FILE_DESCRIPTOR_SET,
             tonic_health::pb::FILE_DESCRIPTOR_SET,
@@ -474,6 +474,7 @@ mod tests {
         assert_eq!(
             paths,
             [
+                "/agentrt.v1.SessionService/UploadBlob",
                 "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
                 "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
             ]

@@ -81,6 +81,9 @@ pub(crate) const CASES: &[Case] = &[
     owned("agentrt.v1.SessionService/GetHistory", ""),
     owned("agentrt.v1.SessionService/ListTurns", ""),
     owned("agentrt.v1.SessionService/GetTurn", ""),
+    owned("agentrt.v1.SessionService/UploadBlob", ""),
+    owned("agentrt.v1.SessionService/GetUploadStatus", ""),
+    owned("agentrt.v1.SessionService/GetBlob", ""),
     // Bob reuses alice's request id on her session (his own session with
     // it is checked beside the table).
     owned("agentrt.v1.AgentRuntime/Chat", "replay"),
@@ -269,6 +272,39 @@ pub(crate) async fn call(world: &World, case: &Case, user: User, target: &Target
             unary(sessions.get_turn(authed(r, user)).await, |t| {
                 format!("turn {} outcome {}", t.turn_id, t.outcome)
             })
+        }
+        ("agentrt.v1.SessionService/UploadBlob", _) => {
+            let data = format!("{user:?}'s upload");
+            let answer =
+                super::world::upload(sessions, &id(), "auth-up", data.as_bytes(), user).await;
+            unary(answer, |r| {
+                format!(
+                    "committed {} blob {:?}",
+                    r.committed_size,
+                    r.blob.as_ref().map(|b| &b.blob_id)
+                )
+            })
+        }
+        ("agentrt.v1.SessionService/GetUploadStatus", _) => {
+            let r = pb::GetUploadStatusRequest {
+                session_id: id(),
+                upload_id: "up-0".into(),
+                sha256: target.blob.clone(),
+            };
+            unary(sessions.get_upload_status(authed(r, user)).await, |r| {
+                format!("committed {} blob {}", r.committed_size, r.blob.is_some())
+            })
+        }
+        ("agentrt.v1.SessionService/GetBlob", _) => {
+            let r = pb::GetBlobRequest {
+                session_id: id(),
+                blob_id: target.blob.clone(),
+                read_offset: 0,
+            };
+            streamed(sessions.get_blob(authed(r, user)).await, true, |c| {
+                format!("{} bytes", c.data.len())
+            })
+            .await
         }
         ("agentrt.v1.SessionService/GetHistory", _) => {
             let r = pb::GetHistoryRequest {

@@ -82,6 +82,8 @@ pub(crate) struct Target {
     pub(crate) turn: String,
     pub(crate) request_id: String,
     pub(crate) call_id: String,
+    /// A blob alice uploaded to the session.
+    pub(crate) blob: String,
 }
 
 impl Target {
@@ -89,6 +91,29 @@ impl Target {
     pub(crate) fn task(&self) -> String {
         format!("{}/{}", self.session, self.turn)
     }
+}
+
+/// Uploads `data` (text) to `session` in one message, as `user`.
+pub(crate) async fn upload(
+    mut sessions: pb::session_service_client::SessionServiceClient<tonic::transport::Channel>,
+    session: &str,
+    upload_id: &str,
+    data: &[u8],
+    user: User,
+) -> Result<tonic::Response<pb::UploadBlobResponse>, tonic::Status> {
+    let message = pb::UploadBlobRequest {
+        session_id: session.to_owned(),
+        upload_id: upload_id.to_owned(),
+        size: data.len() as u64,
+        sha256: agentrt_client::sha256_hex(data),
+        mime_type: "text/plain".to_owned(),
+        name: "notes.txt".to_owned(),
+        write_offset: 0,
+        data: data.to_vec(),
+    };
+    sessions
+        .upload_blob(authed(futures::stream::iter([message]), user))
+        .await
 }
 
 /// One of alice's sessions in a state; `hold` keeps a live turn's Chat
@@ -201,6 +226,19 @@ impl World {
             .expect("alice creates a session")
             .into_inner()
             .session_id;
+        let blob = upload(
+            self.sessions(),
+            &session,
+            &format!("up-{n}"),
+            format!("alice's file {n}").as_bytes(),
+            User::Alice,
+        )
+        .await
+        .expect("alice uploads a file")
+        .into_inner()
+        .blob
+        .expect("the upload completes")
+        .blob_id;
         let request_id = format!("rid-{n:04}-{state:?}");
         let (model, tools) = match state {
             State::Idle | State::Archived => ("script/quick", vec![]),
@@ -263,6 +301,7 @@ impl World {
                 turn,
                 request_id,
                 call_id,
+                blob,
             },
             hold,
         }

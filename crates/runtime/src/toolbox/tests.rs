@@ -337,15 +337,42 @@ async fn parallel_calls_are_bounded_by_max_parallel() {
 }
 
 #[test]
-fn mcp_results_join_text_summarise_other_parts_and_keep_is_error() {
-    use rmcp::model::{CallToolResult, ContentBlock};
+fn mcp_results_join_text_and_carry_media_and_links() {
+    use rmcp::model::{CallToolResult, ContentBlock, Resource};
+    let mut link = Resource::new("file:///work/report.csv", "report.csv");
+    link.mime_type = Some("text/csv".to_owned());
+    link.description = Some("the report".to_owned());
     let ok = mcp::render(CallToolResult::success(vec![
         ContentBlock::text("first"),
         ContentBlock::image("aGk=", "image/png"),
         ContentBlock::embedded_text("file:///a.txt", "embedded"),
+        ContentBlock::image("not base64!", "image/png"),
+        ContentBlock::resource_link(link),
         ContentBlock::text("last"),
     ]));
-    assert_eq!(ok, ToolOutcome::ok("first\n[image]\nembedded\nlast"));
+    assert_eq!(
+        ok.content,
+        "first\nembedded\n[image/png content: not valid base64]\nlast"
+    );
+    assert!(!ok.is_error);
+    assert_eq!(
+        ok.media,
+        vec![
+            ToolMedia::Bytes {
+                kind: crate::types::MediaKind::Image,
+                data: bytes::Bytes::from_static(b"hi"),
+                mime_type: "image/png".to_owned(),
+                name: String::new(),
+                uri: String::new(),
+            },
+            ToolMedia::Link {
+                uri: "file:///work/report.csv".to_owned(),
+                name: "report.csv".to_owned(),
+                description: "the report".to_owned(),
+                mime_type: "text/csv".to_owned(),
+            },
+        ]
+    );
     let failed = mcp::render(CallToolResult::error(vec![ContentBlock::text("boom")]));
     assert_eq!(failed, ToolOutcome::error("boom"));
 }
