@@ -15,6 +15,7 @@ mod e2e {
     mod limits_input;
     mod limits_model;
     mod mcp;
+    mod media;
     mod openai;
     mod server_tools;
     mod sessions;

@@ -167,6 +167,10 @@ impl ModelProvider for RetryingProvider {
         self.inner.supports_tools(model)
     }
 
+    fn media_support(&self, model: &str) -> crate::media::MediaSupport {
+        self.inner.media_support(model)
+    }
+
     fn has_capacity(&self, model: &str) -> bool {
         self.inner.has_capacity(model)
     }
