@@ -357,9 +357,13 @@ impl ServerBuilder {
         let store = self.open_store(advertise).await?;
         // The URL may carry a bucket's name but never a credential; the
         // error says what is wrong without repeating it.
-        let blobs =
-            agentrt_runtime::blobs::Blobs::open(&self.config.blobs.url, &self.config.data_dir)
-                .map_err(|e| crate::config::ConfigError(format!("blobs.url: {e}")))?;
+        let env = Arc::clone(&self.env);
+        let blobs = agentrt_runtime::blobs::Blobs::open(
+            &self.config.blobs.url,
+            &self.config.data_dir,
+            &|name| env(name),
+        )
+        .map_err(|e| crate::config::ConfigError(format!("blobs.url: {e}")))?;
         let runtime_config = RuntimeConfig {
             media: self.config.blobs.limits(),
             blobs,

@@ -150,6 +150,20 @@ pub struct UploadTarget {
     pub name: String,
 }
 
+/// The environment variables an `s3://` blob store is configured from.
+pub const S3_ENV: [&str; 10] = [
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT",
+    "AWS_ENDPOINT_URL",
+    "AWS_ALLOW_HTTP",
+    "AWS_VIRTUAL_HOSTED_STYLE_REQUEST",
+    "AWS_S3_EXPRESS",
+];
+
 /// The blob store.
 #[derive(Debug, Clone)]
 pub struct Blobs {
@@ -187,10 +201,15 @@ impl Blobs {
     /// The blob store `url` names (`[blobs] url`): empty for a `blobs`
     /// directory under `data_dir`, `file:///path` for another directory,
     /// `s3://bucket/prefix` for an S3-compatible store configured from the
-    /// environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+    /// environment as `env` reads it (the `AWS_*` variables of
+    /// [`S3_ENV`]: `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
     /// `AWS_REGION`, `AWS_ENDPOINT` for a store other than AWS,
     /// `AWS_ALLOW_HTTP=true` for one on plain HTTP, ...).
-    pub fn open(url: &str, data_dir: &std::path::Path) -> Result<Self, BlobError> {
+    pub fn open(
+        url: &str,
+        data_dir: &std::path::Path,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, BlobError> {
         if url.is_empty() {
             return Self::local(&data_dir.join("blobs"));
         }
@@ -206,9 +225,17 @@ impl Blobs {
         if bucket.is_empty() {
             return Err(BlobError::Invalid("blobs.url names no bucket".to_owned()));
         }
-        let s3 = object_store::aws::AmazonS3Builder::from_env()
-            .with_url(format!("s3://{bucket}"))
-            .build()?;
+        let mut builder = object_store::aws::AmazonS3Builder::new();
+        for name in S3_ENV {
+            if let Some(value) = env(name)
+                && let Ok(key) = name
+                    .to_ascii_lowercase()
+                    .parse::<object_store::aws::AmazonS3ConfigKey>()
+            {
+                builder = builder.with_config(key, value);
+            }
+        }
+        let s3 = builder.with_url(format!("s3://{bucket}")).build()?;
         let prefix = prefix.trim_matches('/');
         Ok(if prefix.is_empty() {
             Self::new(Arc::new(s3))
@@ -571,14 +598,32 @@ mod tests {
     #[test]
     fn urls_name_a_directory_or_a_bucket() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(Blobs::open("", dir.path()).is_ok());
+        assert!(Blobs::open("", dir.path(), &|_| None).is_ok());
         assert!(dir.path().join("blobs").is_dir());
         let other = dir.path().join("elsewhere");
-        assert!(Blobs::open(&format!("file://{}", other.display()), dir.path()).is_ok());
+        assert!(
+            Blobs::open(&format!("file://{}", other.display()), dir.path(), &|_| {
+                None
+            })
+            .is_ok()
+        );
         assert!(other.is_dir());
+        // An S3-compatible store takes its settings from the environment
+        // given (nothing is contacted until the first call).
+        let env = |name: &str| match name {
+            "AWS_ENDPOINT" => Some("http://127.0.0.1:9".to_owned()),
+            "AWS_ALLOW_HTTP" => Some("true".to_owned()),
+            "AWS_REGION" => Some("us-east-1".to_owned()),
+            "AWS_ACCESS_KEY_ID" | "AWS_SECRET_ACCESS_KEY" => Some("test".to_owned()),
+            _ => None,
+        };
+        assert!(Blobs::open("s3://bucket/some/prefix", dir.path(), &env).is_ok());
         for bad in ["ftp://x", "s3://", "/tmp/x"] {
             assert!(
-                matches!(Blobs::open(bad, dir.path()), Err(BlobError::Invalid(_))),
+                matches!(
+                    Blobs::open(bad, dir.path(), &|_| None),
+                    Err(BlobError::Invalid(_))
+                ),
                 "{bad}"
             );
         }
