@@ -134,6 +134,9 @@ pub(crate) enum Command {
         #[arg(long, default_value = "")]
         reason: String,
     },
+    /// Upload and download a session's images and files.
+    #[command(subcommand)]
+    Blob(BlobCommand),
     /// Show a session and its history.
     Show {
         /// The session.
@@ -148,6 +151,32 @@ pub(crate) enum Command {
     /// Same as `sessions list`.
     #[command(hide = true)]
     List(ListArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum BlobCommand {
+    /// Save a blob of a session (an image or file of its history or of a
+    /// tool's result) to a file.
+    Get {
+        /// The session.
+        session: String,
+        /// The blob id (shown in history and by `chat`).
+        blob: String,
+        /// Where to write it (default: the blob's name, or its id, in the
+        /// current directory; `-` for stdout).
+        #[arg(long, short)]
+        out: Option<std::path::PathBuf>,
+    },
+    /// Upload a file to a session (resumably) and print its blob reference.
+    Put {
+        /// The session.
+        session: String,
+        /// The file.
+        file: std::path::PathBuf,
+        /// Its media type (default: guessed from the name and bytes).
+        #[arg(long)]
+        mime_type: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -269,6 +298,15 @@ pub(crate) struct ChatArgs {
     /// Do not show reasoning.
     #[arg(long)]
     pub(crate) no_reasoning: bool,
+    /// A file to send with the message: an image (PNG, JPEG, GIF, WebP), a
+    /// PDF or a text file. Uploaded to the session first (resumably);
+    /// repeat for several.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) attach: Vec<std::path::PathBuf>,
+    /// Save the images and files the turn's tools return into this
+    /// directory.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) save_dir: Option<std::path::PathBuf>,
     /// The message; read from stdin when absent (and stdin is not a
     /// terminal) or `-`.
     pub(crate) text: Vec<String>,

@@ -21,7 +21,7 @@ use clap::Parser as _;
 
 use args::{Cli, Command, Format, SessionsCommand};
 use commands::history::{history, turns};
-use commands::{admin::admin, chat::chat, sessions::sessions, stream::stream};
+use commands::{admin::admin, blob::blob, chat::chat, sessions::sessions, stream::stream};
 use failure::{Outcome, connect, text_or_stdin};
 use output::Out;
 
@@ -39,7 +39,7 @@ async fn run(cli: Cli) -> Outcome {
             wait,
         } => {
             let events = client.watch(&session, after_seq, wait).await?;
-            let seen = stream(&out, events, true).await?;
+            let seen = stream(&out, events, true, None).await?;
             if seen.events == 0 && !out.json {
                 eprintln!("no live turn in session {session}");
             }
@@ -96,6 +96,7 @@ async fn run(cli: Cli) -> Outcome {
             out.approval(&session, &call, !deny);
             Ok(())
         }
+        Command::Blob(cmd) => blob(&client, &out, cmd).await,
         Command::Show { session } => {
             let s = client.get_session(&session).await?;
             let messages = client.history(&session).await?;

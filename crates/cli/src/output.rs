@@ -623,6 +623,39 @@ impl Out {
         }
     }
 
+    /// A blob written to `path` by `blob get`.
+    pub(crate) fn blob_saved(&self, blob: &proto::BlobRef, path: &std::path::Path) {
+        if self.json {
+            print_json(&json!({"blob": blob_json(blob), "path": path.display().to_string()}));
+        } else {
+            eprintln!(
+                "saved {} to {}",
+                describe_blob(&blob.name, &blob.mime_type, blob.size),
+                path.display()
+            );
+        }
+    }
+
+    /// A blob `blob put` uploaded.
+    pub(crate) fn blob_uploaded(&self, blob: &proto::BlobRef) {
+        if self.json {
+            print_json(&blob_json(blob));
+        } else {
+            println!("{}", blob.blob_id);
+            eprintln!(
+                "uploaded {}",
+                describe_blob(&blob.name, &blob.mime_type, blob.size)
+            );
+        }
+    }
+
+    /// A tool's image or file saved by `chat --save-dir`.
+    pub(crate) fn saved(&self, path: &std::path::Path) {
+        if !self.json {
+            eprintln!("[saved {}]", path.display());
+        }
+    }
+
     pub(crate) fn event(&self, e: &Event) {
         if self.json {
             print_json(&event_json(e));

@@ -677,7 +677,8 @@ async fn a_bad_url_and_a_refused_connection_are_explained() {
     assert_eq!(usage.code, 2, "{usage:?}");
 }
 
-/// Server tool `local__note`: answers "noted".
+/// Server tool `local__note`: answers "noted" (with a small PNG when asked
+/// for `{"picture": true}`).
 #[derive(Debug)]
 struct Note;
 
@@ -696,10 +697,154 @@ impl agentrt_runtime::toolbox::ToolSource for Note {
     async fn call(
         &self,
         _name: &str,
-        _arguments_json: &str,
+        arguments_json: &str,
     ) -> agentrt_runtime::toolbox::ToolOutcome {
-        agentrt_runtime::toolbox::ToolOutcome::ok("noted")
+        let mut outcome = agentrt_runtime::toolbox::ToolOutcome::ok("noted");
+        if arguments_json.contains("picture") {
+            outcome
+                .media
+                .push(agentrt_runtime::toolbox::ToolMedia::Bytes {
+                    kind: agentrt_runtime::types::MediaKind::Image,
+                    data: bytes_of_png().into(),
+                    mime_type: "image/png".into(),
+                    name: "dot.png".into(),
+                    uri: String::new(),
+                });
+        }
+        outcome
     }
+}
+
+fn bytes_of_png() -> Vec<u8> {
+    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+    png.extend((0..5_000u32).map(|i| (i % 241) as u8));
+    png
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_attaches_files_saves_what_tools_return_and_blob_gets_and_puts() {
+    let call = json!({"index": 0, "id": "call_1", "type": "function",
+                      "function": {"name": "local__note", "arguments": "{\"picture\":true}"}});
+    let h = Harness::start(vec![
+        answer(&["a dot"]),
+        FakeReply::sse(vec![
+            sse_data(&json!({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]})),
+            finish_chunk("tool_calls"),
+        ]),
+        answer(&["drew it"]),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("photo.png");
+    std::fs::write(&image, bytes_of_png()).unwrap();
+    let doc = dir.path().join("notes.txt");
+    std::fs::write(&doc, "line one\nline two\n").unwrap();
+    let client = h.client().await;
+    let session = client
+        .create_session(Default::default())
+        .await
+        .unwrap()
+        .session_id;
+
+    // --attach: uploaded, then sent; the model gets the image and the text.
+    let run = h
+        .run(
+            &[
+                "chat",
+                "--session",
+                &session,
+                "--attach",
+                image.to_str().unwrap(),
+                "--attach",
+                doc.to_str().unwrap(),
+                "what is this?",
+            ],
+            None,
+        )
+        .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(run.stdout.trim(), "a dot");
+    let body = &h.fake.requests()[0].body;
+    let parts = body["messages"][0]["content"].as_array().unwrap();
+    assert!(
+        parts[1]["image_url"]["url"]
+            .as_str()
+            .unwrap()
+            .starts_with("data:image/png;base64,"),
+        "{body}"
+    );
+    assert!(
+        parts[2]["text"].as_str().unwrap().contains("line two"),
+        "{body}"
+    );
+    let history = h.json(&["history", &session]).await;
+    let blocks = history["messages"][0]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(blocks[1]["type"], "image", "{history}");
+    assert_eq!(blocks[2]["name"], "notes.txt", "{history}");
+    let blob_id = blocks[1]["blob_id"].as_str().unwrap().to_owned();
+
+    // blob get: the same bytes.
+    let out = dir.path().join("again.png");
+    let got = h
+        .run(
+            &[
+                "blob",
+                "get",
+                &session,
+                &blob_id,
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            None,
+        )
+        .await;
+    assert_eq!(got.code, 0, "{got:?}");
+    assert_eq!(std::fs::read(&out).unwrap(), bytes_of_png());
+    // blob put: prints the id.
+    let put = h
+        .run(&["blob", "put", &session, doc.to_str().unwrap()], None)
+        .await;
+    assert_eq!(put.code, 0, "{put:?}");
+    assert_eq!(
+        put.stdout.trim(),
+        agentrt_client::sha256_hex(b"line one\nline two\n")
+    );
+
+    // --save-dir: what a tool returns is saved and named.
+    let saved = dir.path().join("saved");
+    let run = h
+        .run(
+            &[
+                "chat",
+                "--session",
+                &session,
+                "--save-dir",
+                saved.to_str().unwrap(),
+                "draw",
+            ],
+            None,
+        )
+        .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stderr.contains("[image dot.png (image/png, 5 KB)"),
+        "{run:?}"
+    );
+    let files: Vec<_> = std::fs::read_dir(&saved)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].to_str().unwrap().ends_with("-dot.png"));
+    assert_eq!(std::fs::read(&files[0]).unwrap(), bytes_of_png());
+
+    // Another user's session or a bad id: a clear failure, nothing written.
+    let bad = h.run(&["blob", "get", &session, "nope"], None).await;
+    assert_ne!(bad.code, 0);
+    assert!(bad.stderr.contains("blob_id"), "{bad:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

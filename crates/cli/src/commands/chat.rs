@@ -38,6 +38,17 @@ pub(crate) async fn chat(client: &Client, out: &Out, args: ChatArgs) -> Outcome 
             (s.session_id, true)
         }
     };
+    for path in &args.attach {
+        match super::blob::upload(client, &session_id, path, None).await {
+            Ok(blob) => options = options.blob(&blob),
+            Err(err) => {
+                if created {
+                    let _ = client.delete_session(&session_id).await;
+                }
+                return Err(err);
+            }
+        }
+    }
     let events = match client.chat(&session_id, options).await {
         Ok(events) => events,
         Err(err) => {
@@ -53,7 +64,8 @@ pub(crate) async fn chat(client: &Client, out: &Out, args: ChatArgs) -> Outcome 
     if created {
         out.created(&session_id);
     }
-    let seen = stream(&out.with_reasoning(!args.no_reasoning), events, false).await?;
+    let save = args.save_dir.as_deref().map(|dir| (client, dir));
+    let seen = stream(&out.with_reasoning(!args.no_reasoning), events, false, save).await?;
     match seen.outcome {
         Some(proto::TurnOutcome::Success) => Ok(()),
         Some(other) => Err(Failure::new(

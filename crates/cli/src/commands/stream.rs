@@ -2,7 +2,9 @@
 
 use std::io::Write as _;
 
-use agentrt_client::{ChatEvent, EventStream, proto};
+use std::path::Path;
+
+use agentrt_client::{ChatEvent, Client, EventStream, proto};
 use futures::StreamExt as _;
 
 use crate::failure::Failure;
@@ -22,6 +24,7 @@ pub(crate) async fn stream(
     out: &Out,
     mut events: EventStream,
     watching: bool,
+    save: Option<(&Client, &Path)>,
 ) -> Result<Seen, Failure> {
     let mut seen = Seen::default();
     while let Some(item) = events.next().await {
@@ -32,6 +35,18 @@ pub(crate) async fn stream(
                     seen.outcome = Some(*outcome);
                 }
                 out.event(&event);
+                if let Some((client, dir)) = save {
+                    let blob = match &event.kind {
+                        ChatEvent::Image(i) => i.blob.as_ref(),
+                        ChatEvent::File(f) => f.blob.as_ref(),
+                        _ => None,
+                    };
+                    if let Some(blob) = blob {
+                        let path =
+                            super::blob::save_into(client, &event.session_id, blob, dir).await?;
+                        out.saved(&path);
+                    }
+                }
             }
             Err(_) if seen.outcome.is_some() => {}
             Err(err) => {

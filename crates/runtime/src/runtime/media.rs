@@ -17,13 +17,20 @@ use crate::quota::QuotaExceeded;
 use crate::toolbox::ToolMedia;
 use crate::types::{ContentBlock, MediaKind, MediaRef, Message, human_size};
 
-fn media_ref(kind: MediaKind, meta: BlobMeta) -> MediaRef {
+/// A reference to the blob `meta` describes, named `name` when this use
+/// gives it one (the same bytes may be "photo.png" in one message and
+/// "dot.png" in another), else by the blob's first name.
+fn media_ref(kind: MediaKind, meta: BlobMeta, name: &str) -> MediaRef {
     MediaRef {
         kind,
         blob_id: meta.id,
         mime_type: meta.mime_type,
         size: meta.size,
-        name: meta.name,
+        name: if name.is_empty() {
+            meta.name
+        } else {
+            name.to_owned()
+        },
     }
 }
 
@@ -92,7 +99,7 @@ pub(crate) async fn store_user_media(
                     .put_with(owner, session_id, Bytes::from(data), &mime_type, "")
                     .await
                     .map_err(|e| unavailable(&e))?;
-                media_ref(MediaKind::Image, meta)
+                media_ref(MediaKind::Image, meta, "")
             }
             ContentBlock::File {
                 data,
@@ -103,7 +110,7 @@ pub(crate) async fn store_user_media(
                     .put_with(owner, session_id, Bytes::from(data), &mime_type, &name)
                     .await
                     .map_err(|e| unavailable(&e))?;
-                media_ref(MediaKind::File, meta)
+                media_ref(MediaKind::File, meta, &name)
             }
             ContentBlock::Media(m) => {
                 let field = format!("content[{i}].{}", block_name(m.kind));
@@ -118,16 +125,9 @@ pub(crate) async fn store_user_media(
                     }
                     Err(e) => return Err(unavailable(&e)),
                 };
-                let found = media_ref(m.kind, meta);
+                let found = media_ref(m.kind, meta, &m.name);
                 check_referenced(&field, &found, limits)?;
-                MediaRef {
-                    name: if m.name.is_empty() {
-                        found.name
-                    } else {
-                        m.name
-                    },
-                    ..found
-                }
+                found
             }
             other => {
                 out.push(other);
@@ -221,7 +221,7 @@ pub(crate) async fn store_tool_media(
                         continue;
                     }
                 };
-                let blob = media_ref(kind, meta);
+                let blob = media_ref(kind, meta, &name);
                 let event = Box::new(MediaEvent {
                     blob: blob.clone(),
                     data: inline,
