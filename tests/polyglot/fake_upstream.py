@@ -28,6 +28,8 @@ combined:
   `POST /release` (which lets every stream paused at that moment go on), so a
   test can attach a watcher to a live turn without racing its end.
 - `[fail]`: HTTP 500 with an OpenAI-style error body.
+- `[media]`: `saw: <kinds>` naming the media parts of the last user message
+  in order (`image/png`, `file report.pdf`), or `saw: nothing`.
 
 `GET /requests` answers `{"total": T, "open": O}`: the chat-completion
 requests seen so far and how many of them are still being answered (a
@@ -121,6 +123,30 @@ def last_user_text(messages: list) -> str:
         if isinstance(message, dict) and message.get("role") == "user":
             return message_text(message)
     return ""
+
+
+def media_parts(message: dict) -> list[str]:
+    """The media parts of a chat message: image mime types, file names."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return []
+    out = []
+    for part in content:
+        if not isinstance(part, dict):
+            continue
+        if part.get("type") == "image_url":
+            url = part.get("image_url", {}).get("url", "")
+            out.append(url[len("data:") :].split(";", 1)[0])
+        elif part.get("type") == "file":
+            out.append("file " + part.get("file", {}).get("filename", ""))
+    return out
+
+
+def last_user(messages: list) -> dict:
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return message
+    return {}
 
 
 def thirds(text: str) -> list[str]:
@@ -261,6 +287,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
             }
             self.chunk({"role": "assistant", "tool_calls": [call]})
             self.end_stream("tool_calls")
+        elif "[media]" in text:
+            seen = media_parts(last_user(messages))
+            for piece in thirds("saw: " + (", ".join(seen) if seen else "nothing")):
+                self.chunk({"content": piece})
+            self.end_stream("stop")
         elif "[hang]" in text:
             self.chunk({"content": "working"})
             self.wait_for_close()

@@ -313,3 +313,58 @@ def test_a_denied_call_is_not_run_and_the_model_is_told_the_reason(pb, alice):
     said = text_of(events)
     assert "denied" in said and "not today" in said, said
     assert finished(events).outcome == pb.sessions.TURN_OUTCOME_SUCCESS
+
+
+def _png(size: int) -> bytes:
+    return b"\x89PNG\r\n\x1a\n" + bytes(i % 251 for i in range(size - 8))
+
+
+def test_an_uploaded_pdf_and_an_inline_image_reach_the_model_and_come_back(pb, alice, bob):
+    import hashlib
+
+    sid = alice.create_session()
+    pdf = b"%PDF-1.7\n" + bytes(i * 7 % 253 for i in range(600_000))
+    digest = hashlib.sha256(pdf).hexdigest()
+    chunk = 64 << 10
+
+    def messages(offset: int, end: int):
+        yield pb.sessions.UploadBlobRequest(
+            session_id=sid, upload_id="py-upload", size=len(pdf), sha256=digest,
+            mime_type="application/pdf", name="report.pdf", write_offset=offset)
+        for start in range(offset, end, chunk):
+            yield pb.sessions.UploadBlobRequest(data=pdf[start:min(start + chunk, end)])
+
+    # A first stream that ends early commits what it sent; the rest resumes.
+    first = alice.call(alice.sessions.UploadBlob, messages(0, 300_000))
+    assert first.committed_size == 300_000 and not first.HasField("blob")
+    status = alice.call(alice.sessions.GetUploadStatus, pb.sessions.GetUploadStatusRequest(
+        session_id=sid, upload_id="py-upload"))
+    assert status.committed_size == 300_000
+    done = alice.call(alice.sessions.UploadBlob, messages(300_000, len(pdf)))
+    assert done.blob.blob_id == digest and done.blob.size == len(pdf)
+
+    image = _png(20_000)
+    request = alice.chat_request(sid, "[media] look")
+    request.content.add().image.CopyFrom(pb.common.ImageBlock(data=image, mime_type="image/png"))
+    request.content.add().file.CopyFrom(pb.common.FileBlock(blob_id=digest, mime_type="application/pdf"))
+    events = list(alice.call(alice.runtime.Chat, request))
+    assert finished(events).outcome == pb.sessions.TURN_OUTCOME_SUCCESS
+    # The OpenAI-compatible model reads images, not PDFs: a notice says so.
+    assert text_of(events) == "saw: image/png", text_of(events)
+    notices = [e.notice for e in events if kind(e) == "notice"]
+    assert len(notices) == 1 and notices[0].code == "MEDIA_NOT_SHOWN", notices
+    assert "report.pdf" in notices[0].message
+
+    history = alice.call(alice.sessions.GetHistory, pb.sessions.GetHistoryRequest(session_id=sid)).messages
+    blocks = [b.WhichOneof("block") for b in history[0].content]
+    assert blocks == ["text", "image", "file"], blocks
+    stored = history[0].content[1].image
+    assert stored.data == b"" and stored.size == len(image)
+    assert stored.blob_id == hashlib.sha256(image).hexdigest()
+
+    read = list(alice.call(alice.sessions.GetBlob, pb.sessions.GetBlobRequest(session_id=sid, blob_id=digest)))
+    assert read[0].blob.name == "report.pdf"
+    assert b"".join(c.data for c in read) == pdf
+    with pytest.raises(grpc.RpcError) as other:
+        list(bob.call(bob.sessions.GetBlob, pb.sessions.GetBlobRequest(session_id=sid, blob_id=digest)))
+    assert other.value.code() == grpc.StatusCode.NOT_FOUND

@@ -2,11 +2,14 @@
 // the scripted fake upstream (tests/polyglot/fake_upstream.py).
 
 import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
 import { after, before, describe, it } from "node:test";
 
 import grpc from "@grpc/grpc-js";
 
+import type { BlobChunk__Output } from "../gen/agentrt/v1/BlobChunk";
 import type { GetHistoryResponse__Output } from "../gen/agentrt/v1/GetHistoryResponse";
+import type { UploadBlobResponse__Output } from "../gen/agentrt/v1/UploadBlobResponse";
 import type { Session__Output } from "../gen/agentrt/v1/Session";
 import type { StopSessionResponse__Output } from "../gen/agentrt/v1/StopSessionResponse";
 import type { ProtoGrpcType } from "../gen/runtime";
@@ -307,5 +310,64 @@ describe("agentrt through @grpc/grpc-js", () => {
     } finally {
       stranger.close();
     }
+  });
+
+  it("an uploaded file and an inline image reach the model, and GetBlob reads them back", async () => {
+    const sid = await alice.createSession();
+    const text = Buffer.from("quarterly numbers\n".repeat(20_000));
+    const sha256 = createHash("sha256").update(text).digest("hex");
+    const uploaded = await alice.unary<UploadBlobResponse__Output>((cb) => {
+      const call = alice.sessions.UploadBlob(alice.metadata, alice.options(), cb);
+      call.write({
+        session_id: sid,
+        upload_id: "node-upload",
+        size: text.length,
+        sha256,
+        mime_type: "text/plain",
+        name: "numbers.txt",
+        write_offset: 0,
+      });
+      for (let at = 0; at < text.length; at += 64 << 10) {
+        call.write({ data: text.subarray(at, at + (64 << 10)) });
+      }
+      call.end();
+    });
+    assert.equal(uploaded.committed_size, text.length);
+    assert.equal(uploaded.blob?.blob_id, sha256);
+
+    const png = Buffer.concat([Buffer.from("89504e470d0a1a0a", "hex"), Buffer.alloc(10_000, 7)]);
+    const { events, error } = await alice
+      .chat(sid, "[media] look", {
+        content: [
+          { text: { text: "[media] look" } },
+          { image: { data: png, mime_type: "image/png" } },
+          { file: { blob_id: sha256, mime_type: "text/plain" } },
+        ],
+      })
+      .drain();
+    assert.equal(error, null);
+    assert.equal(finishedOf(events).outcome, "TURN_OUTCOME_SUCCESS");
+    // The model was shown the image; the text file went as text.
+    assert.equal(textOf(events), "saw: image/png");
+    assert.deepEqual(events.filter((e) => e.kind === "notice"), []);
+
+    const { messages } = await history(alice, sid);
+    const blocks = messages[0].content;
+    assert.deepEqual(blocks.map((b) => b.block), ["text", "image", "file"]);
+    assert.equal(blocks[1].image?.data.length, 0);
+    assert.equal(blocks[1].image?.size, png.length);
+    assert.equal(blocks[2].file?.name, "numbers.txt");
+
+    const read = (user: User, blob_id: string) =>
+      new Promise<Buffer>((resolve, reject) => {
+        const parts: Buffer[] = [];
+        const call = user.sessions.GetBlob({ session_id: sid, blob_id }, user.metadata, user.options());
+        call.on("data", (chunk: BlobChunk__Output) => parts.push(Buffer.from(chunk.data)));
+        call.on("error", reject);
+        call.on("end", () => resolve(Buffer.concat(parts)));
+      });
+    assert.ok((await read(alice, sha256)).equals(text));
+    assert.ok((await read(alice, blocks[1].image!.blob_id)).equals(png));
+    await rejectsWith(read(bob, sha256), grpc.status.NOT_FOUND);
   });
 });
