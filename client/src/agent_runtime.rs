@@ -269,7 +269,24 @@ impl Client {
             call_id: call_id.to_owned(),
             content: content.to_owned(),
             is_error,
+            media: Vec::new(),
         };
+        self.send_tool_result(req).await
+    }
+
+    /// [`Client::submit_tool_result`] with images and files the tool
+    /// returned: image / file blocks, inline (small) or by the `blob_id` of
+    /// a blob uploaded to the session ([`Client::upload_blob`]).
+    pub async fn submit_tool_result_with_media(
+        &self,
+        req: proto::SubmitToolResultRequest,
+    ) -> Result<(), Error> {
+        self.send_tool_result(req).await
+    }
+
+    async fn send_tool_result(&self, req: proto::SubmitToolResultRequest) -> Result<(), Error> {
+        let session_id = req.session_id.clone();
+        let session_id = session_id.as_str();
         let mut stub = self.runtime.clone();
         self.call(Some(session_id), req, |r| async move {
             stub.submit_tool_result(r).await

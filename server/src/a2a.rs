@@ -299,6 +299,7 @@ impl A2aHandler {
                         &result.call_id,
                         result.content,
                         result.is_error,
+                        Vec::new(),
                     )
                     .await
             }

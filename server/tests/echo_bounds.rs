@@ -367,6 +367,7 @@ async fn huge_caller_strings_in_any_error_keep_grpc_message_under_1_kib() {
                     call_id: s.clone(),
                     content: s.clone(),
                     is_error: false,
+                    media: Vec::new(),
                 }
                 .encode_to_vec(),
                 "3",

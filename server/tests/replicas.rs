@@ -256,6 +256,7 @@ async fn a_tool_result_sent_to_another_replica_reaches_the_turn() {
             call_id: "call-1".to_owned(),
             content: "42".to_owned(),
             is_error: false,
+            media: Vec::new(),
         })
         .await
         .unwrap();
@@ -272,6 +273,7 @@ async fn a_tool_result_sent_to_another_replica_reaches_the_turn() {
             call_id: "call-1".to_owned(),
             content: "42".to_owned(),
             is_error: false,
+            media: Vec::new(),
         })
         .await
         .unwrap_err();

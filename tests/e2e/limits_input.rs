@@ -413,6 +413,7 @@ async fn oversized_strings_are_refused_naming_the_field_and_nothing_is_stored() 
             call_id: huge.clone(),
             content: "r".into(),
             is_error: false,
+            media: Vec::new(),
         })
         .await
         .unwrap_err();

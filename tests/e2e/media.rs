@@ -484,3 +484,130 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+#[tokio::test]
+async fn a_caller_tools_images_and_files_are_stored_shown_and_given_to_the_model() {
+    use agentrt_testkit::fake_openai::sse_data;
+    let call = serde_json::json!({"index": 0, "id": "call_1", "type": "function",
+                                  "function": {"name": "camera", "arguments": "{}"}});
+    let openai = FakeOpenAi::start(vec![
+        FakeReply::sse(vec![
+            sse_data(
+                &serde_json::json!({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}),
+            ),
+            finish_chunk("tool_calls"),
+        ]),
+        answer("two pictures"),
+    ])
+    .await;
+    let anthropic = FakeAnthropic::start(vec![anthropic_answer("unused")]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server =
+        InProcessServer::start(ServerBuilder::new(config(dir.path(), &openai, &anthropic))).await;
+    let alice = client(&server, ALICE).await;
+    let s = session(&alice).await;
+    // One image uploaded first, one sent inline with the result.
+    let big = png(200_000);
+    let uploaded = alice
+        .upload_blob(&s, "image/png", "big.png", &big)
+        .await
+        .unwrap();
+    let small = png(2_000);
+
+    let mut req = super::harness::text_request(&s, "take two pictures");
+    req.extra_tools = vec![proto::ToolDefinition {
+        name: "camera".into(),
+        description: "takes a picture".into(),
+        parameters_json_schema: r#"{"type":"object"}"#.into(),
+    }];
+    let mut chat = alice.chat_with(req).await.unwrap();
+    let seen =
+        super::harness::read_until(&mut chat, |e| matches!(e.kind, ChatEvent::ToolCall { .. }))
+            .await;
+    let turn_id = seen[0].turn_id.clone();
+    let image = |data: Vec<u8>, blob_id: &str| proto::ContentBlock {
+        block: Some(proto::content_block::Block::Image(proto::ImageBlock {
+            data,
+            mime_type: "image/png".into(),
+            blob_id: blob_id.into(),
+            ..Default::default()
+        })),
+    };
+    // A bad block is refused naming it; nothing is delivered.
+    let bad = alice
+        .submit_tool_result_with_media(proto::SubmitToolResultRequest {
+            session_id: s.clone(),
+            turn_id: turn_id.clone(),
+            call_id: "call_1".into(),
+            content: "two pictures".into(),
+            is_error: false,
+            media: vec![image(b"<svg/>".to_vec(), "")],
+        })
+        .await
+        .unwrap_err();
+    let agentrt_client::Error::InvalidArgument { violations, .. } = &bad else {
+        panic!("{bad:?}")
+    };
+    assert_eq!(violations[0].0, "media[0].image.data");
+    alice
+        .submit_tool_result_with_media(proto::SubmitToolResultRequest {
+            session_id: s.clone(),
+            turn_id: turn_id.clone(),
+            call_id: "call_1".into(),
+            content: "two pictures".into(),
+            is_error: false,
+            media: vec![
+                image(small.clone(), ""),
+                image(Vec::new(), &uploaded.blob_id),
+            ],
+        })
+        .await
+        .unwrap();
+    let rest = tokio::time::timeout(WAIT, chat.finish())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rest.outcome, Some(proto::TurnOutcome::Success));
+    let shown: Vec<(String, u64, usize)> = rest
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            ChatEvent::Image(i) => {
+                let b = i.blob.as_ref().unwrap();
+                Some((b.blob_id.clone(), b.size, i.data.len()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        vec![
+            (sha256_hex(&small), small.len() as u64, small.len()),
+            (uploaded.blob_id.clone(), big.len() as u64, 0),
+        ]
+    );
+    // The model got both after the tool message.
+    let body = &openai.requests()[1].body;
+    let last = body["messages"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["role"], "user");
+    let urls: Vec<&str> = last["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["image_url"]["url"].as_str())
+        .collect();
+    assert_eq!(
+        urls,
+        [
+            format!("data:image/png;base64,{}", b64(&small)),
+            format!("data:image/png;base64,{}", b64(&big)),
+        ]
+    );
+    let history = alice.history(&s).await.unwrap();
+    let Some(proto::content_block::Block::ToolResult(result)) = &history[2].content[0].block else {
+        panic!("{:?}", history[2])
+    };
+    let ids: Vec<&str> = result.media.iter().map(|m| m.blob_id.as_str()).collect();
+    assert_eq!(ids, [sha256_hex(&small), uploaded.blob_id.clone()]);
+    server.stop().await;
+}

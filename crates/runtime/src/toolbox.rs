@@ -56,6 +56,8 @@ pub enum ToolMedia {
         /// Where the tool said they come from (may be empty).
         uri: String,
     },
+    /// A blob of the session (uploaded by the caller) by reference.
+    Blob(crate::types::MediaRef),
     /// A link to a resource.
     Link {
         /// Where it is.

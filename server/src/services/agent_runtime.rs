@@ -470,6 +470,7 @@ impl AgentRuntime for AgentRuntimeHandler {
                 &r.call_id,
                 r.content,
                 r.is_error,
+                convert::content_from_pb(r.media, "media").map_err(from_runtime)?,
             )
             .await;
         match (submitted, forwardable) {

@@ -367,6 +367,7 @@ pub(crate) async fn call(world: &World, case: &Case, user: User, target: &Target
                 call_id: target.call_id.clone(),
                 content: "42".into(),
                 is_error: false,
+                media: Vec::new(),
             };
             unary(runtime.submit_tool_result(authed(r, user)).await, ok)
         }

@@ -10,8 +10,8 @@ use super::{Runtime, lock};
 use crate::error::{FieldViolation, RuntimeError};
 use crate::limits::{MAX_ID_BYTES, MAX_TOOLS, check_short};
 use crate::model::ToolSpec;
-use crate::toolbox::{ToolOutcome, valid_tool_name};
-use crate::types::{PausedCall, Principal, Wait};
+use crate::toolbox::{ToolMedia, ToolOutcome, valid_tool_name};
+use crate::types::{ContentBlock, PausedCall, Principal, Wait};
 
 /// Longest tool description.
 const MAX_DESCRIPTION: usize = 4 << 10;
@@ -220,9 +220,79 @@ pub(crate) fn offered(extra: Vec<ToolSpec>, excluded: &[String]) -> Vec<ToolSpec
         .collect()
 }
 
+/// Checks the media of a caller's tool result (as a user message's media
+/// are checked, fields named `media[i]...`) and turns them into the
+/// tool's media.
+fn caller_media(
+    media: Vec<ContentBlock>,
+    limits: &crate::media::MediaLimits,
+) -> Result<Vec<ToolMedia>, RuntimeError> {
+    use crate::media::{block_name, check_blob_id, check_inline, check_name};
+    use crate::types::{MediaKind, MediaRef};
+    crate::limits::check_block_count("media", media.len())?;
+    let mut violations = Vec::new();
+    let mut out = Vec::with_capacity(media.len());
+    let mut total = 0u64;
+    for (i, block) in media.into_iter().enumerate() {
+        let (kind, data, mime_type, name) = match block {
+            ContentBlock::Image { data, mime_type } => {
+                (MediaKind::Image, data, mime_type, String::new())
+            }
+            ContentBlock::File {
+                data,
+                mime_type,
+                name,
+            } => (MediaKind::File, data, mime_type, name),
+            ContentBlock::Media(m) => {
+                let field = format!("media[{i}].{}", block_name(m.kind));
+                check_blob_id(&field, &m.blob_id, &mut violations);
+                check_name(&field, &m.name, &mut violations);
+                out.push(ToolMedia::Blob(MediaRef { size: 0, ..m }));
+                continue;
+            }
+            ContentBlock::Text { .. }
+            | ContentBlock::Thinking { .. }
+            | ContentBlock::ToolCall { .. }
+            | ContentBlock::ToolResult { .. } => {
+                violations.push(FieldViolation::new(
+                    format!("media[{i}]"),
+                    "must be an image or file block",
+                ));
+                continue;
+            }
+        };
+        let field = format!("media[{i}].{}", block_name(kind));
+        check_inline(&field, kind, &data, &mime_type, limits, &mut violations);
+        check_name(&field, &name, &mut violations);
+        total += data.len() as u64;
+        out.push(ToolMedia::Bytes {
+            kind,
+            data: data.into(),
+            mime_type,
+            name,
+            uri: String::new(),
+        });
+    }
+    if total > limits.max_message_bytes {
+        violations.push(FieldViolation::new(
+            "media",
+            format!(
+                "holds {total} bytes; the limit is {} per result",
+                limits.max_message_bytes
+            ),
+        ));
+    }
+    RuntimeError::check(violations)?;
+    Ok(out)
+}
+
 impl Runtime {
     /// Delivers the result of a caller-executed tool call to the live turn
     /// waiting for it.
+    ///
+    /// `media` (image and file blocks: bytes inline, or a blob of the
+    /// session by reference) are what the tool returned besides `content`.
+    #[allow(clippy::too_many_arguments)]
     pub async fn submit_tool_result(
         &self,
         who: &Principal,
@@ -231,6 +301,7 @@ impl Runtime {
         call_id: &str,
         content: String,
         is_error: bool,
+        media: Vec<ContentBlock>,
     ) -> Result<(), RuntimeError> {
         crate::limits::validate_session_id("session_id", session_id)?;
         if call_id.is_empty() {
@@ -244,6 +315,7 @@ impl Runtime {
                 format!("is longer than {} bytes", self.inner.config.max_input_bytes),
             ));
         }
+        let media = caller_media(media, &self.inner.config.media)?;
         let session = self.owned_session(who, session_id).await?;
         let key = session.id.clone();
         let session_id = key.as_str();
@@ -265,7 +337,7 @@ impl Runtime {
             Answer::Result(ToolOutcome {
                 content,
                 is_error,
-                media: Vec::new(),
+                media,
             }),
         )
     }

@@ -238,6 +238,36 @@ pub(crate) async fn store_tool_media(
                 });
                 out.media.push(blob);
             }
+            ToolMedia::Blob(named) => {
+                let blobs = &inner.config.blobs;
+                let meta = match blobs.in_session(owner, session_id, &named.blob_id).await {
+                    Ok(meta) => meta,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a tool result named a blob the session lacks");
+                        out.notes.push(format!(
+                            "[the tool named blob {}, which this session does not hold: not kept]",
+                            crate::limits::display_clip(&named.blob_id, 64)
+                        ));
+                        continue;
+                    }
+                };
+                let blob = media_ref(named.kind, meta, &named.name);
+                let event = Box::new(MediaEvent {
+                    blob: blob.clone(),
+                    data: None,
+                    call_id: call_id.to_owned(),
+                    uri: String::new(),
+                });
+                events.push(match blob.kind {
+                    MediaKind::Image => EventKind::Image(event),
+                    MediaKind::File => EventKind::File(event),
+                });
+                out.references.push(Reference::Blob {
+                    blob: blob.clone(),
+                    intent: "result",
+                });
+                out.media.push(blob);
+            }
             ToolMedia::Link {
                 uri,
                 name,

@@ -472,7 +472,7 @@ async fn calls_for_a_turn_on_another_replica_are_sent_there_and_a_leftover_lease
         rt.close_session(&who, &id, true).await.map(|_| ())
     ));
     assert!(elsewhere(
-        rt.submit_tool_result(&who, &id, "t-there", "c-1", "42".into(), false)
+        rt.submit_tool_result(&who, &id, "t-there", "c-1", "42".into(), false, Vec::new())
             .await
     ));
     match rt.compact_session(&who, &id).await {
