@@ -10,6 +10,9 @@
 //! `file://` URI); `limits()` returns `/proc/self/limits`; `connect(addr)`
 //! tries a TCP connection to `addr` and says `connected` or why not.
 //!
+//! With `MCP_TEST_LINGER` set it keeps running after its stdin closed (a
+//! server that ignores EOF: only a signal stops it).
+//!
 //! Started with `__agentrt-tool-sandbox` as its first argument it is a
 //! sandbox launcher (`agentrt_runtime::toolbox::sandbox`), as the server
 //! binary is.
@@ -249,5 +252,8 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     record(&format!("ready {}", std::process::id()));
     let running = TestTools.serve(rmcp::transport::stdio()).await?;
     running.waiting().await?;
+    if std::env::var_os("MCP_TEST_LINGER").is_some() {
+        std::future::pending::<()>().await;
+    }
     Ok(())
 }
