@@ -27,7 +27,7 @@ pub enum McpScope {
 /// One `[[mcp_servers]]` entry: an MCP server whose tools are offered as
 /// `name__tool`. Exactly one of `command` (a stdio child process) and `url`
 /// (a streamable HTTP endpoint).
-#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpServerConfig {
     /// The namespace of its tools: 1-32 characters of `a-z 0-9 _ -`,
@@ -73,6 +73,25 @@ pub struct McpServerConfig {
 
 fn yes() -> bool {
     true
+}
+
+/// As an entry with only `name` would parse (no command or url yet).
+impl Default for McpServerConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            command: None,
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            url: None,
+            bearer_env: None,
+            scope: McpScope::Global,
+            memory_limit: None,
+            cpu_time_limit: None,
+            open_files_limit: None,
+            network: true,
+        }
+    }
 }
 
 impl std::fmt::Debug for McpServerConfig {
@@ -361,6 +380,12 @@ max_parallel = 2
         assert_eq!(c.tools.timeouts["search__web"], Duration::from_secs(120));
         assert_eq!((c.tools.max_result_bytes, c.tools.max_parallel), (1000, 2));
         assert!(!format!("{c:?}").contains("s3cret"));
+        let parsed = Config::parse_toml("[[mcp_servers]]\nname = \"x\"").unwrap();
+        let named = McpServerConfig {
+            name: "x".into(),
+            ..McpServerConfig::default()
+        };
+        assert_eq!(parsed.mcp_servers, [named], "Default is what parsing gives");
         let defaults = Config::parse_toml("").unwrap().tools;
         assert_eq!(defaults, ToolsConfig::default());
         assert_eq!(defaults.timeout, Duration::from_secs(60));
