@@ -14,13 +14,17 @@ use agentrt_runtime::model::openai::{OpenAiConfig, OpenAiProvider};
 use agentrt_runtime::model::retry::{RetryPolicy, RetryingProvider};
 use agentrt_runtime::model::{ModelProvider, Models};
 use agentrt_runtime::store::{SledStore, Store};
-use agentrt_runtime::toolbox::mcp::{McpSource, McpTarget};
-use agentrt_runtime::toolbox::{ToolPolicy, ToolSource, Toolbox};
+use agentrt_runtime::toolbox::mcp::{McpSessionFactory, McpSource, McpTarget};
+use agentrt_runtime::toolbox::sandbox::Launcher;
+use agentrt_runtime::toolbox::{
+    BlobExporter, ExportLimits, ToolPolicy, ToolSource, Toolbox, WorkspaceExporter,
+    WorkspaceSettings,
+};
 use agentrt_runtime::{Runtime, RuntimeConfig};
 use tokio::net::TcpListener;
 
 use crate::cluster::WireKey;
-use crate::config::{Config, ConfigError, ProviderKind, StoreKind, redact_url};
+use crate::config::{Config, ConfigError, McpScope, ProviderKind, StoreKind, redact_url};
 use crate::error::ServerError;
 use crate::{auth, local, tls};
 
@@ -39,6 +43,12 @@ pub struct ServerBuilder {
     extra_tools: Vec<(String, Arc<dyn ToolSource>)>,
     store: Option<Arc<dyn Store>>,
     env: EnvLookup,
+    /// Starts stdio MCP servers under their limits (the binary sets
+    /// itself); without one they are started directly, unlimited.
+    tool_launcher: Option<Launcher>,
+    /// Keeps the files session-scoped MCP servers reported; default: blobs
+    /// in `<data_dir>/blobs`.
+    workspace_exporter: Option<Arc<dyn WorkspaceExporter>>,
 }
 
 impl std::fmt::Debug for ServerBuilder {
@@ -89,7 +99,28 @@ impl ServerBuilder {
             extra_tools: Vec::new(),
             store: None,
             env: Arc::new(|name| std::env::var(name).ok()),
+            tool_launcher: None,
+            workspace_exporter: None,
         }
+    }
+
+    /// Starts every stdio MCP server through `launcher`, which applies its
+    /// limits, gives it its own process group and makes it die with the
+    /// server (`agentrt_runtime::toolbox::sandbox`). The `agentrt-server`
+    /// binary passes itself. Without a launcher, limits in the config
+    /// (`memory_limit`, `cpu_time_limit`, `open_files_limit`,
+    /// `network = false`) are refused.
+    pub fn tool_launcher(mut self, launcher: Launcher) -> Self {
+        self.tool_launcher = Some(launcher);
+        self
+    }
+
+    /// Keeps the files session-scoped MCP servers reported, when their
+    /// workspace closes, with `exporter` instead of the default (blobs of
+    /// the session's owner in `<data_dir>/blobs`).
+    pub fn workspace_exporter(mut self, exporter: Arc<dyn WorkspaceExporter>) -> Self {
+        self.workspace_exporter = Some(exporter);
+        self
     }
 
     /// Registers a model provider under `name` (the part before `/`).
@@ -172,7 +203,7 @@ impl ServerBuilder {
 
     /// The configured MCP servers and the registered tool sources, under
     /// the configured policy. Nothing is started yet.
-    fn toolbox(&self) -> Result<Toolbox, ConfigError> {
+    fn toolbox(&self, blobs: &agentrt_runtime::blobs::Blobs) -> Result<Toolbox, ConfigError> {
         let t = &self.config.tools;
         let mut toolbox = Toolbox::new();
         toolbox.set_policy(ToolPolicy {
@@ -202,10 +233,37 @@ impl ServerBuilder {
                     },
                 },
             };
-            let source = Arc::new(McpSource::new(m.name.clone(), target));
-            toolbox
-                .add_source(m.name.clone(), source)
-                .map_err(|e| ConfigError(format!("MCP server {:?}: {e}", m.name)))?;
+            let sandbox = match &self.tool_launcher {
+                Some(launcher) if m.command.is_some() => Some((launcher.clone(), m.limits())),
+                _ if m.limits() != Default::default() => {
+                    return Err(ConfigError(format!(
+                        "MCP server {:?}: resource limits and network = false need the \
+                         agentrt-server binary (no tool launcher here)",
+                        m.name
+                    )));
+                }
+                _ => None,
+            };
+            let added = match m.scope {
+                McpScope::Global => {
+                    let mut source = McpSource::new(m.name.clone(), target);
+                    if let Some((launcher, limits)) = sandbox {
+                        source = source.with_sandbox(launcher, limits);
+                    }
+                    toolbox.add_source(m.name.clone(), Arc::new(source))
+                }
+                McpScope::Session => {
+                    let mut factory = McpSessionFactory::new(m.name.clone(), target);
+                    if let Some((launcher, limits)) = sandbox {
+                        factory = factory.with_sandbox(launcher, limits);
+                    }
+                    toolbox.add_session_source(m.name.clone(), Arc::new(factory))
+                }
+            };
+            added.map_err(|e| ConfigError(format!("MCP server {:?}: {e}", m.name)))?;
+        }
+        if toolbox.has_session_sources() {
+            toolbox.set_workspaces(self.workspaces(blobs));
         }
         for (name, source) in &self.extra_tools {
             toolbox
@@ -213,6 +271,30 @@ impl ServerBuilder {
                 .map_err(|e| ConfigError(format!("tool source {name:?}: {e}")))?;
         }
         Ok(toolbox)
+    }
+
+    /// Where session-scoped MCP servers work and where their reported files
+    /// go.
+    fn workspaces(&self, blobs: &agentrt_runtime::blobs::Blobs) -> WorkspaceSettings {
+        let t = &self.config.tools;
+        let exporter = match &self.workspace_exporter {
+            Some(exporter) => Arc::clone(exporter),
+            // Into the session's blobs (`[blobs]`).
+            None => Arc::new(BlobExporter::new(Arc::new(blobs.clone()))),
+        };
+        WorkspaceSettings {
+            root: t
+                .workspace_root
+                .clone()
+                .unwrap_or_else(|| self.config.data_dir.join("workspaces")),
+            exporter: Some(exporter),
+            export: ExportLimits {
+                timeout: t.export_timeout,
+                max_file_bytes: t.export_max_file_bytes,
+                max_total_bytes: t.export_max_total_bytes,
+                ..ExportLimits::default()
+            },
+        }
     }
 
     /// The store the config names: the one given to [`ServerBuilder::store`],
@@ -342,7 +424,16 @@ impl ServerBuilder {
         let models = self.models(local_model.map(|m| m as Arc<dyn ModelProvider>))?;
         let extra: Vec<String> = self.extra_models.iter().map(|(n, _)| n.clone()).collect();
         crate::telemetry::allow_configured_models(&self.config, &extra);
-        let toolbox = Arc::new(self.toolbox()?);
+        // The URL may carry a bucket's name but never a credential; the
+        // error says what is wrong without repeating it.
+        let env = Arc::clone(&self.env);
+        let blobs = agentrt_runtime::blobs::Blobs::open(
+            &self.config.blobs.url,
+            &self.config.data_dir,
+            &|name| env(name),
+        )
+        .map_err(|e| crate::config::ConfigError(format!("blobs.url: {e}")))?;
+        let toolbox = Arc::new(self.toolbox(&blobs)?);
         // Keys and certificates are read here too, so a missing key file
         // or a bad PEM stops start-up before the listening line.
         let auth = auth::Authenticator::new(&self.config.auth, &*self.env)?;
@@ -355,15 +446,6 @@ impl ServerBuilder {
             .as_ref()
             .map_or(crate::cluster::NO_LISTENER, |c| c.advertise.as_str());
         let store = self.open_store(advertise).await?;
-        // The URL may carry a bucket's name but never a credential; the
-        // error says what is wrong without repeating it.
-        let env = Arc::clone(&self.env);
-        let blobs = agentrt_runtime::blobs::Blobs::open(
-            &self.config.blobs.url,
-            &self.config.data_dir,
-            &|name| env(name),
-        )
-        .map_err(|e| crate::config::ConfigError(format!("blobs.url: {e}")))?;
         let runtime_config = RuntimeConfig {
             media: self.config.blobs.limits(),
             blobs,

@@ -40,7 +40,7 @@ pub use quotas::QuotaSettings;
 pub use store::{StoreKind, StoreSettings, redact_url};
 pub use telemetry::TelemetrySettings;
 pub use tls::{TlsArgs, TlsSettings};
-pub use tools::{McpServerConfig, ToolsConfig};
+pub use tools::{McpScope, McpServerConfig, ToolsConfig};
 pub use transport::TransportSettings;
 
 /// The model used when nothing is configured: the offline echo model.

@@ -39,6 +39,12 @@ async fn shutdown_signal() {
 }
 
 fn main() -> ExitCode {
+    // Started as the launcher of a sandboxed tool server: this process
+    // becomes the tool (and never returns) or fails here. First, before
+    // any thread exists.
+    if let Some(code) = agentrt_runtime::toolbox::sandbox::run_if_asked() {
+        return code;
+    }
     // clap's own errors quote the bad value (it may be a secret).
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -123,7 +129,13 @@ async fn serve(config: Config, metrics: Option<prometheus::Registry>) -> ExitCod
     // bad model, a provider, the store) fails here, before any port is
     // bound and so before the "listening" line: a script or an operator
     // waiting for that line never sees it for a server about to exit.
-    let prepared = match agentrt_server::ServerBuilder::new(config).prepare().await {
+    let mut builder = agentrt_server::ServerBuilder::new(config);
+    match agentrt_runtime::toolbox::sandbox::Launcher::this_binary() {
+        Ok(launcher) => builder = builder.tool_launcher(launcher),
+        Err(err) => tracing::warn!(error = %err,
+            "cannot find this binary: MCP servers start without limits or the parent-death signal"),
+    }
+    let prepared = match builder.prepare().await {
         Ok(p) => p,
         Err(err) => {
             eprintln!("agentrt-server: {err}");

@@ -243,7 +243,16 @@ async fn an_mcp_tool_is_discovered_and_called_and_its_result_reaches_the_model()
     let requests = fake.requests();
     assert_eq!(
         offered(&requests[0].body),
-        ["test__echo", "test__slow", "test__fail"]
+        [
+            "test__echo",
+            "test__slow",
+            "test__fail",
+            "test__pwd",
+            "test__pid",
+            "test__write_file",
+            "test__limits",
+            "test__connect"
+        ]
     );
     let echo = &requests[0].body["tools"][0]["function"];
     assert_eq!(echo["description"], "Returns its text");
@@ -446,7 +455,18 @@ async fn denied_colliding_and_excluded_server_tools() {
     finish(client.chat_with(excluding).await.unwrap()).await;
     let requests = fake.requests();
     assert_eq!(requests.len(), 3);
-    assert_eq!(offered(&requests[2].body), ["test__echo", "test__fail"]);
+    assert_eq!(
+        offered(&requests[2].body),
+        [
+            "test__echo",
+            "test__fail",
+            "test__pwd",
+            "test__pid",
+            "test__write_file",
+            "test__limits",
+            "test__connect"
+        ]
+    );
     server.stop().await;
 }
 

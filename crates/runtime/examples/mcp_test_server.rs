@@ -4,6 +4,18 @@
 //!
 //! Tools: `echo(text)` returns `text`; `slow(ms)` sleeps `ms` milliseconds
 //! unless the call is cancelled first; `fail()` returns an error result.
+//! For workspaces and sandboxes: `pwd()` returns its working directory;
+//! `pid()` its process id; `write_file(name, text)` writes `text` to `name`
+//! in its working directory and returns a `resource_link` to it (a
+//! `file://` URI); `limits()` returns `/proc/self/limits`; `connect(addr)`
+//! tries a TCP connection to `addr` and says `connected` or why not.
+//!
+//! With `MCP_TEST_LINGER` set it keeps running after its stdin closed (a
+//! server that ignores EOF: only a signal stops it).
+//!
+//! Started with `__agentrt-tool-sandbox` as its first argument it is a
+//! sandbox launcher (`agentrt_runtime::toolbox::sandbox`), as the server
+//! binary is.
 //!
 //! With `MCP_TEST_RECORD` naming a file (or a FIFO), it appends one line per
 //! event there: `ready <pid>` at start, `slow started <call id>` (the id in
@@ -16,7 +28,8 @@ use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelledNotificationParam,
-    ContentBlock, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ContentBlock, ListToolsResult, PaginatedRequestParams, Resource, ServerCapabilities,
+    ServerConfig, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt as _};
@@ -90,6 +103,39 @@ impl ServerHandler for TestTools {
                 "Returns a small PNG and a link to a report",
                 schema(json!({"type": "object", "properties": {}})),
             ),
+            Tool::new(
+                "pwd",
+                "Returns the working directory",
+                schema(json!({"type": "object", "properties": {}})),
+            ),
+            Tool::new(
+                "pid",
+                "Returns the process id",
+                schema(json!({"type": "object", "properties": {}})),
+            ),
+            Tool::new(
+                "write_file",
+                "Writes text to a file in the working directory and links to it",
+                schema(json!({
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}, "text": {"type": "string"}},
+                    "required": ["name", "text"]
+                })),
+            ),
+            Tool::new(
+                "limits",
+                "Returns /proc/self/limits",
+                schema(json!({"type": "object", "properties": {}})),
+            ),
+            Tool::new(
+                "connect",
+                "Tries a TCP connection",
+                schema(json!({
+                    "type": "object",
+                    "properties": {"addr": {"type": "string"}},
+                    "required": ["addr"]
+                })),
+            ),
         ]))
     }
 
@@ -139,6 +185,49 @@ impl ServerHandler for TestTools {
                     ContentBlock::resource_link(link),
                 ])
             }
+            "pwd" => match std::env::current_dir() {
+                Ok(dir) => {
+                    CallToolResult::success(vec![ContentBlock::text(dir.display().to_string())])
+                }
+                Err(e) => CallToolResult::error(vec![ContentBlock::text(e.to_string())]),
+            },
+            "pid" => {
+                CallToolResult::success(vec![ContentBlock::text(std::process::id().to_string())])
+            }
+            "write_file" => {
+                let name = args
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("out.txt");
+                let text = args.get("text").and_then(Value::as_str).unwrap_or_default();
+                let written = std::env::current_dir()
+                    .map(|dir| dir.join(name))
+                    .and_then(|path| std::fs::write(&path, text).map(|()| path));
+                match written {
+                    Ok(path) => CallToolResult::success(vec![
+                        ContentBlock::text(format!("wrote {} bytes", text.len())),
+                        ContentBlock::resource_link(
+                            Resource::new(format!("file://{}", path.display()), name)
+                                .with_mime_type("text/plain"),
+                        ),
+                    ]),
+                    Err(e) => CallToolResult::error(vec![ContentBlock::text(e.to_string())]),
+                }
+            }
+            "limits" => match std::fs::read_to_string("/proc/self/limits") {
+                Ok(text) => CallToolResult::success(vec![ContentBlock::text(text)]),
+                Err(e) => CallToolResult::error(vec![ContentBlock::text(e.to_string())]),
+            },
+            "connect" => {
+                let addr = args.get("addr").and_then(Value::as_str).unwrap_or_default();
+                let dial = tokio::net::TcpStream::connect(addr);
+                let text = match tokio::time::timeout(Duration::from_secs(5), dial).await {
+                    Ok(Ok(_)) => "connected".to_owned(),
+                    Ok(Err(e)) => format!("failed: {e}"),
+                    Err(_) => "failed: timed out".to_owned(),
+                };
+                CallToolResult::success(vec![ContentBlock::text(text)])
+            }
             other => {
                 return Err(ErrorData::invalid_params(
                     format!("no tool named {other}"),
@@ -161,10 +250,30 @@ impl ServerHandler for TestTools {
     }
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    // First, before any thread exists: the sandbox launcher.
+    if let Some(code) = agentrt_runtime::toolbox::sandbox::run_if_asked() {
+        return code;
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    match runtime.block_on(serve()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mcp_test_server: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     record(&format!("ready {}", std::process::id()));
     let running = TestTools.serve(rmcp::transport::stdio()).await?;
     running.waiting().await?;
+    if std::env::var_os("MCP_TEST_LINGER").is_some() {
+        std::future::pending::<()>().await;
+    }
     Ok(())
 }

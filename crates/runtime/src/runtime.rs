@@ -429,6 +429,12 @@ impl Runtime {
         self.inner.runners.len()
     }
 
+    /// Number of sessions whose session-scoped tools (processes,
+    /// workspaces) are open.
+    pub fn open_session_tools(&self) -> usize {
+        self.inner.runners.session_tools_len()
+    }
+
     /// The live turn of `session` — of this incarnation only.
     pub(crate) fn live_of(&self, session: &crate::types::Session) -> Option<Arc<LiveTurn>> {
         self.inner.slots.live_of(session)
@@ -501,6 +507,9 @@ impl Runtime {
                 }
             })
             .await;
+        // Every turn has ended: no session tool is in use any more.
+        let session_tools = inner.runners.take_all_tools();
+        futures::future::join_all(session_tools.iter().map(|t| t.close())).await;
         inner.toolbox.close().await;
         self.leave_cluster().await;
         if let Err(err) = inner.store.flush().await {

@@ -6,6 +6,9 @@
 //! - [`mcp`]: MCP servers (stdio child processes, streamable HTTP) with the
 //!   official SDK.
 //! - [`hooks`]: the [`ToolHook`] trait and the config-driven [`ToolPolicy`].
+//! - [`session`]: session-scoped sources — one instance (process) per
+//!   session, in its own [`workspace`], owned by the session's runner.
+//! - [`sandbox`]: the limits a stdio tool server is started under.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -20,8 +23,13 @@ use crate::types::MediaKind;
 
 pub mod hooks;
 pub mod mcp;
+pub mod sandbox;
+pub mod session;
+pub mod workspace;
 
 pub use hooks::{HookDecision, ToolCallInfo, ToolHook, ToolKind, ToolPolicy};
+pub use session::{SessionSourceFactory, SessionTools, WorkspaceSettings};
+pub use workspace::{BlobExporter, ExportLimits, Workspace, WorkspaceExporter, WorkspaceFile};
 
 /// Separates a source's name from its tool's name in the names the model
 /// sees: `search__web` is tool `web` of source `search`.
@@ -184,6 +192,10 @@ pub struct Listing {
 /// call goes through.
 pub struct Toolbox {
     entries: Vec<Entry>,
+    /// Session-scoped sources: an instance per session
+    /// ([`Toolbox::session_tools`]).
+    session_sources: Vec<(String, Arc<dyn SessionSourceFactory>)>,
+    workspaces: Arc<WorkspaceSettings>,
     policy: Arc<ToolPolicy>,
     hooks: Vec<Arc<dyn ToolHook>>,
     /// Bumped whenever a source's listing changes (or it becomes
@@ -198,6 +210,15 @@ impl fmt::Debug for Toolbox {
                 "sources",
                 &self.entries.iter().map(|e| &e.name).collect::<Vec<_>>(),
             )
+            .field(
+                "session_sources",
+                &self
+                    .session_sources
+                    .iter()
+                    .map(|(n, _)| n)
+                    .collect::<Vec<_>>(),
+            )
+            .field("workspaces", &self.workspaces)
             .field("policy", &self.policy)
             .field("hooks", &self.hooks)
             .finish()
@@ -208,6 +229,8 @@ impl Default for Toolbox {
     fn default() -> Self {
         Self {
             entries: Vec::new(),
+            session_sources: Vec::new(),
+            workspaces: Arc::default(),
             policy: Arc::new(ToolPolicy::default()),
             hooks: Vec::new(),
             generation: AtomicU64::new(0),
@@ -231,16 +254,7 @@ impl Toolbox {
         name: impl Into<String>,
         source: Arc<dyn ToolSource>,
     ) -> Result<(), ToolError> {
-        let name = name.into();
-        if !valid_source_name(&name) {
-            return Err(ToolError::InvalidName(
-                name,
-                "use 1-32 characters of a-z 0-9 _ -, without \"__\" and not ending in '_'",
-            ));
-        }
-        if self.entries.iter().any(|e| e.name == name) {
-            return Err(ToolError::InvalidName(name, "registered twice"));
-        }
+        let name = self.new_source_name(name.into())?;
         self.entries.push(Entry {
             prefix: format!("{name}{SEPARATOR}"),
             name,
@@ -249,6 +263,62 @@ impl Toolbox {
             last_error: Mutex::new(None),
         });
         Ok(())
+    }
+
+    fn new_source_name(&self, name: String) -> Result<String, ToolError> {
+        if !valid_source_name(&name) {
+            return Err(ToolError::InvalidName(
+                name,
+                "use 1-32 characters of a-z 0-9 _ -, without \"__\" and not ending in '_'",
+            ));
+        }
+        if self.entries.iter().any(|e| e.name == name)
+            || self.session_sources.iter().any(|(n, _)| *n == name)
+        {
+            return Err(ToolError::InvalidName(name, "registered twice"));
+        }
+        Ok(name)
+    }
+
+    /// Registers a session-scoped source: each session gets its own
+    /// instance from `factory` (see [`session`]), its tools offered as
+    /// `name__tool`.
+    pub fn add_session_source(
+        &mut self,
+        name: impl Into<String>,
+        factory: Arc<dyn SessionSourceFactory>,
+    ) -> Result<(), ToolError> {
+        let name = self.new_source_name(name.into())?;
+        self.session_sources.push((name, factory));
+        Ok(())
+    }
+
+    /// Sets where session workspaces live and what becomes of their files.
+    pub fn set_workspaces(&mut self, settings: WorkspaceSettings) {
+        self.workspaces = Arc::new(settings);
+    }
+
+    /// Whether any session-scoped source is registered.
+    pub fn has_session_sources(&self) -> bool {
+        !self.session_sources.is_empty()
+    }
+
+    /// New instances of the session-scoped sources for `owner`'s session
+    /// `session_id` of `incarnation`, in a new workspace; `None` when there
+    /// are none. Nothing starts before [`SessionTools::list`].
+    pub fn session_tools(
+        &self,
+        owner: &str,
+        session_id: &str,
+        incarnation: &str,
+    ) -> Option<SessionTools> {
+        self.has_session_sources().then(|| {
+            SessionTools::new(
+                (owner, session_id, incarnation),
+                &self.session_sources,
+                Arc::clone(&self.workspaces),
+            )
+        })
     }
 
     /// Replaces the policy (deny list, timeouts, result size, parallelism).
@@ -267,14 +337,18 @@ impl Toolbox {
         self.hooks.push(hook);
     }
 
-    /// Whether no source is registered.
+    /// Whether no source (global or session-scoped) is registered.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries.is_empty() && self.session_sources.is_empty()
     }
 
-    /// The registered source names.
+    /// The registered source names (global, then session-scoped).
     pub fn source_names(&self) -> Vec<&str> {
-        self.entries.iter().map(|e| e.name.as_str()).collect()
+        self.entries
+            .iter()
+            .map(|e| e.name.as_str())
+            .chain(self.session_sources.iter().map(|(n, _)| n.as_str()))
+            .collect()
     }
 
     /// The current generation (see [`Listing::generation`]).
@@ -296,7 +370,7 @@ impl Toolbox {
             let listed = match answer {
                 Ok(listed) => {
                     *lock(&entry.last_error) = None;
-                    Some(self.namespace(entry, listed))
+                    Some(namespaced(&entry.name, &entry.prefix, listed))
                 }
                 Err(err) => {
                     let why = err.to_string();
@@ -339,21 +413,6 @@ impl Toolbox {
             .collect()
     }
 
-    fn namespace(&self, entry: &Entry, listed: Vec<ToolSpec>) -> Vec<ToolSpec> {
-        let mut seen = BTreeSet::new();
-        listed
-            .into_iter()
-            .filter_map(|tool| {
-                let name = format!("{}{}", entry.prefix, tool.name);
-                if !valid_tool_name(&name) || !seen.insert(name.clone()) {
-                    tracing::warn!(source = %entry.name, tool = %tool.name, "skipping a tool whose name is unusable or repeated");
-                    return None;
-                }
-                Some(ToolSpec { name, ..tool })
-            })
-            .collect()
-    }
-
     /// Routes a namespaced call to its source, without hooks or limits.
     pub async fn call(&self, name: &str, arguments_json: &str) -> ToolOutcome {
         self.call_as("", name, arguments_json).await
@@ -362,6 +421,23 @@ impl Toolbox {
     /// [`Toolbox::call`] for the turn's tool call `call_id` (see
     /// [`ToolSource::call_as`]).
     pub async fn call_as(&self, call_id: &str, name: &str, arguments_json: &str) -> ToolOutcome {
+        self.call_in(None, call_id, name, arguments_json).await
+    }
+
+    /// [`Toolbox::call_as`] where the session's own sources (`session`)
+    /// are reachable too.
+    pub async fn call_in(
+        &self,
+        session: Option<&SessionTools>,
+        call_id: &str,
+        name: &str,
+        arguments_json: &str,
+    ) -> ToolOutcome {
+        if let Some(session) = session
+            && let Some(outcome) = session.call_as(call_id, name, arguments_json).await
+        {
+            return outcome;
+        }
         let routed = self
             .entries
             .iter()
@@ -412,13 +488,25 @@ impl Toolbox {
         permits: &Semaphore,
         started: &std::sync::atomic::AtomicBool,
     ) -> ToolOutcome {
+        self.run_in(None, call, permits, started).await
+    }
+
+    /// [`Toolbox::run`] where the session's own sources (`session`) are
+    /// reachable too.
+    pub async fn run_in(
+        &self,
+        session: Option<&SessionTools>,
+        call: ToolCallInfo<'_>,
+        permits: &Semaphore,
+        started: &std::sync::atomic::AtomicBool,
+    ) -> ToolOutcome {
         let outcome = match self.before(call).await {
             Err(denied) => denied,
             Ok(arguments) => {
                 let _permit = permits.acquire().await;
                 let limit = self.policy.timeout_for(call.name);
                 started.store(true, std::sync::atomic::Ordering::Release);
-                let called = self.call_as(call.call_id, call.name, &arguments);
+                let called = self.call_in(session, call.call_id, call.name, &arguments);
                 match tokio::time::timeout(limit, called).await {
                     Ok(outcome) => outcome,
                     Err(_) => ToolOutcome::error(format!(
@@ -436,10 +524,28 @@ impl Toolbox {
         Semaphore::new(self.policy.max_parallel.max(1))
     }
 
-    /// Closes every source (child processes are stopped).
+    /// Closes every global source (child processes are stopped); session
+    /// sources close with their session's runner.
     pub async fn close(&self) {
         futures::future::join_all(self.entries.iter().map(|e| e.source.close())).await;
     }
+}
+
+/// `listed` under `prefix` (`source__`), skipping unusable and repeated
+/// names.
+fn namespaced(source: &str, prefix: &str, listed: Vec<ToolSpec>) -> Vec<ToolSpec> {
+    let mut seen = BTreeSet::new();
+    listed
+        .into_iter()
+        .filter_map(|tool| {
+            let name = format!("{prefix}{}", tool.name);
+            if !valid_tool_name(&name) || !seen.insert(name.clone()) {
+                tracing::warn!(source, tool = %tool.name, "skipping a tool whose name is unusable or repeated");
+                return None;
+            }
+            Some(ToolSpec { name, ..tool })
+        })
+        .collect()
 }
 
 #[cfg(test)]

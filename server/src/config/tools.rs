@@ -1,16 +1,33 @@
 //! The `[[mcp_servers]]` entries and the `[tools]` policy table.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::{Config, ConfigError, parse_duration};
 
+/// Whether an MCP server is shared by every session or started per
+/// session.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum McpScope {
+    /// One server (process) for the whole server. The default.
+    #[default]
+    Global,
+    /// One process per session, started when the session's runner is
+    /// built (its first turn on this replica), in a working directory of
+    /// its own, stopped when the runner is evicted (idle, reset, close,
+    /// delete, shutdown); the files it reported are exported as blobs
+    /// first. `command` servers only.
+    Session,
+}
+
 /// One `[[mcp_servers]]` entry: an MCP server whose tools are offered as
 /// `name__tool`. Exactly one of `command` (a stdio child process) and `url`
 /// (a streamable HTTP endpoint).
-#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpServerConfig {
     /// The namespace of its tools: 1-32 characters of `a-z 0-9 _ -`,
@@ -31,6 +48,50 @@ pub struct McpServerConfig {
     /// Environment variable holding a bearer token for `url` (optional).
     #[serde(default)]
     pub bearer_env: Option<String>,
+    /// `global` (default) or `session`: see [`McpScope`].
+    #[serde(default)]
+    pub scope: McpScope,
+    /// The process's memory limit in bytes (`RLIMIT_DATA`: heap and private
+    /// writable mappings), a number or a string such as `"512MiB"`.
+    /// Default: none. `command` servers only.
+    #[serde(default, deserialize_with = "de_bytes")]
+    pub memory_limit: Option<u64>,
+    /// The process's CPU time limit (`RLIMIT_CPU`, whole seconds), e.g.
+    /// `"10m"`. Default: none. `command` servers only.
+    #[serde(default, deserialize_with = "de_duration_option")]
+    pub cpu_time_limit: Option<Duration>,
+    /// Most open files of the process (`RLIMIT_NOFILE`). Default: none.
+    /// `command` servers only.
+    #[serde(default)]
+    pub open_files_limit: Option<u64>,
+    /// Whether the process may use the network. Default `true`; `false`
+    /// (Linux only) starts it in a network namespace of its own, and the
+    /// server refuses to start it where the system allows none.
+    #[serde(default = "yes")]
+    pub network: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// As an entry with only `name` would parse (no command or url yet).
+impl Default for McpServerConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            command: None,
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            url: None,
+            bearer_env: None,
+            scope: McpScope::Global,
+            memory_limit: None,
+            cpu_time_limit: None,
+            open_files_limit: None,
+            network: true,
+        }
+    }
 }
 
 impl std::fmt::Debug for McpServerConfig {
@@ -42,6 +103,11 @@ impl std::fmt::Debug for McpServerConfig {
             .field("env", &self.env.keys().collect::<Vec<_>>())
             .field("url", &self.url)
             .field("bearer_env", &self.bearer_env)
+            .field("scope", &self.scope)
+            .field("memory_limit", &self.memory_limit)
+            .field("cpu_time_limit", &self.cpu_time_limit)
+            .field("open_files_limit", &self.open_files_limit)
+            .field("network", &self.network)
             .finish()
     }
 }
@@ -71,6 +137,19 @@ pub struct ToolsConfig {
     /// result before it times out (its deadline bounds it too). Default 1 h.
     #[serde(deserialize_with = "de_duration_value")]
     pub approval_timeout: Duration,
+    /// Where session-scoped MCP servers get their working directories:
+    /// `<workspace_root>/<sha256(owner)>/<sha256(session id)>/<instance>`.
+    /// Default: `<data_dir>/workspaces`.
+    pub workspace_root: Option<PathBuf>,
+    /// Longest the export of a closing workspace's reported files may take.
+    /// Default 5 s.
+    #[serde(deserialize_with = "de_duration_value")]
+    pub export_timeout: Duration,
+    /// Largest reported file exported as a blob; larger ones are left
+    /// out. Default 16 MiB.
+    pub export_max_file_bytes: u64,
+    /// Most bytes exported per closing workspace. Default 64 MiB.
+    pub export_max_total_bytes: u64,
 }
 
 impl Default for ToolsConfig {
@@ -83,6 +162,24 @@ impl Default for ToolsConfig {
             max_parallel: 4,
             require_approval: Vec::new(),
             approval_timeout: Duration::from_secs(3600),
+            workspace_root: None,
+            export_timeout: Duration::from_secs(5),
+            export_max_file_bytes: 16 << 20,
+            export_max_total_bytes: 64 << 20,
+        }
+    }
+}
+
+impl McpServerConfig {
+    /// The limits its process is started under (see
+    /// `agentrt_runtime::toolbox::sandbox`).
+    pub fn limits(&self) -> agentrt_runtime::toolbox::sandbox::Limits {
+        agentrt_runtime::toolbox::sandbox::Limits {
+            memory_bytes: self.memory_limit,
+            // Whole seconds, at least one.
+            cpu_seconds: self.cpu_time_limit.map(|t| t.as_secs().max(1)),
+            open_files: self.open_files_limit,
+            network: self.network,
         }
     }
 }
@@ -109,6 +206,22 @@ impl McpServerConfig {
             }
             (None, Some(_)) if !self.args.is_empty() || !self.env.is_empty() => {
                 fail("args and env apply to command servers only")
+            }
+            (None, Some(_)) if self.scope == McpScope::Session => {
+                fail("scope = \"session\" applies to command servers only")
+            }
+            (None, Some(_)) if self.limits() != Default::default() => fail(
+                "memory_limit, cpu_time_limit, open_files_limit and network apply to command \
+                 servers only",
+            ),
+            _ if self.memory_limit == Some(0)
+                || self.open_files_limit == Some(0)
+                || self.cpu_time_limit.is_some_and(|t| t.is_zero()) =>
+            {
+                fail("memory_limit, cpu_time_limit and open_files_limit must be positive")
+            }
+            _ if !self.network && !cfg!(target_os = "linux") => {
+                fail("network = false needs Linux (network namespaces)")
             }
             _ => Ok(()),
         }
@@ -154,6 +267,11 @@ impl Config {
                 "tools.max_parallel and tools.max_result_bytes must be at least 1".to_owned(),
             ));
         }
+        if t.export_timeout.is_zero() {
+            return Err(ConfigError(
+                "tools.export_timeout must be positive".to_owned(),
+            ));
+        }
         if t.deny.iter().any(String::is_empty) {
             return Err(ConfigError(
                 "tools.deny holds an empty tool name".to_owned(),
@@ -168,6 +286,49 @@ pub(super) fn de_duration_value<'de, D: serde::Deserializer<'de>>(
 ) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
     parse_duration(&text).map_err(serde::de::Error::custom)
+}
+
+fn de_duration_option<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Duration>, D::Error> {
+    de_duration_value(d).map(Some)
+}
+
+/// A byte count: a number, or a string of a number and a unit (`B`, `K`,
+/// `KiB`, `M`, `MiB`, `G`, `GiB`; powers of 1024).
+fn de_bytes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Bytes {
+        Number(u64),
+        Text(String),
+    }
+    match Bytes::deserialize(d)? {
+        Bytes::Number(n) => Ok(Some(n)),
+        Bytes::Text(text) => parse_bytes(&text)
+            .map(Some)
+            .map_err(serde::de::Error::custom),
+    }
+}
+
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "K" | "KiB" | "k" => 10,
+        "M" | "MiB" => 20,
+        "G" | "GiB" => 30,
+        _ => return Err(format!("{text:?} is not a size (e.g. 512MiB, 2GiB)")),
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1u64 << shift))
+        .ok_or_else(|| format!("{text:?} is not a size (e.g. 512MiB, 2GiB)"))
 }
 
 fn de_duration_map<'de, D: serde::Deserializer<'de>>(
@@ -219,6 +380,12 @@ max_parallel = 2
         assert_eq!(c.tools.timeouts["search__web"], Duration::from_secs(120));
         assert_eq!((c.tools.max_result_bytes, c.tools.max_parallel), (1000, 2));
         assert!(!format!("{c:?}").contains("s3cret"));
+        let parsed = Config::parse_toml("[[mcp_servers]]\nname = \"x\"").unwrap();
+        let named = McpServerConfig {
+            name: "x".into(),
+            ..McpServerConfig::default()
+        };
+        assert_eq!(parsed.mcp_servers, [named], "Default is what parsing gives");
         let defaults = Config::parse_toml("").unwrap().tools;
         assert_eq!(defaults, ToolsConfig::default());
         assert_eq!(defaults.timeout, Duration::from_secs(60));
@@ -226,6 +393,62 @@ max_parallel = 2
             (defaults.max_result_bytes, defaults.max_parallel),
             (65536, 4)
         );
+    }
+
+    #[test]
+    fn session_scope_limits_and_workspaces_parse() {
+        let c = Config::parse_toml(
+            r#"
+[[mcp_servers]]
+name = "sandbox"
+command = "mcp-sandbox"
+scope = "session"
+memory_limit = "512MiB"
+cpu_time_limit = "2m"
+open_files_limit = 128
+network = false
+
+[[mcp_servers]]
+name = "plain"
+command = "mcp-plain"
+memory_limit = 1048576
+
+[tools]
+workspace_root = "/srv/agentrt/workspaces"
+export_timeout = "10s"
+export_max_file_bytes = 1000
+export_max_total_bytes = 5000
+"#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let s = &c.mcp_servers[0];
+        assert_eq!(s.scope, McpScope::Session);
+        let limits = s.limits();
+        assert_eq!(limits.memory_bytes, Some(512 << 20));
+        assert_eq!(limits.cpu_seconds, Some(120));
+        assert_eq!(limits.open_files, Some(128));
+        assert!(!limits.network);
+        let plain = &c.mcp_servers[1];
+        assert_eq!(plain.scope, McpScope::Global);
+        assert_eq!(plain.memory_limit, Some(1 << 20));
+        assert!(plain.network);
+        assert_eq!(
+            c.tools.workspace_root.as_deref(),
+            Some(std::path::Path::new("/srv/agentrt/workspaces"))
+        );
+        assert_eq!(c.tools.export_timeout, Duration::from_secs(10));
+        assert_eq!(
+            (
+                c.tools.export_max_file_bytes,
+                c.tools.export_max_total_bytes
+            ),
+            (1000, 5000)
+        );
+        assert_eq!(parse_bytes("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_bytes("17"), Ok(17));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("99999999999999G").is_err());
     }
 
     #[test]
@@ -261,6 +484,23 @@ max_parallel = 2
             "command servers only",
         );
         check(&server("command = \" \""), "command is empty");
+        check(
+            &server("url = \"http://h\"\nscope = \"session\""),
+            "command servers only",
+        );
+        check(
+            &server("url = \"http://h\"\nnetwork = false"),
+            "command servers only",
+        );
+        check(
+            &server("command = \"a\"\nscope = \"team\""),
+            "unknown variant",
+        );
+        check(&server("command = \"a\"\nmemory_limit = 0"), "positive");
+        check(
+            &server("command = \"a\"\nmemory_limit = \"1XB\""),
+            "not a size",
+        );
         check("[tools]\nmax_parallel = 0", "at least 1");
         check("[tools]\ntimeout = \"0s\"", "positive");
         check("[tools]\ndenny = []", "unknown field");

@@ -67,6 +67,7 @@ pub(crate) fn spawn_reaper(runtime: &Runtime) {
             }
             let Some(inner) = weak.upgrade() else { return };
             let reaped = Runtime { inner }.reap_idle_runners(Instant::now());
+            // `reap_idle_runners` closed their session-scoped tools.
             if reaped > 0 {
                 tracing::debug!(reaped, "closed idle runners");
             }
@@ -79,9 +80,23 @@ impl Runtime {
     /// except those whose session has a live turn. Returns how many.
     pub fn reap_idle_runners(&self, now: Instant) -> usize {
         let busy = self.inner.slots.busy_sessions();
-        self.inner
+        let reaped = self
+            .inner
             .runners
-            .reap(now, self.inner.config.runner_idle_timeout, &busy)
+            .reap(now, self.inner.config.runner_idle_timeout, &busy);
+        self.close_orphaned_tools(&busy);
+        reaped
+    }
+
+    /// Closes, in jobs of the runtime, the session-scoped tools (processes,
+    /// workspaces) of sessions left with neither a cached runner nor a live
+    /// turn (`busy`).
+    pub(crate) fn close_orphaned_tools(&self, busy: &std::collections::HashSet<String>) {
+        for tools in self.inner.runners.take_orphans(busy) {
+            self.inner
+                .lifecycle
+                .spawn_job(async move { tools.close().await });
+        }
     }
 
     /// Closes cached runners (all, or `user_id`'s). A live turn keeps its
@@ -95,7 +110,9 @@ impl Runtime {
         if let Some(user) = user_id {
             crate::limits::check_short("user_id", user, crate::limits::MAX_ID_BYTES)?;
         }
-        Ok(self.inner.runners.reset(user_id))
+        let reset = self.inner.runners.reset(user_id);
+        self.close_orphaned_tools(&self.inner.slots.busy_sessions());
+        Ok(reset)
     }
 
     /// Marks every runner for rebuild before its next turn.

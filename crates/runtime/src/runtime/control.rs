@@ -240,12 +240,15 @@ impl Runtime {
             // This replica's runner goes now; the owner evicts its own
             // (and stops the turn with `force`) when the call reaches it.
             self.inner.runners.remove(session_id);
+            self.close_orphaned_tools(&self.inner.slots.busy_sessions());
             return Err(RuntimeError::Elsewhere(lease));
         }
         if force {
             self.cancel_live(&session, CancelReason::Stopped, STOP_WAIT)
                 .await;
         }
-        Ok(self.inner.runners.remove(session_id))
+        let removed = self.inner.runners.remove(session_id);
+        self.close_orphaned_tools(&self.inner.slots.busy_sessions());
+        Ok(removed)
     }
 }

@@ -335,6 +335,7 @@ impl Runtime {
             }
         }
         self.inner.runners.remove(session_id);
+        self.close_orphaned_tools(&self.inner.slots.busy_sessions());
         let deleted = self
             .inner
             .store

@@ -75,6 +75,9 @@ pub struct Metrics {
     /// `agentrt.cost.usd`: what turns cost in US dollars by the price table, by
     /// provider and model.
     pub cost: Counter<f64>,
+    /// `agentrt.tools.processes`: tool server child processes running now,
+    /// by `scope` (`global`, `session`).
+    pub tool_processes: UpDownCounter<i64>,
 }
 
 impl Metrics {
@@ -135,6 +138,11 @@ impl Metrics {
                 .with_unit("{USD}")
                 .with_description("What turns cost by the price table, by model")
                 .build(),
+            tool_processes: meter
+                .i64_up_down_counter("agentrt.tools.processes")
+                .with_unit("{process}")
+                .with_description("Tool server child processes running now, by scope")
+                .build(),
         }
     }
 }
@@ -166,6 +174,28 @@ impl LiveGuard {
 impl Drop for LiveGuard {
     fn drop(&mut self) {
         self.0.add(-1, &[]);
+    }
+}
+
+/// Counts one tool server child process of `scope` (`global` or
+/// `session`) for as long as it is held.
+#[derive(Debug)]
+pub(crate) struct ProcessGuard(&'static str);
+
+impl ProcessGuard {
+    pub(crate) fn new(scope: &'static str) -> Self {
+        get()
+            .tool_processes
+            .add(1, &[KeyValue::new("scope", scope)]);
+        Self(scope)
+    }
+}
+
+impl Drop for ProcessGuard {
+    fn drop(&mut self) {
+        get()
+            .tool_processes
+            .add(-1, &[KeyValue::new("scope", self.0)]);
     }
 }
 

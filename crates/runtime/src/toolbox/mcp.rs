@@ -7,10 +7,19 @@
 //! sends `notifications/cancelled` for its request (rmcp does so for every
 //! abandoned request). Dropping the source closes the connection and kills
 //! the child.
+//!
+//! A stdio server may be started under limits through a launcher
+//! ([`McpSource::with_sandbox`], [`super::sandbox`]), in its own process
+//! group (stopping it stops what it started too). A session-scoped server
+//! ([`McpSessionFactory`]) runs in its session's workspace, and the files
+//! its results link to there (`resource_link`, `file://`) are reported to
+//! the workspace for export at close. Each child process is counted in
+//! `agentrt.tools.processes` while connected.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -26,6 +35,9 @@ use rmcp::service::{RoleClient, RunningService};
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{Peer, ServiceError, ServiceExt as _};
 
+use super::sandbox::{Launcher, Limits};
+use super::session::SessionSourceFactory;
+use super::workspace::Workspace;
 use super::{ToolError, ToolMedia, ToolOutcome, ToolSource};
 use crate::model::ToolSpec;
 use crate::types::MediaKind;
@@ -69,7 +81,52 @@ impl fmt::Debug for McpTarget {
     }
 }
 
-type Connection = RunningService<RoleClient, ()>;
+type Service = RunningService<RoleClient, ()>;
+
+/// A live connection, and the child process behind it (stdio).
+struct Connection {
+    service: Service,
+    process: Option<Process>,
+}
+
+/// A child process, counted in `agentrt.tools.processes` while held; its
+/// process group is killed when it is dropped (sandboxed children lead
+/// their own group), so nothing it started is left behind.
+struct Process {
+    pid: u32,
+    /// Whether it leads its own process group.
+    group: bool,
+    _counted: crate::telemetry::metrics::ProcessGuard,
+}
+
+impl Process {
+    /// Kills it (its group when it leads one) at once.
+    fn kill(&self) {
+        #[cfg(unix)]
+        {
+            use nix::sys::signal::{Signal, kill, killpg};
+            let Ok(pid) = i32::try_from(self.pid) else {
+                return;
+            };
+            let pid = nix::unistd::Pid::from_raw(pid);
+            let _ = if self.group {
+                killpg(pid, Signal::SIGKILL)
+            } else {
+                kill(pid, Signal::SIGKILL)
+            };
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        // The child itself is killed (and reaped) by rmcp's transport; the
+        // rest of its group here.
+        if self.group {
+            self.kill();
+        }
+    }
+}
 
 /// One MCP server as a [`ToolSource`].
 pub struct McpSource {
@@ -80,6 +137,15 @@ pub struct McpSource {
     /// After a failed connection attempt, listings fail at once for this
     /// long instead of trying again.
     retry_after: Duration,
+    /// How long [`ToolSource::close`] lets the server exit on its own
+    /// (stdin closed) before it is killed.
+    stop_timeout: Duration,
+    /// Starts a stdio server under limits.
+    sandbox: Option<(Launcher, Limits)>,
+    /// The session workspace a session-scoped server runs in.
+    workspace: Option<Workspace>,
+    /// Set by [`ToolSource::close`]: no reconnecting after it.
+    closed: AtomicBool,
     /// Owns the connection (and the child); serialises (re)connecting.
     connection: tokio::sync::Mutex<Option<Connection>>,
     /// The connection's peer, for calls (which never wait for a reconnect).
@@ -92,6 +158,8 @@ impl fmt::Debug for McpSource {
         f.debug_struct("McpSource")
             .field("name", &self.name)
             .field("target", &self.target)
+            .field("sandbox", &self.sandbox)
+            .field("workspace", &self.workspace)
             .finish_non_exhaustive()
     }
 }
@@ -109,6 +177,10 @@ impl McpSource {
             target,
             list_timeout: Duration::from_secs(10),
             retry_after: Duration::from_secs(30),
+            stop_timeout: Duration::from_secs(2),
+            sandbox: None,
+            workspace: None,
+            closed: AtomicBool::new(false),
             connection: tokio::sync::Mutex::new(None),
             peer: Mutex::new(None),
             last_failure: Mutex::new(None),
@@ -127,17 +199,63 @@ impl McpSource {
         self
     }
 
+    /// Starts a stdio server through `launcher` under `limits` (see
+    /// [`super::sandbox`]); no effect on an HTTP server.
+    pub fn with_sandbox(mut self, launcher: Launcher, limits: Limits) -> Self {
+        self.sandbox = Some((launcher, limits));
+        self
+    }
+
+    /// Changes how long closing waits for the server to exit before it is
+    /// killed (default 2 s).
+    pub fn with_stop_timeout(mut self, timeout: Duration) -> Self {
+        self.stop_timeout = timeout;
+        self
+    }
+
+    /// Runs a stdio server in `workspace` (its working directory) and
+    /// reports the workspace files its results link to.
+    pub fn in_workspace(mut self, workspace: Workspace) -> Self {
+        self.workspace = Some(workspace);
+        self
+    }
+
+    fn scope(&self) -> &'static str {
+        if self.workspace.is_some() {
+            "session"
+        } else {
+            "global"
+        }
+    }
+
     async fn connect(&self) -> Result<Connection, ToolError> {
         let unavailable = |what: String| ToolError::Unavailable(what);
         match &self.target {
             McpTarget::Stdio { command, args, env } => {
-                let mut cmd = tokio::process::Command::new(command);
-                cmd.args(args).envs(env).kill_on_drop(true);
+                let mut cmd = match &self.sandbox {
+                    Some((launcher, limits)) => launcher.command(limits, command, args),
+                    None => {
+                        let mut cmd = tokio::process::Command::new(command);
+                        cmd.args(args);
+                        cmd
+                    }
+                };
+                cmd.envs(env).kill_on_drop(true);
+                if let Some(workspace) = &self.workspace {
+                    cmd.current_dir(workspace.dir());
+                }
                 let transport = TokioChildProcess::new(cmd)
                     .map_err(|e| unavailable(format!("cannot start {command:?}: {e}")))?;
-                ().serve(transport)
+                let process = transport.id().map(|pid| Process {
+                    pid,
+                    group: self.sandbox.is_some(),
+                    _counted: crate::telemetry::metrics::ProcessGuard::new(self.scope()),
+                });
+                let service = ()
+                    .serve(transport)
                     .await
-                    .map_err(|e| unavailable(format!("MCP initialization failed: {e}")))
+                    .map_err(|e| unavailable(format!("MCP initialization failed: {e}")))?;
+                Ok(Connection { service, process })
             }
             McpTarget::Http { url, bearer } => {
                 let mut config = rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
@@ -147,9 +265,13 @@ impl McpSource {
                     config = config.auth_header(token.clone());
                 }
                 let transport = StreamableHttpClientTransport::from_config(config);
-                ().serve(transport)
-                    .await
-                    .map_err(|e| unavailable(format!("MCP initialization with {url} failed: {e}")))
+                let service = ().serve(transport).await.map_err(|e| {
+                    unavailable(format!("MCP initialization with {url} failed: {e}"))
+                })?;
+                Ok(Connection {
+                    service,
+                    process: None,
+                })
             }
         }
     }
@@ -158,9 +280,14 @@ impl McpSource {
         &self,
         slot: &mut Option<Connection>,
     ) -> Result<Vec<rmcp::model::Tool>, ToolError> {
-        let alive = slot.as_ref().is_some_and(|c| !c.is_transport_closed());
+        let alive = slot
+            .as_ref()
+            .is_some_and(|c| !c.service.is_transport_closed());
         if !alive {
             self.disconnect(slot);
+            if self.closed.load(Ordering::Acquire) {
+                return Err(ToolError::Unavailable("closed".to_owned()));
+            }
             if let Some((at, why)) = lock(&self.last_failure).clone()
                 && at.elapsed() < self.retry_after
             {
@@ -170,7 +297,7 @@ impl McpSource {
                 *lock(&self.last_failure) = Some((tokio::time::Instant::now(), e.clone()));
             })?;
             *lock(&self.last_failure) = None;
-            *lock(&self.peer) = Some(connection.peer().clone());
+            *lock(&self.peer) = Some(connection.service.peer().clone());
             *slot = Some(connection);
             tracing::info!(server = %self.name, "MCP server connected");
         }
@@ -178,6 +305,7 @@ impl McpSource {
             return Err(ToolError::Unavailable("not connected".to_owned()));
         };
         connection
+            .service
             .list_all_tools()
             .await
             .map_err(|e| ToolError::Protocol(format!("tools/list failed: {e}")))
@@ -245,7 +373,12 @@ impl ToolSource for McpSource {
             request.meta = Some(RequestMetaObject(meta));
         }
         match peer.call_tool(request).await {
-            Ok(result) => render(result),
+            Ok(result) => {
+                if let Some(workspace) = &self.workspace {
+                    report_links(workspace, &result);
+                }
+                render(result)
+            }
             Err(ServiceError::McpError(e)) => ToolOutcome::error(format!(
                 "the MCP server {:?} returned an error: {}",
                 self.name, e.message
@@ -270,11 +403,84 @@ impl ToolSource for McpSource {
     }
 
     async fn close(&self) {
+        self.closed.store(true, Ordering::Release);
         let connection = self.connection.lock().await.take();
         *lock(&self.peer) = None;
         if let Some(mut connection) = connection {
-            let _ = connection.close_with_timeout(Duration::from_secs(2)).await;
+            // Stdin closed, the server exits on its own; one that does not
+            // within the stop timeout is killed (not yet reaped: rmcp
+            // still waits for it, so its pid is still its own).
+            let closed = connection
+                .service
+                .close_with_timeout(self.stop_timeout)
+                .await;
+            if !matches!(closed, Ok(Some(_)))
+                && let Some(process) = &connection.process
+            {
+                tracing::warn!(server = %self.name, pid = process.pid,
+                    "MCP server did not exit when closed; killed");
+                process.kill();
+            }
         }
+    }
+}
+
+/// Reports the workspace files `result` links to (`resource_link`).
+fn report_links(workspace: &Workspace, result: &CallToolResult) {
+    for block in &result.content {
+        if let ContentBlock::ResourceLink(link) = block {
+            workspace.report(&link.uri, &link.name, link.mime_type.as_deref());
+        }
+    }
+}
+
+/// A session-scoped MCP server: a stdio server started per session, in
+/// the session's workspace (see [`super::session`]).
+#[derive(Debug, Clone)]
+pub struct McpSessionFactory {
+    name: String,
+    target: McpTarget,
+    sandbox: Option<(Launcher, Limits)>,
+    stop_timeout: Duration,
+}
+
+impl McpSessionFactory {
+    /// Instances of the server `name` at `target` (a stdio target: an HTTP
+    /// server has no working directory of ours). A session's process is
+    /// given a 500 ms stop timeout, so that evicting its runner stops it
+    /// within a second.
+    pub fn new(name: impl Into<String>, target: McpTarget) -> Self {
+        Self {
+            name: name.into(),
+            target,
+            sandbox: None,
+            stop_timeout: Duration::from_millis(500),
+        }
+    }
+
+    /// Starts each instance through `launcher` under `limits`.
+    pub fn with_sandbox(mut self, launcher: Launcher, limits: Limits) -> Self {
+        self.sandbox = Some((launcher, limits));
+        self
+    }
+
+    /// Changes how long an instance may take to exit when closed before it
+    /// is killed (default 500 ms).
+    pub fn with_stop_timeout(mut self, timeout: Duration) -> Self {
+        self.stop_timeout = timeout;
+        self
+    }
+}
+
+impl SessionSourceFactory for McpSessionFactory {
+    fn source(&self, workspace: &Workspace) -> Arc<dyn ToolSource> {
+        let mut source = McpSource::new(self.name.clone(), self.target.clone())
+            .with_stop_timeout(self.stop_timeout)
+            .in_workspace(workspace.clone());
+        if let Some((launcher, limits)) = &self.sandbox {
+            source = source.with_sandbox(launcher.clone(), limits.clone());
+        }
+        Arc::new(source)
     }
 }
 

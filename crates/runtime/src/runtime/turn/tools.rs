@@ -181,6 +181,8 @@ fn invalid_arguments(arguments_json: &str) -> Option<String> {
 /// A server tool call of the step, ready to run.
 struct ServerCall {
     toolbox: Arc<Toolbox>,
+    /// The session's own tool sources (the runner's).
+    session: Option<Arc<crate::toolbox::SessionTools>>,
     permits: Arc<Semaphore>,
     index: usize,
     capture_content: bool,
@@ -203,7 +205,12 @@ impl ServerCall {
             async move {
                 let outcome = self
                     .toolbox
-                    .run(info(&call, ToolKind::Server), &self.permits, &self.started)
+                    .run_in(
+                        self.session.as_deref(),
+                        info(&call, ToolKind::Server),
+                        &self.permits,
+                        &self.started,
+                    )
                     .await;
                 if outcome.is_error {
                     crate::runtime::spans::failed(&traced, "tool_error");
@@ -440,6 +447,7 @@ impl Turn {
             };
             let server = ServerCall {
                 toolbox: Arc::clone(&toolbox),
+                session: self.runner.session_tools.clone(),
                 permits: Arc::clone(&permits),
                 index: i,
                 capture_content: self.inner.config.capture_content,
