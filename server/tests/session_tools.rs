@@ -8,50 +8,20 @@
 //! it, so a server that merely closed its pipes (or died) would leave it
 //! running.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use agentrt_client::{ChatEvent, Client, proto};
 use agentrt_runtime::blobs::digest;
 use agentrt_testkit::fake_openai::{FakeOpenAi, FakeReply, finish_chunk, sse_data, text_chunk};
+use agentrt_testkit::tools::mcp_test_server;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, Command};
 
 /// Failure guard of every wait.
 const WAIT: Duration = Duration::from_secs(30);
-
-/// The test MCP server (`target/<profile>/examples`), built when missing.
-fn mcp_test_server() -> &'static Path {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let exe = std::env::current_exe().expect("the test binary's path");
-        let profile = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("target/<profile>/deps");
-        let path = profile
-            .join("examples")
-            .join(format!("mcp_test_server{}", std::env::consts::EXE_SUFFIX));
-        if !path.exists() {
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-            let status = std::process::Command::new(cargo)
-                .args([
-                    "build",
-                    "-p",
-                    "agentrt-runtime",
-                    "--example",
-                    "mcp_test_server",
-                ])
-                .status()
-                .expect("running cargo build");
-            assert!(status.success(), "building the MCP test server failed");
-        }
-        path
-    })
-}
 
 struct Server {
     child: Child,

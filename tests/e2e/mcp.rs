@@ -6,13 +6,13 @@
 //! lines to `MCP_TEST_RECORD`, here a FIFO the test reads: no polling.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use agentrt_client::{ChatEvent, Event, proto};
 use agentrt_server::Config;
 use agentrt_server::config::McpServerConfig;
 use agentrt_testkit::fake_openai::{FakeOpenAi, FakeReply, finish_chunk, sse_data, text_chunk};
+use agentrt_testkit::tools::mcp_test_server;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt as _, BufReader, Lines};
 use tokio::net::unix::pipe;
@@ -24,39 +24,6 @@ use super::harness::{
 
 /// Failure guard for every wait.
 const WAIT: Duration = Duration::from_secs(30);
-
-/// The test MCP server. `cargo test` builds the examples of the workspace
-/// next to the test binaries (`target/<profile>/examples`); a run that did
-/// not (e.g. `cargo test --test e2e`) builds it here.
-fn mcp_test_server() -> &'static Path {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let exe = std::env::current_exe().expect("the test binary's path");
-        let profile = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("target/<profile>/deps");
-        let name = format!("mcp_test_server{}", std::env::consts::EXE_SUFFIX);
-        let path = profile.join("examples").join(name);
-        if !path.exists() {
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-            let mut build = std::process::Command::new(cargo);
-            build.args([
-                "build",
-                "-p",
-                "agentrt-runtime",
-                "--example",
-                "mcp_test_server",
-            ]);
-            if profile.file_name().is_some_and(|p| p == "release") {
-                build.arg("--release");
-            }
-            let status = build.status().expect("running cargo build");
-            assert!(status.success(), "building the MCP test server failed");
-        }
-        path
-    })
-}
 
 /// The lines the MCP server records, read from a FIFO.
 struct Record {
@@ -247,6 +214,7 @@ async fn an_mcp_tool_is_discovered_and_called_and_its_result_reaches_the_model()
             "test__echo",
             "test__slow",
             "test__fail",
+            "test__picture",
             "test__pwd",
             "test__pid",
             "test__write_file",
@@ -460,6 +428,7 @@ async fn denied_colliding_and_excluded_server_tools() {
         [
             "test__echo",
             "test__fail",
+            "test__picture",
             "test__pwd",
             "test__pid",
             "test__write_file",

@@ -2,7 +2,7 @@
 //! against, what each model can read, and the checks of media blocks.
 //!
 //! Media bytes live in the blob store ([`crate::blobs`]); messages refer to
-//! them ([`MediaRef`]). A user message may carry media inline (small ones,
+//! them ([`crate::types::MediaRef`]). A user message may carry media inline (small ones,
 //! stored as blobs at admission) or by the id of a blob uploaded to its
 //! session. What a model is shown of them is decided per request by
 //! [`MediaSupport`]: what it cannot read becomes a short placeholder and a
@@ -10,7 +10,8 @@
 
 use crate::error::FieldViolation;
 use crate::limits;
-use crate::types::{MediaKind, MediaRef};
+pub use crate::types::{MediaSupport, is_pdf, is_text};
+use crate::types::MediaKind;
 
 /// Limits on media, each refused with a `BadRequest` naming the field and
 /// the limit (`[blobs]` in the server's configuration).
@@ -85,43 +86,6 @@ impl MediaLimits {
     fn allowed(&self) -> String {
         self.mime_types.join(", ")
     }
-}
-
-/// What a model can read besides text (per model, in the configuration).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct MediaSupport {
-    /// Images.
-    pub images: bool,
-    /// PDF documents.
-    pub pdf: bool,
-}
-
-impl MediaSupport {
-    /// A model that reads text only (text files are text: every model
-    /// reads them).
-    pub const TEXT: Self = Self {
-        images: false,
-        pdf: false,
-    };
-
-    /// Whether a model with this support is shown `media` (rather than a
-    /// placeholder).
-    pub fn reads(self, media: &MediaRef) -> bool {
-        match media.kind {
-            MediaKind::Image => self.images,
-            MediaKind::File => is_text(&media.mime_type) || (self.pdf && is_pdf(&media.mime_type)),
-        }
-    }
-}
-
-/// Whether `mime_type` is text a model reads as text.
-pub fn is_text(mime_type: &str) -> bool {
-    mime_type.starts_with("text/") || mime_type == "application/json"
-}
-
-/// Whether `mime_type` is a PDF.
-pub fn is_pdf(mime_type: &str) -> bool {
-    mime_type == "application/pdf"
 }
 
 /// Image types and the signature their bytes start with.
@@ -267,6 +231,7 @@ pub fn block_name(kind: MediaKind) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::MediaRef;
 
     #[test]
     fn the_allow_list_takes_wildcards() {

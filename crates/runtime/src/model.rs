@@ -341,9 +341,9 @@ pub trait ModelProvider: Send + Sync + fmt::Debug + 'static {
 
     /// What `model` reads besides text (images, PDFs): what it cannot read
     /// is replaced by a placeholder in its requests. Default: text only.
-    fn media_support(&self, model: &str) -> crate::media::MediaSupport {
+    fn media_support(&self, model: &str) -> crate::types::MediaSupport {
         let _ = model;
-        crate::media::MediaSupport::TEXT
+        crate::types::MediaSupport::TEXT
     }
 
     /// Whether a turn may offer tools to `model`. When this is false, the

@@ -219,6 +219,43 @@ impl MediaRef {
     }
 }
 
+/// What a model can read besides text (per model, in the configuration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MediaSupport {
+    /// Images.
+    pub images: bool,
+    /// PDF documents.
+    pub pdf: bool,
+}
+
+impl MediaSupport {
+    /// A model that reads text only (text files are text: every model
+    /// reads them).
+    pub const TEXT: Self = Self {
+        images: false,
+        pdf: false,
+    };
+
+    /// Whether a model with this support is shown `media` (rather than a
+    /// placeholder).
+    pub fn reads(self, media: &MediaRef) -> bool {
+        match media.kind {
+            MediaKind::Image => self.images,
+            MediaKind::File => is_text(&media.mime_type) || (self.pdf && is_pdf(&media.mime_type)),
+        }
+    }
+}
+
+/// Whether `mime_type` is text a model reads as text.
+pub fn is_text(mime_type: &str) -> bool {
+    mime_type.starts_with("text/") || mime_type == "application/json"
+}
+
+/// Whether `mime_type` is a PDF.
+pub fn is_pdf(mime_type: &str) -> bool {
+    mime_type == "application/pdf"
+}
+
 /// `n` bytes as "812 B", "12 KB", "3.4 MB".
 pub fn human_size(n: u64) -> String {
     const KB: u64 = 1024;

@@ -40,3 +40,38 @@ impl ToolSource for Recorder {
         ToolOutcome::ok("acted")
     }
 }
+
+/// The MCP test server (`crates/runtime/examples/mcp_test_server.rs`).
+/// `cargo test` builds the workspace's examples next to the test binaries
+/// (`target/<profile>/examples`); a run that did not (e.g. `cargo test
+/// --test e2e`) builds it here, in the same profile.
+pub fn mcp_test_server() -> &'static std::path::Path {
+    use std::path::{Path, PathBuf};
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let profile = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target/<profile>/deps");
+        let name = format!("mcp_test_server{}", std::env::consts::EXE_SUFFIX);
+        let path = profile.join("examples").join(name);
+        if !path.exists() {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+            let mut build = std::process::Command::new(cargo);
+            build.args([
+                "build",
+                "-p",
+                "agentrt-runtime",
+                "--example",
+                "mcp_test_server",
+            ]);
+            if profile.file_name().is_some_and(|p| p == "release") {
+                build.arg("--release");
+            }
+            let status = build.status().expect("running cargo build");
+            assert!(status.success(), "building the MCP test server failed");
+        }
+        path
+    })
+}

@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::media::MediaSupport;
+use crate::types::MediaSupport;
 
 /// What its models read unless configured.
 const DEFAULT_READS: MediaSupport = MediaSupport {

@@ -17,7 +17,7 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderName, HeaderValue};
 
 use super::http::{self, SseDecoder};
 use super::{ModelError, ModelStream, OutputLimits};
-use crate::media::MediaSupport;
+use crate::types::MediaSupport;
 
 /// Settings of one HTTP model endpoint (OpenAI-compatible or Anthropic).
 #[derive(Clone)]

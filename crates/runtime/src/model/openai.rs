@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 
-use crate::media::MediaSupport;
+use crate::types::MediaSupport;
 
 /// What its models read unless configured.
 const DEFAULT_READS: MediaSupport = MediaSupport {

@@ -167,7 +167,7 @@ impl ModelProvider for RetryingProvider {
         self.inner.supports_tools(model)
     }
 
-    fn media_support(&self, model: &str) -> crate::media::MediaSupport {
+    fn media_support(&self, model: &str) -> crate::types::MediaSupport {
         self.inner.media_support(model)
     }
 

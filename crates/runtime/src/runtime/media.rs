@@ -167,6 +167,35 @@ pub(crate) struct ToolMediaStored {
     pub(crate) notes: Vec<String>,
 }
 
+impl ToolMediaStored {
+    /// Keeps `blob` (stored) for the result: its `image` / `file` event
+    /// (with `data` inline when small; `uri` where the tool said it is),
+    /// its reference.
+    fn keep(
+        &mut self,
+        blob: MediaRef,
+        data: Option<Bytes>,
+        (call_id, uri): (&str, String),
+        events: &mut Vec<EventKind>,
+    ) {
+        let event = Box::new(MediaEvent {
+            blob: blob.clone(),
+            data,
+            call_id: call_id.to_owned(),
+            uri,
+        });
+        events.push(match blob.kind {
+            MediaKind::Image => EventKind::Image(event),
+            MediaKind::File => EventKind::File(event),
+        });
+        self.references.push(Reference::Blob {
+            blob: blob.clone(),
+            intent: "result",
+        });
+        self.media.push(blob);
+    }
+}
+
 /// Stores the media call `call_id` returned as blobs of the session and
 /// announces them (`image` / `file` events; a `references` event for the
 /// links). Media over the limits or the quota, or that the store refused,
@@ -222,21 +251,7 @@ pub(crate) async fn store_tool_media(
                     }
                 };
                 let blob = media_ref(kind, meta, &name);
-                let event = Box::new(MediaEvent {
-                    blob: blob.clone(),
-                    data: inline,
-                    call_id: call_id.to_owned(),
-                    uri,
-                });
-                events.push(match kind {
-                    MediaKind::Image => EventKind::Image(event),
-                    MediaKind::File => EventKind::File(event),
-                });
-                out.references.push(Reference::Blob {
-                    blob: blob.clone(),
-                    intent: "result",
-                });
-                out.media.push(blob);
+                out.keep(blob, inline, (call_id, uri), events);
             }
             ToolMedia::Blob(named) => {
                 let blobs = &inner.config.blobs;
@@ -252,21 +267,7 @@ pub(crate) async fn store_tool_media(
                     }
                 };
                 let blob = media_ref(named.kind, meta, &named.name);
-                let event = Box::new(MediaEvent {
-                    blob: blob.clone(),
-                    data: None,
-                    call_id: call_id.to_owned(),
-                    uri: String::new(),
-                });
-                events.push(match blob.kind {
-                    MediaKind::Image => EventKind::Image(event),
-                    MediaKind::File => EventKind::File(event),
-                });
-                out.references.push(Reference::Blob {
-                    blob: blob.clone(),
-                    intent: "result",
-                });
-                out.media.push(blob);
+                out.keep(blob, None, (call_id, String::new()), events);
             }
             ToolMedia::Link {
                 uri,
