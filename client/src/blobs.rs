@@ -111,6 +111,30 @@ impl Client {
         .await
     }
 
+    /// Every blob session `session_id` holds (all pages), in id order.
+    pub async fn list_blobs(&self, session_id: &str) -> Result<Vec<proto::BlobRef>, Error> {
+        let mut out = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let req = proto::ListBlobsRequest {
+                session_id: session_id.to_owned(),
+                page_size: 1000,
+                page_token: std::mem::take(&mut page_token),
+            };
+            let mut stub = self.sessions.clone();
+            let page = self
+                .call(Some(session_id), req, |r| async move {
+                    stub.list_blobs(r).await
+                })
+                .await?;
+            out.extend(page.blobs);
+            if page.next_page_token.is_empty() {
+                return Ok(out);
+            }
+            page_token = page.next_page_token;
+        }
+    }
+
     /// Blob `blob_id` of session `session_id`: its reference and its bytes.
     pub async fn get_blob(
         &self,

@@ -221,18 +221,25 @@ async fn evicting_runners_stops_session_processes_and_keeps_their_files_as_blobs
         .unwrap_or_else(|left| panic!("still running a second after eviction: {left:?}"));
     eprintln!("eviction to processes gone: {took:?}");
 
-    // The reported file is a blob of the session, read through the API.
+    // The reported file is a blob of the session: listed, and read
+    // through the API.
     let id = digest(b"# kept");
     let started = Instant::now();
-    let (blob, bytes) = loop {
-        match server.client.get_blob(&a, &id).await {
-            Ok(read) => break read,
-            Err(_) if started.elapsed() < WAIT => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Err(e) => panic!("the reported file never became a blob: {e}"),
+    loop {
+        let listed = server.client.list_blobs(&a).await.unwrap();
+        if listed
+            .iter()
+            .any(|b| b.blob_id == id && b.name == "notes.md")
+        {
+            break;
         }
-    };
+        assert!(
+            started.elapsed() < WAIT,
+            "the reported file never became a blob: {listed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (blob, bytes) = server.client.get_blob(&a, &id).await.unwrap();
     assert_eq!((blob.name.as_str(), blob.size), ("notes.md", 6));
     assert_eq!(bytes, b"# kept");
     assert!(server.client.get_blob(&b, &id).await.is_err(), "not b's");

@@ -464,6 +464,17 @@ async fn blobs_go_with_their_session_are_bounded_per_user_and_inline_media_per_b
         .expect("room again once a session's blobs are gone");
     let (_, still) = alice.get_blob(&kept, &b_id).await.unwrap();
     assert!(still == b);
+    // ListBlobs: what the kept session holds, in id order.
+    let listed: Vec<String> = alice
+        .list_blobs(&kept)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|b| b.name)
+        .collect();
+    let mut names = listed.clone();
+    names.sort();
+    assert_eq!(names, ["b.pdf", "c.pdf", "d.pdf"], "{listed:?}");
     assert_eq!(uploaded.kind(), proto::MediaKind::File);
     // The directory holds no bytes of the deleted session's image.
     let found = walk(&dir.path().join("blobs"))

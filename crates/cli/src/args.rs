@@ -167,6 +167,12 @@ pub(crate) enum BlobCommand {
         #[arg(long, short)]
         out: Option<std::path::PathBuf>,
     },
+    /// List the blobs a session holds: its images and files, uploads, and
+    /// the files its tool workspaces kept.
+    List {
+        /// The session.
+        session: String,
+    },
     /// Upload a file to a session (resumably) and print its blob reference.
     Put {
         /// The session.

@@ -636,6 +636,21 @@ impl Out {
         }
     }
 
+    /// A session's blobs (`blob list`): one per line, id then what it is.
+    pub(crate) fn blobs(&self, blobs: &[proto::BlobRef]) {
+        if self.json {
+            print_json(&json!({"blobs": blobs.iter().map(blob_json).collect::<Vec<_>>()}));
+            return;
+        }
+        for b in blobs {
+            println!(
+                "{}  {}",
+                b.blob_id,
+                describe_blob(&b.name, &b.mime_type, b.size)
+            );
+        }
+    }
+
     /// A blob `blob put` uploaded.
     pub(crate) fn blob_uploaded(&self, blob: &proto::BlobRef) {
         if self.json {

@@ -786,6 +786,15 @@ async fn chat_attaches_files_saves_what_tools_return_and_blob_gets_and_puts() {
     assert_eq!(blocks[2]["name"], "notes.txt", "{history}");
     let blob_id = blocks[1]["blob_id"].as_str().unwrap().to_owned();
 
+    // blob list: the image and the text file.
+    let listed = h.json(&["blob", "list", &session]).await;
+    let names: std::collections::BTreeSet<&str> = listed["blobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["notes.txt", "photo.png"].into(), "{listed}");
     // blob get: the same bytes.
     let out = dir.path().join("again.png");
     let got = h

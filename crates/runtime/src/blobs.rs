@@ -382,6 +382,40 @@ impl Blobs {
         Ok(self.store.get(&blob_path(owner, id)).await?.bytes().await?)
     }
 
+    /// The blobs session `session_id` of `owner` refers to, in id order:
+    /// at most `limit` after `after` (an id; "" for the first page).
+    pub async fn session_blobs(
+        &self,
+        owner: &str,
+        session_id: &str,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<BlobMeta>, BlobError> {
+        let dir = Path::from(format!(
+            "{}/s/{}",
+            owner_dir(owner),
+            session_key(session_id)
+        ));
+        let mut ids: Vec<String> = self
+            .list(&dir)
+            .await?
+            .into_iter()
+            .filter_map(|(marker, _)| marker.filename().map(str::to_owned))
+            .filter(|id| valid_id(id) && id.as_str() > after)
+            .collect();
+        ids.truncate(limit);
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            match self.meta(owner, &id).await {
+                Ok(meta) => out.push(meta),
+                // Being deleted (with another session): not listed.
+                Err(BlobError::NotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
     /// Deletes what session `session_id` of `owner` left: its uploads in
     /// progress, its markers, and each of its blobs no other session refers
     /// to. The number of blobs deleted.

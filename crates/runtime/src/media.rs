@@ -10,8 +10,8 @@
 
 use crate::error::FieldViolation;
 use crate::limits;
-pub use crate::types::{MediaSupport, is_pdf, is_text};
 use crate::types::MediaKind;
+pub use crate::types::{MediaSupport, is_pdf, is_text};
 
 /// Limits on media, each refused with a `BadRequest` naming the field and
 /// the limit (`[blobs]` in the server's configuration).

@@ -238,6 +238,28 @@ impl SessionService for SessionServiceHandler {
         Ok(Response::new(upload_response(status)))
     }
 
+    async fn list_blobs(
+        &self,
+        req: Request<pb::ListBlobsRequest>,
+    ) -> Result<Response<pb::ListBlobsResponse>, Status> {
+        let (call, r) = Call::open(req)?;
+        call.session(&r.session_id);
+        let (blobs, next_page_token) = self
+            .runtime
+            .list_blobs(
+                &call.who,
+                &r.session_id,
+                r.page_size as usize,
+                &r.page_token,
+            )
+            .await
+            .map_err(from_runtime)?;
+        Ok(Response::new(pb::ListBlobsResponse {
+            blobs: blobs.into_iter().map(convert::blob_ref).collect(),
+            next_page_token,
+        }))
+    }
+
     type GetBlobStream = BlobChunks;
 
     async fn get_blob(

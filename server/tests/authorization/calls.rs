@@ -84,6 +84,7 @@ pub(crate) const CASES: &[Case] = &[
     owned("agentrt.v1.SessionService/UploadBlob", ""),
     owned("agentrt.v1.SessionService/GetUploadStatus", ""),
     owned("agentrt.v1.SessionService/GetBlob", ""),
+    owned("agentrt.v1.SessionService/ListBlobs", ""),
     // Bob reuses alice's request id on her session (his own session with
     // it is checked beside the table).
     owned("agentrt.v1.AgentRuntime/Chat", "replay"),
@@ -305,6 +306,15 @@ pub(crate) async fn call(world: &World, case: &Case, user: User, target: &Target
                 format!("{} bytes", c.data.len())
             })
             .await
+        }
+        ("agentrt.v1.SessionService/ListBlobs", _) => {
+            let r = pb::ListBlobsRequest {
+                session_id: id(),
+                ..Default::default()
+            };
+            unary(sessions.list_blobs(authed(r, user)).await, |l| {
+                format!("{} blobs", l.blobs.len())
+            })
         }
         ("agentrt.v1.SessionService/GetHistory", _) => {
             let r = pb::GetHistoryRequest {

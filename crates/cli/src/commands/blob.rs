@@ -133,6 +133,11 @@ pub(crate) async fn blob(client: &Client, out: &Out, cmd: BlobCommand) -> Outcom
             out.blob_saved(&reference, &path);
             Ok(())
         }
+        BlobCommand::List { session } => {
+            let blobs = client.list_blobs(&session).await?;
+            out.blobs(&blobs);
+            Ok(())
+        }
         BlobCommand::Put {
             session,
             file,

@@ -297,6 +297,44 @@ impl Runtime {
         })
     }
 
+    /// A page of the blobs one of `who`'s sessions holds (its messages'
+    /// and tools' images and files, its uploads, the files its tool
+    /// workspaces kept), in id order: at most `page_size` (1-1000, default
+    /// 100) after `page_token` (the last id of the previous page).
+    pub async fn list_blobs(
+        &self,
+        who: &Principal,
+        session_id: &str,
+        page_size: usize,
+        page_token: &str,
+    ) -> Result<(Vec<MediaRef>, String), RuntimeError> {
+        validate_session_id("session_id", session_id)?;
+        if !page_token.is_empty() && !crate::blobs::valid_id(page_token) {
+            return Err(RuntimeError::invalid(
+                "page_token",
+                "is not a token of a previous page",
+            ));
+        }
+        let size = match page_size {
+            0 => 100,
+            n => n.min(1000),
+        };
+        let session = self.owned_session(who, session_id).await?;
+        let found = self
+            .inner
+            .config
+            .blobs
+            .session_blobs(&session.owner, &session.id, page_token, size)
+            .await
+            .map_err(blob_failure)?;
+        let next = if found.len() == size {
+            found.last().map(|m| m.id.clone()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok((found.into_iter().map(reference).collect(), next))
+    }
+
     /// Blob `blob_id` of one of `who`'s sessions, read from `offset`;
     /// `None` when the session holds no such blob (another user's session
     /// is not found).
