@@ -37,6 +37,11 @@ pub struct MediaLimits {
     /// Most media items sent with one model request: the newest ones; older
     /// ones become placeholders. Default 16.
     pub max_media_per_request: usize,
+    /// Most bytes of media sent with one model request (before base64),
+    /// newest first; past it, placeholders. Keeps requests within what the
+    /// upstreams take (Anthropic: 32 MB a request) and what one turn holds
+    /// in memory. Default 24 MiB.
+    pub max_request_media_bytes: u64,
     /// A text file is shown to the model as text up to this size, cut
     /// beyond (with a note). Default 256 KiB.
     pub max_text_file_bytes: u64,
@@ -52,6 +57,7 @@ impl Default for MediaLimits {
             quota_bytes: Some(1 << 30),
             event_inline_bytes: 64 << 10,
             max_media_per_request: 16,
+            max_request_media_bytes: 24 << 20,
             max_text_file_bytes: 256 << 10,
         }
     }

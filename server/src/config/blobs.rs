@@ -13,6 +13,7 @@
 //! quota_bytes = 1073741824      # blobs per user (1 GiB); 0 = no limit
 //! event_inline_bytes = 65536    # image/file events carry the bytes up to this
 //! max_media_per_request = 16    # the newest media sent with one model request
+//! max_request_media_bytes = 25165824  # and at most these bytes of them (24 MiB)
 //! max_text_file_bytes = 262144  # a text file shown to a model as text, cut beyond
 //! ```
 //!
@@ -48,6 +49,8 @@ pub struct BlobSettings {
     pub max_media_per_request: usize,
     /// See the module docs.
     pub max_text_file_bytes: u64,
+    /// See the module docs.
+    pub max_request_media_bytes: u64,
 }
 
 impl Default for BlobSettings {
@@ -63,6 +66,7 @@ impl Default for BlobSettings {
             event_inline_bytes: d.event_inline_bytes,
             max_media_per_request: d.max_media_per_request,
             max_text_file_bytes: d.max_text_file_bytes,
+            max_request_media_bytes: d.max_request_media_bytes,
         }
     }
 }
@@ -143,6 +147,7 @@ impl BlobSettings {
             event_inline_bytes: self.event_inline_bytes,
             max_media_per_request: self.max_media_per_request,
             max_text_file_bytes: self.max_text_file_bytes,
+            max_request_media_bytes: self.max_request_media_bytes,
         }
     }
 }

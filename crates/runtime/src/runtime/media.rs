@@ -337,7 +337,8 @@ impl NotShown {
         }
         if self.older > 0 {
             parts.push(format!(
-                "{} older images or files were left out of the request",
+                "{} older images or files were left out of the request (the request's media \
+                 limits)",
                 self.older
             ));
         }
@@ -379,16 +380,32 @@ pub(crate) async fn for_model(
     support: MediaSupport,
     messages: Arc<Vec<Message>>,
 ) -> (Arc<Vec<Message>>, NotShown) {
+    shown_to(
+        (&inner.config.blobs, &inner.config.media),
+        owner,
+        support,
+        messages,
+    )
+    .await
+}
+
+/// [`for_model`] over `blobs` and `limits`.
+async fn shown_to(
+    (blobs, limits): (&Blobs, &MediaLimits),
+    owner: &str,
+    support: MediaSupport,
+    messages: Arc<Vec<Message>>,
+) -> (Arc<Vec<Message>>, NotShown) {
     if !has_media(&messages) {
         return (messages, NotShown::default());
     }
-    let limits = &inner.config.media;
     let mut shown = Shown {
-        blobs: &inner.config.blobs,
+        blobs,
         owner,
         support,
         limits,
         budget: limits.max_media_per_request,
+        bytes_budget: limits.max_request_media_bytes,
         not_shown: NotShown::default(),
     };
     let mut out: Vec<Message> = messages.as_ref().clone();
@@ -443,6 +460,8 @@ struct Shown<'a> {
     limits: &'a MediaLimits,
     /// Media that may still be sent with their bytes.
     budget: usize,
+    /// Bytes of media that may still be sent.
+    bytes_budget: u64,
     not_shown: NotShown,
 }
 
@@ -454,11 +473,15 @@ impl Shown<'_> {
             self.not_shown.unreadable.push(m.clone());
             return placeholder(m, "this model cannot read it");
         }
-        if self.budget == 0 {
+        if self.budget == 0 || m.size > self.bytes_budget {
             self.not_shown.older += 1;
-            return placeholder(m, "left out: only the newest media are sent");
+            return placeholder(
+                m,
+                "left out: only the newest media that fit one request are sent",
+            );
         }
         self.budget -= 1;
+        self.bytes_budget -= m.size;
         let bytes = match self.blobs.read(self.owner, &m.blob_id).await {
             Ok(bytes) => bytes,
             Err(e) => {
@@ -507,4 +530,183 @@ fn text_file(m: &MediaRef, bytes: &[u8], max: u64) -> ContentBlock {
         text.len(),
         &text[..end]
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{NewMessage, Role};
+
+    fn message(seq: u64, content: Vec<ContentBlock>) -> Message {
+        Message {
+            seq,
+            body: NewMessage::new("t", Role::User, content),
+            compacted: false,
+        }
+    }
+
+    async fn stored(
+        blobs: &Blobs,
+        kind: MediaKind,
+        bytes: &[u8],
+        mime: &str,
+        name: &str,
+    ) -> MediaRef {
+        let meta = blobs
+            .put_with("alice", "s", Bytes::copy_from_slice(bytes), mime, name)
+            .await
+            .unwrap();
+        media_ref(kind, meta, "")
+    }
+
+    const VISION: MediaSupport = MediaSupport {
+        images: true,
+        pdf: false,
+    };
+
+    #[tokio::test]
+    async fn a_text_only_context_is_passed_on_as_it_is() {
+        let blobs = Blobs::default();
+        let limits = MediaLimits::default();
+        let messages = Arc::new(vec![message(0, vec![ContentBlock::text("hi")])]);
+        let (shown, not_shown) =
+            shown_to((&blobs, &limits), "alice", VISION, Arc::clone(&messages)).await;
+        assert!(Arc::ptr_eq(&shown, &messages));
+        assert_eq!(not_shown, NotShown::default());
+    }
+
+    #[tokio::test]
+    async fn models_get_what_they_read_and_placeholders_for_the_rest() {
+        let blobs = Blobs::default();
+        let limits = MediaLimits {
+            max_text_file_bytes: 9,
+            ..MediaLimits::default()
+        };
+        let png = stored(
+            &blobs,
+            MediaKind::Image,
+            b"\x89PNG....",
+            "image/png",
+            "a.png",
+        )
+        .await;
+        let pdf = stored(
+            &blobs,
+            MediaKind::File,
+            b"%PDF-1.7",
+            "application/pdf",
+            "r.pdf",
+        )
+        .await;
+        let text = stored(
+            &blobs,
+            MediaKind::File,
+            "héllo wörld".as_bytes(),
+            "text/plain",
+            "t.txt",
+        )
+        .await;
+        let messages = Arc::new(vec![message(
+            0,
+            vec![
+                ContentBlock::text("look"),
+                ContentBlock::Media(png.clone()),
+                ContentBlock::Media(pdf.clone()),
+                ContentBlock::Media(text),
+            ],
+        )]);
+        let (shown, not_shown) =
+            shown_to((&blobs, &limits), "alice", VISION, Arc::clone(&messages)).await;
+        let content = &shown[0].body.content;
+        assert_eq!(
+            content[1],
+            ContentBlock::Image {
+                data: b"\x89PNG....".to_vec(),
+                mime_type: "image/png".into()
+            }
+        );
+        let ContentBlock::Text { text: placeholder } = &content[2] else {
+            panic!("{content:?}")
+        };
+        assert!(
+            placeholder.contains("a file \"r.pdf\" (application/pdf, 8 B)"),
+            "{placeholder}"
+        );
+        // Cut at 9 bytes, back to a character boundary.
+        assert_eq!(
+            content[3],
+            ContentBlock::text("[file t.txt, the first 8 of 13 bytes]\nhéllo w")
+        );
+        assert_eq!(not_shown.unreadable, vec![pdf]);
+        let notice = not_shown.notice("m/vision").unwrap();
+        let EventKind::Notice { code, message } = notice else {
+            panic!()
+        };
+        assert_eq!(code, "MEDIA_NOT_SHOWN");
+        assert!(
+            message.starts_with("m/vision cannot read a file \"r.pdf\""),
+            "{message}"
+        );
+        // The stored context is untouched.
+        assert_eq!(messages[0].body.content[1], ContentBlock::Media(png));
+    }
+
+    #[tokio::test]
+    async fn only_the_newest_media_that_fit_one_request_are_sent() {
+        let blobs = Blobs::default();
+        let limits = MediaLimits {
+            max_media_per_request: 2,
+            max_request_media_bytes: 25,
+            ..MediaLimits::default()
+        };
+        let mut images = Vec::new();
+        for i in 0..3u8 {
+            let mut bytes = b"\x89PNG\r\n\x1a\n".to_vec();
+            bytes.extend([i; 4]);
+            images.push(stored(&blobs, MediaKind::Image, &bytes, "image/png", "").await);
+        }
+        let messages = Arc::new(
+            images
+                .iter()
+                .enumerate()
+                .map(|(i, m)| message(i as u64, vec![ContentBlock::Media(m.clone())]))
+                .collect::<Vec<_>>(),
+        );
+        let (shown, not_shown) = shown_to((&blobs, &limits), "alice", VISION, messages).await;
+        let sent: Vec<bool> = shown
+            .iter()
+            .map(|m| matches!(m.body.content[0], ContentBlock::Image { .. }))
+            .collect();
+        assert_eq!(sent, [false, true, true]);
+        assert_eq!(not_shown.older, 1);
+        // A byte budget smaller than one image: none goes.
+        let tight = MediaLimits {
+            max_request_media_bytes: 11,
+            ..limits
+        };
+        let messages = Arc::new(vec![message(
+            0,
+            vec![ContentBlock::Media(images[0].clone())],
+        )]);
+        let (shown, _) = shown_to((&blobs, &tight), "alice", VISION, messages).await;
+        assert!(matches!(
+            shown[0].body.content[0],
+            ContentBlock::Text { .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_blob_gone_from_the_store_is_a_placeholder_not_a_failure() {
+        let blobs = Blobs::default();
+        let limits = MediaLimits::default();
+        let png = stored(&blobs, MediaKind::Image, b"\x89PNG....", "image/png", "").await;
+        blobs.delete_session("alice", "s").await.unwrap();
+        let messages = Arc::new(vec![message(0, vec![ContentBlock::Media(png)])]);
+        let (shown, not_shown) = shown_to((&blobs, &limits), "alice", VISION, messages).await;
+        assert!(matches!(
+            shown[0].body.content[0],
+            ContentBlock::Text { .. }
+        ));
+        assert_eq!(not_shown.missing, 1);
+    }
 }
