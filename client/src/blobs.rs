@@ -98,7 +98,7 @@ impl Client {
         session_id: &str,
         upload_id: &str,
         sha256: Option<&str>,
-    ) -> Result<proto::UploadBlobResponse, Error> {
+    ) -> Result<proto::GetUploadStatusResponse, Error> {
         let req = proto::GetUploadStatusRequest {
             session_id: session_id.to_owned(),
             upload_id: upload_id.to_owned(),

@@ -226,7 +226,7 @@ impl SessionService for SessionServiceHandler {
     async fn get_upload_status(
         &self,
         req: Request<pb::GetUploadStatusRequest>,
-    ) -> Result<Response<pb::UploadBlobResponse>, Status> {
+    ) -> Result<Response<pb::GetUploadStatusResponse>, Status> {
         let (call, r) = Call::open(req)?;
         call.session(&r.session_id);
         let sha256 = (!r.sha256.is_empty()).then_some(r.sha256.as_str());
@@ -235,7 +235,10 @@ impl SessionService for SessionServiceHandler {
             .upload_status(&call.who, &r.session_id, &r.upload_id, sha256)
             .await
             .map_err(from_runtime)?;
-        Ok(Response::new(upload_response(status)))
+        Ok(Response::new(pb::GetUploadStatusResponse {
+            committed_size: status.committed,
+            blob: status.blob.map(convert::blob_ref),
+        }))
     }
 
     async fn list_blobs(
@@ -285,10 +288,10 @@ fn upload_response(status: UploadStatus) -> pb::UploadBlobResponse {
     }
 }
 
-/// A blob's bytes as `BlobChunk`s.
-pub type BlobChunks = Pin<Box<dyn Stream<Item = Result<pb::BlobChunk, Status>> + Send>>;
+/// A blob's bytes as `GetBlobResponse` chunks.
+pub type BlobChunks = Pin<Box<dyn Stream<Item = Result<pb::GetBlobResponse, Status>> + Send>>;
 
-/// Most bytes in one `BlobChunk` (the store's own chunks are gathered up
+/// Most bytes in one `GetBlobResponse` (the store's own chunks are gathered up
 /// to this, so a large blob is not thousands of tiny messages).
 const CHUNK_BYTES: usize = 256 << 10;
 
@@ -330,7 +333,7 @@ fn blob_chunks(read: BlobRead) -> BlobChunks {
         }
         let take = st.buffered.len().min(CHUNK_BYTES);
         let data = st.buffered.split_to(take).to_vec();
-        let chunk = pb::BlobChunk {
+        let chunk = pb::GetBlobResponse {
             blob: st.blob.take(),
             data,
         };

@@ -7,7 +7,7 @@ import { after, before, describe, it } from "node:test";
 
 import grpc from "@grpc/grpc-js";
 
-import type { BlobChunk__Output } from "../gen/agentrt/v1/BlobChunk";
+import type { GetBlobResponse__Output } from "../gen/agentrt/v1/GetBlobResponse";
 import type { GetHistoryResponse__Output } from "../gen/agentrt/v1/GetHistoryResponse";
 import type { UploadBlobResponse__Output } from "../gen/agentrt/v1/UploadBlobResponse";
 import type { Session__Output } from "../gen/agentrt/v1/Session";
@@ -362,7 +362,7 @@ describe("agentrt through @grpc/grpc-js", () => {
       new Promise<Buffer>((resolve, reject) => {
         const parts: Buffer[] = [];
         const call = user.sessions.GetBlob({ session_id: sid, blob_id }, user.metadata, user.options());
-        call.on("data", (chunk: BlobChunk__Output) => parts.push(Buffer.from(chunk.data)));
+        call.on("data", (chunk: GetBlobResponse__Output) => parts.push(Buffer.from(chunk.data)));
         call.on("error", reject);
         call.on("end", () => resolve(Buffer.concat(parts)));
       });
