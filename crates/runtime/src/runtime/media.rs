@@ -20,7 +20,7 @@ use crate::types::{ContentBlock, MediaKind, MediaRef, Message, human_size};
 /// A reference to the blob `meta` describes, named `name` when this use
 /// gives it one (the same bytes may be "photo.png" in one message and
 /// "dot.png" in another), else by the blob's first name.
-fn media_ref(kind: MediaKind, meta: BlobMeta, name: &str) -> MediaRef {
+pub(crate) fn media_ref(kind: MediaKind, meta: BlobMeta, name: &str) -> MediaRef {
     MediaRef {
         kind,
         blob_id: meta.id,
@@ -211,6 +211,20 @@ pub(crate) async fn store_tool_media(
     let limits = &inner.config.media;
     let mut out = ToolMediaStored::default();
     let mut links = Vec::new();
+    // Room left under the owner's quota, listed once for the whole result
+    // (None: no quota).
+    let mut room = match limits.quota_bytes {
+        Some(quota) if media.iter().any(|m| matches!(m, ToolMedia::Bytes { .. })) => {
+            match blobs.usage(owner).await {
+                Ok(used) => Some(quota.saturating_sub(used)),
+                Err(e) => {
+                    tracing::error!(error = %e, "the blob store failed");
+                    Some(0)
+                }
+            }
+        }
+        Some(_) | None => None,
+    };
     for item in media {
         match item {
             ToolMedia::Bytes {
@@ -229,12 +243,15 @@ pub(crate) async fn store_tool_media(
                     ));
                     continue;
                 }
-                if let Err(e) = check_quota(blobs, limits, owner, size).await {
-                    tracing::warn!(error = %e, "tool media over the owner's blob quota");
-                    out.notes.push(format!(
-                        "[the tool returned {what}: not kept, the user's storage quota is full]"
-                    ));
-                    continue;
+                if let Some(left) = &mut room {
+                    if size > *left {
+                        tracing::warn!(size, "tool media over the owner's blob quota");
+                        out.notes.push(format!(
+                            "[the tool returned {what}: not kept, the user's storage quota is full]"
+                        ));
+                        continue;
+                    }
+                    *left -= size;
                 }
                 let inline = (size <= limits.event_inline_bytes).then(|| data.clone());
                 let meta = match blobs

@@ -5,11 +5,11 @@ use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt as _};
 
 use super::Runtime;
-use super::media::check_quota;
+use super::media::{check_quota, media_ref};
 use crate::blobs::{BlobError, BlobMeta, BlobStream, UploadTarget};
 use crate::error::{FieldViolation, RuntimeError};
 use crate::limits::validate_session_id;
-use crate::media::{check_blob_id, check_name, check_type};
+use crate::media::{check_name, check_type};
 use crate::types::{MediaKind, MediaRef, Principal};
 
 /// Bytes an upload gathers before it commits them as one part: the
@@ -71,13 +71,7 @@ pub fn kind_of(mime_type: &str) -> MediaKind {
 }
 
 fn reference(meta: BlobMeta) -> MediaRef {
-    MediaRef {
-        kind: kind_of(&meta.mime_type),
-        blob_id: meta.id,
-        mime_type: meta.mime_type,
-        size: meta.size,
-        name: meta.name,
-    }
+    media_ref(kind_of(&meta.mime_type), meta, "")
 }
 
 fn blob_failure(err: BlobError) -> RuntimeError {
@@ -272,9 +266,7 @@ impl Runtime {
         let session = self.owned_session(who, session_id).await?;
         let blobs = &self.inner.config.blobs;
         if let Some(sha256) = sha256 {
-            let mut violations = Vec::new();
-            check_blob_id("", sha256, &mut violations);
-            if !violations.is_empty() {
+            if !crate::blobs::valid_id(sha256) {
                 return Err(RuntimeError::invalid(
                     "sha256",
                     "must be 64 lower-case hex digits",
@@ -346,9 +338,7 @@ impl Runtime {
         offset: u64,
     ) -> Result<Option<BlobRead>, RuntimeError> {
         validate_session_id("session_id", session_id)?;
-        let mut violations = Vec::new();
-        check_blob_id("", blob_id, &mut violations);
-        if !violations.is_empty() {
+        if !crate::blobs::valid_id(blob_id) {
             return Err(RuntimeError::invalid(
                 "blob_id",
                 "must be 64 lower-case hex digits (a blob's sha256)",
