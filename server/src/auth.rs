@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
-use agentrt_runtime::types::Principal;
+use agentrt_runtime::types::{ActorKind, Principal};
 use tonic::{Request, Status};
 
 use crate::config::{AuthConfig, ConfigError, ResolvedKey, key_digest, with_api_keys_file};
@@ -148,10 +148,7 @@ impl Authenticator {
             path: path.clone(),
             fixed,
         });
-        let principal = |user: &str, admin| Principal {
-            user_id: user.to_owned(),
-            admin,
-        };
+        let principal = |user: &str, admin| Principal::new(user, admin, ActorKind::Mtls);
         let uris = config
             .mtls
             .iter()
@@ -220,10 +217,11 @@ impl Authenticator {
         let mut found = None;
         for key in keys.iter() {
             if same_bytes(&key.sha256, &digest) {
-                found = Some(Principal {
-                    user_id: key.user.clone(),
-                    admin: key.admin,
-                });
+                found = Some(Principal::new(
+                    key.user.clone(),
+                    key.admin,
+                    ActorKind::ApiKey,
+                ));
             }
         }
         found.ok_or_else(|| Status::unauthenticated("unknown API key"))

@@ -23,7 +23,7 @@
 
 use std::sync::Arc;
 
-use agentrt_runtime::types::Principal;
+use agentrt_runtime::types::{ActorKind, Principal};
 use tonic::metadata::{Ascii, BinaryMetadataValue, MetadataMap, MetadataValue};
 use tonic::{Request, Status};
 
@@ -99,10 +99,7 @@ fn principal_of(metadata: &MetadataMap) -> Result<Principal, Status> {
     if user_id.is_empty() || *admin > 1 {
         return Err(missing());
     }
-    Ok(Principal {
-        user_id: user_id.to_owned(),
-        admin: *admin == 1,
-    })
+    Ok(Principal::new(user_id, *admin == 1, ActorKind::ApiKey))
 }
 
 /// The internal listener's check in front of the public services: refuses
@@ -168,10 +165,7 @@ mod tests {
 
     #[test]
     fn a_signed_call_passes_with_its_principal_and_is_marked_forwarded() {
-        let who = Principal {
-            user_id: "ünïcode user:1".to_owned(),
-            admin: true,
-        };
+        let who = Principal::new("ünïcode user:1", true, ActorKind::ApiKey);
         let mut check = peer_check(WireKey::new(&ClusterKey::new("k-1")).unwrap());
         let req = check(signed(&who)).unwrap();
         assert_eq!(req.extensions().get::<Principal>(), Some(&who));

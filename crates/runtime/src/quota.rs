@@ -467,10 +467,7 @@ mod tests {
     use super::*;
 
     fn user(admin: bool) -> Principal {
-        Principal {
-            user_id: "u".into(),
-            admin,
-        }
+        Principal::new("u", admin, crate::types::ActorKind::ApiKey)
     }
 
     #[test]

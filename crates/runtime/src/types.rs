@@ -19,6 +19,13 @@ pub struct Principal {
     pub user_id: String,
     /// Admin principals may call the operator API.
     pub admin: bool,
+    /// Restricted principals (`restricted = true` on their API key or mTLS
+    /// entry) get a capability-free runner: no server tools, no per-call
+    /// overrides, their own quotas, never admin.
+    pub restricted: bool,
+    /// How the server established who this is: stored on the messages the
+    /// principal sends (the input actor), never taken from a request field.
+    pub actor: InputActor,
 }
 
 impl Principal {
@@ -27,8 +34,61 @@ impl Principal {
         Self {
             user_id: "local".to_owned(),
             admin: true,
+            restricted: false,
+            actor: InputActor::new(ActorKind::Local, "local"),
         }
     }
+
+    /// A principal authenticated by `kind` as `user_id` (unrestricted).
+    pub fn new(user_id: impl Into<String>, admin: bool, kind: ActorKind) -> Self {
+        let user_id = user_id.into();
+        Self {
+            actor: InputActor::new(kind, &user_id),
+            user_id,
+            admin,
+            restricted: false,
+        }
+    }
+}
+
+/// The provenance of an input: how its sender was authenticated, derived by
+/// the server from the credentials (CONTRACT §8).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct InputActor {
+    /// The kind of credential.
+    pub kind: ActorKind,
+    /// Its identity: the API key's user, the certificate's identity, the
+    /// delegating parent session's id, …
+    pub id: String,
+}
+
+impl InputActor {
+    /// An actor of `kind` identified as `id`.
+    pub fn new(kind: ActorKind, id: &str) -> Self {
+        Self {
+            kind,
+            id: id.to_owned(),
+        }
+    }
+}
+
+/// The kind of credential an input came with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActorKind {
+    /// An unauthenticated loopback server's single user.
+    Local,
+    /// An API key (`authorization: Bearer`).
+    ApiKey,
+    /// A client certificate (mTLS).
+    Mtls,
+    /// A caller of the A2A binding.
+    A2a,
+    /// A parent session delegating to its child session.
+    Delegate,
+    /// The runtime itself (a queued message, a resumed turn) on behalf of
+    /// the session's owner.
+    System,
 }
 
 /// The author of a stored message.

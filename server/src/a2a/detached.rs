@@ -146,10 +146,7 @@ mod tests {
     #[test]
     fn only_tasks_left_working_are_remembered() {
         let registry = Arc::new(Detached::default());
-        let who = Principal {
-            user_id: "u".into(),
-            admin: false,
-        };
+        let who = Principal::new("u", false, agentrt_runtime::types::ActorKind::A2a);
         let mut finished = registry.guard(&who, "s", "t1");
         finished.ended();
         drop(finished);

@@ -265,10 +265,7 @@ mod tests {
     #[tokio::test]
     async fn admin_calls_refuse_non_admins() {
         let rt = runtime().await;
-        let user = Principal {
-            user_id: "u".into(),
-            admin: false,
-        };
+        let user = Principal::new("u", false, crate::types::ActorKind::ApiKey);
         assert!(matches!(
             rt.reset_runners(&user, None),
             Err(RuntimeError::PermissionDenied(_))

@@ -14,10 +14,7 @@ use crate::store::{MemoryStore, Store};
 use crate::types::{ContentBlock, NewSession, Principal};
 
 fn user(name: &str) -> Principal {
-    Principal {
-        user_id: name.to_owned(),
-        admin: false,
-    }
+    Principal::new(name, false, crate::types::ActorKind::ApiKey)
 }
 
 async fn runtime() -> (Runtime, Arc<MemoryStore>) {

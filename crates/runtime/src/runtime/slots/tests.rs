@@ -130,10 +130,7 @@ fn steering_messages_are_bounded_taken_at_a_boundary_and_refused_once_closed() {
     let live = turn("t");
     let steer = || {
         let (reply, _) = tokio::sync::oneshot::channel();
-        let who = crate::types::Principal {
-            user_id: "o".into(),
-            admin: false,
-        };
+        let who = crate::types::Principal::new("o", false, crate::types::ActorKind::ApiKey);
         Box::new(Steer {
             busy: Busy::of(&who, &crate::runtime::ChatInput::default()),
             reply,
