@@ -9,6 +9,7 @@ const PROTOS: &[&str] = &[
     "proto/agentrt/v1/sessions.proto",
     "proto/agentrt/v1/runtime.proto",
     "proto/agentrt/v1/admin.proto",
+    "proto/agentrt/v1/agents.proto",
 ];
 
 /// The A2A protocol's service (served on the public port beside

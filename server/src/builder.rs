@@ -465,16 +465,26 @@ impl ServerBuilder {
             lease_ttl: self.config.store.lease_ttl(),
             quotas: self.config.quotas.to_policy(),
             prices: self.config.prices.clone(),
+            memory: self.config.memory.limits()?,
             ..RuntimeConfig::default()
         };
         start_tool_sources(&toolbox).await;
         let runtime = Runtime::open_with_tools(runtime_config, store, models, toolbox).await?;
+        runtime
+            .sync_config_agents(&crate::config::agent_specs(&self.config.agents)?)
+            .await?;
+        let agents_reload = self
+            .config
+            .file
+            .clone()
+            .and_then(|path| crate::agents_reload::on_sighup(runtime.clone(), path));
         Ok(Prepared {
             config: self.config,
             runtime,
             auth,
             tls,
             cluster,
+            agents_reload,
         })
     }
 }
@@ -497,6 +507,8 @@ pub struct Prepared {
     pub(crate) auth: auth::Authenticator,
     pub(crate) tls: Option<Arc<tls::ServerTls>>,
     pub(crate) cluster: Option<ClusterParts>,
+    /// Reloads `[[agents]]` on SIGHUP while the server runs.
+    pub(crate) agents_reload: Option<tokio_util::task::AbortOnDropHandle<()>>,
 }
 
 impl Prepared {

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod agents;
 mod auth;
 mod blobs;
 mod cluster;
@@ -29,6 +30,7 @@ mod tls;
 mod tools;
 mod transport;
 
+pub use agents::{AgentConfig, MemorySettings, agent_specs};
 pub use auth::{AuthConfig, MtlsConfig};
 pub use blobs::BlobSettings;
 pub use cluster::{ClusterKey, ClusterSettings, MIN_CLUSTER_KEY_BYTES};
@@ -410,6 +412,10 @@ struct FileConfig {
     blobs: BlobSettings,
     #[serde(default)]
     prices: std::collections::BTreeMap<String, prices::PriceSettings>,
+    #[serde(default)]
+    agents: Vec<AgentConfig>,
+    #[serde(default)]
+    memory: MemorySettings,
 }
 
 /// The effective configuration.
@@ -497,6 +503,13 @@ pub struct Config {
     pub blobs: BlobSettings,
     /// The `[prices]` table: what each model's tokens cost.
     pub prices: agentrt_runtime::prices::Prices,
+    /// `[[agents]]`: agent profiles (read-only through AgentService).
+    pub agents: Vec<AgentConfig>,
+    /// The `[memory]` table: bounds on memory blocks.
+    pub memory: MemorySettings,
+    /// The TOML file this was read from (`--config`), re-read on SIGHUP
+    /// for `[[agents]]`.
+    pub file: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -533,6 +546,9 @@ impl Default for Config {
             quotas: QuotaSettings::default(),
             blobs: BlobSettings::default(),
             prices: agentrt_runtime::prices::Prices::default(),
+            agents: Vec::new(),
+            memory: MemorySettings::default(),
+            file: None,
         }
     }
 }
@@ -614,10 +630,14 @@ impl Config {
             quotas: file.quotas,
             blobs: file.blobs,
             prices: prices::prices(file.prices)?,
+            agents: file.agents,
+            memory: file.memory,
+            file: None,
         })
     }
 
     fn with_overrides(mut self, cli: &Cli) -> Self {
+        self.file.clone_from(&cli.config);
         if let Some(v) = cli.listen {
             self.listen = v;
         }
@@ -711,6 +731,8 @@ impl Config {
         self.validate_tools()?;
         self.compaction.validate()?;
         self.blobs.validate(self.transport.max_request_bytes)?;
+        agent_specs(&self.agents)?;
+        self.memory.limits()?;
         if !(4..=65_536).contains(&self.store_cache_mb) {
             return Err(ConfigError(format!(
                 "store_cache_mb is {}; it must be between 4 and 65536",
@@ -762,7 +784,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// The longest duration a config value may be: ten years.
 const MAX_CONFIG_DURATION_MS: u64 = 10 * 365 * 24 * 3_600_000;
 
-fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+pub(crate) fn de_duration<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Duration>, D::Error> {
     let text = String::deserialize(d)?;
     parse_duration(&text)
         .map(Some)

@@ -23,6 +23,9 @@ use agentrt_runtime::types::{
     NewSession, Role, Session, SessionUpdate, ThinkingLevel, TurnRecord, TurnStatus, Usage, Wait,
 };
 
+mod agents;
+pub use agents::{agent_spec, agent_to_pb, memory_edits, memory_to_pb};
+
 /// A protobuf timestamp.
 pub fn timestamp(t: SystemTime) -> prost_types::Timestamp {
     let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -72,7 +75,7 @@ fn turn_outcome(s: TurnStatus) -> pb::TurnOutcome {
     }
 }
 
-fn thinking(t: Option<ThinkingLevel>) -> pb::ThinkingLevel {
+pub(crate) fn thinking(t: Option<ThinkingLevel>) -> pb::ThinkingLevel {
     match t {
         None => pb::ThinkingLevel::Unspecified,
         Some(ThinkingLevel::None) => pb::ThinkingLevel::None,
@@ -373,6 +376,9 @@ pub fn session_to_pb(s: Session) -> pb::Session {
         budget: Some(budget_to_pb(s.budget)),
         spent_usage: Some(usage(&s.spent.usage)),
         spent_cost: agentrt_runtime::prices::usd(s.spent.cost_nano_usd),
+        agent_version: s.agent.version,
+        parent_session_id: s.agent.parent_session_id,
+        refresh_memory: s.agent.refresh_memory,
     }
 }
 
@@ -392,6 +398,12 @@ pub fn new_session(r: pb::CreateSessionRequest) -> Result<NewSession, RuntimeErr
             .map(budget_from_pb)
             .transpose()?
             .unwrap_or_default(),
+        agent: agentrt_runtime::agents::AgentBinding {
+            version: r.agent_version,
+            follow_latest: r.follow_latest_agent,
+            refresh_memory: r.refresh_memory,
+            ..Default::default()
+        },
     })
 }
 
@@ -404,11 +416,14 @@ pub fn session_update(r: pb::UpdateSessionRequest) -> Result<SessionUpdate, Runt
         metadata: r.metadata.map(|m| m.entries.into_iter().collect()),
         archived: r.archived,
         budget: r.budget.map(budget_from_pb).transpose()?,
+        agent_version: r.agent_version,
+        refresh_memory: r.refresh_memory,
+        memory_snapshot: None,
     })
 }
 
 /// A budget; a cost that is not a number of dollars ≥ 0 is refused.
-fn budget_from_pb(b: pb::Budget) -> Result<Budget, RuntimeError> {
+pub(crate) fn budget_from_pb(b: pb::Budget) -> Result<Budget, RuntimeError> {
     let max_cost_nano_usd = b
         .max_cost
         .map(|usd| {
@@ -426,7 +441,7 @@ fn budget_from_pb(b: pb::Budget) -> Result<Budget, RuntimeError> {
     })
 }
 
-fn budget_to_pb(b: Budget) -> pb::Budget {
+pub(crate) fn budget_to_pb(b: Budget) -> pb::Budget {
     pb::Budget {
         max_tokens: b.max_tokens,
         max_cost: b.max_cost_nano_usd.map(agentrt_runtime::prices::usd),

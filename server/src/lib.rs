@@ -16,6 +16,8 @@
 //! - `health.rs`: the health service; every readiness/liveness transition
 //!   ([`READINESS`], [`LIVENESS`]) is set there.
 //! - `error.rs`: [`ServerError`].
+//! - `agents_reload.rs`: the config's `[[agents]]` into the store, at
+//!   start-up and on SIGHUP.
 //! - `call.rs`: the context every handler opens (principal, deadline,
 //!   session span) and the one decision to forward a call.
 //! - [`services`]: the thin handlers, one file per proto service.
@@ -40,6 +42,7 @@
 //! - [`telemetry`]: logs, OpenTelemetry traces and metrics, the RPC span
 //!   layer and the Prometheus endpoint.
 
+mod agents_reload;
 mod builder;
 mod call;
 mod cluster;

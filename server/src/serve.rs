@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use agentrt_proto::a2a::v1::a2a_service_server::A2aServiceServer;
 use agentrt_proto::v1::agent_runtime_server::AgentRuntimeServer;
+use agentrt_proto::v1::agent_service_server::AgentServiceServer;
 use agentrt_proto::v1::runtime_admin_server::RuntimeAdminServer;
 use agentrt_proto::v1::session_service_server::SessionServiceServer;
 use agentrt_runtime::Runtime;
@@ -31,7 +32,9 @@ use crate::cluster::{Forwarder, WireKey, peer_check, refuse_peer_headers};
 use crate::config::Config;
 use crate::error::ServerError;
 use crate::health::{Health, Phase};
-use crate::services::{AgentRuntimeHandler, RuntimeAdminHandler, SessionServiceHandler};
+use crate::services::{
+    AgentRuntimeHandler, AgentServiceHandler, RuntimeAdminHandler, SessionServiceHandler,
+};
 use crate::{auth, telemetry, transport};
 
 /// After the grace period, how long cancelled turns and open streams get
@@ -81,6 +84,7 @@ impl Prepared {
             auth,
             tls,
             cluster,
+            agents_reload: _agents_reload,
         } = self;
         let (health, health_service) = Health::start().await;
         let forward = cluster.as_ref().map(|c| {
@@ -199,6 +203,7 @@ struct Handlers {
     sessions: SessionServiceHandler,
     runtime: AgentRuntimeHandler,
     admin: RuntimeAdminHandler,
+    agents: AgentServiceHandler,
     a2a: A2aHandler,
 }
 
@@ -213,6 +218,7 @@ impl Handlers {
             sessions: SessionServiceHandler::new(runtime.clone()),
             runtime: AgentRuntimeHandler::with_forwarder(runtime.clone(), forward.clone()),
             admin: RuntimeAdminHandler::with_forwarder(runtime.clone(), forward.clone()),
+            agents: AgentServiceHandler::new(runtime.clone()),
             a2a: A2aHandler::with_forwarder(
                 runtime.clone(),
                 crate::a2a::card::agent_card(config, addr, runtime),
@@ -357,6 +363,13 @@ fn router(
         .add_service(InterceptedService::new(
             per_principal.wrap(
                 RuntimeAdminServer::new(handlers.admin.clone())
+                    .max_decoding_message_size(max_request),
+            ),
+            public_check(auth),
+        ))
+        .add_service(InterceptedService::new(
+            per_principal.wrap(
+                AgentServiceServer::new(handlers.agents.clone())
                     .max_decoding_message_size(max_request),
             ),
             public_check(auth),

@@ -1,6 +1,7 @@
 //! The `agentrt.v1` gRPC services, one file per service and named after
 //! it: [`session_service`] (`SessionService`), [`agent_runtime`]
-//! (`AgentRuntime`) and [`runtime_admin`] (`RuntimeAdmin`).
+//! (`AgentRuntime`), [`agent_service`] (`AgentService`) and
+//! [`runtime_admin`] (`RuntimeAdmin`).
 //!
 //! Every handler is thin — open the call (`call::Call`: the
 //! principal, the deadline, the session on the span) → convert
@@ -11,9 +12,11 @@
 //! modules.
 
 pub mod agent_runtime;
+pub mod agent_service;
 pub mod runtime_admin;
 pub mod session_service;
 
 pub use agent_runtime::{AgentRuntimeHandler, ChatEvents};
+pub use agent_service::AgentServiceHandler;
 pub use runtime_admin::RuntimeAdminHandler;
 pub use session_service::SessionServiceHandler;

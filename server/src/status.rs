@@ -75,6 +75,13 @@ fn status_of(err: RuntimeError) -> Status {
             clip::id(&lease.replica_id)
         )),
         RuntimeError::QuotaExceeded(quota) => quota_exceeded(&quota),
+        RuntimeError::AgentNotFound => Status::not_found(
+            "agent not found: no agent (or no such version of it) with this id; ListAgents lists them",
+        ),
+        RuntimeError::AgentPrompt(why) => Status::failed_precondition(format!(
+            "the session's agent has a system prompt template that could not be rendered \
+             ({why}); fix the agent with UpdateAgent (or the server's config)"
+        )),
         RuntimeError::Store(err) => from_store(err),
     }
 }

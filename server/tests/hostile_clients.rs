@@ -224,6 +224,9 @@ impl Store for PanickyStore {
     fn inbox(&self) -> &dyn agentrt_runtime::store::Inbox {
         self.0.inbox()
     }
+    fn agents(&self) -> &dyn agentrt_runtime::store::AgentStore {
+        self.0.agents()
+    }
     async fn list_turns(
         &self,
         s: &str,

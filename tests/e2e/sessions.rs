@@ -24,6 +24,7 @@ async fn create_with_a_chosen_id_is_idempotent_and_round_trips_fields() {
             max_tokens: Some(10_000),
             max_cost: Some(0.25),
         }),
+        ..Default::default()
     };
     let first = client.create_session(req.clone()).await.unwrap();
     let again = client.create_session(req).await.unwrap();

@@ -168,6 +168,16 @@ pub enum RuntimeError {
     /// was stored.
     #[error("{0}")]
     QuotaExceeded(QuotaExceeded),
+    /// The agent (or that version of it) does not exist.
+    #[error("agent not found")]
+    AgentNotFound,
+    /// The session's agent's system prompt template could not be rendered
+    /// (e.g. it ran out of fuel); nothing was stored.
+    #[error(
+        "the agent's system prompt template could not be rendered: {}",
+        display_clip(.0, MAX_DISPLAY_TEXT_CHARS)
+    )]
+    AgentPrompt(String),
     /// The store failed.
     #[error(transparent)]
     Store(StoreError),

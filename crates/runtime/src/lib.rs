@@ -3,6 +3,8 @@
 //! prost — CI checks the dependency tree).
 //!
 //! Modules:
+//! - [`agents`]: agent profiles (versioned, templated prompts) and memory
+//!   blocks.
 //! - [`types`]: domain values (sessions, messages, turn records, usage).
 //! - [`store`]: the [`store::Store`] trait, with sled and in-memory stores.
 //! - [`model`]: the [`model::ModelProvider`] trait, the `provider/model`
@@ -20,6 +22,7 @@
 //! - [`telemetry`]: span and metric names, the core's instruments, and the
 //!   `traceparent` of outgoing provider requests (OpenTelemetry API only).
 
+pub mod agents;
 pub mod blobs;
 pub mod compaction;
 pub mod error;

@@ -30,6 +30,8 @@ use crate::types::{CancelReason, ContentBlock, Principal, ThinkingLevel};
 
 mod admin;
 mod admission;
+mod agents;
+mod builtins;
 mod busy;
 mod caller_tools;
 mod cluster;
@@ -154,6 +156,8 @@ pub struct RuntimeConfig {
     /// What each model's tokens cost; turns of a model without a price
     /// have no cost. Default: empty.
     pub prices: crate::prices::Prices,
+    /// Bounds on each user's memory blocks per agent.
+    pub memory: crate::agents::MemoryLimits,
 }
 
 impl Default for RuntimeConfig {
@@ -184,6 +188,7 @@ impl Default for RuntimeConfig {
             lease_ttl: Duration::from_secs(10),
             quotas: crate::quota::QuotaPolicy::default(),
             prices: crate::prices::Prices::default(),
+            memory: crate::agents::MemoryLimits::default(),
         }
     }
 }
@@ -287,6 +292,8 @@ pub(crate) struct Inner {
     /// Sessions whose turn (or compaction) just ended, for a look at their
     /// inbox (module `inbox`); bounded: when it is full the sweep looks.
     ended: mpsc::Sender<String>,
+    /// Agent versions read from the store (immutable, so never stale).
+    pub(crate) agent_cache: agents::AgentCache,
 }
 
 /// How many ended sessions wait for a look at their inbox.
@@ -378,6 +385,7 @@ impl Runtime {
                 turn_meter: Arc::default(),
                 inbox_used: std::sync::atomic::AtomicBool::new(shared),
                 ended,
+                agent_cache: agents::AgentCache::default(),
             }),
         };
         admin::spawn_reaper(&runtime);

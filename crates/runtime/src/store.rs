@@ -21,6 +21,7 @@ use async_trait::async_trait;
 use crate::quota::WriteQuota;
 use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord};
 
+pub(crate) mod agents;
 pub(crate) mod cluster;
 mod flusher;
 pub(crate) mod inbox;
@@ -36,6 +37,7 @@ pub(crate) mod sled;
 pub(crate) mod testing;
 
 pub use self::sled::SledStore;
+pub use agents::AgentStore;
 pub use cluster::{Cluster, DefaultModel, Replica};
 pub use inbox::Inbox;
 pub use leases::{Lease, LeaseKey, Leases};
@@ -214,6 +216,8 @@ pub enum CreateOutcome {
 pub struct ListQuery {
     /// Only this agent's sessions when set.
     pub agent_id: Option<String>,
+    /// Only the delegate sessions of this parent (its stored key) when set.
+    pub parent_session_id: Option<String>,
     /// Include archived sessions.
     pub include_archived: bool,
     /// Maximum sessions returned (the caller bounds it).
@@ -230,6 +234,7 @@ impl Default for ListQuery {
     fn default() -> Self {
         Self {
             agent_id: None,
+            parent_session_id: None,
             include_archived: false,
             limit: 0,
             after: None,
@@ -302,6 +307,10 @@ impl ListQuery {
         self.agent_id
             .as_ref()
             .is_none_or(|agent| *agent == session.agent_id)
+            && self
+                .parent_session_id
+                .as_ref()
+                .is_none_or(|parent| *parent == session.agent.parent_session_id)
             && (self.include_archived || !session.archived)
     }
 }
@@ -606,6 +615,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// The sessions' inboxes ([`Inbox`]): every engine has one.
     fn inbox(&self) -> &dyn Inbox;
+
+    /// Agent versions and memory blocks ([`AgentStore`]): every engine
+    /// keeps them.
+    fn agents(&self) -> &dyn AgentStore;
 
     /// Whether the store can take writes now (readiness, polled once a
     /// second). `Err(DiskFull)` while its disk is below the reserve (it

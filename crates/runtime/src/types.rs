@@ -805,6 +805,10 @@ pub struct Session {
     /// What its ended turns used and cost, summed.
     #[serde(default)]
     pub spent: Spent,
+    /// How it uses its agent: the version, the parent session, the prompt's
+    /// memory snapshot.
+    #[serde(default)]
+    pub agent: crate::agents::AgentBinding,
 }
 
 /// A session's budget: turns stop being admitted once what the session
@@ -914,6 +918,8 @@ pub struct NewSession {
     pub metadata: BTreeMap<String, String>,
     /// Budget.
     pub budget: Budget,
+    /// How the session uses its agent.
+    pub agent: crate::agents::AgentBinding,
 }
 
 /// A partial update of a session; `None` leaves a field unchanged.
@@ -931,6 +937,12 @@ pub struct SessionUpdate {
     pub archived: Option<bool>,
     /// New budget (replacing the whole budget).
     pub budget: Option<Budget>,
+    /// The agent version to run with from now on (0: the latest).
+    pub agent_version: Option<u64>,
+    /// Whether the prompt re-reads memory at every turn.
+    pub refresh_memory: Option<bool>,
+    /// The prompt's memory snapshot (set by the session's first turn).
+    pub memory_snapshot: Option<crate::agents::Memory>,
 }
 
 /// A new unique id (UUID v7: time-ordered, so ids sort by creation).

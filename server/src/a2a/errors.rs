@@ -156,6 +156,8 @@ fn status_of(err: RuntimeError) -> Status {
         | RuntimeError::ResourceExhausted(_)
         | RuntimeError::QuotaExceeded(_)
         | RuntimeError::Elsewhere(_)
+        | RuntimeError::AgentNotFound
+        | RuntimeError::AgentPrompt(_)
         | RuntimeError::Store(_)) => crate::status::from_runtime(err),
     }
 }
@@ -177,6 +179,8 @@ pub fn from_runtime_for_task(task_id: &str, err: RuntimeError) -> Status {
         | RuntimeError::ResourceExhausted(_)
         | RuntimeError::QuotaExceeded(_)
         | RuntimeError::Elsewhere(_)
+        | RuntimeError::AgentNotFound
+        | RuntimeError::AgentPrompt(_)
         | RuntimeError::Store(_)) => from_runtime(err),
     }
 }

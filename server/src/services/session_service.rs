@@ -71,6 +71,7 @@ impl SessionService for SessionServiceHandler {
                 r.page_size as usize,
                 &r.page_token,
                 Some(r.agent_id),
+                Some(r.parent_session_id),
                 r.include_archived,
             )
             .await

@@ -45,6 +45,29 @@ use crate::types::{
     Message, NewMessage, Principal, Role, Session, ThinkingLevel, TurnRecord, TurnStatus, Usage,
 };
 
+/// An agent's step and time limits for a call that sets none.
+fn apply_agent_limits(
+    checked: &mut Checked,
+    spec: &crate::agents::AgentSpec,
+    input: &ChatInput,
+    config: &crate::runtime::RuntimeConfig,
+) {
+    if input.max_steps.is_none()
+        && let Some(steps) = spec.max_steps
+    {
+        checked.max_steps = steps.min(config.max_steps.max(1) * 8);
+    }
+    if input.timeout.is_none()
+        && let Some(timeout) = spec.turn_timeout
+    {
+        let mut timeout = timeout.min(config.max_turn_timeout);
+        if let Some(d) = input.transport_deadline {
+            timeout = timeout.min(d.saturating_sub(validate::transport_margin(d)));
+        }
+        checked.timeout = timeout;
+    }
+}
+
 /// What admission decided about a turn before taking its session's slot.
 struct Plan {
     /// The request's checked limits.
@@ -174,12 +197,23 @@ impl Runtime {
                 limit, value,
             )));
         }
+        // The session's agent, resolved once: a turn keeps this version and
+        // prompt whatever changes while it runs.
+        let agent = self.turn_agent(session).await?;
+        let profile = agent.as_ref().map(|a| &a.agent.spec);
+        let mut checked = checked;
+        if let Some(spec) = profile {
+            apply_agent_limits(&mut checked, spec, input, &self.inner.config);
+            input
+                .require_approval
+                .extend(spec.require_approval.iter().cloned());
+        }
         let (model, thinking, model_field) =
             self.inner
                 .models
-                .for_turn(input.model.as_deref(), input.thinking, session);
+                .for_turn(input.model.as_deref(), input.thinking, session, profile);
         let extra = std::mem::take(&mut input.extra_tools);
-        let (runner, tools) = self
+        let (runner, mut tools) = self
             .runner_and_tools(
                 session,
                 (model, thinking, model_field),
@@ -187,12 +221,16 @@ impl Runtime {
                 &input.excluded_tools,
             )
             .await?;
+        if let Some(agent) = &agent {
+            super::builtins::restrict(&mut tools, &runner, &agent.agent, &input.excluded_tools)?;
+        }
         let reservation = admit_model(&runner, &tools, input.max_output_tokens)?;
         let system_overridden = input.system_override.is_some();
         let system_prompt = input
             .system_override
             .take()
-            .or_else(|| (!session.system_prompt.is_empty()).then(|| session.system_prompt.clone()));
+            .or_else(|| (!session.system_prompt.is_empty()).then(|| session.system_prompt.clone()))
+            .or_else(|| agent.and_then(|a| a.prompt));
         Ok(Plan {
             checked,
             runner,

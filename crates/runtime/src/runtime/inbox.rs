@@ -116,7 +116,9 @@ fn not_runnable(err: &RuntimeError) -> Option<(ErrorCode, String)> {
         RuntimeError::QuotaExceeded(_) => ErrorCode::ResourceExhausted,
         RuntimeError::SessionArchived
         | RuntimeError::FailedPrecondition(_)
+        | RuntimeError::AgentPrompt(_)
         | RuntimeError::CompactionFailed(_) => ErrorCode::FailedPrecondition,
+        RuntimeError::AgentNotFound => ErrorCode::FailedPrecondition,
         RuntimeError::InvalidArgument(_) => ErrorCode::InvalidArgument,
         RuntimeError::PermissionDenied(_) => ErrorCode::PermissionDenied,
         RuntimeError::SessionExists | RuntimeError::AlreadyExists(_) => ErrorCode::Internal,

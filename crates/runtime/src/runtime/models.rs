@@ -133,14 +133,22 @@ impl Selection {
         asked: Option<&str>,
         thinking: Option<ThinkingLevel>,
         session: &Session,
+        agent: Option<&crate::agents::AgentSpec>,
     ) -> (String, Option<ThinkingLevel>, &'static str) {
         let defaults = self.defaults();
+        let agent_model = agent.map(|a| a.model.as_str()).filter(|m| !m.is_empty());
         let (model, field) = match asked.filter(|m| !m.is_empty()) {
             Some(m) => (m.to_owned(), "model"),
             None if !session.model.is_empty() => (session.model.clone(), "session.model"),
-            None => (defaults.model, "default_model"),
+            None => match agent_model {
+                Some(m) => (m.to_owned(), "agent.model"),
+                None => (defaults.model, "default_model"),
+            },
         };
-        (model, thinking.or(defaults.thinking), field)
+        let thinking = thinking
+            .or(agent.and_then(|a| a.thinking))
+            .or(defaults.thinking);
+        (model, thinking, field)
     }
 
     /// The model that summarises `session`: the fast model, else the

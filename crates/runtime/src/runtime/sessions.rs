@@ -25,6 +25,13 @@ fn for_client(mut session: Session) -> Session {
     if id.len() != session.id.len() {
         session.id = id.to_owned();
     }
+    let parent = super::keys::client_id(&session.agent.parent_session_id);
+    if parent.len() != session.agent.parent_session_id.len() {
+        session.agent.parent_session_id = parent.to_owned();
+    }
+    // The prompt's snapshot is the runtime's, not the caller's to read here
+    // (GetMemory reads memory).
+    session.agent.memory_snapshot = None;
     session
 }
 
@@ -154,6 +161,7 @@ impl Runtime {
             self.inner.models.resolve(&new.model, "model")?;
         }
         new.owner.clone_from(&who.user_id);
+        self.bind_agent(&mut new).await?;
         if let Some(id) = new.id.take() {
             new.id = Some(self.key_for_new(who, id).await?);
         }
@@ -171,6 +179,39 @@ impl Runtime {
             // Only two owners' tags colliding could get here.
             CreateOutcome::Existing(_) => Err(RuntimeError::SessionExists),
         }
+    }
+
+    /// A new session's agent: the version it keeps (the one asked for, or
+    /// the latest now unless it follows the latest) and the agent's
+    /// default budget when the call set none. A session whose `agent_id`
+    /// names no agent keeps it as a label.
+    async fn bind_agent(&self, new: &mut NewSession) -> Result<(), RuntimeError> {
+        if new.agent_id.is_empty() {
+            return Ok(());
+        }
+        let asked = new.agent.version;
+        let store = self.inner.store.agents();
+        let found = store
+            .get_agent(&new.agent_id, (asked != 0).then_some(asked))
+            .await?;
+        let Some(agent) = found else {
+            if asked != 0 {
+                return Err(RuntimeError::AgentNotFound);
+            }
+            return Ok(());
+        };
+        if !new.agent.follow_latest {
+            new.agent.version = agent.version;
+        } else if asked != 0 {
+            return Err(RuntimeError::invalid(
+                "agent_version",
+                "a session follows the agent's latest version or keeps one, not both",
+            ));
+        }
+        if new.budget == crate::types::Budget::NONE {
+            new.budget = agent.spec.budget;
+        }
+        Ok(())
     }
 
     /// The stored key of the session `who` creates with client id `id`:
@@ -213,6 +254,7 @@ impl Runtime {
         page_size: usize,
         page_token: &str,
         agent_id: Option<String>,
+        parent_session_id: Option<String>,
         include_archived: bool,
     ) -> Result<SessionList, RuntimeError> {
         let after = if page_token.is_empty() {
@@ -224,8 +266,27 @@ impl Runtime {
         if let Some(agent) = &agent_id {
             check_short("agent_id", agent, MAX_ID_BYTES)?;
         }
+        // A parent by the id its caller knows: its stored key (a parent
+        // that is not the caller's has no children to list).
+        let parent_session_id = match parent_session_id.filter(|p| !p.is_empty()) {
+            None => None,
+            Some(parent) => {
+                validate_session_id("parent_session_id", &parent)?;
+                match self.owned_session(who, &parent).await {
+                    Ok(session) => Some(session.id),
+                    Err(RuntimeError::SessionNotFound) => {
+                        return Ok(SessionList {
+                            sessions: Vec::new(),
+                            next_page_token: String::new(),
+                        });
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
         let query = ListQuery {
             agent_id,
+            parent_session_id,
             include_archived,
             limit: clamp_page(page_size, LIST_DEFAULT, LIST_MAX),
             after,

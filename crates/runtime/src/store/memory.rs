@@ -10,9 +10,10 @@ use async_trait::async_trait;
 
 use super::size::{Budget, message_wire_bytes, session_wire_bytes};
 use super::{
-    CreateOutcome, HistoryQuery, Inbox, Leases, ListCursor, ListQuery, MessagePage, SessionPage,
-    Store, StoreError, seq_exhausted,
+    AgentStore, CreateOutcome, HistoryQuery, Inbox, Leases, ListCursor, ListQuery, MessagePage,
+    SessionPage, Store, StoreError, seq_exhausted,
 };
+use crate::agents::{AgentVersion, Memory};
 use crate::quota::{Quota, QuotaLimits, WriteQuota};
 use crate::store::stored_bytes;
 use crate::types::{
@@ -23,6 +24,10 @@ use crate::types::{
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     sessions: Mutex<BTreeMap<String, Entry>>,
+    /// Agent versions by id, then version.
+    agents: Mutex<BTreeMap<String, BTreeMap<u64, AgentVersion>>>,
+    /// Memory blocks by (owner, agent).
+    memory: Mutex<BTreeMap<(String, String), Memory>>,
     /// Tests: `begin_turn` fails while set.
     #[cfg(test)]
     pub(crate) fail_begin_turn: std::sync::atomic::AtomicBool,
@@ -485,6 +490,84 @@ impl Store for MemoryStore {
 
     fn inbox(&self) -> &dyn Inbox {
         self
+    }
+
+    fn agents(&self) -> &dyn AgentStore {
+        self
+    }
+}
+
+#[async_trait]
+impl AgentStore for MemoryStore {
+    async fn put_agent(&self, agent: &AgentVersion) -> Result<bool, StoreError> {
+        let mut agents = self.agents.lock().unwrap_or_else(|e| e.into_inner());
+        let versions = agents.entry(agent.id.clone()).or_default();
+        let latest = versions.keys().next_back().copied().unwrap_or(0);
+        if agent.version != latest + 1 {
+            return Ok(false);
+        }
+        versions.insert(agent.version, agent.clone());
+        Ok(true)
+    }
+
+    async fn get_agent(
+        &self,
+        id: &str,
+        version: Option<u64>,
+    ) -> Result<Option<AgentVersion>, StoreError> {
+        let agents = self.agents.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(versions) = agents.get(id) else {
+            return Ok(None);
+        };
+        Ok(match version {
+            Some(v) => versions.get(&v).cloned(),
+            None => versions.values().next_back().cloned(),
+        })
+    }
+
+    async fn list_agents(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<AgentVersion>, StoreError> {
+        let agents = self.agents.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(agents
+            .iter()
+            .filter(|(id, _)| after.is_none_or(|a| id.as_str() > a))
+            .filter_map(|(_, versions)| versions.values().next_back().cloned())
+            .take(limit)
+            .collect())
+    }
+
+    async fn get_memory(&self, owner: &str, agent: &str) -> Result<Memory, StoreError> {
+        let memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(memory
+            .get(&(owner.to_owned(), agent.to_owned()))
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    async fn put_memory(
+        &self,
+        owner: &str,
+        agent: &str,
+        new: &Memory,
+        expected: u64,
+    ) -> Result<bool, StoreError> {
+        let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (owner.to_owned(), agent.to_owned());
+        if memory.get(&key).map_or(0, |m| m.version) != expected {
+            return Ok(false);
+        }
+        memory.insert(key, new.clone());
+        Ok(true)
+    }
+
+    async fn delete_memory(&self, owner: &str, agent: Option<&str>) -> Result<u64, StoreError> {
+        let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        let before = memory.len();
+        memory.retain(|(o, a), _| o != owner || agent.is_some_and(|agent| agent != a));
+        Ok(u64::try_from(before - memory.len()).unwrap_or(u64::MAX))
     }
 }
 

@@ -45,6 +45,7 @@ use super::{
 use crate::quota::WriteQuota;
 use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord};
 
+mod agents;
 mod cluster;
 pub(crate) mod codec;
 mod error;
@@ -409,6 +410,10 @@ impl Store for PostgresStore {
     }
 
     fn inbox(&self) -> &dyn crate::store::Inbox {
+        self
+    }
+
+    fn agents(&self) -> &dyn crate::store::AgentStore {
         self
     }
 

@@ -62,6 +62,7 @@ use serde::de::DeserializeOwned;
 use sled::Tree;
 use sled::transaction::{TransactionError, Transactional};
 
+mod agents;
 mod bodies;
 mod daily;
 mod disk;
@@ -96,6 +97,7 @@ const MESSAGES: &str = "messages";
 const TURNS: &str = "turns";
 const USAGE: &str = "usage";
 const INBOX: &str = "inbox";
+const AGENTS: &str = "agents";
 
 /// The page cache of [`SledStore::open`]: 16 MiB.
 pub(crate) const DEFAULT_CACHE_BYTES: u64 = 16 << 20;
@@ -118,6 +120,8 @@ pub struct SledStore {
     usage: Tree,
     /// Queued messages (`inbox.rs`).
     inbox: Tree,
+    /// Agent versions and memory blocks (`agents.rs`).
+    agents: Tree,
     /// Serialises enqueues (each checks the inbox's bound).
     enqueues: Arc<tokio::sync::Mutex<()>>,
     /// Held by deletions and by the insert path of creations.
@@ -168,9 +172,10 @@ impl SledStore {
             let [s, a, m, t] = [SESSIONS, ACTIVITY, MESSAGES, TURNS].map(|n| db.open_tree(n));
             let u = db.open_tree(USAGE)?;
             let i = db.open_tree(INBOX)?;
-            Ok::<_, sled::Error>((db, s?, a?, m?, t?, u, i))
+            let g = db.open_tree(AGENTS)?;
+            Ok::<_, sled::Error>((db, s?, a?, m?, t?, u, i, g))
         }));
-        let (db, sessions, activity, messages, turns, usage, inbox) = opened
+        let (db, sessions, activity, messages, turns, usage, inbox, agents) = opened
             .map_err(|_| fail("sled panicked (damaged database?)".to_owned()))?
             .map_err(|e| fail(e.to_string()))?;
         usage::init(&sessions, &usage)?;
@@ -192,6 +197,7 @@ impl SledStore {
             turns,
             usage,
             inbox,
+            agents,
             enqueues: Arc::default(),
             lifecycle,
             flusher,
@@ -499,6 +505,10 @@ impl Store for SledStore {
     }
 
     fn inbox(&self) -> &dyn crate::store::Inbox {
+        self
+    }
+
+    fn agents(&self) -> &dyn crate::store::AgentStore {
         self
     }
 

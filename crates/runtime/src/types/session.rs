@@ -36,6 +36,7 @@ impl NewSession {
             incarnation: new_id(),
             budget: self.budget,
             spent: super::Spent::default(),
+            agent: self.agent,
         }
     }
 }
@@ -57,7 +58,19 @@ impl Session {
             metadata,
             archived,
             budget,
+            agent_version,
+            refresh_memory,
+            memory_snapshot,
         } = update;
+        if let Some(version) = agent_version {
+            self.agent.version = version;
+        }
+        if let Some(refresh) = refresh_memory {
+            self.agent.refresh_memory = refresh;
+        }
+        if let Some(snapshot) = memory_snapshot {
+            self.agent.memory_snapshot = Some(snapshot);
+        }
         if let Some(title) = title {
             self.title = title;
         }

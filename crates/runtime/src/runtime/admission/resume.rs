@@ -7,6 +7,8 @@
 //! it — and the turn launched at its tool phase, watchable with Subscribe.
 //! A pause past its bound resumes to time out at once.
 
+use crate::runtime::agents::TurnAgent;
+use crate::runtime::builtins;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -158,7 +160,7 @@ impl Runtime {
         let Some(pause) = record.pause.clone() else {
             return Err(RuntimeError::FailedPrecondition("the turn is not paused"));
         };
-        let (runner, tools) = self.resumed_runner(session, &record, &pause).await?;
+        let (runner, tools, agent) = self.resumed_runner(session, &record, &pause).await?;
         let live = Arc::new(LiveTurn::new(
             record.turn_id.clone(),
             session.incarnation.clone(),
@@ -194,7 +196,8 @@ impl Runtime {
             }
         };
         let span = spans::invoke_agent(&reopened.session, &live.turn_id, &runner.key.model);
-        let (plan, resume) = resumed_plan(&self.inner, reopened, pause, (runner, tools), waits);
+        let (plan, resume) =
+            resumed_plan(&self.inner, reopened, pause, (runner, tools, agent), waits);
         // Calls answered before the pause was left: a second answer is
         // told so.
         let answered = plan.record.pause.iter().flat_map(|p| &p.calls);
@@ -212,18 +215,24 @@ impl Runtime {
         Ok(live)
     }
 
-    /// The runner of a paused turn's model, and the tools its pause says
-    /// were offered.
+    /// The runner of a paused turn's model, the tools its pause says were
+    /// offered (as its session's agent allows them) and that agent.
     async fn resumed_runner(
         &self,
         session: &Session,
         record: &TurnRecord,
         pause: &Pause,
-    ) -> Result<(Arc<Runner>, Vec<ToolSpec>), RuntimeError> {
+    ) -> Result<(Arc<Runner>, Vec<ToolSpec>, Option<TurnAgent>), RuntimeError> {
         let input = chat_input(session.id.clone(), pause.input.clone());
         let selection = (record.model.clone(), record.thinking, "model");
-        self.runner_and_tools(session, selection, input.extra_tools, &input.excluded_tools)
-            .await
+        let (runner, mut tools) = self
+            .runner_and_tools(session, selection, input.extra_tools, &input.excluded_tools)
+            .await?;
+        let agent = self.turn_agent(session).await?;
+        if let Some(agent) = &agent {
+            builtins::restrict(&mut tools, &runner, &agent.agent, &input.excluded_tools)?;
+        }
+        Ok((runner, tools, agent))
     }
 
     /// The store's side of a resume, under the session's slot: the record
@@ -284,7 +293,7 @@ fn resumed_plan(
     inner: &Inner,
     reopened: Reopened,
     pause: Pause,
-    (runner, tools): (Arc<Runner>, Vec<ToolSpec>),
+    (runner, tools, agent): (Arc<Runner>, Vec<ToolSpec>, Option<TurnAgent>),
     mut waits: HashMap<String, (Wait, oneshot::Receiver<Answer>)>,
 ) -> (TurnPlan, Resume) {
     let Reopened {
@@ -299,7 +308,9 @@ fn resumed_plan(
         .input
         .system_override
         .clone()
-        .or_else(|| (!session.system_prompt.is_empty()).then(|| session.system_prompt.clone()));
+        .or_else(|| (!session.system_prompt.is_empty()).then(|| session.system_prompt.clone()))
+        .or_else(|| agent.as_ref().and_then(|a| a.prompt.clone()));
+    let agent_steps = agent.and_then(|a| a.agent.spec.max_steps);
     let resume = Resume {
         index: pause.step,
         open,
@@ -315,7 +326,11 @@ fn resumed_plan(
         system_prompt,
         session,
         tools,
-        max_steps: pause.input.max_steps.unwrap_or(inner.config.max_steps),
+        max_steps: pause
+            .input
+            .max_steps
+            .or(agent_steps)
+            .unwrap_or(inner.config.max_steps),
         max_output_tokens: pause.input.max_output_tokens,
         started: Instant::now(),
         deadline: Some(instant(pause.deadline)),

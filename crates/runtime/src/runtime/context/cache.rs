@@ -177,6 +177,7 @@ mod tests {
             incarnation: "i1".into(),
             budget: Default::default(),
             spent: Default::default(),
+            agent: Default::default(),
         }
     }
 

@@ -122,7 +122,10 @@ async fn the_same_client_id_from_two_owners_is_two_sessions() {
             .any(|t| t.contains("from a"))
     );
     // Every answer names the session by its client id.
-    let listed = rt.list_sessions(&bob, 10, "", None, true).await.unwrap();
+    let listed = rt
+        .list_sessions(&bob, 10, "", None, None, true)
+        .await
+        .unwrap();
     let ids: Vec<_> = listed.sessions.iter().map(|s| s.id.as_str()).collect();
     assert_eq!(ids, ["support-42"]);
     let detail = rt

@@ -165,6 +165,9 @@ impl Store for Shared {
     fn inbox(&self) -> &dyn crate::store::Inbox {
         self.inner.inbox()
     }
+    fn agents(&self) -> &dyn crate::store::AgentStore {
+        self.inner.agents()
+    }
     async fn list_turns(
         &self,
         session_id: &str,

@@ -30,6 +30,7 @@ fn session() -> Session {
         incarnation: "i1".into(),
         budget: Default::default(),
         spent: Default::default(),
+        agent: Default::default(),
     }
 }
 

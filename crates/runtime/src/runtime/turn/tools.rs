@@ -47,6 +47,8 @@ enum Route {
     Approval,
     /// To the caller, with these arguments (after the hooks).
     Caller(String),
+    /// To the runtime's built-in tool of that name (`runtime::builtins`).
+    Builtin,
     /// Nowhere: this is its result (denied, or not an offered tool).
     Done(ToolOutcome),
 }
@@ -150,6 +152,11 @@ async fn route(
              arguments as a JSON object matching its parameters",
             call.name
         )));
+    }
+    if crate::runtime::builtins::is_builtin(&call.name)
+        && !runner.tools.iter().any(|t| t.name == call.name)
+    {
+        return Route::Builtin;
     }
     if runner.tools.iter().any(|t| t.name == call.name) {
         if approval
@@ -476,6 +483,23 @@ impl Turn {
             Route::Server => {
                 out.reach.push(Reach::Server(Arc::clone(&server.started)));
                 out.waits.push(server.run(call.clone()));
+            }
+            Route::Builtin => {
+                // Runs at once: cut short, its outcome is unknown.
+                out.reach
+                    .push(Reach::Server(Arc::new(AtomicBool::new(true))));
+                let (inner, session) = (Arc::clone(&self.inner), self.session.clone());
+                let (index, call) = (server.index, call.clone());
+                out.waits.push(Box::pin(async move {
+                    let outcome = crate::runtime::builtins::run(
+                        inner,
+                        &session,
+                        &call.name,
+                        &call.arguments_json,
+                    )
+                    .await;
+                    (index, outcome)
+                }));
             }
             Route::Approval => {
                 let rx = self.wait_for(call, &call.arguments_json, Wait::Approval, waited);

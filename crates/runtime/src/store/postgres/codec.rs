@@ -16,6 +16,7 @@ use tokio_postgres::types::{FromSql, Json, ToSql};
 use tokio_postgres::{Row, Statement};
 
 use super::error::pg_error;
+use crate::agents::AgentBinding;
 use crate::store::record;
 use crate::store::{Lease, StoreError};
 use crate::types::{Budget, LastTurn, Message, Session, Spent, TurnRecord, TurnStatus};
@@ -26,7 +27,7 @@ macro_rules! session_cols {
     () => {
         "id, owner, agent_id, project_id, title, model, system_prompt, metadata, \
          created_at_ns, last_active_ns, archived, last_turn, message_count, next_seq, \
-         compacted_through, summary_seq, incarnation, budget, spent"
+         compacted_through, summary_seq, incarnation, budget, spent, agent"
     };
 }
 pub(super) use session_cols;
@@ -44,14 +45,14 @@ macro_rules! locked_cols {
 }
 pub(super) use locked_cols;
 
-/// The update [`SessionParams::mutable`] binds ($1..$14); a lease clause
+/// The update [`SessionParams::mutable`] binds ($1..$15); a lease clause
 /// and the `WHERE` follow (see `write.rs`).
 macro_rules! update_session {
     () => {
         "UPDATE sessions SET title = $2, model = $3, system_prompt = $4, metadata = $5, \
          last_active_ns = $6, archived = $7, last_turn = $8, message_count = $9, \
          next_seq = $10, compacted_through = $11, summary_seq = $12, budget = $13, \
-         spent = $14"
+         spent = $14, agent = $15"
     };
 }
 pub(super) use update_session;
@@ -100,6 +101,7 @@ pub(super) fn session(row: &Row) -> Result<Session, StoreError> {
     let last_turn: Option<Json<LastTurn>> = c.get("last_turn")?;
     let budget: Json<Budget> = c.get("budget")?;
     let spent: Json<Spent> = c.get("spent")?;
+    let agent: Json<AgentBinding> = c.get("agent")?;
     Ok(Session {
         owner: c.get("owner")?,
         agent_id: c.get("agent_id")?,
@@ -119,6 +121,7 @@ pub(super) fn session(row: &Row) -> Result<Session, StoreError> {
         incarnation: c.get("incarnation")?,
         budget: budget.0,
         spent: spent.0,
+        agent: agent.0,
         id,
     })
 }
@@ -298,6 +301,7 @@ pub(super) struct SessionParams<'a> {
     summary_seq: i64,
     budget: Json<&'a Budget>,
     spent: Json<&'a Spent>,
+    agent: Json<&'a AgentBinding>,
 }
 
 impl<'a> SessionParams<'a> {
@@ -315,11 +319,12 @@ impl<'a> SessionParams<'a> {
             summary_seq: big(s.summary_seq)?,
             budget: Json(&s.budget),
             spent: Json(&s.spent),
+            agent: Json(&s.agent),
         })
     }
 
-    /// Every column of [`session_cols`], in order ($1..$19).
-    pub(super) fn all(&self) -> [&(dyn ToSql + Sync); 19] {
+    /// Every column of [`session_cols`], in order ($1..$20).
+    pub(super) fn all(&self) -> [&(dyn ToSql + Sync); 20] {
         let s = self.s;
         [
             &s.id,
@@ -341,12 +346,13 @@ impl<'a> SessionParams<'a> {
             &s.incarnation,
             &self.budget,
             &self.spent,
+            &self.agent,
         ]
     }
 
     /// The id and the columns a write may change, for [`update_session`]
     /// ($1..$14).
-    pub(super) fn mutable(&self) -> [&(dyn ToSql + Sync); 14] {
+    pub(super) fn mutable(&self) -> [&(dyn ToSql + Sync); 15] {
         let s = self.s;
         [
             &s.id,
@@ -363,6 +369,7 @@ impl<'a> SessionParams<'a> {
             &self.summary_seq,
             &self.budget,
             &self.spent,
+            &self.agent,
         ]
     }
 }

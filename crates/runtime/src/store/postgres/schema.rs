@@ -23,6 +23,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (5, include_str!("migrations/0005_budgets.sql")),
     (6, include_str!("migrations/0006_inbox.sql")),
     (7, include_str!("migrations/0007_daily_spent.sql")),
+    (8, include_str!("migrations/0008_agents.sql")),
 ];
 
 /// The advisory lock key held while migrating ("agentrt\0" as a number).

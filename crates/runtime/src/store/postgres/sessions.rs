@@ -39,7 +39,7 @@ impl PostgresStore {
             "INSERT INTO sessions (",
             session_cols!(),
             ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-             $18, $19) \
+             $18, $19, $20) \
              ON CONFLICT (id) DO NOTHING"
         );
         for _ in 0..CREATE_ATTEMPTS {
@@ -76,7 +76,7 @@ impl PostgresStore {
                 "INSERT INTO sessions (",
                 session_cols!(),
                 ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-                 $17, $18, $19) ON CONFLICT (id) DO NOTHING"
+                 $17, $18, $19, $20) ON CONFLICT (id) DO NOTHING"
             );
             if codec::execute(&tx, sql, &params.all()).await? == 1 {
                 write::commit(tx).await?;

@@ -80,8 +80,8 @@ impl PostgresStore {
             LeaseWrite::Take(turn_id) => {
                 let sql = concat!(
                     update_session!(),
-                    ", lease_replica = $15, lease_address = $16, lease_turn = $17, \
-                     lease_expires = clock_timestamp() + $18::bigint * interval '1 microsecond' \
+                    ", lease_replica = $16, lease_address = $17, lease_turn = $18, \
+                     lease_expires = clock_timestamp() + $19::bigint * interval '1 microsecond' \
                      WHERE id = $1"
                 );
                 let mut params = base.to_vec();
