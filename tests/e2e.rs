@@ -2,6 +2,7 @@
 //! `127.0.0.1:0`, driven through the client crate.
 
 mod e2e {
+    mod agents;
     mod approvals;
     mod budgets;
     mod busy;

@@ -8,6 +8,7 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::proto::agent_runtime_client::AgentRuntimeClient;
+use crate::proto::agent_service_client::AgentServiceClient;
 use crate::proto::runtime_admin_client::RuntimeAdminClient;
 use crate::proto::session_service_client::SessionServiceClient;
 use crate::{Client, Error, ResumePolicy, error};
@@ -258,7 +259,8 @@ impl ClientBuilder {
             url: self.url,
             sessions: SessionServiceClient::with_interceptor(channel.clone(), auth.clone()),
             runtime: AgentRuntimeClient::with_interceptor(channel.clone(), auth.clone()),
-            admin: RuntimeAdminClient::with_interceptor(channel, auth),
+            admin: RuntimeAdminClient::with_interceptor(channel.clone(), auth.clone()),
+            agents: AgentServiceClient::with_interceptor(channel, auth),
             request_timeout: self.request_timeout,
             chat_deadline: self.chat_deadline,
             resume: self.resume,

@@ -66,6 +66,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 mod agent_runtime;
+mod agent_service;
 mod blobs;
 mod builder;
 pub mod error;
@@ -84,6 +85,7 @@ pub use options::{
 };
 
 use proto::agent_runtime_client::AgentRuntimeClient;
+use proto::agent_service_client::AgentServiceClient;
 use proto::runtime_admin_client::RuntimeAdminClient;
 use proto::session_service_client::SessionServiceClient;
 
@@ -100,6 +102,7 @@ pub struct Client {
     sessions: SessionServiceClient<Svc>,
     runtime: AgentRuntimeClient<Svc>,
     admin: RuntimeAdminClient<Svc>,
+    agents: AgentServiceClient<Svc>,
     request_timeout: Option<Duration>,
     chat_deadline: Option<Duration>,
     resume: ResumePolicy,
@@ -180,6 +183,11 @@ impl Client {
     /// The generated AgentRuntime client.
     pub fn runtime_raw(&self) -> AgentRuntimeClient<Svc> {
         self.runtime.clone()
+    }
+
+    /// The generated AgentService client.
+    pub fn agents_raw(&self) -> AgentServiceClient<Svc> {
+        self.agents.clone()
     }
 
     /// The generated RuntimeAdmin client (admin principals only).

@@ -53,7 +53,8 @@ pub fn agent_to_pb(a: AgentVersion) -> pb::Agent {
             max_steps: s.max_steps.unwrap_or(0),
             turn_timeout: s.turn_timeout.map(duration),
             require_approval: s.require_approval,
-            budget: Some(budget_to_pb(s.budget)),
+            budget: (s.budget != agentrt_runtime::types::Budget::NONE)
+                .then(|| budget_to_pb(s.budget)),
             auto_title: s.auto_title,
             fields: s.fields.into_iter().collect(),
         }),
