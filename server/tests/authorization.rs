@@ -76,6 +76,7 @@ fn the_table_has_a_row_for_every_described_rpc_and_no_other() {
         services,
         BTreeSet::from([
             "agentrt.v1.AgentRuntime",
+            "agentrt.v1.AgentService",
             "agentrt.v1.RuntimeAdmin",
             "agentrt.v1.SessionService",
             "lf.a2a.v1.A2AService",

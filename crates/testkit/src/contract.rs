@@ -51,6 +51,8 @@ macro_rules! store_contract_tests {
             a_key_extending_another_is_its_own_session,
             a_paused_turn_keeps_its_session_until_resumed,
             daily_spent_sums_an_owners_ended_turns,
+            agent_versions_are_immutable_and_listed_by_id,
+            memory_is_per_owner_and_agent_and_swapped_by_version,
         );
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn concurrent_appends_are_contiguous() {
@@ -78,10 +80,15 @@ macro_rules! __store_contract_test {
     };
 }
 
+mod agents;
 mod budget;
 mod compaction;
 mod keys;
 mod pause;
+pub use agents::{
+    agent_versions_are_immutable_and_listed_by_id,
+    memory_is_per_owner_and_agent_and_swapped_by_version,
+};
 pub use budget::{history_stops_at_the_byte_budget, list_stops_at_the_byte_budget};
 pub use compaction::{
     compaction_marks_covered_messages, compaction_rejects_bad_ranges, title_is_set_only_once,

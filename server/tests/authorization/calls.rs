@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use agentrt_proto::a2a::v1 as a2a;
 use agentrt_proto::a2a::v1::a2a_service_client::A2aServiceClient;
 use agentrt_proto::v1 as pb;
+use agentrt_proto::v1::agent_service_client::AgentServiceClient;
 use agentrt_proto::v1::runtime_admin_client::RuntimeAdminClient;
 use prost_types::value::Kind;
 
@@ -104,6 +105,12 @@ pub(crate) const CASES: &[Case] = &[
     admin("agentrt.v1.RuntimeAdmin/Drain"),
     admin("agentrt.v1.RuntimeAdmin/GetRuntimeStats"),
     admin("agentrt.v1.RuntimeAdmin/GetUserUsage"),
+    admin("agentrt.v1.AgentService/CreateAgent"),
+    admin("agentrt.v1.AgentService/UpdateAgent"),
+    caller("agentrt.v1.AgentService/GetAgent"),
+    caller("agentrt.v1.AgentService/ListAgents"),
+    caller("agentrt.v1.AgentService/GetMemory"),
+    caller("agentrt.v1.AgentService/UpdateMemory"),
     owned("lf.a2a.v1.A2AService/SendMessage", "context"),
     owned("lf.a2a.v1.A2AService/SendMessage", "task"),
     owned("lf.a2a.v1.A2AService/SendStreamingMessage", "context"),
@@ -207,6 +214,7 @@ pub(crate) async fn call(world: &World, case: &Case, user: User, target: &Target
     let mut sessions = world.sessions();
     let mut runtime = world.runtime();
     let mut admin = RuntimeAdminClient::new(world.channel.clone());
+    let mut agents = AgentServiceClient::new(world.channel.clone());
     let mut a2a = A2aServiceClient::new(world.channel.clone());
     let task = target.task();
     match (case.method, case.variant) {
@@ -432,6 +440,58 @@ pub(crate) async fn call(world: &World, case: &Case, user: User, target: &Target
                 user_id: "alice".into(),
             };
             unary(admin.get_user_usage(authed(r, user)).await, ok)
+        }
+        ("agentrt.v1.AgentService/CreateAgent", _) => {
+            let r = pb::CreateAgentRequest {
+                agent_id: "writer".into(),
+                spec: Some(pb::AgentSpec::default()),
+            };
+            unary(agents.create_agent(authed(r, user)).await, ok)
+        }
+        ("agentrt.v1.AgentService/UpdateAgent", _) => {
+            let r = pb::UpdateAgentRequest {
+                agent_id: "writer".into(),
+                spec: Some(pb::AgentSpec::default()),
+                expected_version: 0,
+            };
+            unary(agents.update_agent(authed(r, user)).await, ok)
+        }
+        ("agentrt.v1.AgentService/GetAgent", _) => {
+            let r = pb::GetAgentRequest {
+                agent_id: "helper".into(),
+                version: 0,
+            };
+            unary(agents.get_agent(authed(r, user)).await, |a| {
+                format!("{:?}", a.agent.as_ref().map(|a| a.version))
+            })
+        }
+        ("agentrt.v1.AgentService/ListAgents", _) => {
+            let r = pb::ListAgentsRequest::default();
+            unary(agents.list_agents(authed(r, user)).await, |l| {
+                format!("{} agents", l.agents.len())
+            })
+        }
+        ("agentrt.v1.AgentService/GetMemory", _) => {
+            let r = pb::GetMemoryRequest {
+                agent_id: "helper".into(),
+                user_id: String::new(),
+            };
+            unary(agents.get_memory(authed(r, user)).await, |m| {
+                format!("{} blocks", m.blocks.len())
+            })
+        }
+        ("agentrt.v1.AgentService/UpdateMemory", _) => {
+            let r = pb::UpdateMemoryRequest {
+                agent_id: "helper".into(),
+                edits: vec![pb::MemoryEdit {
+                    block: "note".into(),
+                    change: Some(pb::memory_edit::Change::Set("x".into())),
+                }],
+                ..Default::default()
+            };
+            unary(agents.update_memory(authed(r, user)).await, |m| {
+                format!("{} blocks", m.blocks.len())
+            })
         }
         ("lf.a2a.v1.A2AService/SendMessage", variant) => {
             let mut r = a2a_message(target, variant == "task", user);

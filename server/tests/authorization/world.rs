@@ -178,6 +178,11 @@ impl World {
                 ],
                 ..AuthConfig::default()
             },
+            agents: vec![agentrt_server::config::AgentConfig {
+                id: "helper".into(),
+                system_prompt: "You help {{ user }}.".into(),
+                ..Default::default()
+            }],
             ..Config::default()
         };
         let builder = ServerBuilder::new(config)

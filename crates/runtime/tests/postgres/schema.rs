@@ -31,7 +31,7 @@ async fn connecting_again_applies_nothing_twice() {
     let first = super::store(&db, "a", ttl).await;
     let s = super::session(&first).await;
     let again = super::store(&db, "b", ttl).await;
-    assert_eq!(versions(&db.url).await, [1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(versions(&db.url).await, [1, 2, 3, 4, 5, 6, 7, 8]);
     assert_eq!(
         again.get_session(&s.id).await.expect("get"),
         Some(s),
@@ -61,6 +61,6 @@ async fn replicas_starting_together_both_connect() {
                 .expect("every replica connects");
             assert_eq!(store.count_sessions().await.expect("count"), 0);
         }
-        assert_eq!(versions(&db.url).await, [1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(versions(&db.url).await, [1, 2, 3, 4, 5, 6, 7, 8]);
     }
 }

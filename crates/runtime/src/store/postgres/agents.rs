@@ -29,8 +29,9 @@ impl AgentStore for PostgresStore {
         // The next version only: the previous one must exist (or none, for
         // version 1), and the primary key refuses a second writer.
         let sql = "INSERT INTO agents (id, version, record) \
-                   SELECT $1, $2, $3 \
-                   WHERE COALESCE((SELECT max(version) FROM agents WHERE id = $1), 0) = $2 - 1 \
+                   SELECT $1::text, $2::bigint, $3::bytea \
+                   WHERE COALESCE((SELECT max(version) FROM agents WHERE id = $1::text), 0) \
+                       = $2::bigint - 1 \
                    ON CONFLICT DO NOTHING";
         let client = self.client().await?;
         let n = codec::execute(&client, sql, &[&agent.id, &version, &record]).await?;
