@@ -168,6 +168,11 @@ pub enum RuntimeError {
     /// was stored.
     #[error("{0}")]
     QuotaExceeded(QuotaExceeded),
+    /// An operator hook stopped the turn before it started
+    /// ([`crate::hooks`], `BeforeTurn`): it refused, or it is fail-closed
+    /// and did not answer in time. Nothing was stored.
+    #[error("{0}")]
+    Hook(crate::hooks::HookStop),
     /// The store failed.
     #[error(transparent)]
     Store(StoreError),

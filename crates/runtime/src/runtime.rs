@@ -36,6 +36,7 @@ mod cluster;
 mod compaction;
 mod context;
 mod control;
+mod hooks;
 mod inbox;
 mod jobs;
 mod keys;
@@ -154,6 +155,9 @@ pub struct RuntimeConfig {
     /// What each model's tokens cost; turns of a model without a price
     /// have no cost. Default: empty.
     pub prices: crate::prices::Prices,
+    /// The operator's hooks ([`crate::hooks`]), called around every turn.
+    /// Default: none.
+    pub hooks: crate::hooks::Hooks,
 }
 
 impl Default for RuntimeConfig {
@@ -184,6 +188,7 @@ impl Default for RuntimeConfig {
             lease_ttl: Duration::from_secs(10),
             quotas: crate::quota::QuotaPolicy::default(),
             prices: crate::prices::Prices::default(),
+            hooks: crate::hooks::Hooks::default(),
         }
     }
 }
