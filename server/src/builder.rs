@@ -146,8 +146,8 @@ impl ServerBuilder {
         self
     }
 
-    /// Replaces the environment lookup used for `api_key_env`, `bearer_env`,
-    /// `key_env`, `[store] url_env` and `[cluster] key_env`.
+    /// Replaces the environment lookup used for `api_key_env`, `bearer_env`
+    /// (of MCP servers and hooks), `key_env`, `[store] url_env` and `[cluster] key_env`.
     pub fn env_lookup(
         mut self,
         env: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
@@ -434,6 +434,7 @@ impl ServerBuilder {
         )
         .map_err(|e| crate::config::ConfigError(format!("blobs.url: {e}")))?;
         let toolbox = Arc::new(self.toolbox(&blobs)?);
+        let hooks = crate::hooks::build(&self.config.hooks, &*self.env)?;
         // Keys and certificates are read here too, so a missing key file
         // or a bad PEM stops start-up before the listening line.
         let auth = auth::Authenticator::new(&self.config.auth, &*self.env)?;
@@ -465,6 +466,7 @@ impl ServerBuilder {
             lease_ttl: self.config.store.lease_ttl(),
             quotas: self.config.quotas.to_policy(),
             prices: self.config.prices.clone(),
+            hooks,
             ..RuntimeConfig::default()
         };
         start_tool_sources(&toolbox).await;

@@ -19,6 +19,7 @@ mod blobs;
 mod cluster;
 mod compaction;
 mod diagnostics;
+mod hooks;
 mod keys;
 mod local;
 mod prices;
@@ -34,6 +35,7 @@ pub use blobs::BlobSettings;
 pub use cluster::{ClusterKey, ClusterSettings, MIN_CLUSTER_KEY_BYTES};
 pub use compaction::CompactionSettings;
 pub use diagnostics::{cli_error_exit, cli_error_message};
+pub use hooks::{HookConfig, HookTransport};
 pub use keys::{ResolvedKey, key_digest, read_api_keys_file, with_api_keys_file};
 pub use local::LocalModelSettings;
 pub use quotas::QuotaSettings;
@@ -410,6 +412,8 @@ struct FileConfig {
     blobs: BlobSettings,
     #[serde(default)]
     prices: std::collections::BTreeMap<String, prices::PriceSettings>,
+    #[serde(default)]
+    hooks: Vec<HookConfig>,
 }
 
 /// The effective configuration.
@@ -497,6 +501,9 @@ pub struct Config {
     pub blobs: BlobSettings,
     /// The `[prices]` table: what each model's tokens cost.
     pub prices: agentrt_runtime::prices::Prices,
+    /// The `[[hooks]]` entries: the operator's hooks, called around every
+    /// turn in this order. Default: none.
+    pub hooks: Vec<HookConfig>,
 }
 
 impl Default for Config {
@@ -533,6 +540,7 @@ impl Default for Config {
             quotas: QuotaSettings::default(),
             blobs: BlobSettings::default(),
             prices: agentrt_runtime::prices::Prices::default(),
+            hooks: Vec::new(),
         }
     }
 }
@@ -614,6 +622,7 @@ impl Config {
             quotas: file.quotas,
             blobs: file.blobs,
             prices: prices::prices(file.prices)?,
+            hooks: file.hooks,
         })
     }
 
@@ -709,6 +718,7 @@ impl Config {
             )));
         }
         self.validate_tools()?;
+        self.validate_hooks()?;
         self.compaction.validate()?;
         self.blobs.validate(self.transport.max_request_bytes)?;
         if !(4..=65_536).contains(&self.store_cache_mb) {

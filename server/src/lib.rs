@@ -16,6 +16,8 @@
 //! - `health.rs`: the health service; every readiness/liveness transition
 //!   ([`READINESS`], [`LIVENESS`]) is set there.
 //! - `error.rs`: [`ServerError`].
+//! - `hooks.rs`: the `[[hooks]]` as the runtime's hooks — the gRPC
+//!   `agentrt.hooks.v1.HookService` client, or the core's HTTP JSON one.
 //! - `call.rs`: the context every handler opens (principal, deadline,
 //!   session span) and the one decision to forward a call.
 //! - [`services`]: the thin handlers, one file per proto service.
@@ -45,6 +47,7 @@ mod call;
 mod cluster;
 mod error;
 mod health;
+mod hooks;
 mod serve;
 
 pub mod a2a;

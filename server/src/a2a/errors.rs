@@ -156,6 +156,7 @@ fn status_of(err: RuntimeError) -> Status {
         | RuntimeError::ResourceExhausted(_)
         | RuntimeError::QuotaExceeded(_)
         | RuntimeError::Elsewhere(_)
+        | RuntimeError::Hook(_)
         | RuntimeError::Store(_)) => crate::status::from_runtime(err),
     }
 }
@@ -177,6 +178,7 @@ pub fn from_runtime_for_task(task_id: &str, err: RuntimeError) -> Status {
         | RuntimeError::ResourceExhausted(_)
         | RuntimeError::QuotaExceeded(_)
         | RuntimeError::Elsewhere(_)
+        | RuntimeError::Hook(_)
         | RuntimeError::Store(_)) => from_runtime(err),
     }
 }
