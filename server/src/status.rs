@@ -354,9 +354,16 @@ mod tests {
             reason: "off topic".into(),
         }));
         assert_eq!(refused.code(), Code::PermissionDenied);
-        assert!(refused.message().contains("off topic"), "{}", refused.message());
+        assert!(
+            refused.message().contains("off topic"),
+            "{}",
+            refused.message()
+        );
         let info = refused.get_error_details().error_info().cloned().unwrap();
-        assert_eq!((info.reason.as_str(), info.domain.as_str()), (HOOK_REFUSED, DOMAIN));
+        assert_eq!(
+            (info.reason.as_str(), info.domain.as_str()),
+            (HOOK_REFUSED, DOMAIN)
+        );
         assert_eq!(info.metadata.get("hook").map(String::as_str), Some("guard"));
         let failed = from_runtime(RuntimeError::Hook(HookStop::Failed {
             hook: "guard".into(),

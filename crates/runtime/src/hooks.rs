@@ -421,11 +421,9 @@ impl Hooks {
             otel.status_code = tracing::field::Empty,
         );
         let started = Instant::now();
-        let answered = tracing::Instrument::instrument(
-            tokio::time::timeout(hook.timeout, call),
-            span.clone(),
-        )
-        .await;
+        let answered =
+            tracing::Instrument::instrument(tokio::time::timeout(hook.timeout, call), span.clone())
+                .await;
         let (answer, outcome) = match answered {
             Ok(Ok(answer)) => {
                 let name = name_of(&answer);
@@ -463,10 +461,9 @@ impl Hooks {
                 KeyValue::new("outcome", label),
             ],
         );
-        metrics.hook_duration.record(
-            started.elapsed().as_secs_f64(),
-            &[hook_label, point_label],
-        );
+        metrics
+            .hook_duration
+            .record(started.elapsed().as_secs_f64(), &[hook_label, point_label]);
         answer
     }
 

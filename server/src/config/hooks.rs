@@ -232,17 +232,32 @@ mod tests {
                 "name = \"g\"\nurl = \"grpc://h:1\"\npoints = [\"after_step\", \"after_step\"]",
                 "twice",
             ),
-            ("name = \"g\"\nurl = \"grpc://h:1\"\ntimeout = \"0ms\"", "timeout"),
-            ("name = \"g\"\nurl = \"grpc://h:1\"\ntimeout = \"2m\"", "timeout"),
-            ("name = \"g\"\nurl = \"grpc://h:1\"\nbearer_env = \"\"", "bearer_env"),
+            (
+                "name = \"g\"\nurl = \"grpc://h:1\"\ntimeout = \"0ms\"",
+                "timeout",
+            ),
+            (
+                "name = \"g\"\nurl = \"grpc://h:1\"\ntimeout = \"2m\"",
+                "timeout",
+            ),
+            (
+                "name = \"g\"\nurl = \"grpc://h:1\"\nbearer_env = \"\"",
+                "bearer_env",
+            ),
         ] {
             let err = hooks(&format!("[[hooks]]\n{entry}\n")).unwrap_err().0;
-            assert!(err.contains("hooks[0]") && err.contains(named), "{entry}: {err}");
+            assert!(
+                err.contains("hooks[0]") && err.contains(named),
+                "{entry}: {err}"
+            );
         }
         let twice = "[[hooks]]\nname = \"g\"\nurl = \"grpc://h:1\"\n\
                      [[hooks]]\nname = \"g\"\nurl = \"http://h\"\n";
         let err = hooks(twice).unwrap_err().0;
         assert!(err.contains("hooks[1]") && err.contains("twice"), "{err}");
-        assert!(Config::parse_toml("[[hooks]]\nname = \"g\"\nurl = \"grpc://h:1\"\ntoken = \"x\"\n").is_err());
+        assert!(
+            Config::parse_toml("[[hooks]]\nname = \"g\"\nurl = \"grpc://h:1\"\ntoken = \"x\"\n")
+                .is_err()
+        );
     }
 }

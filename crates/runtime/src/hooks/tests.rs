@@ -113,7 +113,10 @@ async fn a_hook_that_never_answers_refuses_when_fail_closed_and_is_ignored_when_
     assert!(withheld.contains("withheld"), "{withheld}");
 
     let open = Hooks::new(vec![hook("guard", true, silent)]);
-    assert_eq!(open.before_turn(BeforeTurnRequest::default()).await, Ok(None));
+    assert_eq!(
+        open.before_turn(BeforeTurnRequest::default()).await,
+        Ok(None)
+    );
     assert_eq!(
         open.before_tool_call(tool_request("{}")).await,
         ToolGate::Run(None)
@@ -131,7 +134,12 @@ async fn a_failing_hook_is_a_failure_too() {
         ..Scripted::default()
     });
     let hooks = Hooks::new(vec![hook("guard", false, down)]);
-    assert!(hooks.before_model_call(BeforeModelCallRequest::default()).await.is_err());
+    assert!(
+        hooks
+            .before_model_call(BeforeModelCallRequest::default())
+            .await
+            .is_err()
+    );
     assert!(hooks.after_step(AfterStepRequest::default()).await.is_err());
 }
 
@@ -152,7 +160,9 @@ async fn rewrites_chain_and_a_denial_stops_the_chain() {
         hook("second", false, Arc::clone(&allow)),
     ]);
     assert_eq!(
-        hooks.before_tool_call(tool_request(r#"{"path":"/etc"}"#)).await,
+        hooks
+            .before_tool_call(tool_request(r#"{"path":"/etc"}"#))
+            .await,
         ToolGate::Run(Some(r#"{"path":"/safe"}"#.into()))
     );
     // Each hook is told its own name; the second sees the rewrite.
@@ -245,7 +255,10 @@ async fn a_hook_is_called_only_at_its_points() {
         ..hook("only_after", false, client)
     }]);
     assert!(!hooks.serves(HookPoint::BeforeTurn));
-    assert_eq!(hooks.before_turn(BeforeTurnRequest::default()).await, Ok(None));
+    assert_eq!(
+        hooks.before_turn(BeforeTurnRequest::default()).await,
+        Ok(None)
+    );
     assert!(hooks.serves(HookPoint::AfterToolCall));
 }
 
