@@ -457,10 +457,13 @@ async fn a_silent_hook_refuses_the_turn_within_its_timeout_when_fail_closed_and_
     let fake = tool_calling_upstream().await;
     let (url, mut seen) = start_hook(Mode::Silent).await;
     let timeout = Duration::from_millis(300);
-    let points: &[&str] = &["before_turn"];
-    for fail_open in [false, true] {
+    for (point, fail_open) in [
+        ("before_turn", false),
+        ("before_turn", true),
+        ("before_model_call", false),
+    ] {
         let dir = tempfile::tempdir().unwrap();
-        let guard = hook("slow", &url, Some(points), timeout, fail_open);
+        let guard = hook("slow", &url, Some(&[point]), timeout, fail_open);
         let (server, _tools) = server(dir.path(), &fake, vec![guard]).await;
         let client = Client::connect(server.url()).await.unwrap();
         let session = new_session(&client).await;
@@ -477,21 +480,37 @@ async fn a_silent_hook_refuses_the_turn_within_its_timeout_when_fail_closed_and_
         .await
         .expect("a silent hook hung the turn");
         // The hook was asked (and never answered).
-        assert_eq!(seen.recv().await.unwrap().rpc, "BeforeTurn");
-        if fail_open {
-            let summary = chat.expect("fail-open runs the turn");
-            assert_eq!(summary.outcome, Some(proto::TurnOutcome::Success));
-            assert_eq!(client.history(&session).await.unwrap().len(), 2);
-        } else {
-            let err = chat.expect_err("fail-closed refuses the turn");
-            let status = err.status().expect("a status");
-            assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-            assert!(status.message().contains("slow"), "{}", status.message());
-            let info = status.get_error_details().error_info().cloned().unwrap();
-            assert_eq!(info.reason, "HOOK_UNAVAILABLE");
-            assert!(client.history(&session).await.unwrap().is_empty());
+        let asked = seen.recv().await.unwrap().rpc;
+        match (point, fail_open) {
+            ("before_turn", true) => {
+                assert_eq!(asked, "BeforeTurn");
+                let summary = chat.expect("fail-open runs the turn");
+                assert_eq!(summary.outcome, Some(proto::TurnOutcome::Success));
+                assert_eq!(client.history(&session).await.unwrap().len(), 2);
+            }
+            ("before_turn", false) => {
+                assert_eq!(asked, "BeforeTurn");
+                let err = chat.expect_err("fail-closed refuses the turn");
+                let status = err.status().expect("a status");
+                assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+                assert!(status.message().contains("slow"), "{}", status.message());
+                let info = status.get_error_details().error_info().cloned().unwrap();
+                assert_eq!(info.reason, "HOOK_UNAVAILABLE");
+                assert!(client.history(&session).await.unwrap().is_empty());
+            }
+            _ => {
+                assert_eq!(asked, "BeforeModelCall");
+                // Admitted, then ended before the model was called.
+                let summary = chat.expect("the turn was admitted");
+                assert_eq!(summary.outcome, Some(proto::TurnOutcome::Error));
+                let status = summary.status.expect("a trailing status");
+                assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+                assert!(status.message().contains("slow"), "{}", status.message());
+                let history = client.history(&session).await.unwrap();
+                assert_eq!(history.len(), 1, "only the user message");
+            }
         }
-        // Bounded by the hook's timeout, not the hook.
+        // Bounded by the hook's timeout, not by the hook.
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "{:?}",

@@ -169,7 +169,9 @@ pub(crate) fn spawn(
                 reservation: first.reservation,
             };
             // The hooks are asked while the user message is made durable;
-            // the model is called only after both.
+            // the model is called only after both. The turn takes the
+            // context as soon as it is durable, and waits for the request
+            // where Stop, the deadline and heartbeats reach it.
             let gate = crate::runtime::hooks::before_model_call(
                 &shared,
                 &first.turn,
@@ -177,8 +179,11 @@ pub(crate) fn spawn(
                 request.messages.len(),
                 &request.tools,
             );
-            let (durable, gate) = tokio::join!(durable, gate);
-            if durable.is_err() || tx.send(Ok(Loaded::Sent(messages, not_shown))).is_err() {
+            let loaded = async move {
+                durable.await.is_ok() && tx.send(Ok(Loaded::Sent(messages, not_shown))).is_ok()
+            };
+            let (loaded, gate) = tokio::join!(loaded, gate);
+            if !loaded {
                 return None;
             }
             if let Err(stop) = gate {
