@@ -1,5 +1,6 @@
-//! Generates the agentrt.v1 protobuf and gRPC code — and the A2A protocol's
-//! `lf.a2a.v1` (the vendored normative file, proto/lf/a2a/v1) — with protox
+//! Generates the agentrt.v1 protobuf and gRPC code — the operator hooks'
+//! `agentrt.hooks.v1`, and the A2A protocol's `lf.a2a.v1` (the vendored
+//! normative file, proto/lf/a2a/v1) — with protox
 //! (a pure-Rust protobuf compiler), so no system `protoc` is needed.
 
 use std::{env, fs, path::PathBuf};
@@ -11,6 +12,11 @@ const PROTOS: &[&str] = &[
     "proto/agentrt/v1/admin.proto",
     "proto/agentrt/v1/agents.proto",
 ];
+
+/// The service operators implement (`agentrt.hooks.v1.HookService`):
+/// agentrt calls it, so it is not served (nor listed by reflection); its
+/// server stubs are for operators writing one in Rust, and for tests.
+const HOOK_PROTOS: &[&str] = &["proto/agentrt/hooks/v1/hooks.proto"];
 
 /// The A2A protocol's service (served on the public port beside
 /// agentrt.v1, and listed by its reflection).
@@ -44,5 +50,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .codec_path("crate::codec::SmallBufferCodec")
         .compile_fds(a2a)?;
+    let hooks = protox::compile(HOOK_PROTOS, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .codec_path("crate::codec::SmallBufferCodec")
+        .compile_fds(hooks)?;
     Ok(())
 }

@@ -6,6 +6,9 @@
 //!
 //! - [`v1`]: messages, `*_server` and `*_client` modules for
 //!   `SessionService` and `AgentRuntime`.
+//! - [`hooks::v1`]: the operator hooks' `agentrt.hooks.v1` — the
+//!   `HookService` an operator implements and agentrt calls
+//!   (`hook_service_client` / `hook_service_server`).
 //! - [`a2a::v1`]: the A2A protocol's `lf.a2a.v1` (messages and the
 //!   `A2AService` stubs), generated from the vendored normative
 //!   `proto/lf/a2a/v1/a2a.proto`.
@@ -24,6 +27,21 @@ pub mod codec;
 )]
 pub mod v1 {
     tonic::include_proto!("agentrt.v1");
+}
+
+/// The operator hooks (`agentrt.hooks.v1`): agentrt is the client of a
+/// `HookService` the operator runs.
+pub mod hooks {
+    /// Version 1 of the hook service.
+    #[allow(
+        missing_docs,
+        missing_debug_implementations,
+        unreachable_pub,
+        clippy::all
+    )]
+    pub mod v1 {
+        tonic::include_proto!("agentrt.hooks.v1");
+    }
 }
 
 /// The A2A protocol (`lf.a2a.v1`), served beside `agentrt.v1`.

@@ -11,6 +11,7 @@ mod e2e {
     mod control;
     mod fault_matrix;
     pub(crate) mod harness;
+    mod hooks;
     mod identity;
     mod isolation;
     mod limits_input;

@@ -146,8 +146,8 @@ impl ServerBuilder {
         self
     }
 
-    /// Replaces the environment lookup used for `api_key_env`, `bearer_env`,
-    /// `key_env`, `[store] url_env` and `[cluster] key_env`.
+    /// Replaces the environment lookup used for `api_key_env`, `bearer_env`
+    /// (of MCP servers and hooks), `key_env`, `[store] url_env` and `[cluster] key_env`.
     pub fn env_lookup(
         mut self,
         env: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
@@ -434,6 +434,7 @@ impl ServerBuilder {
         )
         .map_err(|e| crate::config::ConfigError(format!("blobs.url: {e}")))?;
         let toolbox = Arc::new(self.toolbox(&blobs)?);
+        let hooks = crate::hooks::build(&self.config.hooks, &*self.env)?;
         // Keys and certificates are read here too, so a missing key file
         // or a bad PEM stops start-up before the listening line.
         let auth = auth::Authenticator::new(&self.config.auth, &*self.env)?;
@@ -466,6 +467,7 @@ impl ServerBuilder {
             quotas: self.config.quotas.to_policy(),
             prices: self.config.prices.clone(),
             memory: self.config.memory.limits()?,
+            hooks,
             ..RuntimeConfig::default()
         };
         start_tool_sources(&toolbox).await;

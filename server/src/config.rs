@@ -20,6 +20,7 @@ mod blobs;
 mod cluster;
 mod compaction;
 mod diagnostics;
+mod hooks;
 mod keys;
 mod local;
 mod prices;
@@ -36,6 +37,7 @@ pub use blobs::BlobSettings;
 pub use cluster::{ClusterKey, ClusterSettings, MIN_CLUSTER_KEY_BYTES};
 pub use compaction::CompactionSettings;
 pub use diagnostics::{cli_error_exit, cli_error_message};
+pub use hooks::{HookConfig, HookTransport};
 pub use keys::{ResolvedKey, key_digest, read_api_keys_file, with_api_keys_file};
 pub use local::LocalModelSettings;
 pub use quotas::QuotaSettings;
@@ -416,6 +418,8 @@ struct FileConfig {
     agents: Vec<AgentConfig>,
     #[serde(default)]
     memory: MemorySettings,
+    #[serde(default)]
+    hooks: Vec<HookConfig>,
 }
 
 /// The effective configuration.
@@ -510,6 +514,9 @@ pub struct Config {
     /// The TOML file this was read from (`--config`), re-read on SIGHUP
     /// for `[[agents]]`.
     pub file: Option<PathBuf>,
+    /// The `[[hooks]]` entries: the operator's hooks, called around every
+    /// turn in this order. Default: none.
+    pub hooks: Vec<HookConfig>,
 }
 
 impl Default for Config {
@@ -549,6 +556,7 @@ impl Default for Config {
             agents: Vec::new(),
             memory: MemorySettings::default(),
             file: None,
+            hooks: Vec::new(),
         }
     }
 }
@@ -633,6 +641,7 @@ impl Config {
             agents: file.agents,
             memory: file.memory,
             file: None,
+            hooks: file.hooks,
         })
     }
 
@@ -729,6 +738,7 @@ impl Config {
             )));
         }
         self.validate_tools()?;
+        self.validate_hooks()?;
         self.compaction.validate()?;
         self.blobs.validate(self.transport.max_request_bytes)?;
         agent_specs(&self.agents)?;

@@ -18,6 +18,8 @@
 //! - `error.rs`: [`ServerError`].
 //! - `agents_reload.rs`: the config's `[[agents]]` into the store, at
 //!   start-up and on SIGHUP.
+//! - `hooks.rs`: the `[[hooks]]` as the runtime's hooks — the gRPC
+//!   `agentrt.hooks.v1.HookService` client, or the core's HTTP JSON one.
 //! - `call.rs`: the context every handler opens (principal, deadline,
 //!   session span) and the one decision to forward a call.
 //! - [`services`]: the thin handlers, one file per proto service.
@@ -48,6 +50,7 @@ mod call;
 mod cluster;
 mod error;
 mod health;
+mod hooks;
 mod serve;
 
 pub mod a2a;

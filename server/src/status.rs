@@ -10,6 +10,7 @@
 use agentrt_runtime::RuntimeError;
 use agentrt_runtime::error::{FieldViolation, describe};
 use agentrt_runtime::events::{ErrorCode, TurnOutcome};
+use agentrt_runtime::hooks::HookStop;
 use agentrt_runtime::quota::{Quota, QuotaExceeded};
 use agentrt_runtime::store::StoreError;
 use tonic::{Code, Status};
@@ -21,6 +22,11 @@ use crate::clip;
 pub const DOMAIN: &str = "agentrt";
 /// ErrorInfo reason of a busy session.
 pub const SESSION_BUSY: &str = "SESSION_BUSY";
+/// ErrorInfo reason of a turn an operator hook refused (metadata `hook`).
+pub const HOOK_REFUSED: &str = "HOOK_REFUSED";
+/// ErrorInfo reason of a turn refused because a fail-closed operator hook
+/// did not answer in time (metadata `hook`).
+pub const HOOK_UNAVAILABLE: &str = "HOOK_UNAVAILABLE";
 
 /// Maps a core error to the status the contract names, its message within
 /// [`clip::MAX_MESSAGE_WIRE_BYTES`] whatever the error echoes.
@@ -82,8 +88,37 @@ fn status_of(err: RuntimeError) -> Status {
             "the session's agent has a system prompt template that could not be rendered \
              ({why}); fix the agent with UpdateAgent (or the server's config)"
         )),
+        RuntimeError::Hook(stop) => hook_stopped(stop),
         RuntimeError::Store(err) => from_store(err),
     }
+}
+
+/// A turn an operator hook stopped before it started: `PERMISSION_DENIED`
+/// with the hook's reason when it refused, `UNAVAILABLE` when a fail-closed
+/// hook did not answer; `ErrorInfo` names the hook either way.
+fn hook_stopped(stop: HookStop) -> Status {
+    let (code, reason, message, hook) = match stop {
+        HookStop::Refused { hook, reason } => (
+            Code::PermissionDenied,
+            HOOK_REFUSED,
+            format!("the turn was refused by the server's policy ({hook}): {reason}"),
+            hook,
+        ),
+        HookStop::Failed { hook } => (
+            Code::Unavailable,
+            HOOK_UNAVAILABLE,
+            format!(
+                "the turn was not started: the server's policy check ({hook}) did not answer \
+                 in time; nothing was stored — retry later"
+            ),
+            hook,
+        ),
+    };
+    Status::with_error_details(
+        code,
+        message,
+        ErrorDetails::with_error_info(reason, DOMAIN, [("hook".to_owned(), hook)]),
+    )
 }
 
 /// `RESOURCE_EXHAUSTED` with a `QuotaFailure` naming the quota (its
@@ -317,6 +352,33 @@ mod tests {
         )));
         assert_eq!(sessions.code(), Code::ResourceExhausted);
         assert!(sessions.get_error_details().retry_info().is_none());
+    }
+
+    #[test]
+    fn hook_stops_name_the_hook_and_say_why() {
+        let refused = from_runtime(RuntimeError::Hook(HookStop::Refused {
+            hook: "guard".into(),
+            reason: "off topic".into(),
+        }));
+        assert_eq!(refused.code(), Code::PermissionDenied);
+        assert!(
+            refused.message().contains("off topic"),
+            "{}",
+            refused.message()
+        );
+        let info = refused.get_error_details().error_info().cloned().unwrap();
+        assert_eq!(
+            (info.reason.as_str(), info.domain.as_str()),
+            (HOOK_REFUSED, DOMAIN)
+        );
+        assert_eq!(info.metadata.get("hook").map(String::as_str), Some("guard"));
+        let failed = from_runtime(RuntimeError::Hook(HookStop::Failed {
+            hook: "guard".into(),
+        }));
+        assert_eq!(failed.code(), Code::Unavailable);
+        let info = failed.get_error_details().error_info().cloned().unwrap();
+        assert_eq!(info.reason, HOOK_UNAVAILABLE);
+        assert!(failed.message().contains("guard"), "{}", failed.message());
     }
 
     #[test]

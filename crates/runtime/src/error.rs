@@ -178,6 +178,11 @@ pub enum RuntimeError {
         display_clip(.0, MAX_DISPLAY_TEXT_CHARS)
     )]
     AgentPrompt(String),
+    /// An operator hook stopped the turn before it started
+    /// ([`crate::hooks`], `BeforeTurn`): it refused, or it is fail-closed
+    /// and did not answer in time. Nothing was stored.
+    #[error("{0}")]
+    Hook(crate::hooks::HookStop),
     /// The store failed.
     #[error(transparent)]
     Store(StoreError),

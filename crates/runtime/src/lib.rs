@@ -15,6 +15,8 @@
 //! - [`compaction`]: token estimates, cut points and the summariser of
 //!   long conversations.
 //! - [`events`]: the typed events a turn emits.
+//! - [`hooks`]: operator hooks around turns, model calls and tool calls
+//!   (the [`hooks::HookClient`] trait, the HTTP JSON transport).
 //! - [`hub`]: per-turn event fan-out with a bounded replay.
 //! - [`error`]: [`RuntimeError`], the one error type of the core API.
 //! - [`limits`]: the bounds on every field a caller sends.
@@ -30,6 +32,7 @@ pub mod events;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod hooks;
 pub mod hub;
 pub mod limits;
 pub mod media;

@@ -38,6 +38,7 @@ mod cluster;
 mod compaction;
 mod context;
 mod control;
+mod hooks;
 mod inbox;
 mod jobs;
 mod keys;
@@ -158,6 +159,9 @@ pub struct RuntimeConfig {
     pub prices: crate::prices::Prices,
     /// Bounds on each user's memory blocks per agent.
     pub memory: crate::agents::MemoryLimits,
+    /// The operator's hooks ([`crate::hooks`]), called around every turn.
+    /// Default: none.
+    pub hooks: crate::hooks::Hooks,
 }
 
 impl Default for RuntimeConfig {
@@ -189,6 +193,7 @@ impl Default for RuntimeConfig {
             quotas: crate::quota::QuotaPolicy::default(),
             prices: crate::prices::Prices::default(),
             memory: crate::agents::MemoryLimits::default(),
+            hooks: crate::hooks::Hooks::default(),
         }
     }
 }

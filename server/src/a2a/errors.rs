@@ -158,6 +158,7 @@ fn status_of(err: RuntimeError) -> Status {
         | RuntimeError::Elsewhere(_)
         | RuntimeError::AgentNotFound
         | RuntimeError::AgentPrompt(_)
+        | RuntimeError::Hook(_)
         | RuntimeError::Store(_)) => crate::status::from_runtime(err),
     }
 }
@@ -181,6 +182,7 @@ pub fn from_runtime_for_task(task_id: &str, err: RuntimeError) -> Status {
         | RuntimeError::Elsewhere(_)
         | RuntimeError::AgentNotFound
         | RuntimeError::AgentPrompt(_)
+        | RuntimeError::Hook(_)
         | RuntimeError::Store(_)) => from_runtime(err),
     }
 }

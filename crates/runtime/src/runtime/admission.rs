@@ -281,7 +281,7 @@ impl Runtime {
         &self,
         session: Session,
         input: ChatInput,
-        plan: Plan,
+        mut plan: Plan,
         from_inbox: Option<String>,
     ) -> Result<TurnStream, RuntimeError> {
         let admitted_at = Instant::now();
@@ -307,6 +307,17 @@ impl Runtime {
                 return Err(refused);
             }
         };
+        // The operator's BeforeTurn hooks: before anything is stored or
+        // the first model request is built (they may replace its system
+        // prompt); the slot is held meanwhile.
+        let turn = super::hooks::context(&session, &live.turn_id, &plan.runner.key.model);
+        if let Err(refused) =
+            super::hooks::before_turn(&self.inner, turn, &input.content, &mut plan.system_prompt)
+                .await
+        {
+            abandon(&live, slot, counted);
+            return Err(refused);
+        }
         let held = Held {
             live,
             slot,
@@ -350,6 +361,7 @@ impl Runtime {
             max_output_tokens: input.max_output_tokens,
             reservation: plan.reservation,
             span: first_chat.clone(),
+            turn: super::hooks::context(&session, &turn_id, &runner.key.model),
         };
         let write = TurnWrite {
             record: record.clone(),

@@ -121,6 +121,10 @@ fn not_runnable(err: &RuntimeError) -> Option<(ErrorCode, String)> {
         RuntimeError::AgentNotFound => ErrorCode::FailedPrecondition,
         RuntimeError::InvalidArgument(_) => ErrorCode::InvalidArgument,
         RuntimeError::PermissionDenied(_) => ErrorCode::PermissionDenied,
+        // An operator hook refused the message: it never runs. One that is
+        // fail-closed and did not answer may answer at a later look.
+        RuntimeError::Hook(crate::hooks::HookStop::Refused { .. }) => ErrorCode::PermissionDenied,
+        RuntimeError::Hook(crate::hooks::HookStop::Failed { .. }) => return None,
         RuntimeError::SessionExists | RuntimeError::AlreadyExists(_) => ErrorCode::Internal,
     };
     Some((code, err.to_string()))

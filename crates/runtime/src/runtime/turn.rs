@@ -32,6 +32,7 @@ mod budget;
 mod compaction;
 mod emitter;
 mod finish;
+mod hooks;
 mod pause;
 pub(crate) mod prestart;
 mod steering;

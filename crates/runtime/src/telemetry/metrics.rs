@@ -78,6 +78,14 @@ pub struct Metrics {
     /// `agentrt.tools.processes`: tool server child processes running now,
     /// by `scope` (`global`, `session`).
     pub tool_processes: UpDownCounter<i64>,
+    /// `agentrt.hooks.calls`: operator hook calls, by `hook` (its
+    /// configured name), `point` and `outcome` (the decision — `allow`,
+    /// `refuse`, `deny`, `rewrite`, `keep`, `redact`, `observed` — or
+    /// `error`, `timeout`).
+    pub hook_calls: Counter<u64>,
+    /// `agentrt.hooks.duration` (s) of an operator hook call, by `hook`
+    /// and `point`.
+    pub hook_duration: Histogram<f64>,
 }
 
 impl Metrics {
@@ -142,6 +150,17 @@ impl Metrics {
                 .i64_up_down_counter("agentrt.tools.processes")
                 .with_unit("{process}")
                 .with_description("Tool server child processes running now, by scope")
+                .build(),
+            hook_calls: meter
+                .u64_counter("agentrt.hooks.calls")
+                .with_unit("{call}")
+                .with_description("Operator hook calls, by hook, point and outcome")
+                .build(),
+            hook_duration: meter
+                .f64_histogram("agentrt.hooks.duration")
+                .with_unit("s")
+                .with_description("Duration of an operator hook call, by hook and point")
+                .with_boundaries(FAST_SECONDS.to_vec())
                 .build(),
         }
     }

@@ -19,6 +19,7 @@ use std::task::{Context as TaskContext, Poll};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use super::step::StepEnd;
 use crate::model::{ModelError, ModelRequest, ModelStream, Reservation, ToolSpec};
 use crate::runtime::Inner;
 use crate::runtime::context::Context;
@@ -43,8 +44,9 @@ pub(crate) enum Loaded {
     },
 }
 
-/// The first model request, started during admission.
-pub(crate) struct FirstStep(JoinHandle<Option<Result<ModelStream, ModelError>>>);
+/// The first model request, started during admission (once the
+/// `BeforeModelCall` hooks let it).
+pub(crate) struct FirstStep(JoinHandle<Option<Result<ModelStream, StepEnd>>>);
 
 impl Drop for FirstStep {
     fn drop(&mut self) {
@@ -53,16 +55,16 @@ impl Drop for FirstStep {
 }
 
 impl Future for FirstStep {
-    type Output = Result<ModelStream, ModelError>;
+    type Output = Result<ModelStream, StepEnd>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         Pin::new(&mut self.0).poll(cx).map(|joined| match joined {
             Ok(Some(started)) => started,
             // The task sent `NeedsCompaction` (never awaited then), failed
             // to load, or panicked.
-            Ok(None) | Err(_) => Err(ModelError::Unavailable(
+            Ok(None) | Err(_) => Err(StepEnd::Failed(ModelError::Unavailable(
                 "the model request could not be started".to_owned(),
-            )),
+            ))),
         })
     }
 }
@@ -102,6 +104,8 @@ pub(crate) struct FirstRequest {
     /// The first model step's `chat` span: the request (and its
     /// `traceparent`) starts under it here, the turn relays under it.
     pub(crate) span: tracing::Span,
+    /// The turn, as the operator's hooks are told of it.
+    pub(crate) turn: crate::hooks::TurnContext,
 }
 
 /// Starts loading `session`'s context (the messages before `user`, which
@@ -164,10 +168,35 @@ pub(crate) fn spawn(
                 max_output_tokens: first.max_output_tokens,
                 reservation: first.reservation,
             };
-            if durable.await.is_err() || tx.send(Ok(Loaded::Sent(messages, not_shown))).is_err() {
+            // The hooks are asked while the user message is made durable;
+            // the model is called only after both. The turn takes the
+            // context as soon as it is durable, and waits for the request
+            // where Stop, the deadline and heartbeats reach it.
+            let gate = crate::runtime::hooks::before_model_call(
+                &shared,
+                &first.turn,
+                1,
+                request.messages.len(),
+                &request.tools,
+            );
+            let loaded = async move {
+                durable.await.is_ok() && tx.send(Ok(Loaded::Sent(messages, not_shown))).is_ok()
+            };
+            let (loaded, gate) = tokio::join!(loaded, gate);
+            if !loaded {
                 return None;
             }
-            Some(runner.model.provider.stream(request).await)
+            if let Err(stop) = gate {
+                return Some(Err(StepEnd::Hook(stop)));
+            }
+            Some(
+                runner
+                    .model
+                    .provider
+                    .stream(request)
+                    .await
+                    .map_err(StepEnd::Failed),
+            )
         },
         span,
     ));

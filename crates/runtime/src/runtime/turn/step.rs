@@ -14,11 +14,13 @@ use crate::model::{ModelError, ModelEvent, ModelRequest};
 use crate::types::{CancelReason, ContentBlock, NewMessage, Role, StopReason, Usage};
 
 /// How the model step ended.
-pub(super) enum StepEnd {
+pub(crate) enum StepEnd {
     Finished(StopReason),
     Failed(ModelError),
     Cancelled(CancelReason),
     TimedOut,
+    /// An operator hook ended the turn (see `hooks`).
+    Hook(crate::hooks::HookStop),
 }
 
 /// What the step produced so far; kept outside the step future so a panic
@@ -159,9 +161,7 @@ impl StepOutput {
 }
 
 type StartFuture<'a> = std::pin::Pin<
-    Box<
-        dyn std::future::Future<Output = Result<crate::model::ModelStream, ModelError>> + Send + 'a,
-    >,
+    Box<dyn std::future::Future<Output = Result<crate::model::ModelStream, StepEnd>> + Send + 'a>,
 >;
 
 impl Turn {
@@ -179,7 +179,7 @@ impl Turn {
         if !matches!(end, StepEnd::Finished(_)) {
             output.estimate_usage();
         }
-        end
+        self.after_step(end, output).await
     }
 
     /// The model step itself: starts the request and relays its items
@@ -276,15 +276,18 @@ impl Turn {
     ) -> Result<crate::model::ModelStream, StepEnd> {
         let start = match first {
             Some(first) => Box::pin(first) as StartFuture<'_>,
-            None => self.runner.model.provider.stream(ModelRequest {
-                model: self.runner.model.provider_model.clone(),
-                system_prompt: self.system_prompt.clone(),
-                messages: self.shown_context(emitter).await,
-                thinking: self.runner.key.thinking,
-                tools: self.tools.clone(),
-                max_output_tokens: self.max_output_tokens,
-                reservation: None,
-            }),
+            None => {
+                let request = ModelRequest {
+                    model: self.runner.model.provider_model.clone(),
+                    system_prompt: self.system_prompt.clone(),
+                    messages: self.shown_context(emitter).await,
+                    thinking: self.runner.key.thinking,
+                    tools: self.tools.clone(),
+                    max_output_tokens: self.max_output_tokens,
+                    reservation: None,
+                };
+                Box::pin(self.gated_stream(request))
+            }
         };
         tokio::pin!(start);
         loop {
@@ -292,7 +295,7 @@ impl Turn {
                 biased;
                 () = self.live.cancel.cancelled() => return Err(self.cancelled()),
                 () = until(self.deadline) => return Err(StepEnd::TimedOut),
-                started = &mut start => return started.map_err(StepEnd::Failed),
+                started = &mut start => return started,
                 () = tokio::time::sleep_until(emitter.heartbeat_due()) => {
                     emitter.emit(EventKind::Heartbeat { phase: Phase::Model, tool: None }).await;
                 }
@@ -365,6 +368,14 @@ impl Turn {
                 self.store_timeout_notice(emitter).await;
                 TurnEnd::of(TurnOutcome::TimedOut)
             }
+            StepEnd::Hook(stop) => {
+                tracing::warn!(stop = %stop, "an operator hook ended the turn");
+                self.store_partial(output, StopReason::Error, emitter)
+                    .await
+                    .ok();
+                let (code, message) = super::hooks::stop_error(&stop);
+                TurnEnd::failed(code, message)
+            }
         }
     }
 
@@ -409,6 +420,7 @@ impl Turn {
             Some(StepEnd::Failed(err)) => (None, Some(model_error_type(err))),
             Some(StepEnd::Cancelled(_)) => (Some(StopReason::Cancelled), None),
             Some(StepEnd::TimedOut) => (Some(StopReason::Timeout), None),
+            Some(StepEnd::Hook(_)) => (None, Some("hook")),
             None => (None, Some("panic")),
         };
         // Only what the provider reported for a finished step: the

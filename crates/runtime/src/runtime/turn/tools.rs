@@ -195,6 +195,8 @@ struct ServerCall {
     capture_content: bool,
     /// Set once the tool is called.
     started: Arc<AtomicBool>,
+    /// The operator's tool hooks, when any serve tool calls.
+    hooks: Option<Arc<super::hooks::ToolHooks>>,
 }
 
 impl ServerCall {
@@ -210,15 +212,31 @@ impl ServerCall {
         let traced = span.clone();
         Box::pin(tracing::Instrument::instrument(
             async move {
-                let outcome = self
-                    .toolbox
-                    .run_in(
-                        self.session.as_deref(),
-                        info(&call, ToolKind::Server),
-                        &self.permits,
-                        &self.started,
-                    )
-                    .await;
+                let mut call = call;
+                let gate = match &self.hooks {
+                    Some(hooks) => hooks.before(&call).await,
+                    None => crate::hooks::ToolGate::Run(None),
+                };
+                let outcome = match gate {
+                    crate::hooks::ToolGate::Denied(why) => ToolOutcome::error(why),
+                    crate::hooks::ToolGate::Run(rewritten) => {
+                        if let Some(arguments_json) = rewritten {
+                            call.arguments_json = arguments_json;
+                        }
+                        self.toolbox
+                            .run_in(
+                                self.session.as_deref(),
+                                info(&call, ToolKind::Server),
+                                &self.permits,
+                                &self.started,
+                            )
+                            .await
+                    }
+                };
+                let outcome = match &self.hooks {
+                    Some(hooks) => hooks.after(&call, outcome).await,
+                    None => outcome,
+                };
                 if outcome.is_error {
                     crate::runtime::spans::failed(&traced, "tool_error");
                 }
@@ -419,6 +437,7 @@ impl Turn {
         let toolbox = Arc::clone(&self.inner.toolbox);
         // Server calls of this step share the parallelism limit.
         let permits = Arc::new(toolbox.permits());
+        let hooks = self.tool_hooks();
         let mut resumed = self.resume.take().map(|r| r.waits).unwrap_or_default();
         let mut out = Dispatched {
             waits: FuturesUnordered::new(),
@@ -459,6 +478,7 @@ impl Turn {
                 index: i,
                 capture_content: self.inner.config.capture_content,
                 started: Arc::new(AtomicBool::new(false)),
+                hooks: hooks.clone(),
             };
             self.start_call(call, route, server, waited, (&mut out, results));
         }
