@@ -76,6 +76,13 @@ pub fn chat_messages(request: &ModelRequest) -> Vec<ChatMessage> {
         if text.is_empty() {
             continue;
         }
+        // ChatML has no author name: a group session's speaker is named in
+        // the text.
+        if message.body.role == Role::User
+            && let Some(speaker) = &message.body.speaker
+        {
+            text.insert_str(0, &speaker.prefix());
+        }
         // Consecutive messages of one role (e.g. a tool result after a user
         // message) are merged: ChatML alternates.
         match out.last_mut() {
