@@ -102,7 +102,6 @@ fn spoken(speaker: Option<Speaker>, content: Vec<ContentBlock>) -> Message {
 
 #[test]
 fn a_speaker_prefixes_the_user_text_and_nothing_else() {
-    let alice = Some(Speaker::new("u1", "Alice"));
     let image = ContentBlock::Image {
         data: vec![1, 2, 3],
         mime_type: "image/png".into(),
@@ -111,11 +110,11 @@ fn a_speaker_prefixes_the_user_text_and_nothing_else() {
         model: "m".into(),
         messages: std::sync::Arc::new(vec![
             spoken(
-                alice.clone(),
+                Some(Speaker::new("u1", "Alice")),
                 vec![ContentBlock::text("hello"), ContentBlock::text("again")],
             ),
             message(Role::Assistant, vec![ContentBlock::text("hi Alice")]),
-            spoken(Some(Speaker::new("u2", "")), vec![image.clone()]),
+            spoken(Some(Speaker::new("u2", "")), vec![image]),
             message(Role::Assistant, vec![ContentBlock::text("nice")]),
             spoken(None, vec![ContentBlock::text("anonymous")]),
         ]),
