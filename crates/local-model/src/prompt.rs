@@ -255,4 +255,23 @@ mod tests {
         assert_eq!(m[1].text, "hello\n[called tool clock with {}]");
         assert_eq!(m[2].text, "[result of tool clock]\nnoon\n\nlook\n[image]");
     }
+
+    #[test]
+    fn a_speaker_prefixes_its_user_message() {
+        let mut alice = msg(Role::User, vec![ContentBlock::text("hi")]);
+        alice.body.speaker = Some(agentrt_runtime::types::Speaker::new("u1", "Alice"));
+        let request = ModelRequest {
+            messages: std::sync::Arc::new(vec![
+                alice,
+                msg(Role::Assistant, vec![ContentBlock::text("hello")]),
+                msg(Role::User, vec![ContentBlock::text("anonymous")]),
+            ]),
+            ..Default::default()
+        };
+        let texts: Vec<_> = chat_messages(&request)
+            .into_iter()
+            .map(|m| m.text)
+            .collect();
+        assert_eq!(texts, ["[Alice]: hi", "hello", "anonymous"]);
+    }
 }
