@@ -21,6 +21,7 @@ mod e2e {
     mod openai;
     mod server_tools;
     mod sessions;
+    mod speakers;
     mod tools;
     mod turns;
 }

@@ -49,6 +49,7 @@ pub struct ChatOptions {
     pub(crate) when_busy: WhenBusy,
     pub(crate) on_busy: OnBusy,
     pub(crate) require_approval: Vec<String>,
+    pub(crate) speaker: Option<proto::Speaker>,
 }
 
 /// What [`crate::Client::chat`] does when the session already has a live
@@ -261,6 +262,20 @@ impl ChatOptions {
         self.on_disconnect == OnDisconnect::Continue
     }
 
+    /// Names who wrote the message in a group session: `id` is the
+    /// caller's id for the participant, `display_name` what the model is
+    /// shown (empty: the id). Stored on the user message and returned in
+    /// history (`Message::speaker`); it never changes the session's owner
+    /// or what the call may do — the message's `input_actor` comes from
+    /// the credentials.
+    pub fn speaker(mut self, id: impl Into<String>, display_name: impl Into<String>) -> Self {
+        self.speaker = Some(proto::Speaker {
+            id: id.into(),
+            display_name: display_name.into(),
+        });
+        self
+    }
+
     /// The request id, generating one when resuming needs it.
     pub(crate) fn ensure_request_id(&mut self) {
         if self.resumes() && self.request_id.is_none() {
@@ -297,6 +312,7 @@ impl ChatOptions {
             max_output_tokens: self.max_output_tokens,
             on_busy: self.on_busy as i32,
             require_approval: self.require_approval.clone(),
+            speaker: self.speaker.clone(),
         }
     }
 }

@@ -468,7 +468,11 @@ fn check_version(metadata: &MetadataMap) -> Result<(), Status> {
 /// The call and the request, once the version is accepted.
 fn accept<T>(req: Request<T>) -> Result<(Call, T), Status> {
     check_version(req.metadata())?;
-    Call::open(req)
+    let (mut call, message) = Call::open(req)?;
+    // Provenance: what this caller sends arrived through A2A; the actor's
+    // id stays the identity its credentials were mapped by.
+    call.who.actor.kind = agentrt_runtime::types::ActorKind::A2a;
+    Ok((call, message))
 }
 
 /// A turn's events as A2A responses, until the terminal status.

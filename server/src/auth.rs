@@ -118,6 +118,16 @@ pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Whether `a` and `b` are the same principal, whatever identity each was
+/// mapped by.
+fn same_but_actor(a: &Principal, b: &Principal) -> bool {
+    let b_as_a = Principal {
+        actor: a.actor.clone(),
+        ..b.clone()
+    };
+    *a == b_as_a
+}
+
 /// At most this many characters of a certificate's name in a message.
 const NAME_SHOWN: usize = 256;
 
@@ -148,16 +158,28 @@ impl Authenticator {
             path: path.clone(),
             fixed,
         });
-        let principal = |user: &str, admin| Principal::new(user, admin, ActorKind::Mtls);
+        // The actor is the certificate identity that mapped the caller: its
+        // URI SAN as is, its CN as `CN=<cn>` (a CN may look like a URI).
+        let principal = |user: &str, admin, id: &str| {
+            Principal::new(user, admin, ActorKind::Mtls).identified_as(id)
+        };
         let uris = config
             .mtls
             .iter()
-            .filter_map(|m| Some((m.identity.clone()?, principal(&m.user, m.admin))))
+            .filter_map(|m| {
+                let uri = m.identity.clone()?;
+                let who = principal(&m.user, m.admin, &uri);
+                Some((uri, who))
+            })
             .collect();
         let common_names = config
             .mtls
             .iter()
-            .filter_map(|m| Some((m.cn.clone()?, principal(&m.user, m.admin))))
+            .filter_map(|m| {
+                let cn = m.cn.clone()?;
+                let who = principal(&m.user, m.admin, &format!("CN={cn}"));
+                Some((cn, who))
+            })
             .collect();
         let watch = file.is_some();
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| Inner {
@@ -236,12 +258,14 @@ impl Authenticator {
         let mut found: Option<&Principal> = None;
         for uri in &client.uris {
             if let Some(p) = self.inner.uris.get(uri) {
-                if found.is_some_and(|f| f != p) {
+                // Two SANs mapping to one principal are fine (the first
+                // one's identity is the actor); to two are not.
+                if found.is_some_and(|f| !same_but_actor(f, p)) {
                     return Err(Status::unauthenticated(
                         "the client certificate's URI SANs map to different users through                          [[auth.mtls]]; send `authorization: Bearer <key>`",
                     ));
                 }
-                found = Some(p);
+                found.get_or_insert(p);
             }
         }
         if found.is_none()

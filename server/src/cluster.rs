@@ -20,16 +20,18 @@
 //!
 //! - [`forward`]: the [`Forwarder`], its bounded cache of channels and the
 //!   one generic forwarding call.
+//! - `principal`: the principal header's encoding (versioned, bounded).
 
 use std::sync::Arc;
 
-use agentrt_runtime::types::{ActorKind, Principal};
+use agentrt_runtime::types::Principal;
 use tonic::metadata::{Ascii, BinaryMetadataValue, MetadataMap, MetadataValue};
 use tonic::{Request, Status};
 
 use crate::config::ClusterKey;
 
 mod forward;
+mod principal;
 
 pub(crate) use forward::{Forwarded, Forwarder, Peer, To};
 
@@ -69,8 +71,8 @@ impl WireKey {
     }
 }
 
-/// The binary metadata key a forwarded call names its principal in: one
-/// byte (1 for an admin, 0 otherwise), then the user id as UTF-8.
+/// The binary metadata key a forwarded call names its principal in: the
+/// whole principal, input actor included (layout in `principal`).
 pub(crate) const PRINCIPAL_HEADER: &str = "x-agentrt-forwarded-principal-bin";
 
 /// Marks a call that a replica forwarded here (an extension the internal
@@ -80,10 +82,7 @@ pub(crate) struct ForwardedCall;
 
 /// `who` as the principal header carries it.
 fn principal_value(who: &Principal) -> BinaryMetadataValue {
-    let mut bytes = Vec::with_capacity(1 + who.user_id.len());
-    bytes.push(u8::from(who.admin));
-    bytes.extend_from_slice(who.user_id.as_bytes());
-    BinaryMetadataValue::from_bytes(&bytes)
+    BinaryMetadataValue::from_bytes(&principal::encode(who))
 }
 
 /// The principal a forwarded call names.
@@ -94,12 +93,7 @@ fn principal_of(metadata: &MetadataMap) -> Result<Principal, Status> {
         .ok_or_else(missing)?
         .to_bytes()
         .map_err(|_| missing())?;
-    let (admin, user) = bytes.split_first().ok_or_else(missing)?;
-    let user_id = std::str::from_utf8(user).map_err(|_| missing())?;
-    if user_id.is_empty() || *admin > 1 {
-        return Err(missing());
-    }
-    Ok(Principal::new(user_id, *admin == 1, ActorKind::ApiKey))
+    principal::decode(&bytes).ok_or_else(missing)
 }
 
 /// The internal listener's check in front of the public services: refuses
@@ -165,7 +159,10 @@ mod tests {
 
     #[test]
     fn a_signed_call_passes_with_its_principal_and_is_marked_forwarded() {
-        let who = Principal::new("ünïcode user:1", true, ActorKind::ApiKey);
+        use agentrt_runtime::types::ActorKind;
+        let mut who = Principal::new("ünïcode user:1", true, ActorKind::Mtls)
+            .identified_as("spiffe://example.org/alice");
+        who.restricted = true;
         let mut check = peer_check(WireKey::new(&ClusterKey::new("k-1")).unwrap());
         let req = check(signed(&who)).unwrap();
         assert_eq!(req.extensions().get::<Principal>(), Some(&who));

@@ -9,6 +9,8 @@
 
 #![deny(clippy::wildcard_enum_match_arm)]
 
+mod provenance;
+
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use agentrt_proto::v1 as pb;
@@ -312,6 +314,8 @@ pub fn message_to_pb(m: Message) -> pb::Message {
             .unwrap_or_default(),
         created_at: Some(timestamp(body.created_at)),
         compacted: m.compacted,
+        speaker: body.speaker.map(provenance::speaker_to_pb),
+        input_actor: body.input_actor.map(provenance::actor_to_pb),
     }
 }
 
@@ -539,6 +543,7 @@ pub fn chat_input(
         request_id: (!r.request_id.is_empty()).then_some(r.request_id),
         on_busy,
         require_approval: r.require_approval,
+        speaker: provenance::speaker_from_pb(r.speaker),
     })
 }
 
@@ -802,6 +807,8 @@ fn queued_message(q: agentrt_runtime::types::Queued) -> pb::QueuedMessage {
         request_id: q.input.request_id.unwrap_or_default(),
         content: q.input.content.into_iter().map(block_to_pb).collect(),
         model: q.input.model.unwrap_or_default(),
+        speaker: q.input.speaker.map(provenance::speaker_to_pb),
+        input_actor: q.actor.map(provenance::actor_to_pb),
     }
 }
 

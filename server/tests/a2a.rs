@@ -184,6 +184,20 @@ async fn a_streamed_turn_is_a_task_from_submitted_to_completed() {
         .into_inner();
     assert_eq!(short.history.len(), 1);
     assert_eq!(short.history[0].role, a2a::Role::Agent as i32);
+
+    // The context's session: its user message came through A2A, sent by
+    // the key's user.
+    let agentrt = agentrt_client::Client::builder(server.url())
+        .token(KEY)
+        .connect()
+        .await
+        .unwrap();
+    let history = agentrt.history(&task.context_id).await.unwrap();
+    let actor = history[0].input_actor.clone().expect("an input actor");
+    assert_eq!(
+        (actor.kind(), actor.id.as_str(), actor.admin),
+        (agentrt_proto::v1::InputActorKind::A2a, "alice", false)
+    );
     server.stop().await;
 }
 

@@ -165,12 +165,12 @@ async fn interrupt_and_steer_sent_to_another_replica_reach_the_owners_turn() {
 
     // INTERRUPT on B: A's turn ends CANCELED (INTERRUPTED), the new one runs.
     let mut first = live_gate_turn(&a, &session).await;
-    let mut interrupting = runtime(&b)
-        .await
-        .chat(busy("instead", proto::OnBusy::Interrupt))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut instead = busy("instead", proto::OnBusy::Interrupt);
+    instead.speaker = Some(proto::Speaker {
+        id: "u-9".to_owned(),
+        display_name: "Nine".to_owned(),
+    });
+    let mut interrupting = runtime(&b).await.chat(instead).await.unwrap().into_inner();
     let (events, _) = drain(&mut first).await;
     let finished = events
         .iter()
@@ -189,6 +189,36 @@ async fn interrupt_and_steer_sent_to_another_replica_reach_the_owners_turn() {
     let (events, trailer) = drain(&mut interrupting).await;
     assert!(trailer.is_none(), "{trailer:?}");
     assert_eq!(outcome(&events), Some(proto::TurnOutcome::Success));
+    // Stored by the owner with the provenance B authenticated: the whole
+    // principal crossed (the unauthenticated loopback user, an admin).
+    let history = SessionServiceClient::new(channel(b.server.url()).await)
+        .get_history(proto::GetHistoryRequest {
+            session_id: session.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .messages;
+    let stored = history
+        .iter()
+        .find(|m| m.role() == proto::Role::User && m.speaker.is_some())
+        .expect("the interrupting message");
+    let actor = stored.input_actor.clone().unwrap();
+    assert_eq!(
+        (
+            stored.speaker.clone().map(|s| s.display_name),
+            actor.kind(),
+            actor.id.as_str(),
+            actor.admin
+        ),
+        (
+            Some("Nine".to_owned()),
+            proto::InputActorKind::Local,
+            "local",
+            true
+        )
+    );
 
     // STEER on B: handed to A's live turn (B's status, answered by A, shows
     // it waiting); a gated step has no boundary left, so it runs next.

@@ -173,6 +173,64 @@ async fn mtls_maps_certificates_to_users_and_refuses_clients_without_one() {
 }
 
 #[tokio::test]
+async fn each_message_carries_the_credential_it_came_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("agentrt test ca");
+    let clients = Ca::new("agentrt client ca");
+    let files = Files::new(dir.path(), &ca.server("server-1"));
+    std::fs::write(&files.client_ca, &clients.pem).unwrap();
+    let auth = AuthConfig {
+        api_keys: vec![ApiKeyConfig::inline(ALICE_KEY, "alice", false)],
+        api_keys_file: None,
+        mtls: vec![
+            MtlsConfig::uri("spiffe://agentrt.test/laptop/alice", "alice", false),
+            MtlsConfig::common_name("alice-desk", "alice", false),
+        ],
+    };
+    let server = start(&dir.path().join("data"), files.settings(true), auth, None).await;
+    let url = server.https();
+    let laptop = clients.client_uri("spiffe://agentrt.test/laptop/alice");
+    let by_uri = connect(&url, &ca.pem, Some(&laptop), None).await.unwrap();
+    let by_cn = connect(&url, &ca.pem, Some(&clients.client_cn("alice-desk")), None)
+        .await
+        .unwrap();
+    // A key names the caller even on a connection with a mapped certificate.
+    let by_key = connect(&url, &ca.pem, Some(&laptop), Some(ALICE_KEY))
+        .await
+        .unwrap();
+    let session = by_uri
+        .create_session(Default::default())
+        .await
+        .unwrap()
+        .session_id;
+    for client in [&by_uri, &by_cn, &by_key] {
+        let mut events = client.chat(&session, "hi").await.unwrap();
+        assert_eq!(finish(&mut events).await.1, proto::TurnOutcome::Success);
+    }
+    let actors: Vec<_> = by_key
+        .history(&session)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|m| m.role() == proto::Role::User)
+        .map(|m| {
+            let a = m.input_actor.expect("an input actor");
+            (a.kind(), a.id)
+        })
+        .collect();
+    use proto::InputActorKind::{ApiKey, Mtls};
+    assert_eq!(
+        actors,
+        [
+            (Mtls, "spiffe://agentrt.test/laptop/alice".to_owned()),
+            (Mtls, "CN=alice-desk".to_owned()),
+            (ApiKey, "alice".to_owned()),
+        ]
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn the_binary_refuses_to_start_with_a_missing_certificate_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("no-such-cert.pem");

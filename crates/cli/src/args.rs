@@ -301,6 +301,12 @@ pub(crate) struct ChatArgs {
     /// (`agentrt approve`); repeat for several, `*` for every one.
     #[arg(long = "require-approval", value_name = "TOOL")]
     pub(crate) require_approval: Vec<String>,
+    /// Who wrote the message, in a group session: the participant's id,
+    /// then optionally `:` and the name the model is shown (e.g.
+    /// `u-17:Alice Smith`). A label only: the session's owner and the
+    /// message's input actor come from your credentials.
+    #[arg(long, value_name = "ID[:DISPLAY NAME]", value_parser = parse_speaker)]
+    pub(crate) speaker: Option<(String, String)>,
     /// Do not show reasoning.
     #[arg(long)]
     pub(crate) no_reasoning: bool,
@@ -389,6 +395,15 @@ pub(crate) enum AdminCommand {
     },
 }
 
+/// `ID` or `ID:DISPLAY NAME` (the id cannot hold a `:`; the name may).
+fn parse_speaker(s: &str) -> Result<(String, String), String> {
+    let (id, name) = s.split_once(':').unwrap_or((s, ""));
+    if id.trim().is_empty() {
+        return Err("the speaker needs an id before the `:` (e.g. u-17:Alice)".to_owned());
+    }
+    Ok((id.to_owned(), name.to_owned()))
+}
+
 /// `90`, `90s`, `2m`, `500ms`, `1.5s`.
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let (number, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
@@ -439,6 +454,24 @@ mod tests {
                 "{lone:?} alone was accepted"
             );
         }
+    }
+
+    #[test]
+    fn a_speaker_is_an_id_with_an_optional_display_name() {
+        let pair = |id: &str, name: &str| Ok((id.to_owned(), name.to_owned()));
+        assert_eq!(parse_speaker("u-17"), pair("u-17", ""));
+        assert_eq!(
+            parse_speaker("u-17:Alice Smith"),
+            pair("u-17", "Alice Smith")
+        );
+        assert_eq!(parse_speaker("u-17:Dr: Who"), pair("u-17", "Dr: Who"));
+        assert!(parse_speaker(":Alice").is_err());
+        assert!(parse_speaker("").is_err());
+        let cli = Cli::try_parse_from(["agentrt", "chat", "--speaker", "u-2:Bob", "hi"]).unwrap();
+        let Command::Chat(args) = cli.command else {
+            panic!("not chat")
+        };
+        assert_eq!(args.speaker, Some(("u-2".to_owned(), "Bob".to_owned())));
     }
 
     #[test]

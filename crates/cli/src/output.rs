@@ -124,14 +124,38 @@ fn describe_blob(name: &str, mime_type: &str, size: u64) -> String {
 }
 
 fn message_json(m: &proto::Message) -> Value {
-    json!({
+    let mut out = json!({
         "seq": m.seq,
         "id": m.id,
         "role": role(m.role),
         "turn_id": m.turn_id,
         "compacted": m.compacted,
         "content": m.content.iter().map(block_json).collect::<Vec<_>>(),
-    })
+    });
+    if let Some(s) = &m.speaker {
+        out["speaker"] = json!({"id": s.id, "display_name": s.display_name});
+    }
+    if let Some(a) = &m.input_actor {
+        out["input_actor"] = json!({"kind": actor_kind(a.kind), "id": a.id, "admin": a.admin});
+    }
+    out
+}
+
+fn actor_kind(k: i32) -> String {
+    proto::InputActorKind::try_from(k)
+        .unwrap_or_default()
+        .as_str_name()
+        .trim_start_matches("INPUT_ACTOR_KIND_")
+        .to_lowercase()
+}
+
+/// `user`, or `user Alice` for a message with a speaker.
+fn author(m: &proto::Message) -> String {
+    match &m.speaker {
+        Some(s) if s.display_name.is_empty() => format!("{} {}", role(m.role), s.id),
+        Some(s) => format!("{} {}", role(m.role), s.display_name),
+        None => role(m.role),
+    }
 }
 
 fn outcome(o: i32) -> String {
@@ -496,7 +520,7 @@ impl Out {
             return;
         }
         for m in messages {
-            println!("#{} {}: {}", m.seq, role(m.role), message_text(m));
+            println!("#{} {}: {}", m.seq, author(m), message_text(m));
         }
         if !next.is_empty() {
             eprintln!(
@@ -549,7 +573,7 @@ impl Out {
         self.session(s);
         println!();
         for m in messages {
-            println!("#{} {}: {}", m.seq, role(m.role), message_text(m));
+            println!("#{} {}: {}", m.seq, author(m), message_text(m));
         }
     }
 

@@ -76,6 +76,13 @@ pub fn chat_messages(request: &ModelRequest) -> Vec<ChatMessage> {
         if text.is_empty() {
             continue;
         }
+        // ChatML has no author name: a group session's speaker is named in
+        // the text.
+        if message.body.role == Role::User
+            && let Some(speaker) = &message.body.speaker
+        {
+            text.insert_str(0, &speaker.prefix());
+        }
         // Consecutive messages of one role (e.g. a tool result after a user
         // message) are merged: ChatML alternates.
         match out.last_mut() {
@@ -247,5 +254,24 @@ mod tests {
         assert_eq!(roles, ["user", "assistant", "user"]);
         assert_eq!(m[1].text, "hello\n[called tool clock with {}]");
         assert_eq!(m[2].text, "[result of tool clock]\nnoon\n\nlook\n[image]");
+    }
+
+    #[test]
+    fn a_speaker_prefixes_its_user_message() {
+        let mut alice = msg(Role::User, vec![ContentBlock::text("hi")]);
+        alice.body.speaker = Some(agentrt_runtime::types::Speaker::new("u1", "Alice"));
+        let request = ModelRequest {
+            messages: std::sync::Arc::new(vec![
+                alice,
+                msg(Role::Assistant, vec![ContentBlock::text("hello")]),
+                msg(Role::User, vec![ContentBlock::text("anonymous")]),
+            ]),
+            ..Default::default()
+        };
+        let texts: Vec<_> = chat_messages(&request)
+            .into_iter()
+            .map(|m| m.text)
+            .collect();
+        assert_eq!(texts, ["[Alice]: hi", "hello", "anonymous"]);
     }
 }

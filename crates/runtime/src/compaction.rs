@@ -211,6 +211,15 @@ fn render(message: &Message) -> String {
         Role::Summary => "summary",
         Role::Notice => "notice",
     };
+    // A group session's speakers stay told apart in the summary.
+    let speaker;
+    let role = match &message.body.speaker {
+        Some(s) if message.body.role == Role::User => {
+            speaker = format!("{role} {}", s.shown());
+            speaker.as_str()
+        }
+        Some(_) | None => role,
+    };
     let mut out = String::new();
     for block in &message.body.content {
         let piece = match block {

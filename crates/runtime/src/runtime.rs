@@ -266,6 +266,10 @@ pub struct ChatInput {
     /// ([`Runtime::submit_tool_approval`]) in this call, besides those the
     /// configuration names; `*` for every server tool.
     pub require_approval: Vec<String>,
+    /// Who the caller says wrote the message (a group session's
+    /// participant): stored on it and shown to the model, never an
+    /// identity — the owner and the input actor come from the principal.
+    pub speaker: Option<crate::types::Speaker>,
 }
 
 /// The runtime's shared state, split by what it protects: each owner has

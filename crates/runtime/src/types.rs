@@ -10,7 +10,10 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
+mod provenance;
 mod session;
+
+pub use provenance::{MAX_SPEAKER_ID_BYTES, MAX_SPEAKER_NAME_BYTES, Speaker};
 
 /// Who is calling: every call runs as a principal derived from credentials.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -39,7 +42,8 @@ impl Principal {
         }
     }
 
-    /// A principal authenticated by `kind` as `user_id` (unrestricted).
+    /// A principal authenticated by `kind` as `user_id` (unrestricted);
+    /// its actor's id is the user id (see [`Principal::identified_as`]).
     pub fn new(user_id: impl Into<String>, admin: bool, kind: ActorKind) -> Self {
         let user_id = user_id.into();
         Self {
@@ -47,6 +51,23 @@ impl Principal {
             user_id,
             admin,
             restricted: false,
+        }
+    }
+
+    /// The principal with its actor identified as `id` (e.g. the
+    /// certificate identity an mTLS caller was mapped by).
+    #[must_use]
+    pub fn identified_as(mut self, id: &str) -> Self {
+        id.clone_into(&mut self.actor.id);
+        self
+    }
+
+    /// The input actor stored on the messages this principal sends: its
+    /// [`actor`](Self::actor), marked admin when the principal is.
+    pub fn input_actor(&self) -> InputActor {
+        InputActor {
+            admin: self.admin,
+            ..self.actor.clone()
         }
     }
 }
@@ -60,14 +81,19 @@ pub struct InputActor {
     /// Its identity: the API key's user, the certificate's identity, the
     /// delegating parent session's id, …
     pub id: String,
+    /// Whether the credential was an admin's (an admin is not a kind of
+    /// its own: it authenticates by key or certificate like anyone).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub admin: bool,
 }
 
 impl InputActor {
-    /// An actor of `kind` identified as `id`.
+    /// An actor of `kind` identified as `id` (not an admin).
     pub fn new(kind: ActorKind, id: &str) -> Self {
         Self {
             kind,
             id: id.to_owned(),
+            admin: false,
         }
     }
 }
@@ -426,6 +452,15 @@ pub struct NewMessage {
     pub stop_reason: Option<StopReason>,
     /// Creation time.
     pub created_at: SystemTime,
+    /// Who the caller says wrote it (user messages of a Chat that named a
+    /// speaker): shown to the model, never an identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speaker: Option<Speaker>,
+    /// How the server authenticated the call that brought it (user
+    /// messages); `None` for messages stored before provenance existed and
+    /// for messages the runtime writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_actor: Option<InputActor>,
 }
 
 impl NewMessage {
@@ -440,6 +475,23 @@ impl NewMessage {
             usage: None,
             stop_reason: None,
             created_at: SystemTime::now(),
+            speaker: None,
+            input_actor: None,
+        }
+    }
+
+    /// A user message with its provenance: `speaker` from the request,
+    /// `actor` from the credentials.
+    pub fn from_user(
+        turn_id: &str,
+        content: Vec<ContentBlock>,
+        speaker: Option<Speaker>,
+        actor: InputActor,
+    ) -> Self {
+        Self {
+            speaker,
+            input_actor: Some(actor),
+            ..Self::new(turn_id, Role::User, content)
         }
     }
 }
@@ -475,6 +527,11 @@ struct FlatMessage {
     created_at: SystemTime,
     #[serde(default)]
     compacted: bool,
+    // Absent from records stored before provenance existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    speaker: Option<Speaker>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    input_actor: Option<InputActor>,
 }
 
 impl From<FlatMessage> for Message {
@@ -490,6 +547,8 @@ impl From<FlatMessage> for Message {
                 usage: f.usage,
                 stop_reason: f.stop_reason,
                 created_at: f.created_at,
+                speaker: f.speaker,
+                input_actor: f.input_actor,
             },
             compacted: f.compacted,
         }
@@ -509,6 +568,8 @@ impl From<Message> for FlatMessage {
             stop_reason: m.body.stop_reason,
             created_at: m.body.created_at,
             compacted: m.compacted,
+            speaker: m.body.speaker,
+            input_actor: m.body.input_actor,
         }
     }
 }
@@ -684,6 +745,11 @@ pub struct Queued {
     /// Whether its sender was an admin principal (the sender is the
     /// session's owner).
     pub admin: bool,
+    /// How its sender was authenticated: the input actor of the user
+    /// message its turn stores. `None` in records queued before provenance
+    /// existed (their turn's message is the runtime's, `ActorKind::System`).
+    #[serde(default)]
+    pub actor: Option<InputActor>,
     /// What to run.
     pub input: QueuedInput,
 }
@@ -716,6 +782,8 @@ pub struct QueuedInput {
     pub continue_on_disconnect: bool,
     /// Server tools whose calls wait for an approval (`*`: every one).
     pub require_approval: Vec<String>,
+    /// Who the caller said wrote the message.
+    pub speaker: Option<Speaker>,
 }
 
 /// A caller-executed tool of a queued Chat.

@@ -22,9 +22,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use agentrt_runtime::store::{CreateOutcome, ListCursor, ListQuery, Store, StoreError};
 use agentrt_runtime::types::{
-    Budget, CancelReason, ContentBlock, LastTurn, MediaKind, MediaRef, Message, NewMessage,
-    NewSession, Queued, QueuedInput, Role, Session, SessionUpdate, Spent, StopReason,
-    ThinkingLevel, TurnRecord, TurnStatus, Usage, flatten_text,
+    ActorKind, Budget, CancelReason, ContentBlock, InputActor, LastTurn, MediaKind, MediaRef,
+    Message, NewMessage, NewSession, Queued, QueuedInput, Role, Session, SessionUpdate, Speaker,
+    Spent, StopReason, ThinkingLevel, TurnRecord, TurnStatus, Usage, flatten_text,
 };
 
 /// Expands to one `#[tokio::test]` per contract check, each on a fresh store
@@ -709,9 +709,11 @@ pub async fn inbox_runs_each_queued_message_once(store: &dyn Store) {
         incarnation: s.incarnation.clone(),
         enqueued_at: SystemTime::now(),
         admin: false,
+        actor: Some(InputActor::new(ActorKind::ApiKey, "alice")),
         input: QueuedInput {
             content: vec![ContentBlock::text(format!("message {id}"))],
             request_id: Some(format!("r-{id}")),
+            speaker: Some(Speaker::new(format!("p-{id}"), "Participant")),
             ..QueuedInput::default()
         },
     };
@@ -729,19 +731,36 @@ pub async fn inbox_runs_each_queued_message_once(store: &dyn Store) {
     };
     assert_eq!(ids().await, ["q1", "q2", "q3"]);
     let first = inbox.queued(&s.id).await.expect("queued").remove(0);
-    assert_eq!((first.input, first.admin), (queued("q1").input, false));
+    assert_eq!(
+        (first.input, first.admin, first.actor),
+        (queued("q1").input, false, queued("q1").actor)
+    );
 
     // The turn that runs q1 takes it; a second turn from q1 is refused.
     let from = |turn_id: &str, id: &str| TurnRecord {
         from_inbox: Some(id.to_owned()),
         ..running_turn(&s.id, &s.incarnation, turn_id)
     };
-    let user = |turn_id: &str| text_message(turn_id, Role::User, "message q1");
+    // The user message keeps its provenance in the store.
+    let user = |turn_id: &str| {
+        NewMessage::from_user(
+            turn_id,
+            vec![ContentBlock::text("message q1")],
+            queued("q1").input.speaker,
+            InputActor::new(ActorKind::Mtls, "spiffe://example.org/alice"),
+        )
+    };
     store
         .begin_turn(from("t1", "q1"), user("t1"))
         .await
         .expect("begin_turn from q1");
-    let stored = history(store, &s.id).await.len();
+    let stored = history(store, &s.id).await;
+    let said = stored.last().expect("the user message");
+    assert_eq!(
+        (&said.body.speaker, &said.body.input_actor),
+        (&user("t1").speaker, &user("t1").input_actor)
+    );
+    let stored = stored.len();
     match store.begin_turn(from("t2", "q1"), user("t2")).await {
         Err(StoreError::NotQueued { id }) => assert_eq!(id, "q1"),
         other => panic!("expected NotQueued, got {other:?}"),

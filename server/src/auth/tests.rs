@@ -266,6 +266,54 @@ fn uri_sans_that_map_to_different_users_are_refused() {
 }
 
 #[test]
+fn each_credential_gives_its_input_actor() {
+    use agentrt_runtime::types::InputActor;
+    let actor = |who: Principal| (who.actor.kind, who.actor.id);
+    let by_key = auth()
+        .authenticate(&md(Some("Bearer secret-a")), None)
+        .unwrap();
+    assert_eq!(actor(by_key), (ActorKind::ApiKey, "alice".to_owned()));
+    let by_uri = auth()
+        .authenticate(&md(None), Some(&cert(Some("spiffe://test/bob"))))
+        .unwrap();
+    assert_eq!(
+        by_uri.input_actor(),
+        InputActor {
+            kind: ActorKind::Mtls,
+            id: "spiffe://test/bob".to_owned(),
+            admin: true,
+        }
+    );
+    let by_cn = auth()
+        .authenticate(&md(None), Some(&named(&[], Some("carol-cn"))))
+        .unwrap();
+    assert_eq!(actor(by_cn), (ActorKind::Mtls, "CN=carol-cn".to_owned()));
+    let open = Authenticator::new(&AuthConfig::default(), &no_env)
+        .unwrap()
+        .authenticate(&md(None), None)
+        .unwrap();
+    assert_eq!(actor(open), (ActorKind::Local, "local".to_owned()));
+}
+
+#[test]
+fn two_uri_sans_of_one_user_are_that_user_by_the_first() {
+    let config = AuthConfig {
+        mtls: vec![
+            MtlsConfig::uri("spiffe://test/bob-a", "bob", false),
+            MtlsConfig::uri("spiffe://test/bob-b", "bob", false),
+        ],
+        ..AuthConfig::default()
+    };
+    let auth = Authenticator::new(&config, &no_env).unwrap();
+    let both = named(&["spiffe://test/bob-b", "spiffe://test/bob-a"], None);
+    let who = auth.authenticate(&md(None), Some(&both)).unwrap();
+    assert_eq!(
+        (who.user_id.as_str(), who.actor.id.as_str()),
+        ("bob", "spiffe://test/bob-b")
+    );
+}
+
+#[test]
 fn long_certificate_names_are_clipped_in_messages() {
     let long = format!("spiffe://test/{}", "x".repeat(10_000));
     let err = auth()

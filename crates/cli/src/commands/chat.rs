@@ -29,6 +29,9 @@ pub(crate) async fn chat(client: &Client, out: &Out, args: ChatArgs) -> Outcome 
     if !args.require_approval.is_empty() {
         options = options.require_approval(args.require_approval);
     }
+    if let Some((id, display_name)) = args.speaker {
+        options = options.speaker(id, display_name);
+    }
     let (session_id, created) = match args.session {
         Some(s) => (s, false),
         None => {

@@ -134,6 +134,15 @@ fn transcript_holds_the_previous_summary_and_leaves_out_the_oldest() {
 }
 
 #[test]
+fn transcript_names_the_speaker_of_a_user_message() {
+    let mut said = msg(1, Role::User, "hello");
+    said.body.speaker = Some(crate::types::Speaker::new("u1", "Alice"));
+    let out = transcript(None, &[said, msg(2, Role::User, "anonymous")], usize::MAX);
+    assert!(out.contains("[user Alice] hello"), "{out}");
+    assert!(out.contains("[user] anonymous"), "{out}");
+}
+
+#[test]
 fn clip_respects_char_boundaries() {
     assert_eq!(clip("héllo", 2), "hé…");
     assert_eq!(clip("hi", 5), "hi");

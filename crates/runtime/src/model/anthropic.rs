@@ -31,7 +31,7 @@ use super::endpoint::{Endpoint, EndpointConfig, EndpointError};
 use super::http::{SseDecoder, truncated};
 use super::sse::SseEvent;
 use super::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream};
-use crate::types::{ContentBlock, Role, StopReason, ThinkingLevel, Usage, flatten_text};
+use crate::types::{ContentBlock, Role, Speaker, StopReason, ThinkingLevel, Usage, flatten_text};
 
 /// The API version this provider speaks.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -162,7 +162,7 @@ fn wire_messages(request: &ModelRequest) -> Vec<Value> {
     for message in request.messages.iter() {
         let content = &message.body.content;
         let (role, blocks) = match message.body.role {
-            Role::User => ("user", user_blocks(content)),
+            Role::User => ("user", user_blocks(content, message.body.speaker.as_ref())),
             Role::Assistant => ("assistant", assistant_blocks(content)),
             Role::Tool => ("user", tool_results(content)),
             Role::Summary => (
@@ -195,17 +195,28 @@ fn text_block(text: String) -> Vec<Value> {
     vec![json!({ "type": "text", "text": text })]
 }
 
-/// Empty text blocks are rejected by the API, so they are skipped.
-fn user_blocks(content: &[ContentBlock]) -> Vec<Value> {
-    content
+/// Empty text blocks are rejected by the API, so they are skipped. The API
+/// has no author name: a group session's `speaker` prefixes the first text
+/// block (`[Alice]: …`), or leads as a text block of its own when the
+/// message has no text.
+fn user_blocks(content: &[ContentBlock], speaker: Option<&Speaker>) -> Vec<Value> {
+    let mut prefix = speaker.map(Speaker::prefix);
+    let mut blocks: Vec<Value> = content
         .iter()
         .filter_map(|block| match block {
-            ContentBlock::Text { text } if !text.is_empty() => {
-                Some(json!({ "type": "text", "text": text }))
-            }
+            ContentBlock::Text { text } if !text.is_empty() => match prefix.take() {
+                Some(prefix) => Some(json!({ "type": "text", "text": prefix + text })),
+                None => Some(json!({ "type": "text", "text": text })),
+            },
             other => media_block(other),
         })
-        .collect()
+        .collect();
+    if let Some(prefix) = prefix
+        && !blocks.is_empty()
+    {
+        blocks.insert(0, json!({ "type": "text", "text": prefix.trim_end() }));
+    }
+    blocks
 }
 
 /// An image as an image block, a PDF as a document block.

@@ -183,7 +183,15 @@ fn wire_messages(request: &ModelRequest) -> Vec<Value> {
             out.push(tool_media_message(std::mem::take(&mut tool_media)));
         }
         match message.body.role {
-            Role::User => out.push(json!({ "role": "user", "content": user_content(content) })),
+            Role::User => {
+                let mut user = json!({ "role": "user", "content": user_content(content) });
+                // A group session's speaker, the API's way: a participant
+                // name the model can tell apart.
+                if let Some(speaker) = &message.body.speaker {
+                    user["name"] = Value::String(speaker.wire_name());
+                }
+                out.push(user);
+            }
             Role::Assistant => out.extend(assistant_message(content)),
             Role::Tool => {
                 out.extend(content.iter().filter_map(tool_message));

@@ -42,7 +42,8 @@ use crate::model::{Reservation, ToolSpec};
 use crate::quota::{LiveTurnGuard, QuotaExceeded, WriteQuota};
 use crate::store::StoreError;
 use crate::types::{
-    Message, NewMessage, Principal, Role, Session, ThinkingLevel, TurnRecord, TurnStatus, Usage,
+    InputActor, Message, NewMessage, Principal, Session, ThinkingLevel, TurnRecord, TurnStatus,
+    Usage,
 };
 
 /// An agent's step and time limits for a call that sets none.
@@ -87,6 +88,8 @@ struct Plan {
     quota: WriteQuota,
     /// The owner's budget for the day, when one is set.
     daily: Option<DailyBudget>,
+    /// The caller's provenance, stored on the user message.
+    actor: InputActor,
 }
 
 impl Runtime {
@@ -158,6 +161,7 @@ impl Runtime {
     ) -> Result<TurnStream, RuntimeError> {
         let mut plan = self.plan(&session, &mut input, checked).await?;
         plan.quota = self.write_quota(who);
+        plan.actor = who.input_actor();
         plan.daily = self.spent_today(&session.owner, plan.quota.limits).await?;
         self.begin(session, input, plan, from_inbox).await
     }
@@ -240,6 +244,7 @@ impl Runtime {
             system_overridden,
             quota: WriteQuota::default(),
             daily: None,
+            actor: InputActor::new(crate::types::ActorKind::System, &session.owner),
         })
     }
 
@@ -365,7 +370,7 @@ impl Runtime {
         };
         let write = TurnWrite {
             record: record.clone(),
-            user_message: NewMessage::new(&turn_id, Role::User, input.content),
+            user_message: NewMessage::from_user(&turn_id, input.content, input.speaker, plan.actor),
             quota: plan.quota,
         };
         let system_prompt = plan.system_prompt;

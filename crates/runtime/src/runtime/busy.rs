@@ -99,6 +99,7 @@ impl Runtime {
             incarnation: session.incarnation.clone(),
             enqueued_at: SystemTime::now(),
             admin: busy.admin,
+            actor: Some(busy.actor),
             input: busy.input,
         };
         let id = queued.id.clone();

@@ -303,11 +303,17 @@ impl Runtime {
     /// Admits queued message `next` of `session`; one that can never run is
     /// taken out with a notice.
     async fn admit_queued(&self, session: Session, next: Queued) {
-        let who = Principal::new(
+        let mut who = Principal::new(
             session.owner.clone(),
             next.admin,
             crate::types::ActorKind::System,
         );
+        // The turn runs for the owner; its user message keeps the sender's
+        // provenance (a message queued before provenance existed is the
+        // runtime's).
+        if let Some(actor) = next.actor {
+            who.actor = actor;
+        }
         let id = next.id;
         let input = chat_input(session.id.clone(), next.input);
         let admitted = match validate::chat_input(&input, &self.inner.config) {

@@ -9,13 +9,16 @@ use tokio::sync::oneshot;
 
 use super::{ChatInput, OnBusy, OnDisconnect};
 use crate::events::ErrorCode;
-use crate::types::{Principal, QueuedInput, QueuedTool};
+use crate::types::{InputActor, Principal, QueuedInput, QueuedTool};
 
 /// A busy Chat's message, kept from before admission consumed the request.
 #[derive(Debug, Clone)]
 pub(crate) struct Busy {
     /// Whether the sender is an admin principal.
     pub(crate) admin: bool,
+    /// How the sender was authenticated: its turn's user message carries
+    /// it, wherever and whenever the message runs.
+    pub(crate) actor: InputActor,
     /// The message and its request's options.
     pub(crate) input: QueuedInput,
     /// The caller's transport deadline, for a turn it runs itself.
@@ -29,6 +32,7 @@ impl Busy {
     pub(crate) fn of(who: &Principal, input: &ChatInput) -> Self {
         Self {
             admin: who.admin,
+            actor: who.input_actor(),
             input: QueuedInput {
                 content: input.content.clone(),
                 model: input.model.clone(),
@@ -50,6 +54,7 @@ impl Busy {
                 max_output_tokens: input.max_output_tokens,
                 continue_on_disconnect: input.on_disconnect == OnDisconnect::Continue,
                 require_approval: input.require_approval.clone(),
+                speaker: input.speaker.clone(),
             },
             transport_deadline: input.transport_deadline,
             on_disconnect: input.on_disconnect,
@@ -84,6 +89,7 @@ pub(crate) fn chat_input(session_id: String, input: QueuedInput) -> ChatInput {
         max_output_tokens: input.max_output_tokens,
         on_busy: OnBusy::Reject,
         require_approval: input.require_approval,
+        speaker: input.speaker,
     }
 }
 

@@ -455,9 +455,10 @@ impl Turn {
                 self.not_shown(&not_shown, emitter).await;
                 State::Stepping { index: 1, first }
             }
-            Ok((Loaded::NeedsCompaction { context, tokens }, _)) => {
-                State::Compacting { context, tokens }
-            }
+            Ok((Loaded::NeedsCompaction { context, tokens }, _)) => State::Compacting {
+                context: *context,
+                tokens,
+            },
             Err(err) => {
                 tracing::error!(error = %err, "loading the conversation failed");
                 State::Finishing(TurnEnd::failed(

@@ -41,6 +41,11 @@ pub(super) fn chat_input(
 ) -> Result<Checked, RuntimeError> {
     crate::limits::validate_session_id("session_id", &input.session_id)?;
     validate_content(&input.content, config.max_input_bytes, &config.media)?;
+    if let Some(speaker) = &input.speaker {
+        let mut violations = Vec::new();
+        speaker.check("speaker", &mut violations);
+        RuntimeError::check(violations)?;
+    }
     if let Some(system) = &input.system_override
         && system.len() > config.max_input_bytes
     {

@@ -93,6 +93,55 @@ fn history_maps_roles_images_tool_use_results_and_merges_turns() {
     );
 }
 
+/// A user message `speaker` wrote.
+fn spoken(speaker: Option<Speaker>, content: Vec<ContentBlock>) -> Message {
+    let mut m = message(Role::User, content);
+    m.body.speaker = speaker;
+    m
+}
+
+#[test]
+fn a_speaker_prefixes_the_user_text_and_nothing_else() {
+    let image = ContentBlock::Image {
+        data: vec![1, 2, 3],
+        mime_type: "image/png".into(),
+    };
+    let req = ModelRequest {
+        model: "m".into(),
+        messages: std::sync::Arc::new(vec![
+            spoken(
+                Some(Speaker::new("u1", "Alice")),
+                vec![ContentBlock::text("hello"), ContentBlock::text("again")],
+            ),
+            message(Role::Assistant, vec![ContentBlock::text("hi Alice")]),
+            spoken(Some(Speaker::new("u2", "")), vec![image]),
+            message(Role::Assistant, vec![ContentBlock::text("nice")]),
+            spoken(None, vec![ContentBlock::text("anonymous")]),
+        ]),
+        ..Default::default()
+    };
+    let body = request_body(&req, 4096);
+    assert_eq!(
+        body["messages"],
+        json!([
+            { "role": "user", "content": [
+                { "type": "text", "text": "[Alice]: hello" },
+                { "type": "text", "text": "again" },
+            ]},
+            { "role": "assistant", "content": [{ "type": "text", "text": "hi Alice" }] },
+            { "role": "user", "content": [
+                { "type": "text", "text": "[u2]:" },
+                { "type": "image", "source": {
+                    "type": "base64", "media_type": "image/png", "data": "AQID",
+                }},
+            ]},
+            { "role": "assistant", "content": [{ "type": "text", "text": "nice" }] },
+            { "role": "user", "content": [{ "type": "text", "text": "anonymous" }] },
+        ])
+    );
+    assert!(body.get("name").is_none());
+}
+
 #[test]
 fn config_is_validated_and_the_key_never_printed() {
     let bad = |url: &str| {

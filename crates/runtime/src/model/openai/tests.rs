@@ -88,6 +88,30 @@ fn history_maps_roles_images_tool_calls_and_drops_thinking() {
 }
 
 #[test]
+fn a_speaker_is_the_user_message_name_and_the_text_is_unchanged() {
+    let mut alice = message(Role::User, vec![ContentBlock::text("hello")]);
+    alice.body.speaker = Some(crate::types::Speaker::new("u1", "Alice Smith"));
+    let req = ModelRequest {
+        model: "m".into(),
+        messages: std::sync::Arc::new(vec![
+            alice,
+            message(Role::Assistant, vec![ContentBlock::text("hi")]),
+            message(Role::User, vec![ContentBlock::text("anonymous")]),
+        ]),
+        ..Default::default()
+    };
+    let body = request_body(&req);
+    assert_eq!(
+        body["messages"],
+        json!([
+            { "role": "user", "content": "hello", "name": "Alice_Smith" },
+            { "role": "assistant", "content": "hi" },
+            { "role": "user", "content": "anonymous" },
+        ])
+    );
+}
+
+#[test]
 fn config_is_validated_and_the_key_never_printed() {
     let bad =
         |url: &str| OpenAiProvider::new(OpenAiConfig::new(EndpointConfig::new(url))).unwrap_err();

@@ -37,8 +37,8 @@ pub(crate) enum Loaded {
     /// Over the budget (estimated at `tokens`): the turn compacts before
     /// its first model request.
     NeedsCompaction {
-        /// The loaded context.
-        context: Context,
+        /// The loaded context (boxed: the rare variant is the large one).
+        context: Box<Context>,
         /// Its estimated size.
         tokens: u64,
     },
@@ -149,7 +149,10 @@ pub(crate) fn spawn(
             if let Some(tokens) =
                 context.over_budget(system_prompt.as_deref(), &shared.config.compaction)
             {
-                let _ = tx.send(Ok(Loaded::NeedsCompaction { context, tokens }));
+                let _ = tx.send(Ok(Loaded::NeedsCompaction {
+                    context: Box::new(context),
+                    tokens,
+                }));
                 return None;
             }
             let messages = Arc::new(context.into_messages());

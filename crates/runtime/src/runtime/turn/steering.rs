@@ -12,15 +12,20 @@ use super::{Turn, TurnEnd};
 use crate::error::RuntimeError;
 use crate::events::{ErrorCode, EventKind};
 use crate::runtime::queued::{Steer, Steered};
-use crate::types::{NewMessage, Queued, Role};
+use crate::types::{NewMessage, Queued};
 
 impl Turn {
     /// Stores the steering messages handed to the turn since its last
     /// step boundary; a failed write ends the turn.
     pub(super) async fn steered(&mut self, emitter: &mut Emitter) -> Result<(), TurnEnd> {
         for Steer { busy, reply } in self.live.take_steers(false) {
-            let content = busy.input.content;
-            let message = NewMessage::new(&self.record.turn_id, Role::User, content);
+            // The steering Chat's own provenance, not the turn's.
+            let message = NewMessage::from_user(
+                &self.record.turn_id,
+                busy.input.content,
+                busy.input.speaker,
+                busy.actor,
+            );
             if let Err(end) = self.store(message, emitter).await {
                 // Not stored: this Chat and the rest are told the turn
                 // ended without them (their replies dropped with the
@@ -54,6 +59,7 @@ impl Turn {
                 incarnation: self.session.incarnation.clone(),
                 enqueued_at: SystemTime::now(),
                 admin: busy.admin,
+                actor: Some(busy.actor),
                 input: busy.input,
             };
             let id = queued.id.clone();
