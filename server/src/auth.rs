@@ -28,7 +28,9 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use agentrt_runtime::types::{ActorKind, Principal};
 use tonic::{Request, Status};
 
-use crate::config::{AuthConfig, ConfigError, ResolvedKey, key_digest, with_api_keys_file};
+use crate::config::{
+    AuthConfig, ConfigError, MtlsConfig, ResolvedKey, key_digest, with_api_keys_file,
+};
 use crate::tls::{ClientCertificate, Stamp, stamp};
 
 /// Maps `authorization: Bearer <key>` or a client certificate's identity
@@ -148,16 +150,19 @@ impl Authenticator {
             path: path.clone(),
             fixed,
         });
-        let principal = |user: &str, admin| Principal::new(user, admin, ActorKind::Mtls);
+        let principal = |m: &MtlsConfig| Principal {
+            restricted: m.restricted,
+            ..Principal::new(&m.user, m.admin, ActorKind::Mtls)
+        };
         let uris = config
             .mtls
             .iter()
-            .filter_map(|m| Some((m.identity.clone()?, principal(&m.user, m.admin))))
+            .filter_map(|m| Some((m.identity.clone()?, principal(m))))
             .collect();
         let common_names = config
             .mtls
             .iter()
-            .filter_map(|m| Some((m.cn.clone()?, principal(&m.user, m.admin))))
+            .filter_map(|m| Some((m.cn.clone()?, principal(m))))
             .collect();
         let watch = file.is_some();
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| Inner {
@@ -217,11 +222,10 @@ impl Authenticator {
         let mut found = None;
         for key in keys.iter() {
             if same_bytes(&key.sha256, &digest) {
-                found = Some(Principal::new(
-                    key.user.clone(),
-                    key.admin,
-                    ActorKind::ApiKey,
-                ));
+                found = Some(Principal {
+                    restricted: key.restricted,
+                    ..Principal::new(key.user.clone(), key.admin, ActorKind::ApiKey)
+                });
             }
         }
         found.ok_or_else(|| Status::unauthenticated("unknown API key"))

@@ -46,6 +46,7 @@ mod models;
 mod queued;
 mod recovery;
 mod replay;
+mod restricted;
 mod runners;
 mod sessions;
 mod slots;

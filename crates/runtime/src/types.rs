@@ -716,6 +716,10 @@ pub struct QueuedInput {
     pub continue_on_disconnect: bool,
     /// Server tools whose calls wait for an approval (`*`: every one).
     pub require_approval: Vec<String>,
+    /// Its sender was a restricted principal: the turn it runs (queued, or
+    /// resumed from a pause) is capability-free too. Records from before
+    /// restricted principals existed read as `false`.
+    pub restricted: bool,
 }
 
 /// A caller-executed tool of a queued Chat.

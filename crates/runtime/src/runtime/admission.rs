@@ -81,6 +81,8 @@ impl Runtime {
         self.inner.lifecycle.admitting()?;
         self.inner.health.admitting()?;
         let checked = validate::chat_input(&input, &self.inner.config)?;
+        // Before anything routes the message (a queue, a live turn).
+        super::restricted::check_chat(who, &input, &self.inner.config)?;
         // The session record's one read before the slot; `store_user`
         // re-reads it under the slot.
         let session = self.owned_session(who, &input.session_id).await?;
@@ -133,6 +135,7 @@ impl Runtime {
         checked: Checked,
         from_inbox: Option<String>,
     ) -> Result<TurnStream, RuntimeError> {
+        let checked = super::restricted::admit(who, &input, &self.inner.config, checked)?;
         let mut plan = self.plan(&session, &mut input, checked).await?;
         plan.quota = self.write_quota(who);
         plan.daily = self.spent_today(&session.owner, plan.quota.limits).await?;
@@ -183,6 +186,7 @@ impl Runtime {
             .runner_and_tools(
                 session,
                 (model, thinking, model_field),
+                checked.restricted,
                 extra,
                 &input.excluded_tools,
             )
@@ -208,11 +212,13 @@ impl Runtime {
     /// The session's runner for `model` and `thinking` (`model_field`
     /// names the request field they came from, for errors), and the tools
     /// offered with it: the runner's server tools and the caller's
-    /// `extra`, minus `excluded`.
+    /// `extra`, minus `excluded`. A `restricted` principal's runner has no
+    /// server tools.
     async fn runner_and_tools(
         &self,
         session: &Session,
         (model, thinking, model_field): (String, Option<ThinkingLevel>, &str),
+        restricted: bool,
         extra: Vec<ToolSpec>,
         excluded: &[String],
     ) -> Result<(Arc<Runner>, Vec<ToolSpec>), RuntimeError> {
@@ -221,6 +227,7 @@ impl Runtime {
             model,
             thinking,
             incarnation: session.incarnation.clone(),
+            restricted,
         };
         let runner = inner
             .runners

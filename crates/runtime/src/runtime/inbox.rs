@@ -297,11 +297,14 @@ impl Runtime {
     /// Admits queued message `next` of `session`; one that can never run is
     /// taken out with a notice.
     async fn admit_queued(&self, session: Session, next: Queued) {
-        let who = Principal::new(
-            session.owner.clone(),
-            next.admin,
-            crate::types::ActorKind::System,
-        );
+        let who = Principal {
+            restricted: next.input.restricted,
+            ..Principal::new(
+                session.owner.clone(),
+                next.admin,
+                crate::types::ActorKind::System,
+            )
+        };
         let id = next.id;
         let input = chat_input(session.id.clone(), next.input);
         let admitted = match validate::chat_input(&input, &self.inner.config) {

@@ -50,6 +50,7 @@ impl Busy {
                 max_output_tokens: input.max_output_tokens,
                 continue_on_disconnect: input.on_disconnect == OnDisconnect::Continue,
                 require_approval: input.require_approval.clone(),
+                restricted: who.restricted,
             },
             transport_deadline: input.transport_deadline,
             on_disconnect: input.on_disconnect,

@@ -150,6 +150,7 @@ impl Runtime {
         }
         check_metadata(&new.metadata)?;
         check_model_name("model", &new.model)?;
+        super::restricted::check_new_session(who, &new)?;
         if !new.model.is_empty() {
             self.inner.models.resolve(&new.model, "model")?;
         }
@@ -263,6 +264,7 @@ impl Runtime {
         if let Some(m) = &update.metadata {
             check_metadata(m)?;
         }
+        super::restricted::check_update(who, &update)?;
         let key = self.owned_session(who, session_id).await?.id;
         let updated = self.inner.store.update_session(&key, update).await?;
         Ok(for_client(updated))

@@ -222,8 +222,16 @@ impl Runtime {
     ) -> Result<(Arc<Runner>, Vec<ToolSpec>), RuntimeError> {
         let input = chat_input(session.id.clone(), pause.input.clone());
         let selection = (record.model.clone(), record.thinking, "model");
-        self.runner_and_tools(session, selection, input.extra_tools, &input.excluded_tools)
-            .await
+        // A restricted principal's turn stays capability-free when resumed.
+        let restricted = pause.input.restricted;
+        self.runner_and_tools(
+            session,
+            selection,
+            restricted,
+            input.extra_tools,
+            &input.excluded_tools,
+        )
+        .await
     }
 
     /// The store's side of a resume, under the session's slot: the record
