@@ -353,7 +353,7 @@ fn a_missing_or_bad_key_file_fails_start_up_without_showing_a_key() {
 
 #[test]
 fn restricted_keys_and_certificates_give_restricted_principals() {
-    let auth = Authenticator::new(
+    let guests = Authenticator::new(
         &AuthConfig {
             api_keys: vec![
                 ApiKeyConfig::inline("guest-key-1", "guest", false).as_restricted(),
@@ -365,11 +365,11 @@ fn restricted_keys_and_certificates_give_restricted_principals() {
         &no_env,
     )
     .unwrap();
-    let guest = auth
+    let guest = guests
         .authenticate(&md(Some("Bearer guest-key-1")), None)
         .unwrap();
     assert!(guest.restricted && !guest.admin);
-    let staff = auth
+    let staff = guests
         .authenticate(&md(Some("Bearer staff-key-1")), None)
         .unwrap();
     assert_eq!(staff.user_id, "guest");
@@ -377,7 +377,7 @@ fn restricted_keys_and_certificates_give_restricted_principals() {
         !staff.restricted,
         "restriction belongs to the key, not the user"
     );
-    let kiosk = auth
+    let kiosk = guests
         .authenticate(&md(None), Some(&cert(Some("kiosk"))))
         .unwrap();
     assert!(kiosk.restricted);

@@ -95,7 +95,11 @@ impl MtlsConfig {
             return bad("user must be non-empty".to_owned());
         }
         if self.admin && self.restricted {
-            return bad(super::keys::RESTRICTED_ADMIN.to_owned());
+            return bad(format!(
+                "(user {:?}) {}",
+                self.user,
+                super::keys::RESTRICTED_ADMIN
+            ));
         }
         match (&self.identity, &self.cn) {
             (Some(identity), None) if is_uri(identity) => Ok(()),
