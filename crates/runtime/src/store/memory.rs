@@ -471,6 +471,36 @@ impl Store for MemoryStore {
         Ok(self.lock().len() as u64)
     }
 
+    async fn sessions_of_agent(
+        &self,
+        agent_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<super::AgentSessions, StoreError> {
+        use std::ops::Bound;
+        let sessions = self.lock();
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut page = super::AgentSessions::default();
+        let of_agent = sessions
+            .range::<str, _>((start, Bound::Unbounded))
+            .map(|(_, e)| &e.session)
+            .filter(|s| s.agent_id == agent_id);
+        for session in of_agent {
+            if page.sessions.len() == limit {
+                page.next = page.sessions.last().map(|s| s.id.clone());
+                break;
+            }
+            page.sessions.push(session.clone());
+        }
+        Ok(page)
+    }
+
+    /// Nothing beyond the sessions: a test double's quota counts and daily
+    /// spending are summed from the sessions themselves.
+    async fn forget_owner(&self, _owner: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     async fn flush(&self) -> Result<(), StoreError> {
         Ok(())
     }
