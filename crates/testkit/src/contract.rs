@@ -51,6 +51,8 @@ macro_rules! store_contract_tests {
             a_key_extending_another_is_its_own_session,
             a_paused_turn_keeps_its_session_until_resumed,
             daily_spent_sums_an_owners_ended_turns,
+            sessions_of_agent_pages_every_owners_sessions,
+            forget_owner_drops_only_that_owners_spending,
         );
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn concurrent_appends_are_contiguous() {
@@ -81,12 +83,16 @@ macro_rules! __store_contract_test {
 mod budget;
 mod compaction;
 mod keys;
+mod offboard;
 mod pause;
 pub use budget::{history_stops_at_the_byte_budget, list_stops_at_the_byte_budget};
 pub use compaction::{
     compaction_marks_covered_messages, compaction_rejects_bad_ranges, title_is_set_only_once,
 };
 pub use keys::a_key_extending_another_is_its_own_session;
+pub use offboard::{
+    forget_owner_drops_only_that_owners_spending, sessions_of_agent_pages_every_owners_sessions,
+};
 pub use pause::{
     a_paused_turn_keeps_its_session_until_resumed, daily_spent_sums_an_owners_ended_turns,
 };
