@@ -104,6 +104,7 @@ pub(crate) const CASES: &[Case] = &[
     admin("agentrt.v1.RuntimeAdmin/Drain"),
     admin("agentrt.v1.RuntimeAdmin/GetRuntimeStats"),
     admin("agentrt.v1.RuntimeAdmin/GetUserUsage"),
+    admin("agentrt.v1.RuntimeAdmin/DeleteSessions"),
     owned("lf.a2a.v1.A2AService/SendMessage", "context"),
     owned("lf.a2a.v1.A2AService/SendMessage", "task"),
     owned("lf.a2a.v1.A2AService/SendStreamingMessage", "context"),
@@ -432,6 +433,17 @@ pub(crate) async fn call(world: &World, case: &Case, user: User, target: &Target
                 user_id: "alice".into(),
             };
             unary(admin.get_user_usage(authed(r, user)).await, ok)
+        }
+        ("agentrt.v1.RuntimeAdmin/DeleteSessions", _) => {
+            // A user nobody else's rows use: the admin's call succeeds
+            // without taking the fixtures' sessions.
+            let r = pb::DeleteSessionsRequest {
+                owner: "retired-user".into(),
+                agent_id: String::new(),
+            };
+            unary(admin.delete_sessions(authed(r, user)).await, |a| {
+                format!("deleted {} remaining {}", a.deleted, a.remaining)
+            })
         }
         ("lf.a2a.v1.A2AService/SendMessage", variant) => {
             let mut r = a2a_message(target, variant == "task", user);
