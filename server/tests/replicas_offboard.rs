@@ -124,8 +124,7 @@ async fn delete_sessions_stops_a_turn_on_another_replica_and_leaves_no_row_of_th
     let err = olivia_a
         .get_blob(&olivias[1], &blob.blob_id)
         .await
-        .err()
-        .expect("gone");
+        .expect_err("gone");
     assert_eq!(err.code(), Some(tonic::Code::NotFound), "{err}");
     assert_eq!(bruno.history(&kept).await.unwrap().len(), 2);
 

@@ -349,8 +349,7 @@ async fn delete_sessions_of_a_user_stops_their_live_turn_and_leaves_nothing_of_t
     let err = olivia
         .get_blob(&stored, &blob.blob_id)
         .await
-        .err()
-        .expect("the blob is gone");
+        .expect_err("the blob is gone");
     assert_eq!(err.code(), Some(Code::NotFound), "{err}");
     assert_eq!(bruno.history(&kept).await.unwrap().len(), 2);
     // Again: nothing left to delete.
