@@ -19,6 +19,7 @@ mod e2e {
     mod mcp;
     mod media;
     mod openai;
+    mod restricted;
     mod server_tools;
     mod sessions;
     mod speakers;

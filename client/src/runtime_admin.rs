@@ -1,4 +1,5 @@
-//! `RuntimeAdmin`: statistics, drain, runner resets (admin principals only).
+//! `RuntimeAdmin`: statistics, drain, runner resets, offboarding (admin
+//! principals only).
 
 use std::time::Duration;
 
@@ -46,6 +47,25 @@ impl Client {
         };
         let mut stub = self.admin.clone();
         self.call(None, req, |r| async move { stub.get_user_usage(r).await })
+            .await
+    }
+
+    /// Deletes every session of `owner` (of `agent_id` only, when it is
+    /// non-empty), or with `owner` empty every session of `agent_id`:
+    /// live turns stopped first, then history, turns, inbox and blobs
+    /// (admin principals only). The answer says how many went and how
+    /// many remain.
+    pub async fn delete_sessions(
+        &self,
+        owner: &str,
+        agent_id: &str,
+    ) -> Result<proto::DeleteSessionsResponse, Error> {
+        let req = proto::DeleteSessionsRequest {
+            owner: owner.to_owned(),
+            agent_id: agent_id.to_owned(),
+        };
+        let mut stub = self.admin.clone();
+        self.call(None, req, |r| async move { stub.delete_sessions(r).await })
             .await
     }
 }

@@ -28,7 +28,9 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use agentrt_runtime::types::{ActorKind, Principal};
 use tonic::{Request, Status};
 
-use crate::config::{AuthConfig, ConfigError, ResolvedKey, key_digest, with_api_keys_file};
+use crate::config::{
+    AuthConfig, ConfigError, MtlsConfig, ResolvedKey, key_digest, with_api_keys_file,
+};
 use crate::tls::{ClientCertificate, Stamp, stamp};
 
 /// Maps `authorization: Bearer <key>` or a client certificate's identity
@@ -160,15 +162,16 @@ impl Authenticator {
         });
         // The actor is the certificate identity that mapped the caller: its
         // URI SAN as is, its CN as `CN=<cn>` (a CN may look like a URI).
-        let principal = |user: &str, admin, id: &str| {
-            Principal::new(user, admin, ActorKind::Mtls).identified_as(id)
+        let principal = |m: &MtlsConfig, id: &str| Principal {
+            restricted: m.restricted,
+            ..Principal::new(&m.user, m.admin, ActorKind::Mtls).identified_as(id)
         };
         let uris = config
             .mtls
             .iter()
             .filter_map(|m| {
                 let uri = m.identity.clone()?;
-                let who = principal(&m.user, m.admin, &uri);
+                let who = principal(m, &uri);
                 Some((uri, who))
             })
             .collect();
@@ -177,7 +180,7 @@ impl Authenticator {
             .iter()
             .filter_map(|m| {
                 let cn = m.cn.clone()?;
-                let who = principal(&m.user, m.admin, &format!("CN={cn}"));
+                let who = principal(m, &format!("CN={cn}"));
                 Some((cn, who))
             })
             .collect();
@@ -239,11 +242,10 @@ impl Authenticator {
         let mut found = None;
         for key in keys.iter() {
             if same_bytes(&key.sha256, &digest) {
-                found = Some(Principal::new(
-                    key.user.clone(),
-                    key.admin,
-                    ActorKind::ApiKey,
-                ));
+                found = Some(Principal {
+                    restricted: key.restricted,
+                    ..Principal::new(key.user.clone(), key.admin, ActorKind::ApiKey)
+                });
             }
         }
         found.ok_or_else(|| Status::unauthenticated("unknown API key"))

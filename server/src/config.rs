@@ -40,7 +40,7 @@ pub use diagnostics::{cli_error_exit, cli_error_message};
 pub use hooks::{HookConfig, HookTransport};
 pub use keys::{ResolvedKey, key_digest, read_api_keys_file, with_api_keys_file};
 pub use local::LocalModelSettings;
-pub use quotas::QuotaSettings;
+pub use quotas::{QuotaSettings, RestrictedSettings};
 pub use store::{StoreKind, StoreSettings, redact_url};
 pub use telemetry::TelemetrySettings;
 pub use tls::{TlsArgs, TlsSettings};
@@ -342,6 +342,11 @@ pub struct ApiKeyConfig {
     /// Whether the user may call RuntimeAdmin.
     #[serde(default)]
     pub admin: bool,
+    /// A restricted key gets a capability-free runner: no server tools, no
+    /// per-call overrides, the `[quotas.restricted]` limits, never admin
+    /// (with `admin = true` it is a config error). Default false.
+    #[serde(default)]
+    pub restricted: bool,
 }
 
 impl std::fmt::Debug for ApiKeyConfig {
@@ -356,6 +361,7 @@ impl std::fmt::Debug for ApiKeyConfig {
             .field("key_env", &self.key_env)
             .field("user", &self.user)
             .field("admin", &self.admin)
+            .field("restricted", &self.restricted)
             .finish()
     }
 }

@@ -266,6 +266,17 @@ impl Store for PanickyStore {
     async fn count_sessions(&self) -> Result<u64, StoreError> {
         self.0.count_sessions().await
     }
+    async fn sessions_of_agent(
+        &self,
+        agent_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<agentrt_runtime::store::AgentSessions, StoreError> {
+        self.0.sessions_of_agent(agent_id, after, limit).await
+    }
+    async fn forget_owner(&self, owner: &str) -> Result<(), StoreError> {
+        self.0.forget_owner(owner).await
+    }
     async fn flush(&self) -> Result<(), StoreError> {
         self.0.flush().await
     }

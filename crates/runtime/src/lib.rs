@@ -47,6 +47,6 @@ pub mod types;
 
 pub use error::RuntimeError;
 pub use runtime::{
-    ChatInput, CompactionReport, HistoryPage, OnBusy, OnDisconnect, Runtime, RuntimeConfig,
-    RuntimeStats, SessionList, SessionStatus, StoreHealth, TurnStream, load_context,
+    ChatInput, CompactionReport, DeletedSessions, HistoryPage, OnBusy, OnDisconnect, Runtime,
+    RuntimeConfig, RuntimeStats, SessionList, SessionStatus, StoreHealth, TurnStream, load_context,
 };

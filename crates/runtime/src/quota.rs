@@ -297,7 +297,7 @@ impl QuotaLimits {
 }
 
 /// Who gets which limits: a default for every user, overrides per user id,
-/// and whether admins are exempt.
+/// whether admins are exempt, and the limits of restricted principals.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuotaPolicy {
     /// Limits of a user without an override.
@@ -306,6 +306,13 @@ pub struct QuotaPolicy {
     pub users: HashMap<String, QuotaLimits>,
     /// Admin principals have no limits (unless they have an override).
     pub admins_exempt: bool,
+    /// Limits of restricted principals, instead of `default` and `users`:
+    /// a restricted key of a user with an override still gets these.
+    pub restricted: QuotaLimits,
+    /// Most messages a restricted principal's Chat may find queued in the
+    /// session's inbox and still be queued (`None`: the server's
+    /// `max_queued_per_session` alone).
+    pub restricted_queued: Option<u64>,
 }
 
 impl Default for QuotaPolicy {
@@ -315,6 +322,8 @@ impl Default for QuotaPolicy {
             default: QuotaLimits::NONE,
             users: HashMap::new(),
             admins_exempt: true,
+            restricted: QuotaLimits::NONE,
+            restricted_queued: None,
         }
     }
 }
@@ -322,6 +331,9 @@ impl Default for QuotaPolicy {
 impl QuotaPolicy {
     /// The limits that apply to `who`.
     pub fn limits_for(&self, who: &Principal) -> QuotaLimits {
+        if who.restricted {
+            return self.restricted;
+        }
         if let Some(limits) = self.users.get(&who.user_id) {
             return *limits;
         }
@@ -465,6 +477,29 @@ impl Drop for LiveTurnGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn restricted_principals_get_the_restricted_limits_whatever_their_user() {
+        let tight = QuotaLimits {
+            live_turns: Some(1),
+            ..QuotaLimits::NONE
+        };
+        let mut policy = QuotaPolicy {
+            default: QuotaLimits {
+                live_turns: Some(10),
+                ..QuotaLimits::NONE
+            },
+            restricted: tight,
+            ..QuotaPolicy::default()
+        };
+        policy.users.insert("u".into(), QuotaLimits::NONE);
+        let guest = Principal {
+            restricted: true,
+            ..user(false)
+        };
+        assert_eq!(policy.limits_for(&guest), tight);
+        assert_eq!(policy.limits_for(&user(false)), QuotaLimits::NONE);
+    }
 
     fn user(admin: bool) -> Principal {
         Principal::new("u", admin, crate::types::ActorKind::ApiKey)

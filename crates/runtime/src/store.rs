@@ -211,6 +211,15 @@ pub enum CreateOutcome {
     Existing(Session),
 }
 
+/// A page of [`Store::sessions_of_agent`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentSessions {
+    /// In id order.
+    pub sessions: Vec<Session>,
+    /// Where the next page starts (exclusive); `None` at the end.
+    pub next: Option<String>,
+}
+
 /// A page request for [`Store::list_sessions`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListQuery {
@@ -598,6 +607,24 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Number of stored sessions (all owners).
     async fn count_sessions(&self) -> Result<u64, StoreError>;
+
+    /// A page of the sessions of agent `agent_id`, every owner's, archived
+    /// ones included, in id order after `after`: at most `limit` of them.
+    /// `next` (continue after it) is set while more may follow — the page
+    /// may then be shorter than `limit`, even empty: an engine that scans
+    /// bounds the records it reads per page. For `DeleteSessions` by agent.
+    async fn sessions_of_agent(
+        &self,
+        agent_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<AgentSessions, StoreError>;
+
+    /// Removes what the store keeps of `owner` beyond their sessions: the
+    /// quota counts and the daily spending of their turns. Called by
+    /// `DeleteSessions` once every session of the owner is deleted; a
+    /// session stored since counts from zero.
+    async fn forget_owner(&self, owner: &str) -> Result<(), StoreError>;
 
     /// Flushes everything to durable storage.
     async fn flush(&self) -> Result<(), StoreError>;

@@ -784,6 +784,10 @@ pub struct QueuedInput {
     pub require_approval: Vec<String>,
     /// Who the caller said wrote the message.
     pub speaker: Option<Speaker>,
+    /// Its sender was a restricted principal: the turn it runs (queued, or
+    /// resumed from a pause) is capability-free too. Records from before
+    /// restricted principals existed read as `false`.
+    pub restricted: bool,
 }
 
 /// A caller-executed tool of a queued Chat.

@@ -53,6 +53,8 @@ macro_rules! store_contract_tests {
             daily_spent_sums_an_owners_ended_turns,
             agent_versions_are_immutable_and_listed_by_id,
             memory_is_per_owner_and_agent_and_swapped_by_version,
+            sessions_of_agent_pages_every_owners_sessions,
+            forget_owner_drops_only_that_owners_spending,
         );
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn concurrent_appends_are_contiguous() {
@@ -84,6 +86,7 @@ mod agents;
 mod budget;
 mod compaction;
 mod keys;
+mod offboard;
 mod pause;
 pub use agents::{
     agent_versions_are_immutable_and_listed_by_id,
@@ -94,6 +97,9 @@ pub use compaction::{
     compaction_marks_covered_messages, compaction_rejects_bad_ranges, title_is_set_only_once,
 };
 pub use keys::a_key_extending_another_is_its_own_session;
+pub use offboard::{
+    forget_owner_drops_only_that_owners_spending, sessions_of_agent_pages_every_owners_sessions,
+};
 pub use pause::{
     a_paused_turn_keeps_its_session_until_resumed, daily_spent_sums_an_owners_ended_turns,
 };

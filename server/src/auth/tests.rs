@@ -158,6 +158,7 @@ fn keys_come_from_files_and_the_environment() {
                 key_env: None,
                 user: "filed".into(),
                 admin: false,
+                restricted: false,
             },
             ApiKeyConfig {
                 key: None,
@@ -166,6 +167,7 @@ fn keys_come_from_files_and_the_environment() {
                 key_env: Some("AGENTRT_TEST_KEY".into()),
                 user: "envy".into(),
                 admin: false,
+                restricted: false,
             },
         ],
         api_keys_file: None,
@@ -394,5 +396,43 @@ fn a_missing_or_bad_key_file_fails_start_up_without_showing_a_key() {
     assert!(
         err.contains("line 2") && !err.contains("sk-do-not-show"),
         "{err}"
+    );
+}
+
+#[test]
+fn restricted_keys_and_certificates_give_restricted_principals() {
+    let guests = Authenticator::new(
+        &AuthConfig {
+            api_keys: vec![
+                ApiKeyConfig::inline("guest-key-1", "guest", false).as_restricted(),
+                ApiKeyConfig::inline("staff-key-1", "guest", false),
+            ],
+            api_keys_file: None,
+            mtls: vec![MtlsConfig::common_name("kiosk", "kiosk", false).as_restricted()],
+        },
+        &no_env,
+    )
+    .unwrap();
+    let guest = guests
+        .authenticate(&md(Some("Bearer guest-key-1")), None)
+        .unwrap();
+    assert!(guest.restricted && !guest.admin);
+    let staff = guests
+        .authenticate(&md(Some("Bearer staff-key-1")), None)
+        .unwrap();
+    assert_eq!(staff.user_id, "guest");
+    assert!(
+        !staff.restricted,
+        "restriction belongs to the key, not the user"
+    );
+    let kiosk = guests
+        .authenticate(&md(None), Some(&cert(Some("kiosk"))))
+        .unwrap();
+    assert!(kiosk.restricted);
+    assert!(
+        !auth()
+            .authenticate(&md(Some("Bearer secret-a")), None)
+            .unwrap()
+            .restricted
     );
 }

@@ -51,6 +51,12 @@ pub struct MtlsConfig {
     /// Whether the user may call RuntimeAdmin.
     #[serde(default)]
     pub admin: bool,
+    /// A restricted identity gets a capability-free runner: no server
+    /// tools, no per-call overrides, the `[quotas.restricted]` limits,
+    /// never admin (with `admin = true` it is a config error). Default
+    /// false.
+    #[serde(default)]
+    pub restricted: bool,
 }
 
 impl MtlsConfig {
@@ -61,6 +67,7 @@ impl MtlsConfig {
             cn: None,
             user: user.into(),
             admin,
+            restricted: false,
         }
     }
 
@@ -71,13 +78,28 @@ impl MtlsConfig {
             cn: Some(cn.into()),
             user: user.into(),
             admin,
+            restricted: false,
         }
+    }
+
+    /// This entry with `restricted = true`.
+    #[must_use]
+    pub fn as_restricted(mut self) -> Self {
+        self.restricted = true;
+        self
     }
 
     fn check(&self, i: usize) -> Result<(), ConfigError> {
         let bad = |why: String| Err(ConfigError(format!("auth.mtls[{i}]: {why}")));
         if self.user.is_empty() {
             return bad("user must be non-empty".to_owned());
+        }
+        if self.admin && self.restricted {
+            return bad(format!(
+                "(user {:?}) {}",
+                self.user,
+                super::keys::RESTRICTED_ADMIN
+            ));
         }
         match (&self.identity, &self.cn) {
             (Some(identity), None) if is_uri(identity) => Ok(()),
@@ -328,5 +350,26 @@ mod tests {
             ]
         );
         assert!(!format!("{c:?}").contains("key-1"));
+    }
+
+    #[test]
+    fn restricted_and_admin_together_are_refused_before_start() {
+        for entry in [
+            "[[auth.api_keys]]\nkey = \"secret-a1\"\nuser = \"guest\"\nrestricted = true\nadmin = true",
+            "[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\nclient_ca = \"ca.pem\"\n\
+             [[auth.mtls]]\ncn = \"kiosk\"\nuser = \"guest\"\nrestricted = true\nadmin = true",
+        ] {
+            let err = public(entry).unwrap_err().0;
+            assert!(
+                err.contains("restricted = true and admin = true") && err.contains("guest"),
+                "{err}"
+            );
+        }
+        let c =
+            public("[[auth.api_keys]]\nkey = \"secret-a1\"\nuser = \"guest\"\nrestricted = true")
+                .unwrap();
+        assert!(c.auth.api_keys[0].restricted && !c.auth.api_keys[0].admin);
+        let keys = c.auth.resolve_keys(&|_| None).unwrap();
+        assert!(keys[0].restricted);
     }
 }

@@ -20,6 +20,8 @@ pub struct ResolvedKey {
     pub user: String,
     /// Whether the user may call RuntimeAdmin.
     pub admin: bool,
+    /// Whether the key is restricted (a capability-free runner).
+    pub restricted: bool,
 }
 
 impl std::fmt::Debug for ResolvedKey {
@@ -28,6 +30,7 @@ impl std::fmt::Debug for ResolvedKey {
             .field("sha256", &"<redacted>")
             .field("user", &self.user)
             .field("admin", &self.admin)
+            .field("restricted", &self.restricted)
             .finish()
     }
 }
@@ -36,6 +39,11 @@ impl std::fmt::Debug for ResolvedKey {
 pub fn key_digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
+
+/// Why an entry may not be both: a restricted principal never passes an
+/// admin check, so the combination would be a silent no-op.
+pub(super) const RESTRICTED_ADMIN: &str = "restricted = true and admin = true cannot be combined: a restricted principal never \
+     passes an admin check; remove one of them";
 
 /// The shortest API key accepted.
 pub(super) const MIN_KEY_LEN: usize = 8;
@@ -76,6 +84,7 @@ impl ApiKeyConfig {
             key_env: None,
             user: user.into(),
             admin,
+            restricted: false,
         }
     }
 
@@ -88,7 +97,15 @@ impl ApiKeyConfig {
             key_env: None,
             user: user.into(),
             admin,
+            restricted: false,
         }
+    }
+
+    /// This entry with `restricted = true`.
+    #[must_use]
+    pub fn as_restricted(mut self) -> Self {
+        self.restricted = true;
+        self
     }
 
     pub(super) fn describe(&self, i: usize) -> String {
@@ -100,6 +117,9 @@ impl ApiKeyConfig {
         let bad = |why: &str| Err(ConfigError(format!("{entry}: {why}")));
         if self.user.is_empty() {
             return bad("user must be non-empty");
+        }
+        if self.admin && self.restricted {
+            return bad(RESTRICTED_ADMIN);
         }
         let sources = [
             self.key.is_some(),
@@ -139,6 +159,7 @@ impl ApiKeyConfig {
                 sha256,
                 user: self.user.clone(),
                 admin: self.admin,
+                restricted: self.restricted,
             })
         };
         let (key, from) = match (&self.key, &self.key_sha256, &self.key_file, &self.key_env) {
@@ -336,5 +357,33 @@ mod tests {
             assert!(err.contains("keys.toml") && err.contains(says), "{err}");
             assert!(!err.contains("sk-leaky"), "a key leaked: {err}");
         }
+    }
+
+    #[test]
+    fn a_key_file_carries_restricted_and_refuses_it_with_admin() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.toml");
+        std::fs::write(
+            &path,
+            "[[api_keys]]\nkey = \"guest-key-1\"\nuser = \"g\"\nrestricted = true\n\
+             [[api_keys]]\nkey = \"staff-key-1\"\nuser = \"s\"\n",
+        )
+        .unwrap();
+        let keys = read_api_keys_file(&path).unwrap();
+        assert_eq!(
+            keys.iter().map(|k| k.restricted).collect::<Vec<_>>(),
+            [true, false]
+        );
+        std::fs::write(
+            &path,
+            "[[api_keys]]\nkey = \"guest-key-1\"\nuser = \"g\"\nrestricted = true\nadmin = true\n",
+        )
+        .unwrap();
+        let err = read_api_keys_file(&path).unwrap_err().0;
+        assert!(
+            err.contains("keys.toml") && err.contains("cannot be combined"),
+            "{err}"
+        );
+        assert!(!err.contains("guest-key-1"), "a key leaked: {err}");
     }
 }

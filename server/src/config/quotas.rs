@@ -16,6 +16,16 @@
 //!
 //! [quotas.users.alice]      # an override: unset fields keep the values above
 //! sessions = 50000          # 0 is no limit
+//!
+//! [quotas.restricted]       # restricted keys and identities (`restricted = true`),
+//! sessions = 100            # instead of everything above; unset fields keep
+//! stored_bytes = 16777216   # these defaults (16 MiB), 0 is no limit
+//! live_turns = 2
+//! turns_per_minute = 10
+//! detached_tasks = 1
+//! daily_tokens = 200000     # a daily budget by default
+//! daily_cost = 1.0          # default none
+//! queued_per_session = 4    # a restricted Chat finds at most 3 queued before it
 //! ```
 //!
 //! The defaults are on and generous: far above what one person or one
@@ -39,6 +49,17 @@ const DEFAULT_LIVE_TURNS: u64 = 32;
 const DEFAULT_TURNS_PER_MINUTE: u64 = 600;
 /// Default `detached_tasks`.
 const DEFAULT_DETACHED_TASKS: u64 = 16;
+
+/// Restricted principals' defaults (`[quotas.restricted]`): low enough
+/// that a guest key cannot hold much of a shared server.
+const RESTRICTED_SESSIONS: u64 = 100;
+/// 16 MiB.
+const RESTRICTED_STORED_BYTES: u64 = 16 << 20;
+const RESTRICTED_LIVE_TURNS: u64 = 2;
+const RESTRICTED_TURNS_PER_MINUTE: u64 = 10;
+const RESTRICTED_DETACHED_TASKS: u64 = 1;
+const RESTRICTED_DAILY_TOKENS: u64 = 200_000;
+const RESTRICTED_QUEUED: u64 = 4;
 
 /// One set of limits as written; unset fields take the table's (or the
 /// built-in) value, 0 is no limit.
@@ -107,6 +128,37 @@ pub struct QuotaSettings {
     /// Overrides per user id (as authenticated).
     #[serde(default)]
     pub users: BTreeMap<String, LimitSettings>,
+    /// The limits of restricted principals, applied instead of the ones
+    /// above (never exempt, whatever `users` says of their user).
+    #[serde(default)]
+    pub restricted: RestrictedSettings,
+}
+
+/// `[quotas.restricted]`: the limits of restricted principals. Unset
+/// fields take the restricted defaults (not the `[quotas]` values), 0 is
+/// no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestrictedSettings {
+    /// Sessions stored. Default 100.
+    pub sessions: Option<u64>,
+    /// Bytes of user messages stored. Default 16 MiB.
+    pub stored_bytes: Option<u64>,
+    /// Turns running at once. Default 2.
+    pub live_turns: Option<u64>,
+    /// Turns begun per calendar minute. Default 10.
+    pub turns_per_minute: Option<u64>,
+    /// A2A tasks running with no caller attached. Default 1.
+    pub detached_tasks: Option<u64>,
+    /// Tokens (input plus output) per UTC day. Default 200,000.
+    pub daily_tokens: Option<u64>,
+    /// Cost per UTC day, in US dollars (kept in nano-USD). Default none.
+    #[serde(default, deserialize_with = "usd")]
+    pub daily_cost: Option<u64>,
+    /// Most messages a restricted principal's Chat may find queued in a
+    /// session's inbox and still be queued (within the server's
+    /// `max_queued_per_session`). Default 4.
+    pub queued_per_session: Option<u64>,
 }
 
 fn yes() -> bool {
@@ -126,6 +178,7 @@ impl Default for QuotaSettings {
             daily_tokens: None,
             daily_cost: None,
             users: BTreeMap::new(),
+            restricted: RestrictedSettings::default(),
         }
     }
 }
@@ -184,7 +237,37 @@ impl QuotaSettings {
                 .map(|(user, limits)| (user.clone(), limits.over(&default)))
                 .collect(),
             admins_exempt: self.admins_exempt,
+            restricted: self.restricted.limits(),
+            restricted_queued: self
+                .restricted
+                .queued_per_session
+                .map_or(Some(RESTRICTED_QUEUED), limit),
         }
+    }
+}
+
+impl RestrictedSettings {
+    /// These settings over the restricted defaults.
+    fn limits(&self) -> QuotaLimits {
+        let builtin = QuotaLimits {
+            sessions: Some(RESTRICTED_SESSIONS),
+            stored_bytes: Some(RESTRICTED_STORED_BYTES),
+            live_turns: Some(RESTRICTED_LIVE_TURNS),
+            turns_per_minute: Some(RESTRICTED_TURNS_PER_MINUTE),
+            detached_tasks: Some(RESTRICTED_DETACHED_TASKS),
+            daily_tokens: Some(RESTRICTED_DAILY_TOKENS),
+            daily_cost_nano_usd: None,
+        };
+        LimitSettings {
+            sessions: self.sessions,
+            stored_bytes: self.stored_bytes,
+            live_turns: self.live_turns,
+            turns_per_minute: self.turns_per_minute,
+            detached_tasks: self.detached_tasks,
+            daily_tokens: self.daily_tokens,
+            daily_cost: self.daily_cost,
+        }
+        .over(&builtin)
     }
 }
 
@@ -244,6 +327,32 @@ mod tests {
         }
         let err = toml::from_str::<File>("[quotas]\ndaily_cost = -1.0\n").unwrap_err();
         assert!(err.to_string().contains("US dollars"), "{err}");
+    }
+
+    #[test]
+    fn restricted_limits_have_their_own_tighter_defaults() {
+        let policy = parse("[quotas]\nlive_turns = 100\n").to_policy();
+        assert_eq!(policy.restricted.live_turns, Some(RESTRICTED_LIVE_TURNS));
+        assert_eq!(policy.restricted.sessions, Some(RESTRICTED_SESSIONS));
+        assert_eq!(
+            policy.restricted.daily_tokens,
+            Some(RESTRICTED_DAILY_TOKENS)
+        );
+        assert_eq!(policy.restricted_queued, Some(RESTRICTED_QUEUED));
+        assert!(policy.restricted.live_turns < policy.default.live_turns);
+        let policy = parse(
+            "[quotas.restricted]\nlive_turns = 1\ndaily_tokens = 0\ndaily_cost = 0.5\n\
+             queued_per_session = 0\n",
+        )
+        .to_policy();
+        assert_eq!(policy.restricted.live_turns, Some(1));
+        assert_eq!(policy.restricted.daily_tokens, None);
+        assert_eq!(policy.restricted.daily_cost_nano_usd, Some(500_000_000));
+        assert_eq!(policy.restricted_queued, None);
+        assert_eq!(
+            parse("[quotas]\nenabled = false\n").to_policy().restricted,
+            QuotaLimits::NONE
+        );
     }
 
     #[test]

@@ -5,8 +5,10 @@
 //! and then on every other live replica (the same call, sent to each
 //! one's internal listener; a call that arrived so acts only where it
 //! arrived); `SetDefaultModel` is stored by the core and every replica
-//! applies it; `Drain` acts on this replica. Each response names the
-//! replicas it acted on.
+//! applies it; `Drain` acts on this replica; `DeleteSessions` acts here
+//! and, when a matching session's live turn runs on another replica, there
+//! too (where that turn is stopped). Each response names the replicas it
+//! acted on.
 
 use std::time::Duration;
 
@@ -222,5 +224,50 @@ impl RuntimeAdmin for RuntimeAdminHandler {
             .await
             .map_err(from_runtime)?;
         Ok(Response::new(convert::user_usage(r.user_id, usage)))
+    }
+
+    async fn delete_sessions(
+        &self,
+        req: Request<pb::DeleteSessionsRequest>,
+    ) -> Result<Response<pb::DeleteSessionsResponse>, Status> {
+        let (call, r) = Call::open(req)?;
+        let here = self
+            .runtime
+            .delete_sessions(&call.who, &r.owner, &r.agent_id)
+            .await
+            .map_err(from_runtime)?;
+        let mut answer = pb::DeleteSessionsResponse {
+            deleted: here.deleted,
+            remaining: here.still_ending,
+            replica_ids: self.own(),
+        };
+        if here.live_elsewhere == 0 {
+            return Ok(Response::new(answer));
+        }
+        // Their turns are stopped where they run: the same call there.
+        let replicas = self.replicas(&call).await?;
+        let others = call
+            .on_other_replicas(
+                self.forward.as_deref(),
+                &replicas,
+                self.runtime.replica_id(),
+                &r,
+                |mut c: Peer, r| async move {
+                    c.delete_sessions(r)
+                        .await
+                        .map(|a| a.map(|a| (a.deleted, a.remaining)))
+                },
+            )
+            .await?;
+        if others.is_empty() {
+            // Not sent anywhere (no forwarding, or a call forwarded here).
+            answer.remaining += here.live_elsewhere;
+        }
+        for (id, (deleted, remaining)) in others {
+            answer.deleted += deleted;
+            answer.remaining += remaining;
+            answer.replica_ids.push(id);
+        }
+        Ok(Response::new(answer))
     }
 }

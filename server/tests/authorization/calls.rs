@@ -111,6 +111,7 @@ pub(crate) const CASES: &[Case] = &[
     caller("agentrt.v1.AgentService/ListAgents"),
     caller("agentrt.v1.AgentService/GetMemory"),
     caller("agentrt.v1.AgentService/UpdateMemory"),
+    admin("agentrt.v1.RuntimeAdmin/DeleteSessions"),
     owned("lf.a2a.v1.A2AService/SendMessage", "context"),
     owned("lf.a2a.v1.A2AService/SendMessage", "task"),
     owned("lf.a2a.v1.A2AService/SendStreamingMessage", "context"),
@@ -491,6 +492,17 @@ pub(crate) async fn call(world: &World, case: &Case, user: User, target: &Target
             };
             unary(agents.update_memory(authed(r, user)).await, |m| {
                 format!("{} blocks", m.blocks.len())
+            })
+        }
+        ("agentrt.v1.RuntimeAdmin/DeleteSessions", _) => {
+            // A user nobody else's rows use: the admin's call succeeds
+            // without taking the fixtures' sessions.
+            let r = pb::DeleteSessionsRequest {
+                owner: "retired-user".into(),
+                agent_id: String::new(),
+            };
+            unary(admin.delete_sessions(authed(r, user)).await, |a| {
+                format!("deleted {} remaining {}", a.deleted, a.remaining)
             })
         }
         ("lf.a2a.v1.A2AService/SendMessage", variant) => {

@@ -39,8 +39,10 @@ pub struct RuntimeStats {
     pub default_model: String,
 }
 
+/// Admin principals only; a restricted principal never passes (the config
+/// refuses `restricted` with `admin`, this holds whatever built it).
 pub(super) fn require_admin(who: &Principal) -> Result<(), RuntimeError> {
-    if who.admin {
+    if who.admin && !who.restricted {
         Ok(())
     } else {
         Err(RuntimeError::PermissionDenied(

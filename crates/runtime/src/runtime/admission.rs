@@ -107,6 +107,8 @@ impl Runtime {
         self.inner.lifecycle.admitting()?;
         self.inner.health.admitting()?;
         let checked = validate::chat_input(&input, &self.inner.config)?;
+        // Before anything routes the message (a queue, a live turn).
+        super::restricted::check_chat(who, &input, &self.inner.config)?;
         // The session record's one read before the slot; `store_user`
         // re-reads it under the slot.
         let session = self.owned_session(who, &input.session_id).await?;
@@ -159,6 +161,7 @@ impl Runtime {
         checked: Checked,
         from_inbox: Option<String>,
     ) -> Result<TurnStream, RuntimeError> {
+        let checked = super::restricted::admit(who, &input, &self.inner.config, checked)?;
         let mut plan = self.plan(&session, &mut input, checked).await?;
         plan.quota = self.write_quota(who);
         plan.actor = who.input_actor();
@@ -221,11 +224,15 @@ impl Runtime {
             .runner_and_tools(
                 session,
                 (model, thinking, model_field),
+                checked.restricted,
                 extra,
                 &input.excluded_tools,
             )
             .await?;
-        if let Some(agent) = &agent {
+        // A restricted principal's turn gets no built-in tools either.
+        if let Some(agent) = &agent
+            && !checked.restricted
+        {
             super::builtins::restrict(&mut tools, &runner, &agent.agent, &input.excluded_tools)?;
         }
         let reservation = admit_model(&runner, &tools, input.max_output_tokens)?;
@@ -251,11 +258,13 @@ impl Runtime {
     /// The session's runner for `model` and `thinking` (`model_field`
     /// names the request field they came from, for errors), and the tools
     /// offered with it: the runner's server tools and the caller's
-    /// `extra`, minus `excluded`.
+    /// `extra`, minus `excluded`. A `restricted` principal's runner has no
+    /// server tools.
     async fn runner_and_tools(
         &self,
         session: &Session,
         (model, thinking, model_field): (String, Option<ThinkingLevel>, &str),
+        restricted: bool,
         extra: Vec<ToolSpec>,
         excluded: &[String],
     ) -> Result<(Arc<Runner>, Vec<ToolSpec>), RuntimeError> {
@@ -264,6 +273,7 @@ impl Runtime {
             model,
             thinking,
             incarnation: session.incarnation.clone(),
+            restricted,
         };
         let runner = inner
             .runners

@@ -93,6 +93,13 @@ impl Runtime {
                 return Ok(self.queued_stream(session, &q.id, i as u64 + 1, Vec::new()));
             }
         }
+        // A restricted principal's bound is tighter (`[quotas.restricted]`).
+        let mut max = self.inner.config.max_queued_per_session;
+        if busy.input.restricted
+            && let Some(tight) = self.inner.config.quotas.restricted_queued
+        {
+            max = max.min(tight);
+        }
         let queued = Queued {
             id: crate::types::new_id(),
             session_id: session.id.clone(),
@@ -106,9 +113,7 @@ impl Runtime {
         self.inner
             .inbox_used
             .store(true, std::sync::atomic::Ordering::Relaxed);
-        let position = inbox
-            .enqueue(queued, self.inner.config.max_queued_per_session)
-            .await?;
+        let position = inbox.enqueue(queued, max).await?;
         let stream = self.queued_stream(session, &id, position, Vec::new());
         // The turn may have ended while this was queued: nobody else would
         // look at the inbox until the next sweep.

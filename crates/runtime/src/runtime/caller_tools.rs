@@ -361,6 +361,7 @@ impl Runtime {
         }
         check_short("call_id", call_id, MAX_ID_BYTES)?;
         check_short("reason", &reason, MAX_REASON_BYTES)?;
+        super::restricted::check_approval(who)?;
         let session = self.owned_session(who, session_id).await?;
         let live = match self.live_of(&session) {
             Some(live) => live,

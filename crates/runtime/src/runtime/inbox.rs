@@ -303,11 +303,14 @@ impl Runtime {
     /// Admits queued message `next` of `session`; one that can never run is
     /// taken out with a notice.
     async fn admit_queued(&self, session: Session, next: Queued) {
-        let mut who = Principal::new(
-            session.owner.clone(),
-            next.admin,
-            crate::types::ActorKind::System,
-        );
+        let mut who = Principal {
+            restricted: next.input.restricted,
+            ..Principal::new(
+                session.owner.clone(),
+                next.admin,
+                crate::types::ActorKind::System,
+            )
+        };
         // The turn runs for the owner; its user message keeps the sender's
         // provenance (a message queued before provenance existed is the
         // runtime's).

@@ -55,6 +55,7 @@ impl Busy {
                 continue_on_disconnect: input.on_disconnect == OnDisconnect::Continue,
                 require_approval: input.require_approval.clone(),
                 speaker: input.speaker.clone(),
+                restricted: who.restricted,
             },
             transport_deadline: input.transport_deadline,
             on_disconnect: input.on_disconnect,

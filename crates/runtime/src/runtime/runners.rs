@@ -38,6 +38,9 @@ pub(crate) struct RunnerKey {
     /// The session incarnation: a session created again under the same id
     /// never inherits the old one's runner (or its cached context).
     pub(crate) incarnation: String,
+    /// A restricted principal's runner: capability-free, with no server
+    /// tools and no session-scoped tools (see `runtime::restricted`).
+    pub(crate) restricted: bool,
 }
 
 /// A session's cached, resolved model selection and server tools.
@@ -123,7 +126,7 @@ impl Runners {
         // gone and a new one is built.
         if let Some(runner) = lock(&self.map).runners.get(session_id)
             && runner.key == key
-            && !toolbox.is_stale(runner.tools_generation)
+            && (key.restricted || !toolbox.is_stale(runner.tools_generation))
             && !runner
                 .session_tools
                 .as_ref()
@@ -133,10 +136,14 @@ impl Runners {
             return Ok(Arc::clone(runner));
         }
         let model = models.resolve(&key.model, model_field)?;
-        let session_tools = self
-            .session_tools(toolbox, (session_id, owner), &key.incarnation)
-            .await;
-        let mut listing = if toolbox.is_empty() {
+        // A restricted runner lists no tool and starts no tool process.
+        let session_tools = if key.restricted {
+            None
+        } else {
+            self.session_tools(toolbox, (session_id, owner), &key.incarnation)
+                .await
+        };
+        let mut listing = if toolbox.is_empty() || key.restricted {
             Listing::default()
         } else {
             toolbox.list().await

@@ -59,6 +59,14 @@ const MAX_LIST_TOKEN: usize = 256;
 /// How long DeleteSession waits for a live turn to end.
 const DELETE_STOP_WAIT: Duration = Duration::from_secs(5);
 
+/// How [`Runtime::delete_stored`] went.
+pub(super) enum Deleted {
+    /// Deleted (`false`: it was gone already).
+    Deleted(bool),
+    /// Its live turn did not end within 5 s: nothing was deleted.
+    StillEnding,
+}
+
 /// A page of sessions with the token for the next one.
 #[derive(Debug, Clone, Default)]
 pub struct SessionList {
@@ -157,6 +165,7 @@ impl Runtime {
         }
         check_metadata(&new.metadata)?;
         check_model_name("model", &new.model)?;
+        super::restricted::check_new_session(who, &new)?;
         if !new.model.is_empty() {
             self.inner.models.resolve(&new.model, "model")?;
         }
@@ -324,6 +333,7 @@ impl Runtime {
         if let Some(m) = &update.metadata {
             check_metadata(m)?;
         }
+        super::restricted::check_update(who, &update)?;
         let key = self.owned_session(who, session_id).await?.id;
         let updated = self.inner.store.update_session(&key, update).await?;
         Ok(for_client(updated))
@@ -378,22 +388,30 @@ impl Runtime {
     ) -> Result<bool, RuntimeError> {
         validate_session_id("session_id", session_id)?;
         let session = self.owned_session(who, session_id).await?;
-        let key = session.id.clone();
-        let session_id = key.as_str();
+        match self.delete_stored(&session).await? {
+            Deleted::Deleted(deleted) => Ok(deleted),
+            Deleted::StillEnding => Err(RuntimeError::Unavailable(
+                "the session's live turn did not stop within 5 s; nothing was deleted, retry DeleteSession",
+            )),
+        }
+    }
+
+    /// Deletes `session` (as just read from the store) with its history,
+    /// turns, inbox and blobs, its live turn here stopped first (see
+    /// [`Runtime::delete_session`]); `DeleteSession` and `DeleteSessions`
+    /// both go through here.
+    pub(super) async fn delete_stored(&self, session: &Session) -> Result<Deleted, RuntimeError> {
+        let session_id = session.id.as_str();
         let _reserved = self.inner.slots.reserve_delete(session_id);
         self.inner
             .slots
             .end_waiters(session_id, &WaitEnded::SessionDeleted);
         match self
-            .cancel_live(&session, CancelReason::SessionDeleted, DELETE_STOP_WAIT)
+            .cancel_live(session, CancelReason::SessionDeleted, DELETE_STOP_WAIT)
             .await
         {
             super::Cancelled::NothingLive | super::Cancelled::Ended => {}
-            super::Cancelled::StillEnding => {
-                return Err(RuntimeError::Unavailable(
-                    "the session's live turn did not stop within 5 s; nothing was deleted, retry DeleteSession",
-                ));
-            }
+            super::Cancelled::StillEnding => return Ok(Deleted::StillEnding),
         }
         self.inner.runners.remove(session_id);
         self.close_orphaned_tools(&self.inner.slots.busy_sessions());
@@ -414,7 +432,7 @@ impl Runtime {
         {
             tracing::error!(error = %e, "deleting a deleted session's blobs failed");
         }
-        Ok(deleted)
+        Ok(Deleted::Deleted(deleted))
     }
 
     /// A page of one of `who`'s sessions' history. `page_token` (from a

@@ -22,6 +22,9 @@ pub(super) struct Checked {
     /// turn waiting for a caller's tool result, say) holds its session
     /// forever.
     pub(super) timeout: Duration,
+    /// The caller is a restricted principal: the turn's runner is
+    /// capability-free (set by admission, see `runtime::restricted`).
+    pub(super) restricted: bool,
 }
 
 impl Checked {
@@ -68,7 +71,11 @@ pub(super) fn chat_input(
         Some(n) => n.min(config.max_steps.max(1) * 8),
         None => config.max_steps.max(1),
     };
-    Ok(Checked { max_steps, timeout })
+    Ok(Checked {
+        max_steps,
+        timeout,
+        restricted: false,
+    })
 }
 
 /// The turn's time limit: the requested `timeout` (at most

@@ -52,4 +52,7 @@ pub trait AgentStore: Send + Sync + std::fmt::Debug {
     /// Deletes `owner`'s memory for `agent`, or for every agent (`None`);
     /// how many records went.
     async fn delete_memory(&self, owner: &str, agent: Option<&str>) -> Result<u64, StoreError>;
+
+    /// Deletes every owner's memory for `agent`; how many records went.
+    async fn delete_agent_memory(&self, agent: &str) -> Result<u64, StoreError>;
 }

@@ -476,6 +476,36 @@ impl Store for MemoryStore {
         Ok(self.lock().len() as u64)
     }
 
+    async fn sessions_of_agent(
+        &self,
+        agent_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<super::AgentSessions, StoreError> {
+        use std::ops::Bound;
+        let sessions = self.lock();
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut page = super::AgentSessions::default();
+        let of_agent = sessions
+            .range::<str, _>((start, Bound::Unbounded))
+            .map(|(_, e)| &e.session)
+            .filter(|s| s.agent_id == agent_id);
+        for session in of_agent {
+            if page.sessions.len() == limit {
+                page.next = page.sessions.last().map(|s| s.id.clone());
+                break;
+            }
+            page.sessions.push(session.clone());
+        }
+        Ok(page)
+    }
+
+    /// Nothing beyond the sessions: a test double's quota counts and daily
+    /// spending are summed from the sessions themselves.
+    async fn forget_owner(&self, _owner: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     async fn flush(&self) -> Result<(), StoreError> {
         Ok(())
     }
@@ -567,6 +597,13 @@ impl AgentStore for MemoryStore {
         let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
         let before = memory.len();
         memory.retain(|(o, a), _| o != owner || agent.is_some_and(|agent| agent != a));
+        Ok(u64::try_from(before - memory.len()).unwrap_or(u64::MAX))
+    }
+
+    async fn delete_agent_memory(&self, agent: &str) -> Result<u64, StoreError> {
+        let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        let before = memory.len();
+        memory.retain(|(_, a), _| a != agent);
         Ok(u64::try_from(before - memory.len()).unwrap_or(u64::MAX))
     }
 }

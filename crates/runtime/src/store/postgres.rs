@@ -52,6 +52,7 @@ mod error;
 mod history;
 mod inbox;
 mod leases;
+mod offboard;
 mod quota;
 mod schema;
 mod sessions;
@@ -397,6 +398,19 @@ impl Store for PostgresStore {
 
     async fn count_sessions(&self) -> Result<u64, StoreError> {
         self.count().await
+    }
+
+    async fn sessions_of_agent(
+        &self,
+        agent_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<super::AgentSessions, StoreError> {
+        self.of_agent(agent_id, after, limit).await
+    }
+
+    async fn forget_owner(&self, owner: &str) -> Result<(), StoreError> {
+        self.forget(owner).await
     }
 
     /// Nothing to do: every `Ok` came after its `COMMIT`, which PostgreSQL

@@ -69,6 +69,7 @@ mod disk;
 mod history;
 mod inbox;
 mod keys;
+mod offboard;
 mod paused;
 mod sessions;
 #[cfg(test)]
@@ -494,6 +495,19 @@ impl Store for SledStore {
 
     async fn count_sessions(&self) -> Result<u64, StoreError> {
         self.count().await
+    }
+
+    async fn sessions_of_agent(
+        &self,
+        agent_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<super::AgentSessions, StoreError> {
+        self.of_agent(agent_id, after, limit).await
+    }
+
+    async fn forget_owner(&self, owner: &str) -> Result<(), StoreError> {
+        self.forget(owner).await
     }
 
     async fn flush(&self) -> Result<(), StoreError> {

@@ -101,4 +101,12 @@ pub async fn memory_is_per_owner_and_agent_and_swapped_by_version(store: &dyn St
     );
     assert_eq!(agents.get_memory("alice2", "a").await.unwrap(), one);
     assert_eq!(agents.get_memory("bob", "a").await.unwrap(), one);
+    // Every owner's memory of one agent.
+    assert!(agents.put_memory("bob", "a1", &one, 0).await.unwrap());
+    assert_eq!(agents.delete_agent_memory("a").await.unwrap(), 2);
+    assert_eq!(
+        agents.get_memory("bob", "a").await.unwrap(),
+        Memory::default()
+    );
+    assert_eq!(agents.get_memory("bob", "a1").await.unwrap(), one);
 }

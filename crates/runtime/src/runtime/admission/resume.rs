@@ -225,11 +225,22 @@ impl Runtime {
     ) -> Result<(Arc<Runner>, Vec<ToolSpec>, Option<TurnAgent>), RuntimeError> {
         let input = chat_input(session.id.clone(), pause.input.clone());
         let selection = (record.model.clone(), record.thinking, "model");
+        // A restricted principal's turn stays capability-free when resumed:
+        // no server tools, no built-ins.
+        let restricted = pause.input.restricted;
         let (runner, mut tools) = self
-            .runner_and_tools(session, selection, input.extra_tools, &input.excluded_tools)
+            .runner_and_tools(
+                session,
+                selection,
+                restricted,
+                input.extra_tools,
+                &input.excluded_tools,
+            )
             .await?;
         let agent = self.turn_agent(session).await?;
-        if let Some(agent) = &agent {
+        if let Some(agent) = &agent
+            && !restricted
+        {
             builtins::restrict(&mut tools, &runner, &agent.agent, &input.excluded_tools)?;
         }
         Ok((runner, tools, agent))

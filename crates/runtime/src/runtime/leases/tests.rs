@@ -225,6 +225,17 @@ impl Store for Shared {
     async fn count_sessions(&self) -> Result<u64, StoreError> {
         self.inner.count_sessions().await
     }
+    async fn sessions_of_agent(
+        &self,
+        agent_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<crate::store::AgentSessions, StoreError> {
+        self.inner.sessions_of_agent(agent_id, after, limit).await
+    }
+    async fn forget_owner(&self, owner: &str) -> Result<(), StoreError> {
+        self.inner.forget_owner(owner).await
+    }
     async fn flush(&self) -> Result<(), StoreError> {
         Ok(())
     }

@@ -87,6 +87,7 @@ impl Turn {
             max_output_tokens: self.max_output_tokens,
             continue_on_disconnect: true,
             require_approval: self.require_approval.clone(),
+            restricted: self.runner.key.restricted,
             ..QueuedInput::default()
         }
     }

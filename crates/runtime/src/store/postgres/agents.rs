@@ -127,4 +127,10 @@ impl AgentStore for PostgresStore {
         let client = self.client().await?;
         codec::execute(&client, sql, &[&owner, &agent]).await
     }
+
+    async fn delete_agent_memory(&self, agent: &str) -> Result<u64, StoreError> {
+        let sql = "DELETE FROM agent_memory WHERE agent = $1";
+        let client = self.client().await?;
+        codec::execute(&client, sql, &[&agent]).await
+    }
 }

@@ -201,4 +201,29 @@ impl AgentStore for SledStore {
         self.durable_write(started).await?;
         Ok(removed)
     }
+
+    async fn delete_agent_memory(&self, agent: &str) -> Result<u64, StoreError> {
+        let started = std::time::Instant::now();
+        let tree = self.agents.clone();
+        let agent = agent.as_bytes().to_vec();
+        let removed = blocking(move || {
+            let mut removed = 0u64;
+            for entry in tree.scan_prefix(b"m").keys() {
+                let key = entry.map_err(|e| backend("scan", e))?;
+                // `m`, the owner's length (4 bytes), the owner, the agent.
+                let owner_len = key
+                    .get(1..5)
+                    .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                    .map_or(usize::MAX, |b| u32::from_be_bytes(b) as usize);
+                if key.get(5usize.saturating_add(owner_len)..) == Some(agent.as_slice()) {
+                    tree.remove(&key).map_err(|e| backend("delete", e))?;
+                    removed += 1;
+                }
+            }
+            Ok(removed)
+        })
+        .await?;
+        self.durable_write(started).await?;
+        Ok(removed)
+    }
 }

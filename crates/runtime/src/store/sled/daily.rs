@@ -25,6 +25,14 @@ fn key(day: u64, session_id: &str) -> Vec<u8> {
     [b"d".as_slice(), &day.to_be_bytes(), session_id.as_bytes()].concat()
 }
 
+/// The first byte of every daily key.
+pub(super) const PREFIX: &[u8] = b"d";
+
+/// The owner a daily key's value names.
+pub(super) fn owner_of(raw: &[u8]) -> &[u8] {
+    raw.get(16..).unwrap_or_default()
+}
+
 fn prefix(day: u64) -> Vec<u8> {
     [b"d".as_slice(), &day.to_be_bytes()].concat()
 }
@@ -94,6 +102,12 @@ impl Daily {
         Ok(Self {
             today: Mutex::new((day, owners)),
         })
+    }
+
+    /// Forgets `owner`'s total of the current day (its keys are removed).
+    pub(super) fn forget(&self, owner: &str) {
+        let mut today = self.today.lock().unwrap_or_else(PoisonError::into_inner);
+        today.1.remove(owner);
     }
 
     /// Counts a committed `spent` of `owner` on `day`.
