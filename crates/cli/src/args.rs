@@ -142,6 +142,13 @@ pub(crate) enum Command {
         /// The session.
         session: String,
     },
+    /// Agent profiles: list, show, create and update them (creating and
+    /// updating is for admin principals).
+    #[command(subcommand)]
+    Agents(AgentsCommand),
+    /// Your memory blocks for an agent.
+    #[command(subcommand)]
+    Memory(MemoryCommand),
     /// Operator calls (admin principals only).
     #[command(subcommand)]
     Admin(AdminCommand),
@@ -151,6 +158,76 @@ pub(crate) enum Command {
     /// Same as `sessions list`.
     #[command(hide = true)]
     List(ListArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum AgentsCommand {
+    /// Every agent's latest version.
+    List,
+    /// One agent (its latest version, or --version).
+    Get {
+        /// The agent's id.
+        agent: String,
+        /// A version (default: the latest).
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Create an agent (its version 1).
+    Create(AgentSpecArgs),
+    /// Replace an agent's spec: its next version. Flags left out take the
+    /// latest version's values.
+    Update(AgentSpecArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct AgentSpecArgs {
+    /// The agent's id.
+    pub(crate) agent: String,
+    /// What the agent is for.
+    #[arg(long)]
+    pub(crate) description: Option<String>,
+    /// The system prompt template (minijinja: {{ user }}, {{ date }},
+    /// {{ memory.NAME }}, ...); `@FILE` reads it from a file.
+    #[arg(long)]
+    pub(crate) system: Option<String>,
+    /// Default provider/model.
+    #[arg(long)]
+    pub(crate) model: Option<String>,
+    /// The tools it may use (`search__*`, `memory_read`, ...); repeat for
+    /// several; `--tools none` for none.
+    #[arg(long = "tools", value_name = "TOOL")]
+    pub(crate) tools: Vec<String>,
+    /// Most model steps of a turn.
+    #[arg(long)]
+    pub(crate) max_steps: Option<u32>,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum MemoryCommand {
+    /// Print your memory blocks for an agent.
+    Get {
+        /// The agent's id.
+        agent: String,
+        /// Another user's (admin principals only).
+        #[arg(long)]
+        user: Option<String>,
+    },
+    /// Set one memory block (an empty text keeps an empty block;
+    /// --delete removes it).
+    Set {
+        /// The agent's id.
+        agent: String,
+        /// The block's name.
+        block: String,
+        /// Its text; read from stdin when absent or `-`.
+        text: Option<String>,
+        /// Remove the block instead.
+        #[arg(long, conflicts_with = "text")]
+        delete: bool,
+        /// Another user's (admin principals only).
+        #[arg(long)]
+        user: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -234,6 +311,9 @@ pub(crate) struct CreateArgs {
     /// System prompt.
     #[arg(long, default_value = "")]
     pub(crate) system: String,
+    /// The agent the session runs with (its latest version, kept).
+    #[arg(long, default_value = "")]
+    pub(crate) agent: String,
 }
 
 #[derive(Debug, Args)]
@@ -275,6 +355,9 @@ pub(crate) struct ChatArgs {
     /// The session (default: a new one).
     #[arg(long, short)]
     pub(crate) session: Option<String>,
+    /// The agent a new session runs with (without --session).
+    #[arg(long, conflicts_with = "session")]
+    pub(crate) agent: Option<String>,
     /// provider/model for this turn.
     #[arg(long)]
     pub(crate) model: Option<String>,

@@ -1,6 +1,7 @@
 //! The commands, one module per command group.
 
 pub(crate) mod admin;
+pub(crate) mod agents;
 pub(crate) mod blob;
 pub(crate) mod chat;
 pub(crate) mod history;

@@ -103,6 +103,8 @@ async fn run(cli: Cli) -> Outcome {
             out.show(&s, &messages);
             Ok(())
         }
+        Command::Agents(cmd) => commands::agents::agents(&client, &out, cmd).await,
+        Command::Memory(cmd) => commands::agents::memory(&client, &out, cmd).await,
         Command::Admin(cmd) => admin(&client, &out, cmd).await,
     }
 }

@@ -316,6 +316,22 @@ fn event_json(e: &Event) -> Value {
     })
 }
 
+fn agent_json(a: &proto::Agent) -> Value {
+    let spec = a.spec.clone().unwrap_or_default();
+    json!({
+        "agent_id": a.agent_id,
+        "version": a.version,
+        "source": a.source().as_str_name().trim_start_matches("AGENT_SOURCE_"),
+        "created_at": timestamp(a.created_at.as_ref()),
+        "description": spec.description,
+        "system_prompt": spec.system_prompt,
+        "model": spec.model,
+        "tools": spec.tools.map(|t| t.names),
+        "delegates": spec.delegates,
+        "max_steps": spec.max_steps,
+    })
+}
+
 fn print_json(v: &Value) {
     println!("{v}");
 }
@@ -637,6 +653,68 @@ impl Out {
                 "{}: {} session(s), tokens in={} out={}, ${:.6}",
                 u.user_id, u.sessions, tokens.input_tokens, tokens.output_tokens, u.cost
             );
+        }
+    }
+
+    pub(crate) fn agents(&self, agents: &[proto::Agent]) {
+        if self.json {
+            print_json(&Value::Array(agents.iter().map(agent_json).collect()));
+            return;
+        }
+        for a in agents {
+            let spec = a.spec.clone().unwrap_or_default();
+            println!("{}  v{}  {}", a.agent_id, a.version, spec.description);
+        }
+    }
+
+    pub(crate) fn agent(&self, a: &proto::Agent) {
+        if self.json {
+            print_json(&agent_json(a));
+            return;
+        }
+        let spec = a.spec.clone().unwrap_or_default();
+        let source = a.source().as_str_name().trim_start_matches("AGENT_SOURCE_");
+        println!(
+            "agent        {} (version {}, {})",
+            a.agent_id,
+            a.version,
+            source.to_lowercase()
+        );
+        println!("description  {}", spec.description);
+        println!(
+            "model        {}",
+            if spec.model.is_empty() {
+                "(server default)"
+            } else {
+                &spec.model
+            }
+        );
+        match &spec.tools {
+            None => println!("tools        (every server tool)"),
+            Some(t) => println!("tools        {}", t.names.join(", ")),
+        }
+        if !spec.delegates.is_empty() {
+            println!("delegates    {}", spec.delegates.join(", "));
+        }
+        println!("system prompt:\n{}", spec.system_prompt);
+    }
+
+    pub(crate) fn memory(
+        &self,
+        agent: &str,
+        blocks: &std::collections::HashMap<String, String>,
+        version: u64,
+    ) {
+        let sorted: std::collections::BTreeMap<_, _> = blocks.iter().collect();
+        if self.json {
+            print_json(&json!({"agent_id": agent, "version": version, "blocks": sorted}));
+            return;
+        }
+        if sorted.is_empty() {
+            println!("no memory for agent {agent} (version {version})");
+        }
+        for (name, text) in sorted {
+            println!("[{name}]\n{text}");
         }
     }
 

@@ -914,3 +914,77 @@ async fn a_call_that_requires_approval_is_listed_and_approved() {
     assert_ne!(again.code, 0, "{again:?}");
     h.server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_are_created_updated_and_read_memory_is_set_and_chat_runs_with_an_agent() {
+    let h = Harness::start(vec![answer(&["ok"])]).await;
+    let prompt = h._dir.path().join("prompt.txt");
+    std::fs::write(&prompt, "Notes for {{ user }}: {{ memory.notes }}").unwrap();
+    let at_prompt = format!("@{}", prompt.display());
+    let created = h
+        .json(&[
+            "agents",
+            "create",
+            "helper",
+            "--description",
+            "helps",
+            "--system",
+            &at_prompt,
+            "--tools",
+            "memory_read",
+        ])
+        .await;
+    assert_eq!(created["version"], 1, "{created}");
+    assert_eq!(
+        created["tools"],
+        serde_json::json!(["memory_read"]),
+        "{created}"
+    );
+    // An update keeps what its flags leave out.
+    let updated = h
+        .json(&["agents", "update", "helper", "--description", "helps more"])
+        .await;
+    assert_eq!(
+        (
+            &updated["version"],
+            &updated["description"],
+            &updated["system_prompt"]
+        ),
+        (
+            &serde_json::json!(2),
+            &serde_json::json!("helps more"),
+            &serde_json::json!("Notes for {{ user }}: {{ memory.notes }}")
+        ),
+        "{updated}"
+    );
+    let listed = h.json(&["agents", "list"]).await;
+    assert_eq!(listed[0]["agent_id"], "helper", "{listed}");
+    let v1 = h.json(&["agents", "get", "helper", "--version", "1"]).await;
+    assert_eq!(v1["description"], "helps", "{v1}");
+    // An unknown agent: a clear message and a non-zero exit.
+    let run = h.run(&["agents", "get", "nobody"], None).await;
+    assert_ne!(run.code, 0, "{run:?}");
+    assert!(run.stderr.contains("agent not found"), "{run:?}");
+
+    let memory = h
+        .json(&["memory", "set", "helper", "notes", "likes tea"])
+        .await;
+    assert_eq!(memory["blocks"]["notes"], "likes tea", "{memory}");
+    let run = h.run(&["memory", "get", "helper"], None).await;
+    assert_eq!(
+        (run.code, run.stdout.as_str()),
+        (0, "[notes]\nlikes tea\n"),
+        "{run:?}"
+    );
+
+    // chat --agent: a new session of the agent, its prompt rendered.
+    let run = h.run(&["chat", "--agent", "helper", "hi"], None).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let sent = &h.fake.requests()[0].body;
+    assert_eq!(sent["messages"][0]["role"], "system", "{sent}");
+    assert_eq!(
+        sent["messages"][0]["content"], "Notes for local: likes tea",
+        "{sent}"
+    );
+    h.server.stop().await;
+}

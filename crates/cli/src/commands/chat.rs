@@ -36,7 +36,10 @@ pub(crate) async fn chat(client: &Client, out: &Out, args: ChatArgs) -> Outcome 
         Some(s) => (s, false),
         None => {
             let s = client
-                .create_session(proto::CreateSessionRequest::default())
+                .create_session(proto::CreateSessionRequest {
+                    agent_id: args.agent.unwrap_or_default(),
+                    ..Default::default()
+                })
                 .await?;
             (s.session_id, true)
         }

@@ -13,6 +13,7 @@ pub(crate) async fn sessions(client: &Client, out: &Out, cmd: SessionsCommand) -
             title,
             model,
             system,
+            agent,
         }) => {
             let s = client
                 .create_session(proto::CreateSessionRequest {
@@ -20,6 +21,7 @@ pub(crate) async fn sessions(client: &Client, out: &Out, cmd: SessionsCommand) -
                     title,
                     model,
                     system_prompt: system,
+                    agent_id: agent,
                     ..Default::default()
                 })
                 .await?;
