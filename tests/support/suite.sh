@@ -152,6 +152,12 @@ user = "alice"
 [[auth.api_keys]]
 key = "$KEY_B"
 user = "bob"
+
+# An agent whose prompt shows its memory block "notes" (AgentService).
+[[agents]]
+id = "helper"
+description = "polyglot helper"
+system_prompt = "Notes: {{ memory.notes }}"
 TOML
     if [[ -n "${SUITE_MCP:-}" ]]; then
         # Server tools t__echo, t__slow, t__fail (an MCP server over stdio).

@@ -41,9 +41,12 @@ def pb(tmp_path_factory):
     )
     assert result.returncode == 0, f"grpc_tools.protoc failed:\n{result.stdout}{result.stderr}"
     sys.path.insert(0, str(out))
-    from agentrt.v1 import common_pb2, runtime_pb2, runtime_pb2_grpc, sessions_pb2, sessions_pb2_grpc
+    from agentrt.v1 import (agents_pb2, agents_pb2_grpc, common_pb2, runtime_pb2, runtime_pb2_grpc,
+                            sessions_pb2, sessions_pb2_grpc)
 
     class Stubs:
+        agents = agents_pb2
+        agents_grpc = agents_pb2_grpc
         common = common_pb2
         runtime = runtime_pb2
         sessions = sessions_pb2
@@ -61,6 +64,7 @@ class Client:
         self.pb = pb
         self.sessions = pb.sessions_grpc.SessionServiceStub(channel)
         self.runtime = pb.runtime_grpc.AgentRuntimeStub(channel)
+        self.agents = pb.agents_grpc.AgentServiceStub(channel)
         self.metadata = (("authorization", f"Bearer {key}"),)
 
     def call(self, method, request, timeout: float = 30.0, **kwargs):

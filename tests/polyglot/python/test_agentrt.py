@@ -368,3 +368,30 @@ def test_an_uploaded_pdf_and_an_inline_image_reach_the_model_and_come_back(pb, a
     with pytest.raises(grpc.RpcError) as other:
         list(bob.call(bob.sessions.GetBlob, pb.sessions.GetBlobRequest(session_id=sid, blob_id=digest)))
     assert other.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_session_of_an_agent_and_the_users_own_memory(pb, alice, bob):
+    agent = alice.call(alice.agents.GetAgent, pb.agents.GetAgentRequest(agent_id="helper")).agent
+    assert (agent.agent_id, agent.version) == ("helper", 1)
+    assert agent.source == pb.agents.AGENT_SOURCE_CONFIG
+    session = alice.call(
+        alice.sessions.CreateSession, pb.sessions.CreateSessionRequest(agent_id="helper")
+    )
+    assert (session.agent_id, session.agent_version) == ("helper", 1)
+    edit = pb.agents.MemoryEdit(block="notes", set="likes tea")
+    written = alice.call(
+        alice.agents.UpdateMemory, pb.agents.UpdateMemoryRequest(agent_id="helper", edits=[edit])
+    )
+    assert dict(written.blocks) == {"notes": "likes tea"} and written.version == 1
+    read = alice.call(alice.agents.GetMemory, pb.agents.GetMemoryRequest(agent_id="helper"))
+    assert dict(read.blocks) == {"notes": "likes tea"}
+    # Another user's memory of the same agent is their own (empty) ...
+    theirs = bob.call(bob.agents.GetMemory, pb.agents.GetMemoryRequest(agent_id="helper"))
+    assert dict(theirs.blocks) == {} and theirs.version == 0
+    # ... and alice's is not theirs to read.
+    with pytest.raises(grpc.RpcError) as err:
+        bob.call(bob.agents.GetMemory, pb.agents.GetMemoryRequest(agent_id="helper", user_id="alice"))
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    # A turn of the agent's session runs.
+    events = list(alice.chat(session.session_id, "hello agent"))
+    assert finished(events).outcome == pb.sessions.TURN_OUTCOME_SUCCESS

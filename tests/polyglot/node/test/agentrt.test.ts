@@ -7,7 +7,10 @@ import { after, before, describe, it } from "node:test";
 
 import grpc from "@grpc/grpc-js";
 
+import type { GetAgentResponse__Output } from "../gen/agentrt/v1/GetAgentResponse";
 import type { GetBlobResponse__Output } from "../gen/agentrt/v1/GetBlobResponse";
+import type { GetMemoryResponse__Output } from "../gen/agentrt/v1/GetMemoryResponse";
+import type { UpdateMemoryResponse__Output } from "../gen/agentrt/v1/UpdateMemoryResponse";
 import type { GetHistoryResponse__Output } from "../gen/agentrt/v1/GetHistoryResponse";
 import type { UploadBlobResponse__Output } from "../gen/agentrt/v1/UploadBlobResponse";
 import type { Session__Output } from "../gen/agentrt/v1/Session";
@@ -369,5 +372,37 @@ describe("agentrt through @grpc/grpc-js", () => {
     assert.ok((await read(alice, sha256)).equals(text));
     assert.ok((await read(alice, blocks[1].image!.blob_id)).equals(png));
     await rejectsWith(read(bob, sha256), grpc.status.NOT_FOUND);
+  });
+
+  it("a session of an agent and the user's own memory", async () => {
+    const got = await alice.unary<GetAgentResponse__Output>((cb) =>
+      alice.agents.GetAgent({ agent_id: "helper" }, alice.metadata, alice.options(), cb),
+    );
+    assert.equal(got.agent?.agent_id, "helper");
+    assert.equal(got.agent?.source, "AGENT_SOURCE_CONFIG");
+    const session = await alice.unary<Session__Output>((cb) =>
+      alice.sessions.CreateSession({ agent_id: "helper" }, alice.metadata, alice.options(), cb),
+    );
+    assert.equal(session.agent_id, "helper");
+    assert.ok(session.agent_version >= 1);
+    const written = await alice.unary<UpdateMemoryResponse__Output>((cb) =>
+      alice.agents.UpdateMemory(
+        { agent_id: "helper", edits: [{ block: "todo", set: "water the plants" }] },
+        alice.metadata,
+        alice.options(),
+        cb,
+      ),
+    );
+    assert.equal(written.blocks.todo, "water the plants");
+    const read = (user: User, user_id = "") =>
+      user.unary<GetMemoryResponse__Output>((cb) =>
+        user.agents.GetMemory({ agent_id: "helper", user_id }, user.metadata, user.options(), cb),
+      );
+    assert.equal((await read(alice)).blocks.todo, "water the plants");
+    assert.equal((await read(bob)).blocks.todo, undefined);
+    await rejectsWith(read(bob, "alice"), grpc.status.PERMISSION_DENIED);
+    const { events, error } = await alice.chat(session.session_id, "hello agent").drain();
+    assert.equal(error, null);
+    assert.equal(finishedOf(events).outcome, "TURN_OUTCOME_SUCCESS");
   });
 });

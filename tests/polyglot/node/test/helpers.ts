@@ -14,6 +14,8 @@ import protoLoader from "@grpc/proto-loader";
 import protobuf from "protobufjs";
 
 import type { ProtoGrpcType } from "../gen/runtime";
+import type { ProtoGrpcType as AgentsGrpcType } from "../gen/agents";
+import type { AgentServiceClient } from "../gen/agentrt/v1/AgentService";
 import type { AgentRuntimeClient } from "../gen/agentrt/v1/AgentRuntime";
 import type { SessionServiceClient } from "../gen/agentrt/v1/SessionService";
 import type { ChatEvent__Output } from "../gen/agentrt/v1/ChatEvent";
@@ -37,7 +39,12 @@ const LOADER_OPTIONS: protoLoader.Options = {
 
 export function loadApi(): ProtoGrpcType {
   const definition = protoLoader.loadSync(
-    ["agentrt/v1/common.proto", "agentrt/v1/sessions.proto", "agentrt/v1/runtime.proto"],
+    [
+      "agentrt/v1/common.proto",
+      "agentrt/v1/sessions.proto",
+      "agentrt/v1/runtime.proto",
+      "agentrt/v1/agents.proto",
+    ],
     LOADER_OPTIONS,
   );
   return grpc.loadPackageDefinition(definition) as unknown as ProtoGrpcType;
@@ -62,12 +69,16 @@ export function env(name: string): string {
 export class User {
   readonly sessions: SessionServiceClient;
   readonly runtime: AgentRuntimeClient;
+  readonly agents: AgentServiceClient;
   readonly metadata: grpc.Metadata;
 
   constructor(api: ProtoGrpcType, addr: string, key: string) {
     const creds = grpc.credentials.createInsecure();
     this.sessions = new api.agentrt.v1.SessionService(addr, creds);
     this.runtime = new api.agentrt.v1.AgentRuntime(addr, creds);
+    // One package definition holds every loaded file; its agents.proto
+    // half has its own generated type.
+    this.agents = new (api as unknown as AgentsGrpcType).agentrt.v1.AgentService(addr, creds);
     this.metadata = new grpc.Metadata();
     this.metadata.set("authorization", `Bearer ${key}`);
   }
@@ -104,6 +115,7 @@ export class User {
   close(): void {
     this.sessions.close();
     this.runtime.close();
+    this.agents.close();
   }
 }
 
