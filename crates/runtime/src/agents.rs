@@ -26,6 +26,8 @@ use crate::types::{Budget, ThinkingLevel};
 
 mod template;
 
+pub use crate::types::{AgentBinding, Memory};
+
 pub use template::{FUEL, MAX_RENDERED_BYTES, PromptContext, check_template, render};
 
 /// The built-in tool that reads the user's memory blocks for the agent.
@@ -129,59 +131,18 @@ impl AgentVersion {
     }
 }
 
+/// What separates a tool source's name from its tool's in the names the
+/// model sees (`search__web`); the toolbox's `SEPARATOR` (a test holds them
+/// equal), spelled here so that profiles need not know the toolbox.
+const SOURCE_SEPARATOR: &str = "__";
+
 /// Whether `pattern` (an exact name, `source__*`, or `*`) names `tool`.
 pub fn tool_matches(pattern: &str, tool: &str) -> bool {
     match pattern.strip_suffix('*') {
         Some(prefix) => {
-            (prefix.is_empty() || prefix.ends_with(crate::toolbox::SEPARATOR))
-                && tool.starts_with(prefix)
+            (prefix.is_empty() || prefix.ends_with(SOURCE_SEPARATOR)) && tool.starts_with(prefix)
         }
         None => pattern == tool,
-    }
-}
-
-/// How a session uses its agent, kept on the session record.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct AgentBinding {
-    /// The agent version the session runs with; 0: the latest at each turn.
-    /// At creation, 0 without [`AgentBinding::follow_latest`] asks for the
-    /// latest version then.
-    pub version: u64,
-    /// Asked at creation to follow the agent's latest version (`version`
-    /// stays 0).
-    pub follow_latest: bool,
-    /// The session that delegated this one (empty: none).
-    pub parent_session_id: String,
-    /// Re-read the memory blocks at every turn instead of freezing them at
-    /// the session's first turn.
-    pub refresh_memory: bool,
-    /// The memory blocks as the session's first turn read them (the prompt
-    /// snapshot); `None` until then.
-    pub memory_snapshot: Option<Memory>,
-}
-
-impl AgentBinding {
-    /// Bytes this binding adds to a session record (for the record bound).
-    pub fn size(&self) -> usize {
-        self.parent_session_id.len() + self.memory_snapshot.as_ref().map_or(0, Memory::size) + 16
-    }
-}
-
-/// A user's memory blocks for one agent.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Memory {
-    /// One more per change; 0: never written.
-    pub version: u64,
-    /// Block name → text.
-    pub blocks: BTreeMap<String, String>,
-}
-
-impl Memory {
-    /// Bytes of the blocks' names and texts.
-    pub fn size(&self) -> usize {
-        self.blocks.iter().map(|(k, v)| k.len() + v.len()).sum()
     }
 }
 
@@ -410,6 +371,7 @@ mod tests {
 
     #[test]
     fn tool_patterns_name_exact_tools_a_sources_tools_or_all() {
+        assert_eq!(SOURCE_SEPARATOR, crate::toolbox::SEPARATOR);
         assert!(tool_matches("search__web", "search__web"));
         assert!(!tool_matches("search__web", "search__webx"));
         assert!(tool_matches("search__*", "search__web"));

@@ -105,6 +105,37 @@ pub fn capped_violations(violations: Vec<FieldViolation>) -> Vec<FieldViolation>
     shown
 }
 
+/// Why a hook stopped what it guards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HookStop {
+    /// The hook refused (or denied), saying why.
+    Refused {
+        /// The hook's name.
+        hook: String,
+        /// Its reason, clipped to `hooks::MAX_REASON_CHARS`.
+        reason: String,
+    },
+    /// A fail-closed hook did not answer usably in time.
+    Failed {
+        /// The hook's name.
+        hook: String,
+    },
+}
+
+impl std::fmt::Display for HookStop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Refused { hook, reason } => {
+                write!(f, "refused by the operator's hook {hook:?}: {reason}")
+            }
+            Self::Failed { hook } => write!(
+                f,
+                "the operator's hook {hook:?} did not answer in time (it is fail-closed)"
+            ),
+        }
+    }
+}
+
 /// Errors of the runtime core's API.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -178,11 +209,11 @@ pub enum RuntimeError {
         display_clip(.0, MAX_DISPLAY_TEXT_CHARS)
     )]
     AgentPrompt(String),
-    /// An operator hook stopped the turn before it started
-    /// ([`crate::hooks`], `BeforeTurn`): it refused, or it is fail-closed
-    /// and did not answer in time. Nothing was stored.
+    /// An operator hook stopped the turn before it started (`BeforeTurn`):
+    /// it refused, or it is fail-closed and did not answer in time. Nothing
+    /// was stored.
     #[error("{0}")]
-    Hook(crate::hooks::HookStop),
+    Hook(HookStop),
     /// The store failed.
     #[error(transparent)]
     Store(StoreError),

@@ -12,6 +12,7 @@
 //! - [`http`]: the HTTP JSON client (`POST <url>/<Rpc>`, proto3 JSON).
 //! - `messages`: the requests and decisions (re-exported here).
 
+pub use crate::error::HookStop;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -141,37 +142,6 @@ pub struct Hook {
     pub fail_open: bool,
     /// The transport.
     pub client: Arc<dyn HookClient>,
-}
-
-/// Why a hook stopped what it guards.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HookStop {
-    /// The hook refused (or denied), saying why.
-    Refused {
-        /// The hook's name.
-        hook: String,
-        /// Its reason, clipped to [`MAX_REASON_CHARS`].
-        reason: String,
-    },
-    /// A fail-closed hook did not answer usably in time.
-    Failed {
-        /// The hook's name.
-        hook: String,
-    },
-}
-
-impl fmt::Display for HookStop {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Refused { hook, reason } => {
-                write!(f, "refused by the operator's hook {hook:?}: {reason}")
-            }
-            Self::Failed { hook } => write!(
-                f,
-                "the operator's hook {hook:?} did not answer in time (it is fail-closed)"
-            ),
-        }
-    }
 }
 
 /// What a tool call does after the `BeforeToolCall` hooks.

@@ -10,8 +10,11 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
+mod agent;
 mod provenance;
 mod session;
+
+pub use agent::{AgentBinding, Memory};
 
 pub use provenance::{MAX_SPEAKER_ID_BYTES, MAX_SPEAKER_NAME_BYTES, Speaker};
 
@@ -880,7 +883,7 @@ pub struct Session {
     /// How it uses its agent: the version, the parent session, the prompt's
     /// memory snapshot.
     #[serde(default)]
-    pub agent: crate::agents::AgentBinding,
+    pub agent: AgentBinding,
 }
 
 /// A session's budget: turns stop being admitted once what the session
@@ -991,7 +994,7 @@ pub struct NewSession {
     /// Budget.
     pub budget: Budget,
     /// How the session uses its agent.
-    pub agent: crate::agents::AgentBinding,
+    pub agent: AgentBinding,
 }
 
 /// A partial update of a session; `None` leaves a field unchanged.
@@ -1014,7 +1017,7 @@ pub struct SessionUpdate {
     /// Whether the prompt re-reads memory at every turn.
     pub refresh_memory: Option<bool>,
     /// The prompt's memory snapshot (set by the session's first turn).
-    pub memory_snapshot: Option<crate::agents::Memory>,
+    pub memory_snapshot: Option<Memory>,
 }
 
 /// A new unique id (UUID v7: time-ordered, so ids sort by creation).

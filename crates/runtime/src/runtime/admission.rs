@@ -161,7 +161,10 @@ impl Runtime {
         checked: Checked,
         from_inbox: Option<String>,
     ) -> Result<TurnStream, RuntimeError> {
-        let checked = super::restricted::admit(who, &input, &self.inner.config, checked)?;
+        let checked = Checked {
+            restricted: super::restricted::admit(who, &input, &self.inner.config)?,
+            ..checked
+        };
         let mut plan = self.plan(&session, &mut input, checked).await?;
         plan.quota = self.write_quota(who);
         plan.actor = who.input_actor();

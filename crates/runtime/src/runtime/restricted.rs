@@ -29,7 +29,6 @@
 //! record carry it ([`crate::types::QueuedInput::restricted`]), so the
 //! turn they run (on any replica, after a restart) is capability-free too.
 
-use super::validate::Checked;
 use super::{ChatInput, OnBusy, RuntimeConfig};
 use crate::error::RuntimeError;
 use crate::types::{NewSession, Principal, SessionUpdate};
@@ -74,19 +73,15 @@ pub(super) fn check_chat(
     Err(refused(refusal))
 }
 
-/// Admission's check of `who`'s turn: [`check_chat`], and the checked
-/// request marked restricted so that its runner is capability-free.
+/// Admission's check of `who`'s turn: [`check_chat`]; whether the turn
+/// is restricted (its runner capability-free).
 pub(super) fn admit(
     who: &Principal,
     input: &ChatInput,
     config: &RuntimeConfig,
-    checked: Checked,
-) -> Result<Checked, RuntimeError> {
+) -> Result<bool, RuntimeError> {
     check_chat(who, input, config)?;
-    Ok(Checked {
-        restricted: who.restricted,
-        ..checked
-    })
+    Ok(who.restricted)
 }
 
 /// Refuses a restricted `who`'s new session that sets a model or a system

@@ -37,6 +37,7 @@ mod pause;
 pub(crate) mod prestart;
 mod steering;
 mod step;
+mod step_end;
 mod tools;
 
 use super::context::Context;

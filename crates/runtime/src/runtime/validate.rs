@@ -47,7 +47,12 @@ pub(super) fn chat_input(
     if let Some(speaker) = &input.speaker {
         let mut violations = Vec::new();
         speaker.check("speaker", &mut violations);
-        RuntimeError::check(violations)?;
+        RuntimeError::check(
+            violations
+                .into_iter()
+                .map(|(field, problem)| crate::error::FieldViolation::new(field, problem))
+                .collect(),
+        )?;
     }
     if let Some(system) = &input.system_override
         && system.len() > config.max_input_bytes

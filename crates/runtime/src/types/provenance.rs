@@ -10,8 +10,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::FieldViolation;
-
 /// Most bytes of a [`Speaker::id`].
 pub const MAX_SPEAKER_ID_BYTES: usize = 128;
 /// Most bytes of a [`Speaker::display_name`].
@@ -74,12 +72,12 @@ impl Speaker {
         format!("speaker_{:016x}", fnv1a(self.id.as_bytes()))
     }
 
-    /// The violations of the limits above, fields named under `field`
-    /// (`speaker.id`, `speaker.display_name`).
-    pub fn check(&self, field: &str, violations: &mut Vec<FieldViolation>) {
+    /// The violations of the limits above as (field, problem), fields
+    /// named under `field` (`speaker.id`, `speaker.display_name`).
+    pub fn check(&self, field: &str, violations: &mut Vec<(String, String)>) {
         let id = format!("{field}.id");
         if self.id.trim().is_empty() {
-            violations.push(FieldViolation::new(id, "must not be empty"));
+            violations.push((id, "must not be empty".to_owned()));
         } else {
             check_text(id, &self.id, MAX_SPEAKER_ID_BYTES, violations);
         }
@@ -92,16 +90,16 @@ impl Speaker {
     }
 }
 
-fn check_text(field: String, text: &str, max: usize, violations: &mut Vec<FieldViolation>) {
+fn check_text(field: String, text: &str, max: usize, violations: &mut Vec<(String, String)>) {
     if text.len() > max {
-        violations.push(FieldViolation::new(
+        violations.push((
             field,
             format!("is {} bytes; the limit is {max}", text.len()),
         ));
     } else if text.chars().any(char::is_control) {
-        violations.push(FieldViolation::new(
+        violations.push((
             field,
-            "must not contain control characters (newlines, tabs, …)",
+            "must not contain control characters (newlines, tabs, …)".to_owned(),
         ));
     }
 }
@@ -135,7 +133,7 @@ mod tests {
     fn violations(speaker: &Speaker) -> Vec<String> {
         let mut out = Vec::new();
         speaker.check("speaker", &mut out);
-        out.into_iter().map(|v| v.field).collect()
+        out.into_iter().map(|(field, _)| field).collect()
     }
 
     #[test]

@@ -10,22 +10,12 @@ use std::sync::Arc;
 
 use super::Turn;
 use super::step::{StepEnd, StepOutput, ToolCallRequest};
-use crate::events::ErrorCode;
 use crate::hooks::{
-    AfterStepRequest, AfterToolCallRequest, BeforeToolCallRequest, HookPoint, HookStop,
-    HookToolCall, Hooks, ToolGate, TurnContext,
+    AfterStepRequest, AfterToolCallRequest, BeforeToolCallRequest, HookPoint, HookToolCall, Hooks,
+    ToolGate, TurnContext,
 };
 use crate::model::{ModelRequest, ModelStream};
 use crate::toolbox::ToolOutcome;
-
-/// The in-stream error of a turn a hook ended.
-pub(super) fn stop_error(stop: &HookStop) -> (ErrorCode, String) {
-    let code = match stop {
-        HookStop::Refused { .. } => ErrorCode::PermissionDenied,
-        HookStop::Failed { .. } => ErrorCode::Unavailable,
-    };
-    (code, stop.to_string())
-}
 
 fn hook_call(call: &ToolCallRequest) -> HookToolCall {
     HookToolCall {

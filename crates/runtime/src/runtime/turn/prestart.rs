@@ -19,7 +19,7 @@ use std::task::{Context as TaskContext, Poll};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::step::StepEnd;
+use super::step_end::StepEnd;
 use crate::model::{ModelError, ModelRequest, ModelStream, Reservation, ToolSpec};
 use crate::runtime::Inner;
 use crate::runtime::context::Context;

@@ -13,15 +13,7 @@ use crate::events::{ErrorCode, EventKind, Phase, TurnOutcome};
 use crate::model::{ModelError, ModelEvent, ModelRequest};
 use crate::types::{CancelReason, ContentBlock, NewMessage, Role, StopReason, Usage};
 
-/// How the model step ended.
-pub(crate) enum StepEnd {
-    Finished(StopReason),
-    Failed(ModelError),
-    Cancelled(CancelReason),
-    TimedOut,
-    /// An operator hook ended the turn (see `hooks`).
-    Hook(crate::hooks::HookStop),
-}
+pub(crate) use super::step_end::StepEnd;
 
 /// What the step produced so far; kept outside the step future so a panic
 /// inside it still leaves the partial output to store.
@@ -373,7 +365,7 @@ impl Turn {
                 self.store_partial(output, StopReason::Error, emitter)
                     .await
                     .ok();
-                let (code, message) = super::hooks::stop_error(&stop);
+                let (code, message) = super::step_end::stop_error(&stop);
                 TurnEnd::failed(code, message)
             }
         }
