@@ -378,3 +378,45 @@ async fn memory_the_model_writes_shows_in_the_users_next_session_and_no_one_else
     assert_eq!(err.code(), Some(Code::PermissionDenied), "{err}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn an_agent_with_auto_title_off_leaves_its_sessions_untitled() {
+    let fake = FakeOpenAi::start(vec![text_reply("fine")]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = base_config(dir.path());
+    config.auth = keys();
+    config.default_model = "mock/m".into();
+    config.providers.push(mock_provider(&fake, None));
+    for (id, auto_title) in [("quiet", Some(false)), ("loud", None)] {
+        config.agents.push(AgentConfig {
+            id: id.into(),
+            auto_title,
+            ..AgentConfig::default()
+        });
+    }
+    let server = InProcessServer::start_prepared(ServerBuilder::new(config.clone())).await;
+    let alice = client(&server, "key-alice").await;
+    let quiet = session(&alice, "quiet", "", false).await;
+    let loud = session(&alice, "loud", "", false).await;
+    for s in [&quiet, &loud] {
+        alice
+            .chat_with(text_request(&s.session_id, "Plan a trip to Japan"))
+            .await
+            .unwrap()
+            .finish()
+            .await
+            .unwrap();
+    }
+    // Stopping waits for the title jobs in flight: what is stored now is
+    // final.
+    server.stop().await;
+    let server = InProcessServer::start_prepared(ServerBuilder::new(config)).await;
+    let alice = client(&server, "key-alice").await;
+    let title = |id: String| {
+        let alice = alice.clone();
+        async move { alice.get_session(&id).await.unwrap().title }
+    };
+    assert_eq!(title(loud.session_id).await, "Plan a trip to Japan");
+    assert_eq!(title(quiet.session_id).await, "");
+    server.stop().await;
+}

@@ -90,6 +90,8 @@ struct Plan {
     daily: Option<DailyBudget>,
     /// The caller's provenance, stored on the user message.
     actor: InputActor,
+    /// Whether the turn may title its session (its agent's `auto_title`).
+    auto_title: bool,
 }
 
 impl Runtime {
@@ -244,7 +246,11 @@ impl Runtime {
             .system_override
             .take()
             .or_else(|| (!session.system_prompt.is_empty()).then(|| session.system_prompt.clone()))
-            .or_else(|| agent.and_then(|a| a.prompt));
+            .or_else(|| agent.as_ref().and_then(|a| a.prompt.clone()));
+        let auto_title = agent
+            .as_ref()
+            .and_then(|a| a.agent.spec.auto_title)
+            .unwrap_or(true);
         Ok(Plan {
             checked,
             runner,
@@ -255,6 +261,7 @@ impl Runtime {
             quota: WriteQuota::default(),
             daily: None,
             actor: InputActor::new(crate::types::ActorKind::System, &session.owner),
+            auto_title,
         })
     }
 
@@ -424,6 +431,7 @@ impl Runtime {
             deadline: plan.checked.deadline_from(admitted_at),
             require_approval: input.require_approval,
             daily: plan.daily,
+            auto_title: plan.auto_title,
         };
         let holds = TurnHolds {
             slot,

@@ -187,6 +187,8 @@ pub(crate) struct Turn {
     /// The owner's budget for the day, with what it spent before this
     /// turn began.
     daily: Option<DailyBudget>,
+    /// Whether the turn may title its session.
+    auto_title: bool,
 }
 
 /// An owner's budget for the day and what its turns spent before a turn
@@ -216,6 +218,9 @@ pub(crate) struct TurnPlan {
     pub(crate) require_approval: Vec<String>,
     /// The owner's budget for the day, when one is set.
     pub(crate) daily: Option<DailyBudget>,
+    /// Whether the turn may title its session (its agent's `auto_title`;
+    /// default yes).
+    pub(crate) auto_title: bool,
 }
 
 /// What a turn holds while it runs, besides its plan: the session's slot,
@@ -262,6 +267,7 @@ impl Turn {
             resume,
             require_approval: plan.require_approval,
             daily: plan.daily,
+            auto_title: plan.auto_title,
             inner,
             live,
             runner: plan.runner,

@@ -321,7 +321,11 @@ fn resumed_plan(
         .clone()
         .or_else(|| (!session.system_prompt.is_empty()).then(|| session.system_prompt.clone()))
         .or_else(|| agent.as_ref().and_then(|a| a.prompt.clone()));
-    let agent_steps = agent.and_then(|a| a.agent.spec.max_steps);
+    let agent_steps = agent.as_ref().and_then(|a| a.agent.spec.max_steps);
+    let auto_title = agent
+        .as_ref()
+        .and_then(|a| a.agent.spec.auto_title)
+        .unwrap_or(true);
     let resume = Resume {
         index: pause.step,
         open,
@@ -348,6 +352,7 @@ fn resumed_plan(
         require_approval: pause.input.require_approval,
         // The day's budget was checked when the turn was admitted.
         daily: None,
+        auto_title,
     };
     (plan, resume)
 }

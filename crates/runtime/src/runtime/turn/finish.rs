@@ -61,7 +61,7 @@ impl Turn {
             })
             .await;
         self.finished_summary(outcome, usage);
-        if self.session.title.is_empty() && outcome == TurnOutcome::Success {
+        if self.auto_title && self.session.title.is_empty() && outcome == TurnOutcome::Success {
             crate::runtime::title::spawn(
                 Arc::clone(&self.inner),
                 self.record.session_id.clone(),
