@@ -238,6 +238,8 @@ async fn an_agent_session_sends_its_rendered_template_tools_and_model_and_keeps_
     };
     let created = admin.create_agent("writer", v1.clone()).await.unwrap();
     assert_eq!(created.version, 1);
+    let err = admin.create_agent("writer", v1.clone()).await.unwrap_err();
+    assert_eq!(err.code(), Some(Code::AlreadyExists), "{err}");
     let err = alice.create_agent("mine", v1.clone()).await.unwrap_err();
     assert_eq!(err.code(), Some(Code::PermissionDenied), "{err}");
     let pinned = session(&alice, "writer", "", false).await;

@@ -77,15 +77,8 @@ impl Runtime {
             spec,
             created_at: SystemTime::now(),
         };
-        if self
-            .inner
-            .store
-            .agents()
-            .get_agent(id, None)
-            .await?
-            .is_some()
-            || !self.inner.store.agents().put_agent(&agent).await?
-        {
+        // Version 1 is stored only when no version of the id exists.
+        if !self.inner.store.agents().put_agent(&agent).await? {
             return Err(RuntimeError::AlreadyExists("an agent with this id exists"));
         }
         Ok(agent)
