@@ -9,6 +9,7 @@ mod e2e {
     mod chat;
     mod compaction;
     mod control;
+    mod delegate;
     mod fault_matrix;
     pub(crate) mod harness;
     mod hooks;

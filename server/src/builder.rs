@@ -467,6 +467,7 @@ impl ServerBuilder {
             quotas: self.config.quotas.to_policy(),
             prices: self.config.prices.clone(),
             memory: self.config.memory.limits()?,
+            delegation: self.config.delegation.limits()?,
             hooks,
             ..RuntimeConfig::default()
         };

@@ -31,7 +31,7 @@ mod tls;
 mod tools;
 mod transport;
 
-pub use agents::{AgentConfig, MemorySettings, agent_specs};
+pub use agents::{AgentConfig, DelegationSettings, MemorySettings, agent_specs};
 pub use auth::{AuthConfig, MtlsConfig};
 pub use blobs::BlobSettings;
 pub use cluster::{ClusterKey, ClusterSettings, MIN_CLUSTER_KEY_BYTES};
@@ -425,6 +425,8 @@ struct FileConfig {
     #[serde(default)]
     memory: MemorySettings,
     #[serde(default)]
+    delegation: DelegationSettings,
+    #[serde(default)]
     hooks: Vec<HookConfig>,
 }
 
@@ -517,6 +519,8 @@ pub struct Config {
     pub agents: Vec<AgentConfig>,
     /// The `[memory]` table: bounds on memory blocks.
     pub memory: MemorySettings,
+    /// The `[delegation]` table: bounds on delegate sessions.
+    pub delegation: DelegationSettings,
     /// The TOML file this was read from (`--config`), re-read on SIGHUP
     /// for `[[agents]]`.
     pub file: Option<PathBuf>,
@@ -561,6 +565,7 @@ impl Default for Config {
             prices: agentrt_runtime::prices::Prices::default(),
             agents: Vec::new(),
             memory: MemorySettings::default(),
+            delegation: DelegationSettings::default(),
             file: None,
             hooks: Vec::new(),
         }
@@ -646,6 +651,7 @@ impl Config {
             prices: prices::prices(file.prices)?,
             agents: file.agents,
             memory: file.memory,
+            delegation: file.delegation,
             file: None,
             hooks: file.hooks,
         })
@@ -749,6 +755,7 @@ impl Config {
         self.blobs.validate(self.transport.max_request_bytes)?;
         agent_specs(&self.agents)?;
         self.memory.limits()?;
+        self.delegation.limits()?;
         if !(4..=65_536).contains(&self.store_cache_mb) {
             return Err(ConfigError(format!(
                 "store_cache_mb is {}; it must be between 4 and 65536",

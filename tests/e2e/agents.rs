@@ -50,7 +50,7 @@ impl ToolSource for Tools {
     }
 }
 
-fn call_reply(id: &str, name: &str, arguments: &str) -> FakeReply {
+pub(super) fn call_reply(id: &str, name: &str, arguments: &str) -> FakeReply {
     let call = json!({
         "index": 0, "id": id, "type": "function",
         "function": {"name": name, "arguments": arguments}
@@ -61,12 +61,12 @@ fn call_reply(id: &str, name: &str, arguments: &str) -> FakeReply {
     ])
 }
 
-fn text_reply(text: &str) -> FakeReply {
+pub(super) fn text_reply(text: &str) -> FakeReply {
     FakeReply::sse(vec![text_chunk(text), finish_chunk("stop")])
 }
 
 /// The system prompt of a recorded request (empty when it has none).
-fn system(r: &RecordedRequest) -> String {
+pub(super) fn system(r: &RecordedRequest) -> String {
     let first = &r.body["messages"][0];
     if first["role"] == "system" {
         first["content"].as_str().unwrap_or_default().to_owned()
@@ -75,7 +75,7 @@ fn system(r: &RecordedRequest) -> String {
     }
 }
 
-fn tool_names(r: &RecordedRequest) -> Vec<String> {
+pub(super) fn tool_names(r: &RecordedRequest) -> Vec<String> {
     r.body["tools"]
         .as_array()
         .map(|tools| {
@@ -87,7 +87,7 @@ fn tool_names(r: &RecordedRequest) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn keys() -> AuthConfig {
+pub(super) fn keys() -> AuthConfig {
     AuthConfig {
         api_keys: vec![
             ApiKeyConfig::inline("key-admin", "root", true),
@@ -98,7 +98,7 @@ fn keys() -> AuthConfig {
     }
 }
 
-async fn client(server: &InProcessServer, token: &str) -> Client {
+pub(super) async fn client(server: &InProcessServer, token: &str) -> Client {
     Client::builder(server.url())
         .token(token)
         .connect()

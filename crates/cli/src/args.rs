@@ -321,6 +321,12 @@ pub(crate) struct ListArgs {
     /// Include archived sessions.
     #[arg(long)]
     pub(crate) all: bool,
+    /// Only the sessions of this agent.
+    #[arg(long)]
+    pub(crate) agent: Option<String>,
+    /// Only the delegate sessions this session started.
+    #[arg(long, value_name = "SESSION")]
+    pub(crate) parent: Option<String>,
 }
 
 #[derive(Debug, Args)]

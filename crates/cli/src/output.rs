@@ -50,6 +50,8 @@ fn session_json(s: &proto::Session) -> Value {
         "session_id": s.session_id,
         "owner": s.owner,
         "agent_id": s.agent_id,
+        "agent_version": s.agent_version,
+        "parent_session_id": s.parent_session_id,
         "project_id": s.project_id,
         "title": s.title,
         "model": s.model,
@@ -367,6 +369,15 @@ impl Out {
         }
         println!("session   {}", s.session_id);
         println!("title     {}", s.title);
+        if !s.agent_id.is_empty() {
+            match s.agent_version {
+                0 => println!("agent     {} (latest)", s.agent_id),
+                v => println!("agent     {} v{v}", s.agent_id),
+            }
+        }
+        if !s.parent_session_id.is_empty() {
+            println!("parent    {}", s.parent_session_id);
+        }
         println!(
             "model     {}",
             if s.model.is_empty() {

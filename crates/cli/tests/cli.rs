@@ -986,5 +986,13 @@ async fn agents_are_created_updated_and_read_memory_is_set_and_chat_runs_with_an
         sent["messages"][0]["content"], "Notes for local: likes tea",
         "{sent}"
     );
+    // The session it made is listed by agent, with its version.
+    let listed = h.json(&["sessions", "list", "--agent", "helper"]).await;
+    let sessions = listed["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), 1, "{listed}");
+    assert_eq!(sessions[0]["agent_version"], 2, "{listed}");
+    assert_eq!(sessions[0]["parent_session_id"], "", "{listed}");
+    let none = h.json(&["sessions", "list", "--agent", "other"]).await;
+    assert_eq!(none["sessions"], serde_json::json!([]), "{none}");
     h.server.stop().await;
 }

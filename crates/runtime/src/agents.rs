@@ -252,6 +252,27 @@ impl Default for MemoryLimits {
     }
 }
 
+/// Bounds on the built-in [`DELEGATE`] tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DelegationLimits {
+    /// How deep delegate sessions nest: a session this many delegations
+    /// below one a caller created is not offered the tool. Default 2.
+    pub max_depth: u32,
+    /// Most delegate calls of one model step that run (at once); the
+    /// step's further calls are refused with a result saying so.
+    /// Default 4.
+    pub max_parallel: usize,
+}
+
+impl Default for DelegationLimits {
+    fn default() -> Self {
+        Self {
+            max_depth: 2,
+            max_parallel: 4,
+        }
+    }
+}
+
 /// Checks an agent id: 1–64 bytes of ASCII letters, digits, `_-.`.
 pub fn check_agent_id(id: &str) -> Result<(), String> {
     if id.is_empty() || id.len() > MAX_AGENT_ID_BYTES {

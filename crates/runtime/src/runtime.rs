@@ -38,6 +38,7 @@ mod cluster;
 mod compaction;
 mod context;
 mod control;
+mod delegate;
 mod hooks;
 mod inbox;
 mod jobs;
@@ -162,6 +163,8 @@ pub struct RuntimeConfig {
     pub prices: crate::prices::Prices,
     /// Bounds on each user's memory blocks per agent.
     pub memory: crate::agents::MemoryLimits,
+    /// Bounds on delegate sessions (the built-in `delegate` tool).
+    pub delegation: crate::agents::DelegationLimits,
     /// The operator's hooks ([`crate::hooks`]), called around every turn.
     /// Default: none.
     pub hooks: crate::hooks::Hooks,
@@ -196,6 +199,7 @@ impl Default for RuntimeConfig {
             quotas: crate::quota::QuotaPolicy::default(),
             prices: crate::prices::Prices::default(),
             memory: crate::agents::MemoryLimits::default(),
+            delegation: crate::agents::DelegationLimits::default(),
             hooks: crate::hooks::Hooks::default(),
         }
     }

@@ -688,6 +688,11 @@ pub struct TurnRecord {
     /// on another replica.
     #[serde(default)]
     pub pause: Option<Pause>,
+    /// What the turn's delegate sessions (the `delegate` tool) used and
+    /// cost: added to its session's [`Session::spent`] with the turn's own,
+    /// so a parent's budget covers its children.
+    #[serde(default, skip_serializing_if = "Spent::is_zero")]
+    pub delegated: Spent,
 }
 
 /// What a paused turn waits for, and what its next steps need of the Chat
@@ -947,6 +952,16 @@ impl Spent {
         self.usage
             .input_tokens
             .saturating_add(self.usage.output_tokens)
+    }
+
+    /// Whether nothing was used.
+    pub fn is_zero(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// `self` plus `other`.
+    pub fn add(&self, other: &Self) -> Self {
+        self.plus(&other.usage, Some(other.cost_nano_usd))
     }
 
     /// `self` plus a turn's usage and cost.

@@ -118,6 +118,7 @@ pub fn running_turn(session_id: &str, incarnation: &str, turn_id: &str) -> TurnR
         cost_nano_usd: None,
         from_inbox: None,
         pause: None,
+        delegated: Default::default(),
         turn_id: turn_id.to_owned(),
         session_id: session_id.to_owned(),
         status: TurnStatus::Running,
@@ -822,9 +823,9 @@ pub async fn inbox_runs_each_queued_message_once(store: &dyn Store) {
     );
 }
 
-/// A turn's end adds its usage and cost to what the session spent — once,
-/// however often the same end is stored; the budget round-trips through
-/// create and update.
+/// A turn's end adds its usage and cost (and its delegates') to what the
+/// session spent — once, however often the same end is stored; the budget
+/// round-trips through create and update.
 pub async fn finish_turn_adds_what_it_spent_once(store: &dyn Store) {
     let budget = Budget {
         max_tokens: Some(100),
@@ -875,6 +876,15 @@ pub async fn finish_turn_adds_what_it_spent_once(store: &dyn Store) {
         },
         cost_nano_usd: None,
         user_message_seq: seq,
+        // What its delegate sessions used counts for this session too.
+        delegated: Spent {
+            usage: Usage {
+                input_tokens: 30,
+                output_tokens: 4,
+                ..Usage::default()
+            },
+            cost_nano_usd: 70,
+        },
         ..running_turn(&s.id, &s.incarnation, "t2")
     };
     let answer = text_message("t2", Role::Notice, "budget");
@@ -883,8 +893,8 @@ pub async fn finish_turn_adds_what_it_spent_once(store: &dyn Store) {
         .await
         .expect("finish_turn_with");
     let session = get(store, &s.id).await;
-    assert_eq!(session.spent.tokens(), 18);
-    assert_eq!(session.spent.cost_nano_usd, 1_000);
+    assert_eq!(session.spent.tokens(), 18 + 34);
+    assert_eq!(session.spent.cost_nano_usd, 1_070);
     assert_eq!(turn(store, &s.id, "t2").await, Some(second));
     let raised = SessionUpdate {
         budget: Some(Budget::NONE),

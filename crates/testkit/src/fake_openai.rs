@@ -126,7 +126,7 @@ impl RecordedRequest {
 
 #[derive(Debug)]
 struct Shared {
-    script: Vec<FakeReply>,
+    script: Mutex<Vec<FakeReply>>,
     requests: Mutex<Vec<RecordedRequest>>,
     requests_seen: watch::Sender<usize>,
     clients_gone: watch::Sender<usize>,
@@ -156,7 +156,7 @@ impl FakeOpenAi {
             .expect("bind a loopback port for the fake server");
         let addr = listener.local_addr().expect("local address of the fake");
         let shared = Arc::new(Shared {
-            script,
+            script: Mutex::new(script),
             requests: Mutex::new(Vec::new()),
             requests_seen: watch::Sender::new(0),
             clients_gone: watch::Sender::new(0),
@@ -173,6 +173,16 @@ impl FakeOpenAi {
     /// `http://127.0.0.1:<port>/v1`, ready for a provider's `base_url`.
     pub fn base_url(&self) -> String {
         format!("http://{}/v1", self.addr)
+    }
+
+    /// Adds `replies` to the end of the script: for a test whose later
+    /// replies depend on what the server answered before (an id it made).
+    pub fn extend(&self, replies: impl IntoIterator<Item = FakeReply>) {
+        self.shared
+            .script
+            .lock()
+            .expect("fake state")
+            .extend(replies);
     }
 
     /// The requests received so far, oldest first.
@@ -235,10 +245,10 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>) {
 
 /// What request `index` gets: its entry, else the last one, else a 500.
 fn reply_for(shared: &Shared, index: usize) -> FakeReply {
-    shared
-        .script
+    let script = shared.script.lock().expect("fake state");
+    script
         .get(index)
-        .or(shared.script.last())
+        .or(script.last())
         .cloned()
         .unwrap_or(FakeReply::Status {
             code: 500,

@@ -1,5 +1,6 @@
 //! `[[agents]]` (agent profiles defined by the operator, read-only through
-//! `AgentService`) and `[memory]` (the bounds on memory blocks).
+//! `AgentService`), `[memory]` (the bounds on memory blocks) and
+//! `[delegation]` (the bounds on delegate sessions).
 //!
 //! ```toml
 //! [[agents]]
@@ -20,6 +21,10 @@
 //! [memory]
 //! max_blocks = 16                    # per user and agent
 //! max_block_bytes = 8192
+//!
+//! [delegation]
+//! max_depth = 2      # delegate sessions of delegate sessions, at most this deep
+//! max_parallel = 4   # delegate calls of one model step that run at once
 //! ```
 //!
 //! The config's agents are written to the store at start-up and on SIGHUP
@@ -29,7 +34,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use agentrt_runtime::agents::{self, AgentSpec, MemoryLimits};
+use agentrt_runtime::agents::{self, AgentSpec, DelegationLimits, MemoryLimits};
 use agentrt_runtime::types::{Budget, ThinkingLevel};
 use serde::Deserialize;
 
@@ -125,6 +130,46 @@ impl MemorySettings {
         Ok(MemoryLimits {
             max_blocks: self.max_blocks,
             max_block_bytes: self.max_block_bytes,
+        })
+    }
+}
+
+/// The `[delegation]` table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DelegationSettings {
+    /// How deep delegate sessions nest (0: no delegation). Default 2.
+    pub max_depth: u32,
+    /// Delegate calls of one model step that run at once. Default 4.
+    pub max_parallel: usize,
+}
+
+impl Default for DelegationSettings {
+    fn default() -> Self {
+        let d = DelegationLimits::default();
+        Self {
+            max_depth: d.max_depth,
+            max_parallel: d.max_parallel,
+        }
+    }
+}
+
+impl DelegationSettings {
+    /// The runtime's limits; refuses values that cannot work.
+    pub fn limits(&self) -> Result<DelegationLimits, ConfigError> {
+        if self.max_depth > 8 {
+            return Err(ConfigError(
+                "delegation.max_depth must be between 0 and 8".to_owned(),
+            ));
+        }
+        if !(1..=64).contains(&self.max_parallel) {
+            return Err(ConfigError(
+                "delegation.max_parallel must be between 1 and 64".to_owned(),
+            ));
+        }
+        Ok(DelegationLimits {
+            max_depth: self.max_depth,
+            max_parallel: self.max_parallel,
         })
     }
 }

@@ -27,7 +27,7 @@ pub(crate) async fn sessions(client: &Client, out: &Out, cmd: SessionsCommand) -
                 .await?;
             out.session_id(&s);
         }
-        SessionsCommand::List(ListArgs { all }) => {
+        SessionsCommand::List(ListArgs { all, agent, parent }) => {
             let mut token = String::new();
             let mut sessions = Vec::new();
             loop {
@@ -35,6 +35,8 @@ pub(crate) async fn sessions(client: &Client, out: &Out, cmd: SessionsCommand) -
                     .list_sessions(proto::ListSessionsRequest {
                         page_token: std::mem::take(&mut token),
                         include_archived: all,
+                        agent_id: agent.clone().unwrap_or_default(),
+                        parent_session_id: parent.clone().unwrap_or_default(),
                         ..Default::default()
                     })
                     .await?;

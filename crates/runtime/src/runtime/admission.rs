@@ -235,11 +235,16 @@ impl Runtime {
             )
             .await?;
         // A restricted principal's turn gets no built-in tools either.
-        if let Some(agent) = &agent
-            && !checked.restricted
-        {
-            super::builtins::restrict(&mut tools, &runner, &agent.agent, &input.excluded_tools)?;
-        }
+        let profile = agent.as_ref().map(|a| &*a.agent);
+        let excluded = &input.excluded_tools;
+        self.restrict_tools(
+            &mut tools,
+            &runner,
+            session,
+            profile,
+            excluded,
+            checked.restricted,
+        )?;
         let reservation = admit_model(&runner, &tools, input.max_output_tokens)?;
         let system_overridden = input.system_override.is_some();
         let system_prompt = input
@@ -771,6 +776,7 @@ fn running_record(
         cost_nano_usd: None,
         from_inbox: None,
         pause: None,
+        delegated: crate::types::Spent::default(),
     }
 }
 

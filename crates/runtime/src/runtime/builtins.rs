@@ -1,13 +1,15 @@
 //! The built-in tools an agent profile can offer: [`MEMORY_READ`] and
-//! [`MEMORY_WRITE`] over the session owner's memory blocks for the agent.
+//! [`MEMORY_WRITE`] over the session owner's memory blocks for the agent,
+//! offered when the profile lists them, and [`DELEGATE`] (module
+//! `delegate`), offered when the profile names agents to delegate to.
 //! They run inside the runtime (no tool source), in the turn's tool phase
-//! like a server tool, and are offered only when the profile lists them.
+//! like a server tool.
 
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use crate::agents::{AgentVersion, MEMORY_READ, MEMORY_WRITE, MemoryEdit};
+use crate::agents::{AgentVersion, DELEGATE, MEMORY_READ, MEMORY_WRITE, MemoryEdit};
 use crate::error::RuntimeError;
 use crate::model::ToolSpec;
 use crate::runtime::runners::Runner;
@@ -54,19 +56,25 @@ fn spec(name: &str) -> ToolSpec {
 
 /// Narrows the turn's `tools` to what `agent` allows — its server tools
 /// by pattern, the caller's own tools untouched — and adds the built-ins it
-/// offers (unless the call excluded them). A caller tool named like an
-/// offered built-in is refused.
+/// offers (unless the call excluded them; [`DELEGATE`] only when `may_delegate`:
+/// the session is not as deep as delegations go). A caller tool named like
+/// an offered built-in is refused.
 pub(crate) fn restrict(
     tools: &mut Vec<ToolSpec>,
     runner: &Runner,
     agent: &AgentVersion,
     excluded: &[String],
+    may_delegate: bool,
 ) -> Result<(), RuntimeError> {
     tools.retain(|t| {
         !runner.tools.iter().any(|s| s.name == t.name) || agent.allows_server_tool(&t.name)
     });
-    for name in [MEMORY_READ, MEMORY_WRITE] {
-        if !agent.offers_builtin(name) || excluded.iter().any(|e| e == name) {
+    for name in [MEMORY_READ, MEMORY_WRITE, DELEGATE] {
+        let offered = match name {
+            DELEGATE => may_delegate && !agent.spec.delegates.is_empty(),
+            _ => agent.offers_builtin(name),
+        };
+        if !offered || excluded.iter().any(|e| e == name) {
             continue;
         }
         if tools.iter().any(|t| t.name == name) {
@@ -78,9 +86,34 @@ pub(crate) fn restrict(
                 ),
             ));
         }
-        tools.push(spec(name));
+        tools.push(match name {
+            DELEGATE => super::delegate::spec(&agent.spec.delegates),
+            _ => spec(name),
+        });
     }
     Ok(())
+}
+
+impl Runtime {
+    /// [`restrict`]s the tools of a turn of `session` to its `agent`'s,
+    /// offering [`DELEGATE`] while the session is not as deep as
+    /// delegations go; a turn without an agent keeps its tools, and a
+    /// `restricted` principal's gets no built-in either.
+    pub(crate) fn restrict_tools(
+        &self,
+        tools: &mut Vec<ToolSpec>,
+        runner: &Runner,
+        session: &Session,
+        agent: Option<&AgentVersion>,
+        excluded: &[String],
+        restricted: bool,
+    ) -> Result<(), RuntimeError> {
+        let Some(agent) = agent.filter(|_| !restricted) else {
+            return Ok(());
+        };
+        let may_delegate = session.agent.depth < self.inner.config.delegation.max_depth;
+        restrict(tools, runner, agent, excluded, may_delegate)
+    }
 }
 
 /// Runs built-in tool call `name` for `session`'s owner and agent.

@@ -169,6 +169,12 @@ impl TurnStream {
         }
     }
 
+    /// The turn this stream's caller started, when dropping the stream
+    /// ends it.
+    pub(crate) fn live(&self) -> Option<Arc<LiveTurn>> {
+        self.cancel_on_drop.clone()
+    }
+
     /// Watches `live` from `after_seq`.
     pub(crate) fn attached(session_id: String, live: &LiveTurn, after_seq: u64) -> Self {
         let (watch, gap) = Watch::new(Arc::clone(&live.hub), after_seq);

@@ -189,6 +189,9 @@ pub(crate) struct Turn {
     daily: Option<DailyBudget>,
     /// Whether the turn may title its session.
     auto_title: bool,
+    /// What the turn's delegate sessions used and cost, summed (each
+    /// delegate call adds its child turn's when it ends).
+    delegated: Arc<std::sync::Mutex<crate::types::Spent>>,
 }
 
 /// An owner's budget for the day and what its turns spent before a turn
@@ -268,6 +271,8 @@ impl Turn {
             require_approval: plan.require_approval,
             daily: plan.daily,
             auto_title: plan.auto_title,
+            // A resumed turn goes on from what its delegates used before.
+            delegated: Arc::new(std::sync::Mutex::new(plan.record.delegated)),
             inner,
             live,
             runner: plan.runner,

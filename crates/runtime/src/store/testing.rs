@@ -26,6 +26,7 @@ pub(crate) fn running_turn(session_id: &str, incarnation: &str, turn_id: &str) -
         cost_nano_usd: None,
         from_inbox: None,
         pause: None,
+        delegated: crate::types::Spent::default(),
         turn_id: turn_id.to_owned(),
         session_id: session_id.to_owned(),
         status: TurnStatus::Running,

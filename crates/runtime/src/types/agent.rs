@@ -23,6 +23,9 @@ pub struct AgentBinding {
     /// The memory blocks as the session's first turn read them (the prompt
     /// snapshot); `None` until then.
     pub memory_snapshot: Option<Memory>,
+    /// How many delegations deep the session is: 0 for a session a caller
+    /// created, its parent's depth plus one for a delegate session.
+    pub depth: u32,
 }
 
 impl AgentBinding {

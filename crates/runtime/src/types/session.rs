@@ -119,7 +119,9 @@ impl Session {
         let was_running = before.is_none_or(|b| !b.status.is_final());
         let ends_now = was_running && turn.status.is_final();
         if ends_now {
-            self.spent = self.spent.plus(&turn.usage, turn.cost_nano_usd);
+            self.spent = (self.spent)
+                .plus(&turn.usage, turn.cost_nano_usd)
+                .add(&turn.delegated);
         }
         ends_now
     }

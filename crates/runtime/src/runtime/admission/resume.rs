@@ -8,7 +8,6 @@
 //! A pause past its bound resumes to time out at once.
 
 use crate::runtime::agents::TurnAgent;
-use crate::runtime::builtins;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -238,11 +237,9 @@ impl Runtime {
             )
             .await?;
         let agent = self.turn_agent(session).await?;
-        if let Some(agent) = &agent
-            && !restricted
-        {
-            builtins::restrict(&mut tools, &runner, &agent.agent, &input.excluded_tools)?;
-        }
+        let profile = agent.as_ref().map(|a| &*a.agent);
+        let excluded = &input.excluded_tools;
+        self.restrict_tools(&mut tools, &runner, session, profile, excluded, restricted)?;
         Ok((runner, tools, agent))
     }
 

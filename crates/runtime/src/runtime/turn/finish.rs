@@ -23,6 +23,7 @@ impl Turn {
         self.record.status = status_of(outcome);
         self.record.finished_at = Some(SystemTime::now());
         self.record.usage = usage;
+        self.record.delegated = self.delegated();
         self.record.cost_nano_usd =
             (self.inner.config.prices).cost_nano_usd(&self.record.model, &usage);
         if let Some(cost) = self.record.cost_nano_usd {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::stream::FuturesUnordered;
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::emitter::Emitter;
 use super::step::{StepOutput, ToolCallRequest};
@@ -19,6 +19,7 @@ use super::{TIMEOUT_NOTICE, Turn, TurnEnd};
 use crate::events::{EventKind, Phase, ToolStatus, ToolUse, TurnOutcome};
 use crate::model::ToolSpec;
 use crate::runtime::caller_tools::{Answer, PendingCall};
+use crate::runtime::delegate::{DelegateCall, PROGRESS_BUFFER, Progress};
 use crate::runtime::runners::Runner;
 use crate::toolbox::{ToolCallInfo, ToolKind, ToolOutcome, Toolbox};
 use crate::types::{
@@ -49,6 +50,8 @@ enum Route {
     Caller(String),
     /// To the runtime's built-in tool of that name (`runtime::builtins`).
     Builtin,
+    /// To a delegate session (`runtime::delegate`).
+    Delegate,
     /// Nowhere: this is its result (denied, or not an offered tool).
     Done(ToolOutcome),
 }
@@ -119,6 +122,12 @@ struct Dispatched {
     /// events, in order, emitted once the pause is durable (no call runs
     /// before they are: the waits are polled after).
     announce: Vec<EventKind>,
+    /// The progress of calls that report it (delegate calls), by index.
+    progress: mpsc::Receiver<Progress>,
+    /// Its sender, while calls are dispatched.
+    progress_tx: Option<mpsc::Sender<Progress>>,
+    /// Delegate calls started so far in the step.
+    delegates: usize,
 }
 
 fn info<'a>(call: &'a ToolCallRequest, kind: ToolKind) -> ToolCallInfo<'a> {
@@ -153,10 +162,13 @@ async fn route(
             call.name
         )));
     }
-    if crate::runtime::builtins::is_builtin(&call.name)
-        && !runner.tools.iter().any(|t| t.name == call.name)
-    {
-        return Route::Builtin;
+    if !runner.tools.iter().any(|t| t.name == call.name) {
+        if call.name == crate::agents::DELEGATE {
+            return Route::Delegate;
+        }
+        if crate::runtime::builtins::is_builtin(&call.name) {
+            return Route::Builtin;
+        }
     }
     if runner.tools.iter().any(|t| t.name == call.name) {
         if approval
@@ -380,6 +392,8 @@ impl Turn {
             reach,
             paused,
             announce,
+            mut progress,
+            ..
         } = self.dispatch(&calls, &mut results).await;
         if !paused.is_empty() {
             // Durable before the caller is asked: an answer always finds
@@ -390,7 +404,13 @@ impl Turn {
             emitter.emit(event).await;
         }
         let end = self
-            .wait_tools(&calls, &mut waits, &mut results, &reach, emitter)
+            .wait_tools(
+                &calls,
+                (&mut waits, &mut progress),
+                &mut results,
+                &reach,
+                emitter,
+            )
             .await;
         // Dropping unfinished server calls cancels them (MCP sends
         // `notifications/cancelled`).
@@ -439,11 +459,15 @@ impl Turn {
         let permits = Arc::new(toolbox.permits());
         let hooks = self.tool_hooks();
         let mut resumed = self.resume.take().map(|r| r.waits).unwrap_or_default();
+        let (progress_tx, progress) = mpsc::channel(PROGRESS_BUFFER);
         let mut out = Dispatched {
             waits: FuturesUnordered::new(),
             reach: Vec::with_capacity(calls.len()),
             paused: Vec::new(),
             announce: Vec::new(),
+            progress,
+            progress_tx: Some(progress_tx),
+            delegates: 0,
         };
         for (i, call) in calls.iter().enumerate() {
             out.announce.push(EventKind::ToolUse(Box::new(ToolUse {
@@ -482,6 +506,8 @@ impl Turn {
             };
             self.start_call(call, route, server, waited, (&mut out, results));
         }
+        // The progress channel closes once the calls holding it end.
+        out.progress_tx = None;
         out
     }
 
@@ -521,6 +547,7 @@ impl Turn {
                     (index, outcome)
                 }));
             }
+            Route::Delegate => self.start_delegate(call, server.index, out, results),
             Route::Approval => {
                 let rx = self.wait_for(call, &call.arguments_json, Wait::Approval, waited);
                 out.announce.push(EventKind::ApprovalRequired {
@@ -557,6 +584,55 @@ impl Turn {
                 out.paused.push(paused(call, &arguments_json, Wait::Result));
             }
         }
+    }
+
+    /// Starts delegate call `call` (the `index`th of its step) — unless
+    /// the step already runs as many as the configuration allows at once.
+    fn start_delegate(
+        &self,
+        call: &ToolCallRequest,
+        index: usize,
+        out: &mut Dispatched,
+        results: &mut [Option<ToolOutcome>],
+    ) {
+        let limit = self.inner.config.delegation.max_parallel;
+        let (Some(progress), true) = (&out.progress_tx, out.delegates < limit) else {
+            results[index] = Some(ToolOutcome::error(format!(
+                "not run: at most {limit} delegate calls run at once; call it again once \
+                 those have answered"
+            )));
+            out.reach.push(Reach::Answered);
+            return;
+        };
+        out.delegates += 1;
+        let delegates = self
+            .tools
+            .iter()
+            .find(|t| t.name == crate::agents::DELEGATE)
+            .map(crate::runtime::delegate::delegates_of)
+            .unwrap_or_default();
+        let delegate = DelegateCall {
+            inner: Arc::clone(&self.inner),
+            parent: self.session.clone(),
+            parent_live: Arc::clone(&self.live),
+            delegates,
+            time_left: self
+                .deadline
+                .map(|d| d.saturating_duration_since(tokio::time::Instant::now())),
+            budget_left: self.budget_left(),
+            index,
+            progress: progress.clone(),
+            spent: Arc::clone(&self.delegated),
+        };
+        // Runs at once: cut short, its outcome is unknown.
+        out.reach
+            .push(Reach::Server(Arc::new(AtomicBool::new(true))));
+        let arguments_json = call.arguments_json.clone();
+        let span = crate::runtime::spans::execute_tool(&call.name, &call.id, "extension");
+        out.waits.push(Box::pin(tracing::Instrument::instrument(
+            async move { (index, delegate.run(&arguments_json).await) },
+            span,
+        )));
     }
 
     /// The wait for the answer to `call`: the one a resume registered, or

@@ -10,9 +10,11 @@ use super::super::emitter::Emitter;
 use super::super::step::{StepEnd, ToolCallRequest};
 use super::super::{Turn, TurnEnd, until};
 use super::{Reach, ToolWait, ToolsEnd};
-use crate::events::{EventKind, Phase};
+use crate::events::{EventKind, Phase, ToolStatus, ToolUse};
+use crate::runtime::delegate::Progress;
 use crate::toolbox::ToolOutcome;
 use crate::types::CancelReason;
+use tokio::sync::mpsc;
 
 impl Turn {
     /// Waits until every call has its result in `results`, or the phase
@@ -20,7 +22,10 @@ impl Turn {
     pub(super) async fn wait_tools(
         &mut self,
         calls: &[ToolCallRequest],
-        waits: &mut FuturesUnordered<ToolWait>,
+        (waits, progress): (
+            &mut FuturesUnordered<ToolWait>,
+            &mut mpsc::Receiver<Progress>,
+        ),
         results: &mut [Option<ToolOutcome>],
         reach: &[Reach],
         emitter: &mut Emitter,
@@ -54,6 +59,11 @@ impl Turn {
                 Ok(()) = draining.changed(), if !drained => {}
                 () = until(self.wait_bound()) => return ToolsEnd::TimedOut,
                 Some((i, output)) = waits.next() => results[i] = Some(output),
+                Some((i, detail)) = progress.recv() => {
+                    if let Some(call) = calls.get(i).filter(|_| results[i].is_none()) {
+                        emitter.emit(running(call, detail)).await;
+                    }
+                }
                 () = tokio::time::sleep_until(emitter.heartbeat_due()) => {
                     let waiting = calls
                         .iter()
@@ -88,4 +98,18 @@ impl Turn {
         }
         Ok(())
     }
+}
+
+/// A `tool_use` RUNNING event of `call` telling its progress.
+fn running(call: &ToolCallRequest, detail: String) -> EventKind {
+    EventKind::ToolUse(Box::new(ToolUse {
+        call_id: call.id.clone(),
+        tool_name: call.name.clone(),
+        status: ToolStatus::Running,
+        input_summary: super::input_summary(&call.arguments_json),
+        arguments_json: call.arguments_json.clone(),
+        detail,
+        content: String::new(),
+        references: Vec::new(),
+    }))
 }
