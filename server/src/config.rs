@@ -67,7 +67,8 @@ pub struct Cli {
     /// TOML configuration file (optional).
     #[arg(long, env = "AGENTRT_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Default `provider/model` [default: builtin/echo].
+    /// Default `provider/model` [default: local/smollm2 when the local
+    /// model file is there, else builtin/echo].
     #[arg(long, env = "AGENTRT_DEFAULT_MODEL")]
     pub default_model: Option<String>,
     /// Drain time for live turns on SIGTERM, e.g. "30s" [default: 30s].
