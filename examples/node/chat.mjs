@@ -1,7 +1,8 @@
 // agentrt from Node: a streamed Chat, a busy session's ErrorInfo, a stopped turn.
 //
 //   packages/node/build.sh                      # prints the tarball's path
-//   npm install --prefix examples/node packages/node/dist/agentrt-client-0.1.0.tgz
+//   npm ci --prefix examples/node
+//   npm install --prefix examples/node --no-save packages/node/dist/agentrt-client-0.1.0.tgz
 //   node examples/node/chat.mjs --addr 127.0.0.1:50051 [--key KEY] "Hello there"
 //
 // With the agentrt-client package: creates a session and streams the answer
