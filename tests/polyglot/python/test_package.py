@@ -122,6 +122,25 @@ def test_raw_stub_errors_map_through_call(client):
         assert caught.value.code == grpc.StatusCode.UNAUTHENTICATED
 
 
+def test_the_key_goes_with_streaming_calls_of_the_raw_stubs(client):
+    import hashlib
+
+    sid = client.create_session().session_id
+    data = b"through the package\n" * 500
+    digest = hashlib.sha256(data).hexdigest()
+
+    def messages():
+        yield sessions_pb2.UploadBlobRequest(
+            session_id=sid, upload_id="pkg-upload", size=len(data), sha256=digest,
+            mime_type="text/plain", name="notes.txt")
+        yield sessions_pb2.UploadBlobRequest(data=data)
+
+    done = client.call(client.sessions.UploadBlob, messages(), session_id=sid)
+    assert done.blob.blob_id == digest and done.committed_size == len(data)
+    read = client.sessions.GetBlob(sessions_pb2.GetBlobRequest(session_id=sid, blob_id=digest), timeout=30)
+    assert b"".join(chunk.data for chunk in read) == data
+
+
 def test_a_url_with_another_scheme_is_refused():
     with pytest.raises(ValueError, match="unsupported URL scheme"):
         agentrt.connect("grpc://127.0.0.1:1")
