@@ -1,6 +1,7 @@
 // Generates what the package ships besides its own code (run by `npm run
 // build`, so by `npm pack` too):
 //
+//   LICENSE             the repository's;
 //   proto/              the .proto files of the repository's proto/agentrt,
 //                       and google/rpc/status.proto and error_details.proto
 //                       from google-proto-files (with their licence), which
@@ -39,7 +40,7 @@ fs.rmSync(gen, { recursive: true, force: true });
 const agentrt = walk(repoProto, ".proto", "agentrt").sort();
 if (agentrt.length === 0) throw new Error(`no .proto files under ${repoProto}/agentrt`);
 for (const file of agentrt) copy(path.join(repoProto, file), path.join(out, file));
-copy(path.join(repoProto, "..", "LICENSE"), path.join(out, "agentrt", "LICENSE"));
+copy(path.join(repoProto, "..", "LICENSE"), path.join(here, "LICENSE"));
 const rpc = ["google/rpc/status.proto", "google/rpc/error_details.proto"];
 for (const file of rpc) copy(path.join(googleProtos, file), path.join(out, file));
 copy(path.join(googleProtos, "LICENSE"), path.join(out, "google", "rpc", "LICENSE"));
