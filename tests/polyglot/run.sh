@@ -5,16 +5,22 @@
 #
 # (MCP_BIN defaults to examples/mcp_test_server beside the server binary.)
 #
-# Installs its own tools: a venv .ci/.venv-polyglot from
+# Installs its own tools: a venv .ci/.venv-polyglot (or $POLYGLOT_VENV) from
 # tests/polyglot/python/requirements.txt (every package pinned) and
-# `npm ci` in tests/polyglot/node (package-lock.json). Starts the scripted
-# fake upstream (fake_upstream.py) and one agentrt-server on loopback
-# ephemeral ports, configured with the fake as its default model and two API
-# keys of two users, then runs the Python suite (pytest), the Node suite
-# (TypeScript compiled by tsc, run by `node --test`) and the examples in
-# examples/python and examples/node (`npm ci` there too). Both suites generate their stubs from
-# proto/ at run time. Ends with `polyglot: N passed, M failed`; exits
-# non-zero when anything failed. The steps are tests/support/suite.sh's.
+# `npm ci` in tests/polyglot/node (package-lock.json). Builds the packages
+# from proto/ — the wheel with packages/python/build.sh (its pinned tools in
+# the venv $POLYGLOT_BUILD_VENV, default the suite's venv path + "-build"),
+# the npm tarball with packages/node/build.sh — and installs them: the
+# wheel into the suite's venv (pip, --no-deps: its dependencies are the
+# pinned ones of requirements.txt), the tarball into tests/polyglot/node and
+# examples/node (`npm install --no-save`). Starts the scripted fake upstream
+# (fake_upstream.py) and one agentrt-server on loopback ephemeral ports,
+# configured with the fake as its default model and two API keys of two
+# users, then runs the Python suite (pytest), the Node suite (TypeScript
+# compiled by tsc, run by `node --test`) and the examples in examples/python
+# and examples/node, all through the installed packages. Ends with
+# `polyglot: N passed, M failed`; exits non-zero when anything failed. The
+# steps are tests/support/suite.sh's.
 set -uo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -22,9 +28,35 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/../support/suite.sh"
 suite_begin polyglot "$@"
 
-suite_venv "${POLYGLOT_VENV:-$SUITE_ROOT/.ci/.venv-polyglot}" "$HERE/python/requirements.txt"
+VENV="${POLYGLOT_VENV:-$SUITE_ROOT/.ci/.venv-polyglot}"
+suite_venv "$VENV" "$HERE/python/requirements.txt"
 suite_npm_ci "$HERE/node"
 pass "tools installed ($((SECONDS - SUITE_STARTED)) s)"
+
+# ---------------------------------------------------------------- packages
+# Built from this checkout's proto/ and installed as a user would.
+t0=$SECONDS
+say "packages/python/build.sh"
+WHEEL="$(AGENTRT_BUILD_VENV="${POLYGLOT_BUILD_VENV:-$VENV-build}" \
+    "$SUITE_ROOT/packages/python/build.sh" "$WORK/dist" 2>"$WORK/wheel.log" | tail -n 1)"
+[[ -f "$WHEEL" ]] || abort "packages/python/build.sh built no wheel" "$WORK/wheel.log"
+"$PY" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$WHEEL" \
+    >"$WORK/pip-wheel.log" 2>&1 && "$PY" -m pip check >>"$WORK/pip-wheel.log" 2>&1 ||
+    abort "pip install $(basename "$WHEEL")" "$WORK/pip-wheel.log"
+pass "$(basename "$WHEEL") built and installed ($((SECONDS - t0)) s)"
+
+t0=$SECONDS
+say "packages/node/build.sh"
+TARBALL="$("$SUITE_ROOT/packages/node/build.sh" "$WORK/dist" 2>"$WORK/tarball.log" | tail -n 1)"
+[[ -f "$TARBALL" ]] || abort "packages/node/build.sh packed no tarball" "$WORK/tarball.log"
+# npm_install_package DIR: the tarball into DIR (after its `npm ci`),
+# leaving package.json and package-lock.json as they are.
+npm_install_package() {
+    (cd "$1" && npm install --no-save --no-audit --no-fund "$TARBALL") >"$WORK/npm-package.log" 2>&1 ||
+        abort "npm install $(basename "$TARBALL") in ${1#"$SUITE_ROOT"/}" "$WORK/npm-package.log"
+}
+npm_install_package "$HERE/node"
+pass "$(basename "$TARBALL") built and installed ($((SECONDS - t0)) s)"
 
 # The MCP test server: server tools, for the approval tests.
 SUITE_MCP="${MCP_BIN:-$(dirname "$BIN")/examples/mcp_test_server}"
@@ -41,7 +73,7 @@ node_suite() {
 say "python suite: pytest tests/polyglot/python"
 run_suite "python suite" "$WORK/pytest.log" pytest_counts \
     "$PY" -B -m pytest -p no:cacheprovider -q "$HERE/python"
-say "node suite: proto-loader-gen-types + tsc, node --test"
+say "node suite: tsc, node --test"
 run_suite "node suite" "$WORK/node.log" tap_counts node_suite
 
 # ---------------------------------------------------------------- examples
@@ -64,6 +96,7 @@ say "examples"
 example "examples/python/chat.py" "$WORK/example-py.log" "hello from python" \
     "$PY" -B "$SUITE_ROOT/examples/python/chat.py"
 suite_npm_ci "$SUITE_ROOT/examples/node"
+npm_install_package "$SUITE_ROOT/examples/node"
 example "examples/node/chat.mjs" "$WORK/example-node.log" "hello from node" \
     node "$SUITE_ROOT/examples/node/chat.mjs"
 

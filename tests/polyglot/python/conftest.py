@@ -3,15 +3,14 @@
 tests/polyglot/run.sh starts the fake upstream and agentrt-server (two API
 keys, users alice and bob) and passes them in the environment:
 POLYGLOT_ADDR (host:port), POLYGLOT_KEY_A, POLYGLOT_KEY_B (bearer keys of
-two different users), POLYGLOT_UPSTREAM (the fake upstream's host:port). The stubs are generated from proto/ with
-grpc_tools.protoc into a temporary directory once per run.
+two different users), POLYGLOT_UPSTREAM (the fake upstream's host:port).
+The stubs are those of the agentrt-client wheel that run.sh built from
+proto/ (packages/python/build.sh) and installed into the suite's venv.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import grpc
@@ -28,19 +27,9 @@ def _env(name: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def pb(tmp_path_factory):
-    """The generated agentrt.v1 modules, as a namespace with short names."""
-    out = tmp_path_factory.mktemp("stubs")
-    protos = sorted(str(p.relative_to(REPO_ROOT / "proto")) for p in (REPO_ROOT / "proto/agentrt/v1").glob("*.proto"))
-    assert protos, "no .proto files under proto/agentrt/v1"
-    result = subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", "-Iproto",
-         f"--python_out={out}", f"--grpc_python_out={out}",
-         *(f"proto/{p}" for p in protos)],
-        cwd=REPO_ROOT, capture_output=True, text=True,
-    )
-    assert result.returncode == 0, f"grpc_tools.protoc failed:\n{result.stdout}{result.stderr}"
-    sys.path.insert(0, str(out))
+def pb():
+    """The agentrt.v1 modules of the installed agentrt-client wheel, as a
+    namespace with short names."""
     from agentrt.v1 import (agents_pb2, agents_pb2_grpc, common_pb2, runtime_pb2, runtime_pb2_grpc,
                             sessions_pb2, sessions_pb2_grpc)
 
@@ -53,8 +42,7 @@ def pb(tmp_path_factory):
         runtime_grpc = runtime_pb2_grpc
         sessions_grpc = sessions_pb2_grpc
 
-    yield Stubs
-    sys.path.remove(str(out))
+    return Stubs
 
 
 class Client:

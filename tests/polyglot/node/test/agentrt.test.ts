@@ -1,5 +1,6 @@
-// The polyglot scenarios through @grpc/grpc-js against agentrt-server and
-// the scripted fake upstream (tests/polyglot/fake_upstream.py).
+// The polyglot scenarios through the agentrt-client package (@grpc/grpc-js)
+// against agentrt-server and the scripted fake upstream
+// (tests/polyglot/fake_upstream.py).
 
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
@@ -7,22 +8,20 @@ import { after, before, describe, it } from "node:test";
 
 import grpc from "@grpc/grpc-js";
 
-import type { GetAgentResponse__Output } from "../gen/agentrt/v1/GetAgentResponse";
-import type { GetBlobResponse__Output } from "../gen/agentrt/v1/GetBlobResponse";
-import type { GetMemoryResponse__Output } from "../gen/agentrt/v1/GetMemoryResponse";
-import type { UpdateMemoryResponse__Output } from "../gen/agentrt/v1/UpdateMemoryResponse";
-import type { GetHistoryResponse__Output } from "../gen/agentrt/v1/GetHistoryResponse";
-import type { UploadBlobResponse__Output } from "../gen/agentrt/v1/UploadBlobResponse";
-import type { Session__Output } from "../gen/agentrt/v1/Session";
-import type { StopSessionResponse__Output } from "../gen/agentrt/v1/StopSessionResponse";
-import type { ProtoGrpcType } from "../gen/runtime";
+import type { GetAgentResponse__Output } from "agentrt-client/types/agentrt/v1/GetAgentResponse";
+import type { GetBlobResponse__Output } from "agentrt-client/types/agentrt/v1/GetBlobResponse";
+import type { GetMemoryResponse__Output } from "agentrt-client/types/agentrt/v1/GetMemoryResponse";
+import type { UpdateMemoryResponse__Output } from "agentrt-client/types/agentrt/v1/UpdateMemoryResponse";
+import type { GetHistoryResponse__Output } from "agentrt-client/types/agentrt/v1/GetHistoryResponse";
+import type { UploadBlobResponse__Output } from "agentrt-client/types/agentrt/v1/UploadBlobResponse";
+import type { Session__Output } from "agentrt-client/types/agentrt/v1/Session";
+import type { StopSessionResponse__Output } from "agentrt-client/types/agentrt/v1/StopSessionResponse";
 import {
   type ChatEvent__Output,
   User,
   EventReader,
   env,
   errorInfoOf,
-  loadApi,
   releaseGate,
   statusOf,
   textOf,
@@ -55,14 +54,12 @@ async function rejectsWith(promise: Promise<unknown>, code: grpc.status): Promis
 }
 
 describe("agentrt through @grpc/grpc-js", () => {
-  let api: ProtoGrpcType;
   let alice: User;
   let bob: User;
 
   before(() => {
-    api = loadApi();
-    alice = new User(api, env("POLYGLOT_ADDR"), env("POLYGLOT_KEY_A"));
-    bob = new User(api, env("POLYGLOT_ADDR"), env("POLYGLOT_KEY_B"));
+    alice = new User(env("POLYGLOT_ADDR"), env("POLYGLOT_KEY_A"));
+    bob = new User(env("POLYGLOT_ADDR"), env("POLYGLOT_KEY_B"));
   });
   after(() => {
     alice.close();
@@ -307,7 +304,7 @@ describe("agentrt through @grpc/grpc-js", () => {
   });
 
   it("an unknown key is UNAUTHENTICATED", async () => {
-    const stranger = new User(api, env("POLYGLOT_ADDR"), "not-a-configured-key");
+    const stranger = new User(env("POLYGLOT_ADDR"), "not-a-configured-key");
     try {
       await rejectsWith(stranger.createSession(), grpc.status.UNAUTHENTICATED);
     } finally {
