@@ -11,12 +11,14 @@
 //! target/release/agentrt-bench --json target/bench.json     # full, ~6 min
 //! target/release/agentrt-bench --smoke                      # seconds, for CI
 //! target/release/agentrt-bench --only p10                   # PostgreSQL vs sled, forwarding
+//! target/release/agentrt-bench --only agents                # agent sessions beside plain ones
 //! ```
 //!
 //! The `p10` part needs PostgreSQL (the system's binaries, or
 //! `AGENTRT_TEST_PG_URL`); without it the part is skipped with a note, and
 //! `--smoke` runs it only when asked for with `--only p10`.
 
+mod agents;
 mod baseline;
 mod context;
 mod driver;
@@ -68,7 +70,7 @@ struct Cli {
     #[arg(long)]
     smoke: bool,
     /// Only these parts, comma-separated:
-    /// baselines,s1,s2,s3,s4,s6,s7,s9,local,otel,p10.
+    /// baselines,s1,agents,s2,s3,s4,s6,s7,s9,local,otel,p10.
     /// `otel` runs S2 at `--otel-sessions` with telemetry off, then on;
     /// `p10` runs S6 and S2 on sled and PostgreSQL and the forwarding
     /// scenario (needs PostgreSQL; see `shared_store`).
@@ -434,6 +436,16 @@ async fn run(cli: Cli) -> Result<bool, String> {
             Ok(s) => {
                 note_failures("S1", &[&s.agentrt, &s.direct], &mut failures);
                 r.s1 = Some(s);
+            }
+            Err(e) => failures.push(e),
+        }
+    }
+    if want("agents") {
+        let turns = env.plan.s1_turns;
+        match bounded("agents", limit, agents::agents(&env, turns)).await {
+            Ok(a) => {
+                note_failures("agents", &[&a.plain, &a.agent], &mut failures);
+                r.agents = Some(a);
             }
             Err(e) => failures.push(e),
         }

@@ -78,6 +78,8 @@ pub(crate) struct Report {
     pub(crate) duration_s: f64,
     pub(crate) baselines: Baselines,
     pub(crate) s1: Option<S1>,
+    /// Agent sessions beside plain ones (`agents` part).
+    pub(crate) agents: Option<crate::agents::AgentsPart>,
     pub(crate) s2: Vec<S2Level>,
     pub(crate) s3: Option<S3>,
     pub(crate) s4: Vec<S4Level>,
@@ -133,6 +135,9 @@ pub(crate) fn markdown(r: &Report) -> String {
     }
     if let Some(s1) = &r.s1 {
         out.push_str(&latency::markdown_s1(s1));
+    }
+    if let Some(a) = &r.agents {
+        out.push_str(&crate::agents::markdown(a));
     }
     if !r.s2.is_empty() {
         out.push_str(&latency::markdown_s2(&r.s2));
