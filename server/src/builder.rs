@@ -488,6 +488,7 @@ impl ServerBuilder {
             tls,
             cluster,
             agents_reload,
+            health: crate::health::HealthProbe::starting(),
         })
     }
 }
@@ -512,9 +513,18 @@ pub struct Prepared {
     pub(crate) cluster: Option<ClusterParts>,
     /// Reloads `[[agents]]` on SIGHUP while the server runs.
     pub(crate) agents_reload: Option<tokio_util::task::AbortOnDropHandle<()>>,
+    /// What the health service reports, for `/readyz` and `/livez`.
+    pub(crate) health: crate::health::HealthProbe,
 }
 
 impl Prepared {
+    /// A view of readiness and liveness as the gRPC health service reports
+    /// them once [`Prepared::serve`] runs (not ready until then), for the
+    /// HTTP routes of the metrics listener.
+    pub fn health_probe(&self) -> crate::health::HealthProbe {
+        self.health.clone()
+    }
+
     /// The effective configuration (after the local model's defaults).
     pub fn config(&self) -> &Config {
         &self.config

@@ -102,6 +102,16 @@ pub struct Cli {
     /// (overrides `[cluster] advertise`), e.g. `http://10.0.0.5:50052`.
     #[arg(long, env = "AGENTRT_CLUSTER_ADVERTISE")]
     pub cluster_advertise: Option<String>,
+    /// Most connections open at once from one IP address (overrides
+    /// `[transport] max_connections_per_ip`); 0 behind a proxy or mesh
+    /// sidecar, where every caller has the proxy's address.
+    #[arg(long, env = "AGENTRT_MAX_CONNECTIONS_PER_IP")]
+    pub max_connections_per_ip: Option<usize>,
+    /// Calls whose request is still arriving, at once, from one IP address
+    /// (overrides `[transport] max_pending_requests_per_ip`); 0 behind a
+    /// proxy or mesh sidecar.
+    #[arg(long, env = "AGENTRT_MAX_PENDING_REQUESTS_PER_IP")]
+    pub max_pending_requests_per_ip: Option<usize>,
     /// What to do instead of serving.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -691,6 +701,12 @@ impl Config {
         }
         if let (Some(v), Some(cluster)) = (&cli.cluster_advertise, &mut self.cluster) {
             cluster.advertise = Some(v.clone());
+        }
+        if let Some(v) = cli.max_connections_per_ip {
+            self.transport.max_connections_per_ip = v;
+        }
+        if let Some(v) = cli.max_pending_requests_per_ip {
+            self.transport.max_pending_requests_per_ip = v;
         }
         self
     }

@@ -51,6 +51,45 @@ pub(crate) enum Phase {
     Draining,
 }
 
+/// A read-only view of what the health service reports, for the HTTP
+/// routes `/readyz` and `/livez` on the metrics listener (docs/contract.md
+/// §8): kubelet's gRPC probes cannot speak TLS, HTTP probes on the
+/// plaintext metrics port can. Both views read the same phase, so they
+/// never disagree.
+#[derive(Debug, Clone)]
+pub struct HealthProbe {
+    phase: Arc<Mutex<Phase>>,
+}
+
+impl HealthProbe {
+    /// A view in [`Phase::Starting`]: not ready, live.
+    pub(crate) fn starting() -> Self {
+        Self {
+            phase: Arc::new(Mutex::new(Phase::Starting)),
+        }
+    }
+
+    fn phase(&self) -> Phase {
+        *self.phase.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether [`READINESS`] is SERVING.
+    pub fn ready(&self) -> bool {
+        match self.phase() {
+            Phase::Serving => true,
+            Phase::Starting | Phase::StoreDown | Phase::StoreFailed | Phase::Draining => false,
+        }
+    }
+
+    /// Whether [`LIVENESS`] is SERVING.
+    pub fn live(&self) -> bool {
+        match self.phase() {
+            Phase::StoreFailed => false,
+            Phase::Starting | Phase::Serving | Phase::StoreDown | Phase::Draining => true,
+        }
+    }
+}
+
 /// The reporter behind the health service.
 #[derive(Debug, Clone)]
 pub(crate) struct Health {
@@ -61,12 +100,13 @@ pub(crate) struct Health {
 
 impl Health {
     /// The health service to mount, and its reporter, already in
-    /// [`Phase::Starting`].
-    pub(crate) async fn start() -> (Self, HealthServer<impl HealthService>) {
+    /// [`Phase::Starting`]; `probe` sees every phase it reports.
+    pub(crate) async fn start(probe: &HealthProbe) -> (Self, HealthServer<impl HealthService>) {
         let (reporter, service) = tonic_health::server::health_reporter();
+        *probe.phase.lock().unwrap_or_else(|p| p.into_inner()) = Phase::Starting;
         let health = Self {
             reporter,
-            phase: Arc::new(Mutex::new(Phase::Starting)),
+            phase: Arc::clone(&probe.phase),
         };
         health.set(Phase::Starting).await;
         (health, service)

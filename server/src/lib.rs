@@ -72,5 +72,5 @@ pub mod transport;
 pub use builder::{Prepared, ServerBuilder};
 pub use config::{Cli, Config, ConfigError};
 pub use error::ServerError;
-pub use health::{LIVENESS, READINESS};
+pub use health::{HealthProbe, LIVENESS, READINESS};
 pub use serve::run;

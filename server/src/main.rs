@@ -160,7 +160,9 @@ async fn serve(config: Config, metrics: Option<prometheus::Registry>) -> ExitCod
             Ok(l) => Some((
                 l.local_addr().ok(),
                 tokio_util::task::AbortOnDropHandle::new(tokio::spawn(prometheus::serve(
-                    l, registry,
+                    l,
+                    registry,
+                    prepared.health_probe(),
                 ))),
             )),
             Err(err) => {

@@ -85,8 +85,9 @@ impl Prepared {
             tls,
             cluster,
             agents_reload: _agents_reload,
+            health: probe,
         } = self;
-        let (health, health_service) = Health::start().await;
+        let (health, health_service) = Health::start(&probe).await;
         let forward = cluster.as_ref().map(|c| {
             Arc::new(Forwarder::new(
                 c.key.clone(),

@@ -5,11 +5,15 @@ that the pieces agree with each other.
     python3 tests/deploy/check_manifests.py --dockerfile deploy/Dockerfile \
         NAME=RENDERED.yaml [NAME=RENDERED.yaml ...]
 
-RENDERED.yaml is `kubectl kustomize deploy/base` (or an overlay). For every
-render: the workload's (the sled StatefulSet, or the PostgreSQL variant's
-Deployment) probes name the health services `readiness` and
-`liveness` (TCP probes only where agentrt serves TLS itself, which native
-gRPC probes cannot speak), terminationGracePeriodSeconds exceeds the preStop
+RENDERED.yaml is `kubectl kustomize` of an overlay (deploy/overlays/*) or of
+one of the combinations in deploy/examples. For every render: every
+namespaced object names its namespace, the custom resources pass their
+CRDs' schemas (--crd-validator), the workload's (the single-node
+StatefulSet, or the PostgreSQL variant's Deployment) probes name the health
+services `readiness` and `liveness` (HTTP probes of /readyz and /livez on
+the metrics port where agentrt serves TLS itself, which native gRPC probes
+cannot speak), $(VAR) references in the environment resolve, 
+terminationGracePeriodSeconds exceeds the preStop
 sleep plus `shutdown_grace` of the ConfigMap's config.toml, the data dir of
 config.toml is on the volumeClaimTemplate's mount (sled) or there is no
 volume claim at all, the database URL and the cluster key come from Secrets,
@@ -27,14 +31,24 @@ check fails. Then every check is shown able to fail: each mutation in
 MUTATIONS breaks one thing in a copy of the first render and must make the
 named check fail (the PostgreSQL mutations on the first PostgreSQL render).
 
+With --examples DIR and --readme FILE: DIR holds one kustomization for
+every combination of an overlay and a set of components (at most one mesh)
+and the README names each. With --full NAME: that render (PostgreSQL, Istio,
+TLS and telemetry together) carries every component's pieces on its
+Deployment.
+
 Ends with `check_manifests: N passed, M failed`; exit status 1 on any
 failure.
 """
 
 import argparse
 import copy
+import itertools
 import json
+import os
 import re
+import shlex
+import subprocess
 import sys
 import tomllib
 
@@ -49,6 +63,17 @@ CORE_KINDS = {
     "PodDisruptionBudget", "NetworkPolicy", "Deployment", "HorizontalPodAutoscaler",
 }
 WORKLOADS = ("StatefulSet", "Deployment")
+# Kinds that live outside namespaces; every other object must name one.
+CLUSTER_SCOPED = {
+    "Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+    "PriorityClass", "StorageClass", "ClusterIssuer", "GatewayClass", "PersistentVolume",
+    "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration",
+}
+OVERLAYS = ("single-node", "postgres")
+MESHES = (None, "istio", "linkerd")
+# The command that validates custom resources against their CRDs' schemas
+# (tests/deploy/crds/validate.mjs); set by --crd-validator.
+CRD_VALIDATOR = None
 
 
 class Failed(Exception):
@@ -110,6 +135,14 @@ class Render:
                 return a.split("=", 1)[1]
         return None
 
+    def setting(self, flag, env):
+        """A server setting given as a flag in args or as a literal variable."""
+        value = self.arg(flag)
+        if value is not None:
+            return value
+        found = [e for e in self.container.get("env", []) if e["name"] == env]
+        return found[0].get("value") if found else None
+
     def mount_for(self, path):
         """(volumeMount, volume) whose mount holds `path`."""
         best = None
@@ -155,7 +188,16 @@ class Render:
 
     @property
     def tls(self):
-        return self.arg("--tls-cert") is not None or "tls" in self.config
+        return self.setting("--tls-cert", "AGENTRT_TLS_CERT") is not None or "tls" in self.config
+
+    def transport(self, key):
+        """A [transport] setting as the server sees it: the environment
+        variable (AGENTRT_<KEY>) overrides config.toml."""
+        value = self.setting("--" + key.replace("_", "-"), "AGENTRT_" + key.upper())
+        if value is not None:
+            need(str(value).isdigit(), f"AGENTRT_{key.upper()} {value!r} is not a number")
+            return int(value)
+        return self.config.get("transport", {}).get(key)
 
 
 # ----------------------------------------------------------------- checks
@@ -168,21 +210,72 @@ def check(fn):
 
 
 @check
+def every_namespaced_object_names_its_namespace(r):
+    """kubectl puts an object without a namespace into whatever namespace
+    the caller's context points at: every namespaced object names one, and
+    all name the deployment's."""
+    names = {d["metadata"]["name"] for d in r.all("Namespace")}
+    need(len(names) <= 1, f"several Namespaces {sorted(names)}")
+    for d in r.docs:
+        if d.get("kind") in CLUSTER_SCOPED:
+            continue
+        ns = d.get("metadata", {}).get("namespace")
+        need(ns, f"{d.get('kind')} {d.get('metadata', {}).get('name')} names no namespace")
+        need(not names or ns in names, f"{d['kind']} {d['metadata']['name']} is in {ns}, not {sorted(names)}")
+
+
+@check
+def custom_resources_match_their_crd_schemas(r):
+    custom = [d for d in r.docs if d.get("kind") not in CORE_KINDS]
+    if not custom:
+        return
+    need(CRD_VALIDATOR, "no --crd-validator to check the custom resources with")
+    done = subprocess.run(CRD_VALIDATOR, input=json.dumps(custom), capture_output=True, text=True, timeout=120)
+    need(done.returncode == 0, f"the CRD validator failed: {done.stderr.strip()[-500:]}")
+    verdicts = json.loads(done.stdout)
+    need(len(verdicts) == len(custom), "the CRD validator answered for another number of objects")
+    bad = [f"{d['kind']} {d['metadata'].get('name')}: {why}" for d, why in zip(custom, verdicts) if why]
+    need(not bad, "; ".join(bad))
+
+
+@check
 def probes_name_the_health_services(r):
     c = r.container
     grpc_port = r.port("grpc")
     want = {"startupProbe": "readiness", "readinessProbe": "readiness", "livenessProbe": "liveness"}
+    paths = {"readiness": "/readyz", "liveness": "/livez"}
     for probe, service in want.items():
         need(probe in c, f"no {probe}")
         p = c[probe]
+        kinds = [k for k in ("grpc", "httpGet", "tcpSocket", "exec") if k in p]
+        need(len(kinds) == 1, f"{probe} has {kinds or 'no'} handlers, not one")
         if "grpc" in p:
+            # Native gRPC probes are plaintext: they fail on a TLS listener.
+            need(not r.tls, f"{probe} is a gRPC probe, but agentrt serves TLS (use /readyz, /livez)")
             need(p["grpc"].get("service") == service,
                  f"{probe} asks for service {p['grpc'].get('service')!r}, not {service!r}")
             need(p["grpc"]["port"] == grpc_port, f"{probe} probes port {p['grpc']['port']}, not {grpc_port}")
         else:
-            # Native gRPC probes are plaintext; only a TLS listener excuses TCP.
-            need(r.tls and "tcpSocket" in p, f"{probe} is not a gRPC probe (and agentrt serves no TLS)")
-            need(p["tcpSocket"]["port"] in (grpc_port, "grpc"), f"{probe} probes another port")
+            # A TCP probe would not see a drain; HTTP probes mirror the health services.
+            need("httpGet" in p, f"{probe} is neither a gRPC probe nor an HTTP probe of the health routes")
+            h = p["httpGet"]
+            need(h.get("path") == paths[service], f"{probe} asks {h.get('path')!r}, not {paths[service]!r}")
+            need(h.get("port") in ("metrics", r.port("metrics")), f"{probe} probes port {h.get('port')}, not metrics")
+            need(h.get("scheme", "HTTP") == "HTTP", f"{probe} uses {h.get('scheme')}: the metrics listener is plain HTTP")
+
+
+@check
+def env_references_resolve(r):
+    """The kubelet expands $(VAR) in an env value only from entries before
+    it, and in args from any entry; an unresolved reference stays literal."""
+    seen = set()
+    for e in r.container.get("env", []):
+        for ref in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", e.get("value", "")):
+            need(ref in seen, f"env {e['name']} refers to $({ref}), not set before it")
+        seen.add(e["name"])
+    for a in r.container.get("args", []):
+        for ref in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", a):
+            need(ref in seen, f"args refer to $({ref}), which the container does not set")
 
 
 @check
@@ -301,7 +394,7 @@ def secrets_are_mounted_files(r):
             rel = path[len(mount["mountPath"].rstrip("/")) + 1:]
             need(rel in {i["path"] for i in items}, f"Secret volume has no item for {rel}")
     for flag in ("--tls-cert", "--tls-key", "--tls-client-ca"):
-        path = r.arg(flag)
+        path = r.setting(flag, "AGENTRT_" + flag[2:].replace("-", "_").upper())
         if path:
             _, vol = r.mount_for(path)
             need(vol and "secret" in vol, f"{flag} {path} is not on a Secret mount")
@@ -321,9 +414,13 @@ def listen_ports_match_container_services_and_policy(r):
     if r.workload["kind"] == "StatefulSet":
         need(any(s["spec"].get("clusterIP") == "None" and s["metadata"]["name"] == r.workload["spec"]["serviceName"]
                  for s in services), "serviceName is not a headless Service")
+    # A TLS port declared as grpc would make a mesh proxy parse it as
+    # plaintext HTTP/2; declared https, the proxy passes it through.
+    protocol = "https" if r.tls else "grpc"
     for s in services:
         grpc = [p for p in s["spec"]["ports"] if p["name"] == "grpc"]
-        need(grpc and grpc[0].get("appProtocol") == "grpc", f"Service {s['metadata']['name']}: no grpc port with appProtocol grpc")
+        need(grpc and grpc[0].get("appProtocol") == protocol,
+             f"Service {s['metadata']['name']}: no grpc port with appProtocol {protocol}")
         need(grpc[0]["targetPort"] in ("grpc", listen_port), f"Service {s['metadata']['name']} targets another port")
     policy = r.one("NetworkPolicy")
     ingress = {p["port"] for rule in policy["spec"]["ingress"] for p in rule.get("ports", [])}
@@ -369,10 +466,9 @@ def metrics_ports_admit_only_the_scraper(r):
 def per_address_caps_are_off_behind_a_mesh(r):
     if not _meshed(r):
         return
-    transport = r.config.get("transport", {})
     for key in ("max_connections_per_ip", "max_pending_requests_per_ip"):
-        need(transport.get(key) == 0,
-             f"behind a mesh sidecar every caller has its address: [transport] {key} must be 0")
+        need(r.transport(key) == 0,
+             f"behind a mesh sidecar every caller has its address: {key} must be 0")
 
 
 @check
@@ -442,8 +538,8 @@ def shape_grpc_route(r, d):
 def shape_certificate(r, d):
     need(d["apiVersion"] == "cert-manager.io/v1", "Certificate apiVersion")
     secret = d["spec"]["secretName"]
-    path = r.arg("--tls-cert")
-    need(path, "a Certificate but no --tls-cert")
+    path = r.setting("--tls-cert", "AGENTRT_TLS_CERT")
+    need(path, "a Certificate but no --tls-cert / AGENTRT_TLS_CERT")
     _, vol = r.mount_for(path)
     need(vol["secret"]["secretName"] == secret, f"--tls-cert is not from Secret {secret}")
     need(d["spec"]["issuerRef"]["name"], "Certificate has no issuer")
@@ -600,7 +696,7 @@ MUTATIONS = [
     ("data dir moved off the volume", "data_dir_is_on_the_claimed_volume",
      lambda d: _set_config(d, 'data_dir = "/var/lib/agentrt"', 'data_dir = "/srv/agentrt"')),
     ("data volume mounted elsewhere", "data_dir_is_on_the_claimed_volume",
-     lambda d: _container(d)[2]["volumeMounts"][0].update(mountPath="/data")),
+     lambda d: next(m for m in _container(d)[2]["volumeMounts"] if m["name"] == "data").update(mountPath="/data")),
     ("runs as root", "runs_as_non_root_with_a_read_only_root",
      lambda d: _container(d)[2]["securityContext"].update(runAsUser=0)),
     ("writable root filesystem", "runs_as_non_root_with_a_read_only_root",
@@ -615,12 +711,74 @@ MUTATIONS = [
      lambda d: _policy_rule(d, "ingress", 9090)["from"][0].pop("podSelector")),
 ]
 
+def _drop_env(docs, name):
+    c = _container(docs)[2]
+    before = len(c["env"])
+    c["env"] = [e for e in c["env"] if e["name"] != name]
+    need(len(c["env"]) < before, f"mutation: no env {name}")
+
+
+def _first(docs, kind):
+    return next(d for d in docs if d["kind"] == kind)
+
+
+def _probe(docs, probe):
+    return _container(docs)[2][probe]
+
+
+def _move_env_first(docs, name):
+    c = _container(docs)[2]
+    c["env"].sort(key=lambda e: e["name"] != name)
+
+
 # Breaks of a meshed variant, applied to the first render with a sidecar.
 MESH_MUTATIONS = [
     ("per-address connection cap on behind the sidecar", "per_address_caps_are_off_behind_a_mesh",
-     lambda d: _set_config(d, "max_connections_per_ip = 0", "max_connections_per_ip = 256")),
-    ("per-address pending cap on behind the sidecar", "per_address_caps_are_off_behind_a_mesh",
-     lambda d: _set_config(d, "max_pending_requests_per_ip = 0", "max_pending_requests_per_ip = 1024")),
+     lambda d: _env(d, "AGENTRT_MAX_CONNECTIONS_PER_IP").update(value="256")),
+    ("per-address pending cap left to config.toml behind the sidecar", "per_address_caps_are_off_behind_a_mesh",
+     lambda d: _drop_env(d, "AGENTRT_MAX_PENDING_REQUESTS_PER_IP")),
+]
+
+# Breaks of a render with custom resources, each applied to the first
+# render holding its kind: a namespace left out, and one field per kind
+# that its CRD's schema refuses.
+CR_MUTATIONS = [
+    ("a DestinationRule without a namespace", "every_namespaced_object_names_its_namespace", "DestinationRule",
+     lambda d: _first(d, "DestinationRule")["metadata"].pop("namespace")),
+    ("a GRPCRoute without a namespace", "every_namespaced_object_names_its_namespace", "GRPCRoute",
+     lambda d: _first(d, "GRPCRoute")["metadata"].pop("namespace")),
+    ("a Certificate in another namespace", "every_namespaced_object_names_its_namespace", "Certificate",
+     lambda d: _first(d, "Certificate")["metadata"].update(namespace="default")),
+    ("a DestinationRule keepalive interval that is no duration string", "custom_resources_match_their_crd_schemas",
+     "DestinationRule", lambda d: _first(d, "DestinationRule")["spec"]["trafficPolicy"]["connectionPool"]["tcp"]
+     ["tcpKeepalive"].update(interval=20)),
+    ("a PeerAuthentication port mode Istio does not know", "custom_resources_match_their_crd_schemas",
+     "PeerAuthentication", lambda d: _first(d, "PeerAuthentication")["spec"].update(
+         portLevelMtls={"9090": {"mode": "STRICTEST"}})),
+    ("a VirtualService retryOn that is no string", "custom_resources_match_their_crd_schemas",
+     "VirtualService", lambda d: _first(d, "VirtualService")["spec"]["http"][-1]["retries"].update(retryOn=5)),
+    ("a GRPCRoute match type Gateway API does not know", "custom_resources_match_their_crd_schemas", "GRPCRoute",
+     lambda d: _first(d, "GRPCRoute")["spec"]["rules"][0]["matches"][0]["method"].update(type="Prefix")),
+    ("a Certificate key algorithm cert-manager does not know", "custom_resources_match_their_crd_schemas",
+     "Certificate", lambda d: _first(d, "Certificate")["spec"]["privateKey"].update(algorithm="DSA")),
+]
+
+# Breaks of a render where agentrt serves TLS, applied to the first one.
+TLS_MUTATIONS = [
+    ("a gRPC readiness probe on the TLS port", "probes_name_the_health_services",
+     lambda d: _container(d)[2].update(readinessProbe={"grpc": {"port": 50051, "service": "readiness"}})),
+    ("a TCP startup probe (blind to a drain)", "probes_name_the_health_services",
+     lambda d: _container(d)[2].update(startupProbe={"tcpSocket": {"port": 50051}})),
+    ("liveness probing /readyz (a drain would restart the pod)", "probes_name_the_health_services",
+     lambda d: _probe(d, "livenessProbe")["httpGet"].update(path="/readyz")),
+    ("the TLS port declared as plaintext gRPC", "listen_ports_match_container_services_and_policy",
+     lambda d: _first(d, "Service")["spec"]["ports"][0].update(appProtocol="grpc")),
+]
+
+# Breaks of a render with telemetry on, applied to the first one.
+OTEL_MUTATIONS = [
+    ("OTEL_RESOURCE_ATTRIBUTES before the POD_NAME it refers to", "env_references_resolve",
+     lambda d: _move_env_first(d, "OTEL_RESOURCE_ATTRIBUTES")),
 ]
 
 
@@ -657,9 +815,75 @@ def self_test(render, mutations=MUTATIONS):
         except (Failed, StopIteration, KeyError, IndexError) as e:
             results.append((f"self-test: {name}", f"could not apply the mutation: {e}"))
             continue
-        failing = {c for c, why in run_checks(broken) if why}
-        results.append((f"self-test: {name} fails {target}",
-                        None if target in failing else f"{target} still passes"))
+        # It must fail its check, and only that one: a break that trips
+        # another check first would not show that its own check works.
+        failing = {c: why for c, why in run_checks(broken) if why}
+        if target not in failing:
+            why = f"{target} still passes"
+        elif len(failing) > 1:
+            why = f"other checks fail too: {sorted(set(failing) - {target})}"
+        else:
+            why = None
+        results.append((f"self-test: {name} fails {target}", why))
+    return results
+
+
+def _safe(fn, render, default):
+    try:
+        return fn(render)
+    except (Failed, KeyError, StopIteration):
+        return default
+
+
+def full_combination(r):
+    """PostgreSQL with Istio, TLS and telemetry: every component's pieces
+    land on the Deployment (none of them targets only the StatefulSet)."""
+    w = r.workload
+    need(w["kind"] == "Deployment", f"the workload is a {w['kind']}, not the PostgreSQL Deployment")
+    names = [e["name"] for e in r.container.get("env", [])]
+    for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_SERVICE_NAME",
+                "OTEL_RESOURCE_ATTRIBUTES", "OTEL_TRACES_SAMPLER"):
+        need(var in names, f"the Deployment has no {var}")
+    meta = w["spec"]["template"]["metadata"]
+    need(meta.get("labels", {}).get("sidecar.istio.io/inject") == "true", "the Deployment's pod gets no Istio sidecar")
+    need("proxy.istio.io/config" in meta.get("annotations", {}), "the Deployment's pod has no Istio proxy config")
+    need(r.transport("max_connections_per_ip") == 0, "the per-address caps are on behind the sidecar")
+    need(r.one("PeerAuthentication")["spec"]["mtls"]["mode"] == "STRICT", "mesh mTLS is not STRICT")
+    dr = r.one("DestinationRule")["spec"]["trafficPolicy"]
+    need(dr.get("tls", {}).get("mode") == "ISTIO_MUTUAL", "the DestinationRule does not use Istio mTLS")
+    need(r.tls, "agentrt serves no TLS on the Deployment")
+    _, vol = r.mount_for(r.setting("--tls-cert", "AGENTRT_TLS_CERT"))
+    need(vol and vol.get("secret", {}).get("secretName") == r.one("Certificate")["spec"]["secretName"],
+         "the certificate's Secret is not mounted on the Deployment")
+    need("httpGet" in r.container["readinessProbe"], "the Deployment's readiness probe is not /readyz")
+    need(r.store_kind == "postgres", "config.toml is not the PostgreSQL one")
+
+
+def combinations():
+    """The deploy/examples directory name of every combination a user would
+    choose: an overlay with a set of components (at most one mesh)."""
+    out = []
+    for overlay, mesh, tls, otel in itertools.product(OVERLAYS, MESHES, (False, True), (False, True)):
+        parts = [p for p in (mesh, "tls" if tls else None, "otel" if otel else None) if p]
+        if parts:
+            out.append("-".join([overlay] + parts))
+    return out
+
+
+def examples_checks(examples_dir, readme, rendered_names):
+    results = []
+    present = sorted(n for n in os.listdir(examples_dir) if os.path.isdir(os.path.join(examples_dir, n)))
+    want = combinations()
+    missing, extra = sorted(set(want) - set(present)), sorted(set(present) - set(want))
+    results.append(("examples: one kustomization per combination",
+                    None if not missing and not extra else f"missing {missing}, unexpected {extra}"))
+    text = open(readme, encoding="utf-8").read()
+    unnamed = [n for n in want if f"`{n}`" not in text]
+    results.append((f"examples: {os.path.basename(readme)} names each combination",
+                    None if not unnamed else f"not named: {unnamed}"))
+    unrendered = [n for n in want + list(OVERLAYS) if n not in rendered_names]
+    results.append(("examples: every combination and overlay rendered and checked",
+                    None if not unrendered else f"not given: {unrendered}"))
     return results
 
 
@@ -680,8 +904,14 @@ def _meshed_or_false(render):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dockerfile", required=True)
+    ap.add_argument("--crd-validator", help="command validating custom resources (JSON on stdin)")
+    ap.add_argument("--examples", help="deploy/examples: one directory per combination")
+    ap.add_argument("--readme", help="the README that must name every combination")
+    ap.add_argument("--full", help="the render with PostgreSQL, Istio, TLS and telemetry together")
     ap.add_argument("renders", nargs="+", metavar="NAME=RENDERED.yaml")
     args = ap.parse_args()
+    global CRD_VALIDATOR
+    CRD_VALIDATOR = shlex.split(args.crd_validator) if args.crd_validator else None
     renders = []
     for spec in args.renders:
         name, _, path = spec.partition("=")
@@ -698,6 +928,31 @@ def main():
     meshed = [r for r in renders if _meshed_or_false(r)]
     if meshed:
         results += self_test(meshed[0], MESH_MUTATIONS)
+    for name, target, kind, mutate in CR_MUTATIONS:
+        holder = next((r for r in renders if r.all(kind)), None)
+        if holder is None:
+            results.append((f"self-test: {name}", f"no render holds a {kind}"))
+        else:
+            results += self_test(holder, [(name, target, mutate)])
+    tls = [r for r in renders if _safe(lambda x: x.tls, r, False)]
+    if tls:
+        results += self_test(tls[0], TLS_MUTATIONS)
+    otel = [r for r in renders if _safe(lambda x: x.env("OTEL_RESOURCE_ATTRIBUTES"), r, None)]
+    if otel:
+        results += self_test(otel[0], OTEL_MUTATIONS)
+    if args.full:
+        full = [r for r in renders if r.name == args.full]
+        if not full:
+            results.append((f"{args.full}: full combination", "not among the renders"))
+        else:
+            try:
+                full_combination(full[0])
+                results.append((f"{args.full}: OTEL_ variables, Istio sidecar and mTLS, TLS on the Deployment", None))
+            except (Failed, KeyError) as e:
+                results.append((f"{args.full}: full combination", str(e)))
+    if args.examples:
+        need(args.readme, "--examples needs --readme")
+        results += examples_checks(args.examples, args.readme, {r.name for r in renders})
     passed = failed = 0
     for name, why in results:
         if why is None:

@@ -261,6 +261,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_per_address_flags_override_the_file() {
+        let c = Config::parse_toml(
+            "[transport]\nmax_connections_per_ip = 5\nmax_pending_requests_per_ip = 7\n",
+        )
+        .unwrap();
+        let cli = crate::config::Cli {
+            max_connections_per_ip: Some(0),
+            max_pending_requests_per_ip: Some(0),
+            ..crate::config::Cli::default()
+        };
+        let c = c.with_overrides(&cli);
+        c.validate().unwrap();
+        assert_eq!(c.transport.max_connections_per_ip, 0);
+        assert_eq!(c.transport.max_pending_requests_per_ip, 0);
+        let kept = Config::parse_toml("[transport]\nmax_connections_per_ip = 5\n")
+            .unwrap()
+            .with_overrides(&crate::config::Cli::default());
+        assert_eq!(kept.transport.max_connections_per_ip, 5);
+    }
+
+    #[test]
     fn transport_defaults_validate_and_keys_parse() {
         let c = Config::parse_toml(
             "[transport]\nmax_connections = 50\nmax_connections_per_ip = 5\nhandshake_timeout = \"2s\"\nrequest_timeout = \"500ms\"\nmax_request_bytes = 1048576\n",

@@ -31,6 +31,8 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
+use crate::health::HealthProbe;
+
 /// Largest request head a scraper may send.
 const MAX_REQUEST: usize = 8 << 10;
 /// Connections served at once; more wait to be accepted.
@@ -286,8 +288,10 @@ fn render_data<T: Num>(out: &mut String, base: &str, help: &str, data: &MetricDa
     }
 }
 
-/// Serves `GET /metrics` on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, registry: Registry) {
+/// Serves `GET /metrics`, and `GET /readyz` and `GET /livez` from `health`
+/// (200 when SERVING, 503 otherwise), on `listener` until the task is
+/// dropped.
+pub async fn serve(listener: TcpListener, registry: Registry, health: HealthProbe) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
@@ -302,9 +306,10 @@ pub async fn serve(listener: TcpListener, registry: Registry) {
             }
         };
         let registry = registry.clone();
+        let health = health.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            match tokio::time::timeout(TOTAL_TIMEOUT, scrape(stream, &registry)).await {
+            match tokio::time::timeout(TOTAL_TIMEOUT, scrape(stream, &registry, &health)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(err)) => tracing::debug!(error = %err, "a metrics scrape failed"),
                 Err(_) => tracing::debug!(
@@ -315,7 +320,11 @@ pub async fn serve(listener: TcpListener, registry: Registry) {
     }
 }
 
-async fn scrape(mut stream: TcpStream, registry: &Registry) -> std::io::Result<()> {
+async fn scrape(
+    mut stream: TcpStream,
+    registry: &Registry,
+    health: &HealthProbe,
+) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
     let read = tokio::time::timeout(REQUEST_TIMEOUT, async {
@@ -341,8 +350,15 @@ async fn scrape(mut stream: TcpStream, registry: &Registry) -> std::io::Result<(
     let path = path.split(|b| *b == b'?').next().unwrap_or_default();
     let (status, body) = match (method, path) {
         (b"GET", b"/metrics") => ("200 OK", registry.render()),
-        (b"GET", _) => ("404 Not Found", "not found; try /metrics\n".to_owned()),
-        _ => ("405 Method Not Allowed", "only GET /metrics\n".to_owned()),
+        (b"GET", b"/readyz") if health.ready() => ("200 OK", "ready\n".to_owned()),
+        (b"GET", b"/readyz") => ("503 Service Unavailable", "not ready\n".to_owned()),
+        (b"GET", b"/livez") if health.live() => ("200 OK", "live\n".to_owned()),
+        (b"GET", b"/livez") => ("503 Service Unavailable", "not live\n".to_owned()),
+        (b"GET", _) => (
+            "404 Not Found",
+            "not found; try /metrics, /readyz or /livez\n".to_owned(),
+        ),
+        _ => ("405 Method Not Allowed", "only GET\n".to_owned()),
     };
     let response = format!(
         "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -384,7 +400,7 @@ mod tests {
     async fn sixteen_clients_that_never_send_or_read_do_not_starve_a_scrape() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(serve(listener, Registry::new()));
+        let server = tokio::spawn(serve(listener, Registry::new(), HealthProbe::starting()));
         let mut slow = Vec::new();
         for i in 0..32 {
             let mut c = TcpStream::connect(addr).await.unwrap();
