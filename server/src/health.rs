@@ -33,7 +33,8 @@ pub(crate) enum Phase {
     /// The services are built but the listener is not served yet:
     /// readiness NOT_SERVING, liveness SERVING.
     Starting,
-    /// Calls are admitted: readiness SERVING.
+    /// Calls are admitted: readiness SERVING (NOT_SERVING while an admin
+    /// `Drain` holds, see [`Health::drain_on`]).
     Serving,
     /// The shared store (PostgreSQL) cannot be reached, or the store's
     /// disk is under its reserve: readiness NOT_SERVING (new Chats are
@@ -45,18 +46,27 @@ pub(crate) enum Phase {
     /// restarts it. Final, like [`Phase::Draining`], and it overrides a
     /// drain.
     StoreFailed,
-    /// An admin `Drain` or the shutdown began: readiness NOT_SERVING, so
-    /// the orchestrator stops routing here; liveness stays SERVING. Final:
-    /// no later phase is reported.
+    /// The shutdown began: readiness NOT_SERVING, so the orchestrator
+    /// stops routing here; liveness stays SERVING. Final: no later phase
+    /// is reported. (An admin `Drain`, which `Undrain` can undo, is not a
+    /// phase: see [`Health::drain_on`].)
     Draining,
+}
+
+/// What the reporter reported last.
+#[derive(Debug, Clone, Copy)]
+struct State {
+    phase: Phase,
+    /// An admin `Drain` holds (until `Undrain`).
+    drained: bool,
 }
 
 /// The reporter behind the health service.
 #[derive(Debug, Clone)]
 pub(crate) struct Health {
     reporter: HealthReporter,
-    /// The phase reported last; `Draining` is never left.
-    phase: Arc<Mutex<Phase>>,
+    /// `Draining` and `StoreFailed` are never left.
+    state: Arc<Mutex<State>>,
 }
 
 impl Health {
@@ -66,7 +76,10 @@ impl Health {
         let (reporter, service) = tonic_health::server::health_reporter();
         let health = Self {
             reporter,
-            phase: Arc::new(Mutex::new(Phase::Starting)),
+            state: Arc::new(Mutex::new(State {
+                phase: Phase::Starting,
+                drained: false,
+            })),
         };
         health.set(Phase::Starting).await;
         (health, service)
@@ -75,26 +88,20 @@ impl Health {
     /// Reports `phase` — unless the server is already draining, which it
     /// never stops doing.
     pub(crate) async fn set(&self, phase: Phase) {
-        {
-            let mut now = self.phase.lock().unwrap_or_else(|p| p.into_inner());
-            let stays = match *now {
+        let drained = {
+            let mut now = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let stays = match now.phase {
                 Phase::StoreFailed => true,
                 Phase::Draining => phase != Phase::StoreFailed,
                 Phase::Starting | Phase::Serving | Phase::StoreDown => false,
             };
-            if stays && *now != phase {
+            if stays && now.phase != phase {
                 return;
             }
-            *now = phase;
-        }
-        let ready = match phase {
-            Phase::Serving => ServingStatus::Serving,
-            Phase::Starting | Phase::StoreDown | Phase::Draining | Phase::StoreFailed => {
-                ServingStatus::NotServing
-            }
+            now.phase = phase;
+            now.drained
         };
-        self.reporter.set_service_status("", ready).await;
-        self.reporter.set_service_status(READINESS, ready).await;
+        self.report_ready(phase, drained).await;
         match phase {
             // Set at the start; it changes only when the store failed.
             Phase::Starting => {
@@ -109,6 +116,31 @@ impl Health {
             }
             Phase::Serving | Phase::StoreDown | Phase::Draining => {}
         }
+    }
+
+    /// Records whether an admin `Drain` holds and reports readiness anew.
+    async fn set_drained(&self, drained: bool) {
+        let phase = {
+            let mut now = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            now.drained = drained;
+            now.phase
+        };
+        self.report_ready(phase, drained).await;
+    }
+
+    /// Readiness and the overall `""`: SERVING only in [`Phase::Serving`]
+    /// with no admin drain holding.
+    async fn report_ready(&self, phase: Phase, drained: bool) {
+        let ready = match phase {
+            Phase::Serving if !drained => ServingStatus::Serving,
+            Phase::Serving
+            | Phase::Starting
+            | Phase::StoreDown
+            | Phase::Draining
+            | Phase::StoreFailed => ServingStatus::NotServing,
+        };
+        self.reporter.set_service_status("", ready).await;
+        self.reporter.set_service_status(READINESS, ready).await;
     }
 
     /// Follows whether the store can take writes ([`Phase::StoreDown`]
@@ -135,14 +167,19 @@ impl Health {
         }))
     }
 
-    /// Turns [`Phase::Draining`] when the runtime starts draining (an admin
-    /// `Drain` flips readiness before the process is told to stop). The
-    /// watcher stops when the returned handle is dropped.
+    /// Follows the runtime's draining flag: an admin `Drain` flips
+    /// readiness to NOT_SERVING before the process is told to stop, and an
+    /// `Undrain` flips it back. The watcher stops when the returned handle
+    /// is dropped.
     pub(crate) fn drain_on(&self, mut draining: watch::Receiver<bool>) -> AbortOnDropHandle<()> {
         let health = self.clone();
         AbortOnDropHandle::new(tokio::spawn(async move {
-            if draining.wait_for(|d| *d).await.is_ok() {
-                health.set(Phase::Draining).await;
+            loop {
+                let drained = *draining.borrow_and_update();
+                health.set_drained(drained).await;
+                if draining.changed().await.is_err() {
+                    return;
+                }
             }
         }))
     }
