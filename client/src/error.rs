@@ -154,7 +154,7 @@ pub enum Error {
     #[error("protocol: {0}")]
     Protocol(String),
     /// The client's own configuration is unusable (a URL without a scheme,
-    /// `https://` without a CA, a bearer token over plaintext to another
+    /// `https://` with the system roots off and no CA, a bearer token over plaintext to another
     /// host, an unreadable file, a bad token).
     #[error("{0}")]
     Config(String),

@@ -10,10 +10,10 @@
 //! pod mid-drain (docs/contract.md §7) — except once the store failed for
 //! good ([`Phase::StoreFailed`]): then a restart is what it needs.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use agentrt_runtime::StoreHealth;
-use tokio::sync::watch;
+use tokio::sync::{Mutex, watch};
 use tokio_util::task::AbortOnDropHandle;
 use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health as HealthService, HealthServer};
@@ -65,7 +65,9 @@ struct State {
 #[derive(Debug, Clone)]
 pub(crate) struct Health {
     reporter: HealthReporter,
-    /// `Draining` and `StoreFailed` are never left.
+    /// `Draining` and `StoreFailed` are never left. Held while reporting
+    /// (an async lock), so that two changes at once cannot report in the
+    /// opposite order of their state changes.
     state: Arc<Mutex<State>>,
 }
 
@@ -88,20 +90,17 @@ impl Health {
     /// Reports `phase` — unless the server is already draining, which it
     /// never stops doing.
     pub(crate) async fn set(&self, phase: Phase) {
-        let drained = {
-            let mut now = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            let stays = match now.phase {
-                Phase::StoreFailed => true,
-                Phase::Draining => phase != Phase::StoreFailed,
-                Phase::Starting | Phase::Serving | Phase::StoreDown => false,
-            };
-            if stays && now.phase != phase {
-                return;
-            }
-            now.phase = phase;
-            now.drained
+        let mut now = self.state.lock().await;
+        let stays = match now.phase {
+            Phase::StoreFailed => true,
+            Phase::Draining => phase != Phase::StoreFailed,
+            Phase::Starting | Phase::Serving | Phase::StoreDown => false,
         };
-        self.report_ready(phase, drained).await;
+        if stays && now.phase != phase {
+            return;
+        }
+        now.phase = phase;
+        self.report_ready(phase, now.drained).await;
         match phase {
             // Set at the start; it changes only when the store failed.
             Phase::Starting => {
@@ -120,12 +119,9 @@ impl Health {
 
     /// Records whether an admin `Drain` holds and reports readiness anew.
     async fn set_drained(&self, drained: bool) {
-        let phase = {
-            let mut now = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            now.drained = drained;
-            now.phase
-        };
-        self.report_ready(phase, drained).await;
+        let mut now = self.state.lock().await;
+        now.drained = drained;
+        self.report_ready(now.phase, drained).await;
     }
 
     /// Readiness and the overall `""`: SERVING only in [`Phase::Serving`]

@@ -38,10 +38,10 @@ pub(crate) fn write_stdout(args: std::fmt::Arguments<'_>, newline: bool) {
 /// Flushes stdout (a partial line of streamed text); a closed stdout ends
 /// the process with exit code 0.
 pub(crate) fn flush_stdout() {
-    if let Err(err) = std::io::stdout().flush() {
-        if err.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(0);
-        }
+    if let Err(err) = std::io::stdout().flush()
+        && err.kind() == std::io::ErrorKind::BrokenPipe
+    {
+        std::process::exit(0);
     }
 }
 
