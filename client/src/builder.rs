@@ -12,6 +12,7 @@ use crate::proto::agent_service_client::AgentServiceClient;
 use crate::proto::runtime_admin_client::RuntimeAdminClient;
 use crate::proto::session_service_client::SessionServiceClient;
 use crate::{Client, Error, ResumePolicy, error};
+use tonic_health::pb::health_client::HealthClient;
 
 /// PEM read now or from a file at connect time.
 #[derive(Debug, Clone)]
@@ -56,6 +57,7 @@ pub struct ClientBuilder {
     ca: Option<Pem>,
     identity: Option<(Pem, Pem)>,
     domain: Option<String>,
+    system_roots: bool,
     insecure_token: bool,
     resume: ResumePolicy,
 }
@@ -72,18 +74,30 @@ impl ClientBuilder {
             ca: None,
             identity: None,
             domain: None,
+            system_roots: true,
             insecure_token: false,
             resume: ResumePolicy::default(),
         }
     }
 
-    /// Trusts the PEM CA certificate(s) in `path` for an `https://` URL.
+    /// Whether an `https://` URL trusts the system's root certificates
+    /// (those of the operating system's trust store). Default: true; a CA
+    /// given with [`ClientBuilder::ca_file`] or [`ClientBuilder::ca_pem`]
+    /// is trusted beside them. With false only that CA is trusted.
+    pub fn system_roots(mut self, trust: bool) -> Self {
+        self.system_roots = trust;
+        self
+    }
+
+    /// Trusts the PEM CA certificate(s) in `path` for an `https://` URL,
+    /// beside the system's roots.
     pub fn ca_file(mut self, path: impl AsRef<Path>) -> Self {
         self.ca = Some(Pem::File(path.as_ref().to_path_buf()));
         self
     }
 
-    /// Trusts the PEM CA certificate(s) `pem` for an `https://` URL.
+    /// Trusts the PEM CA certificate(s) `pem` for an `https://` URL,
+    /// beside the system's roots.
     pub fn ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.ca = Some(Pem::Bytes(pem.into()));
         self
@@ -126,16 +140,21 @@ impl ClientBuilder {
                 Ok(None)
             };
         }
-        let Some(ca) = &self.ca else {
-            return Err(Error::Config(format!(
-                "{}: an https:// URL needs the CA that signed the server's certificate \
-                 (ClientBuilder::ca_file, --ca); system roots are not used, and the call is \
-                 never sent as plaintext instead",
-                self.url
-            )));
-        };
-        let mut tls =
-            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca.read("CA file")?));
+        let mut tls = ClientTlsConfig::new();
+        if self.system_roots {
+            tls = tls.with_native_roots();
+        }
+        match &self.ca {
+            Some(ca) => tls = tls.ca_certificate(Certificate::from_pem(ca.read("CA file")?)),
+            None if !self.system_roots => {
+                return Err(Error::Config(format!(
+                    "{}: with the system's root certificates turned off, an https:// URL \
+                     needs the CA certificate that signed the server's certificate (--ca FILE)",
+                    self.url
+                )));
+            }
+            None => {}
+        }
         if let Some((cert, key)) = &self.identity {
             tls = tls.identity(Identity::from_pem(
                 cert.read("client certificate file")?,
@@ -209,9 +228,8 @@ impl ClientBuilder {
             Some("http") => {
                 if self.token.is_some() && !self.insecure_token && !is_loopback(host) {
                     return Err(Error::Config(format!(
-                        "refusing to send the bearer token in plaintext to {url}: use an \
-                         https:// URL (with its CA), or allow it explicitly \
-                         (ClientBuilder::allow_insecure_token, --insecure)"
+                        "refusing to send the API key in plaintext to {url}, which is not this \
+                         machine: use an https:// URL, or allow plaintext explicitly (--insecure)"
                     )));
                 }
             }
@@ -260,7 +278,8 @@ impl ClientBuilder {
             sessions: SessionServiceClient::with_interceptor(channel.clone(), auth.clone()),
             runtime: AgentRuntimeClient::with_interceptor(channel.clone(), auth.clone()),
             admin: RuntimeAdminClient::with_interceptor(channel.clone(), auth.clone()),
-            agents: AgentServiceClient::with_interceptor(channel, auth),
+            agents: AgentServiceClient::with_interceptor(channel.clone(), auth.clone()),
+            health: HealthClient::with_interceptor(channel, auth),
             request_timeout: self.request_timeout,
             chat_deadline: self.chat_deadline,
             resume: self.resume,
@@ -289,11 +308,18 @@ mod tests {
     }
 
     #[test]
-    fn tls_options_need_an_https_url_and_https_needs_a_ca() {
+    fn tls_options_need_an_https_url_and_https_without_system_roots_needs_a_ca() {
         let message = refused(Client::builder("http://127.0.0.1:1").ca_pem(b"pem".to_vec()));
         assert!(message.contains("https://"), "{message}");
-        let message = refused(Client::builder("https://127.0.0.1:1"));
+        let message = refused(Client::builder("https://127.0.0.1:1").system_roots(false));
         assert!(message.contains("--ca"), "{message}");
+        assert!(
+            Client::builder("https://127.0.0.1:1")
+                .tls()
+                .unwrap()
+                .is_some(),
+            "the system's roots are trusted by default"
+        );
         let message = refused(Client::builder("https://127.0.0.1:1").ca_file("/no/such/ca.pem"));
         assert!(message.contains("/no/such/ca.pem"), "{message}");
         assert!(

@@ -21,7 +21,7 @@ pub enum Error {
     /// has a live turn.
     #[error(
         "session {session_id} is running turn {turn_id}; wait for it to finish, watch it \
-         (Client::subscribe) or stop it (Client::stop_session)"
+         or stop it"
     )]
     Busy {
         /// The session of the call.
@@ -97,7 +97,7 @@ pub enum Error {
         status: Box<Status>,
     },
     /// `RESOURCE_EXHAUSTED`: a queue or limit is full; retry later.
-    #[error("resource exhausted: {message}{}", retry_hint(*.retry_after))]
+    #[error("resource exhausted: {message}{}", retry_hint(.message, *.retry_after))]
     ResourceExhausted {
         /// The server's message.
         message: String,
@@ -154,15 +154,19 @@ pub enum Error {
     #[error("protocol: {0}")]
     Protocol(String),
     /// The client's own configuration is unusable (a URL without a scheme,
-    /// `https://` without a CA, a bearer token over plaintext to another
+    /// `https://` with the system roots off and no CA, a bearer token over plaintext to another
     /// host, an unreadable file, a bad token).
     #[error("{0}")]
     Config(String),
 }
 
-fn retry_hint(after: Option<Duration>) -> String {
+/// When to retry: the server's delay, else "retry later" unless its
+/// message already says when (no "retry later; retry later").
+fn retry_hint(message: &str, after: Option<Duration>) -> String {
     match after {
+        Some(d) if d >= Duration::from_secs(2) => format!(" (retry in {} s)", d.as_secs()),
         Some(d) => format!(" (retry in {} ms)", d.as_millis()),
+        None if message.contains("retry") => String::new(),
         None => " (retry later)".to_owned(),
     }
 }
@@ -220,6 +224,7 @@ impl Error {
     pub fn from_status(status: Status, session_id: &str, url: &str) -> Self {
         if let Some(source) = StdError::source(&status) {
             let cause = cause_chain(source);
+            let cause = plaintext_hint(url, cause);
             // tonic answers a call it could not send (no connection) with
             // UNAVAILABLE; a connection lost under a call with other codes.
             return if status.code() == Code::Unavailable {
@@ -325,9 +330,40 @@ impl Error {
     pub(crate) fn connect(url: &str, err: &tonic::transport::Error) -> Self {
         Error::Connect {
             url: url.to_owned(),
-            cause: cause_chain(err),
+            cause: plaintext_hint(url, cause_chain(err)),
         }
     }
+}
+
+/// A plaintext (`http://`) connection that the server cuts at once is
+/// most often one to a TLS port: the server reads the HTTP/2 preface as a
+/// broken TLS hello and hangs up, or answers with a TLS alert that is no
+/// HTTP/2 frame. Say so, instead of only "broken pipe".
+fn plaintext_hint(url: &str, cause: String) -> String {
+    if !url.starts_with("http://") {
+        return cause;
+    }
+    let lower = cause.to_lowercase();
+    let cut = [
+        "broken pipe",
+        "connection reset",
+        "frame with invalid size",
+        "invalid frame",
+        "connection closed",
+        "unexpected end of file",
+        "unexpected eof",
+        "protocol error",
+        "early eof",
+    ]
+    .iter()
+    .any(|w| lower.contains(w));
+    if !cut {
+        return cause;
+    }
+    format!(
+        "the server closed the plaintext connection ({cause}); if it serves TLS, use {}",
+        url.replacen("http://", "https://", 1)
+    )
 }
 
 /// The messages of `err` and its `source()` chain, joined with `: `,

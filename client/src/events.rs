@@ -158,6 +158,17 @@ pub struct Event {
     pub at: Option<SystemTime>,
     /// What happened.
     pub kind: ChatEvent,
+    /// The event as received.
+    raw: proto::ChatEvent,
+}
+
+impl Event {
+    /// The event as the server sent it (every field, including those of a
+    /// kind this client does not know), e.g. to print it in the protobuf
+    /// JSON mapping.
+    pub fn proto(&self) -> &proto::ChatEvent {
+        &self.raw
+    }
 }
 
 fn enum_or<E: TryFrom<i32> + Default>(v: i32) -> E {
@@ -167,6 +178,7 @@ fn enum_or<E: TryFrom<i32> + Default>(v: i32) -> E {
 impl From<proto::ChatEvent> for Event {
     fn from(e: proto::ChatEvent) -> Self {
         use proto::chat_event::Kind;
+        let raw = e.clone();
         let kind = match e.kind {
             Some(Kind::TurnStarted(t)) => ChatEvent::TurnStarted(t),
             Some(Kind::Text(t)) => ChatEvent::Text(t.text),
@@ -244,6 +256,7 @@ impl From<proto::ChatEvent> for Event {
             seq: e.seq,
             at,
             kind,
+            raw,
         }
     }
 }

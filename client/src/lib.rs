@@ -32,8 +32,8 @@
 //! ```
 //!
 //! URLs need a scheme: `http://` (plaintext) or `https://` (TLS with
-//! [`ClientBuilder::ca_file`] — the CA that signed the server's
-//! certificate; system roots are not used — and, for mTLS,
+//! the system's trust roots, plus [`ClientBuilder::ca_file`] for a CA of
+//! your own — and, for mTLS,
 //! [`ClientBuilder::identity_files`]). A bearer token is not sent in
 //! plaintext to a host other than loopback unless
 //! [`ClientBuilder::allow_insecure_token`] says so.
@@ -52,7 +52,7 @@
 //! Modules: [`events`] (the typed events and the stream), [`error`] (the
 //! errors), [`options`] (chat options and the resume policy), [`proto`]
 //! (the generated stubs). The calls of each service are in a file of their
-//! own (`session_service.rs`, `agent_runtime.rs`, `runtime_admin.rs`), each
+//! own (`session_service.rs`, `agent_runtime.rs`, `runtime_admin.rs`, `health.rs`), each
 //! unary one through [`Client`]'s one private call helper.
 
 #![deny(missing_docs)]
@@ -71,6 +71,7 @@ mod blobs;
 mod builder;
 pub mod error;
 pub mod events;
+mod health;
 pub mod options;
 mod runtime_admin;
 mod session_service;
@@ -80,6 +81,7 @@ pub use blobs::sha256_hex;
 pub use builder::{Auth, ClientBuilder};
 pub use error::Error;
 pub use events::{ChatEvent, Event, EventStream, TurnSummary};
+pub use health::Health;
 pub use options::{
     ChatOptions, OnBusy, OnDisconnect, ResumeNotice, ResumePolicy, ThinkingLevel, WhenBusy,
 };
@@ -88,6 +90,7 @@ use proto::agent_runtime_client::AgentRuntimeClient;
 use proto::agent_service_client::AgentServiceClient;
 use proto::runtime_admin_client::RuntimeAdminClient;
 use proto::session_service_client::SessionServiceClient;
+use tonic_health::pb::health_client::HealthClient;
 
 /// The metadata header naming the session of a session-scoped call
 /// (docs/contract.md §7).
@@ -103,6 +106,7 @@ pub struct Client {
     runtime: AgentRuntimeClient<Svc>,
     admin: RuntimeAdminClient<Svc>,
     agents: AgentServiceClient<Svc>,
+    health: HealthClient<Svc>,
     request_timeout: Option<Duration>,
     chat_deadline: Option<Duration>,
     resume: ResumePolicy,

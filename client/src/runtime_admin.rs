@@ -1,5 +1,5 @@
-//! `RuntimeAdmin`: statistics, drain, runner resets, offboarding (admin
-//! principals only).
+//! `RuntimeAdmin`: statistics, drain and undrain, the default model,
+//! runner resets, offboarding (admin principals only).
 
 use std::time::Duration;
 
@@ -25,6 +25,52 @@ impl Client {
         self.call(None, req, |r| async move { stub.drain(r).await })
             .await
             .map(|r| r.remaining)
+    }
+
+    /// Undoes [`Client::drain`] on the replica the call reaches: turns are
+    /// admitted again and readiness reports SERVING again (unless its store
+    /// is down). Returns whether it was draining. Refused (unavailable) once
+    /// the server's shutdown began (admin principals only).
+    pub async fn undrain(&self) -> Result<bool, Error> {
+        let mut stub = self.admin.clone();
+        self.call(None, proto::UndrainRequest {}, |r| async move {
+            stub.undrain(r).await
+        })
+        .await
+        .map(|r| r.was_draining)
+    }
+
+    /// Sets the default model (`provider/model`) and thinking level of the
+    /// runners built from now on; returns the previous default model
+    /// (admin principals only).
+    pub async fn set_default_model(
+        &self,
+        model: &str,
+        thinking: Option<crate::ThinkingLevel>,
+    ) -> Result<String, Error> {
+        let req = proto::SetDefaultModelRequest {
+            model: model.to_owned(),
+            thinking: thinking.unwrap_or(proto::ThinkingLevel::Unspecified) as i32,
+        };
+        let mut stub = self.admin.clone();
+        self.call(
+            None,
+            req,
+            |r| async move { stub.set_default_model(r).await },
+        )
+        .await
+        .map(|r| r.previous_model)
+    }
+
+    /// Marks every runner for rebuild before its next turn (turns in
+    /// flight keep theirs); returns how many (admin principals only).
+    pub async fn invalidate_runners(&self) -> Result<u32, Error> {
+        let mut stub = self.admin.clone();
+        self.call(None, proto::InvalidateRunnersRequest {}, |r| async move {
+            stub.invalidate_runners(r).await
+        })
+        .await
+        .map(|r| r.count)
     }
 
     /// Closes cached runners — all, or `user_id`'s — and returns how many

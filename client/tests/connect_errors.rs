@@ -45,9 +45,10 @@ async fn a_url_without_a_scheme_is_refused_with_the_fix() {
 }
 
 #[tokio::test]
-async fn https_without_a_ca_is_refused_not_sent_as_plaintext() {
+async fn https_without_system_roots_or_a_ca_is_refused_not_sent_as_plaintext() {
     let err = Client::builder("https://127.0.0.1:1")
         .token("secret")
+        .system_roots(false)
         .connect()
         .await
         .unwrap_err();

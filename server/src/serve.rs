@@ -113,8 +113,8 @@ impl Prepared {
             cluster.map(|parts| serve_cluster(&config, &handlers, parts, stop.clone()));
         health.set(Phase::Serving).await;
         // An admin Drain flips readiness too, so the orchestrator stops
-        // routing here before the process is told to stop. The watchers are
-        // aborted when serving ends.
+        // routing here before the process is told to stop; an Undrain
+        // flips it back. The watchers are aborted when serving ends.
         let _drain_watch = health.drain_on(runtime.draining());
         let _store_watch = health.follow_store(runtime.store_health());
         tracing::info!(
@@ -140,7 +140,7 @@ impl Prepared {
             }
             finished = internal_ended => {
                 tracing::error!("the internal cluster listener stopped on its own; shutting down");
-                runtime.stop_admitting();
+                runtime.begin_shutdown();
                 health.set(Phase::Draining).await;
                 runtime.shutdown(Duration::ZERO, HARD_STOP).await;
                 stop.cancel();
@@ -155,7 +155,7 @@ impl Prepared {
         );
         // Refuse new turns first: a client that saw NOT_SERVING must not
         // still get a turn admitted.
-        runtime.stop_admitting();
+        runtime.begin_shutdown();
         health.set(Phase::Draining).await;
         runtime.shutdown(config.shutdown_grace, HARD_STOP).await;
         stop.cancel();

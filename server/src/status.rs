@@ -48,7 +48,7 @@ fn status_of(err: RuntimeError) -> Status {
         ),
         RuntimeError::SessionCompacting => Status::with_error_details(
             Code::Aborted,
-            "the session is being compacted (CompactSession); retry when that call has returned",
+            "the session is being compacted; retry when the compaction has finished",
             ErrorDetails::with_error_info(
                 SESSION_BUSY,
                 DOMAIN,
@@ -59,7 +59,7 @@ fn status_of(err: RuntimeError) -> Status {
             Status::unavailable(format!("{why}; the session was left unchanged"))
         }
         RuntimeError::SessionArchived => Status::failed_precondition(
-            "the session is archived; unarchive it with UpdateSession to start new turns",
+            "the session is archived; unarchive it (set archived to false) to start new turns",
         ),
         RuntimeError::SessionExists => {
             Status::already_exists("a session with this id already exists")
@@ -160,12 +160,12 @@ pub fn quota_exceeded(quota: &QuotaExceeded) -> Status {
         Quota::Sessions | Quota::StoredBytes => "; delete sessions to make room",
         Quota::BlobBytes => "; delete sessions that hold images or files to make room",
         Quota::LiveTurns | Quota::DetachedTasks => "; retry when one has finished",
-        Quota::TurnsPerMinute => "; retry after the RetryInfo delay",
+        Quota::TurnsPerMinute => "; retry after the delay this answer gives",
         Quota::SessionBudgetTokens | Quota::SessionBudgetCost => {
-            "; raise the session's budget (UpdateSession) or start a new session"
+            "; raise the session's budget or start a new session"
         }
         Quota::Inbox => "; retry when the queued messages have run",
-        Quota::DailyTokens | Quota::DailyCost => "; retry after midnight UTC (the RetryInfo delay)",
+        Quota::DailyTokens | Quota::DailyCost => "; retry after midnight UTC",
     };
     Status::with_error_details(Code::ResourceExhausted, format!("{quota}{hint}"), details)
 }

@@ -15,7 +15,12 @@ Exit codes:
   5  the session is busy with a live turn (watch it or stop it)
   6  the request was refused (invalid argument, failed precondition, already exists)
   7  not allowed (unauthenticated, permission denied)
-  8  the server is unavailable, overloaded or the deadline passed (retry later)";
+  8  the server is unavailable, overloaded or the deadline passed (retry later)
+  9  `chat --tool`: the model called your tool and stdin is no terminal to answer it
+     (answer with `agentrt tool-result`)
+ 10  `health`: a service is not SERVING
+
+A closed stdout (e.g. `agentrt chat ... | head -c 10`) ends a command quietly with 0.";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -36,7 +41,9 @@ pub(crate) struct Cli {
     /// Bearer API key (not needed for a loopback server without keys).
     #[arg(long, env = "AGENTRT_TOKEN", global = true, hide_env_values = true)]
     pub(crate) token: Option<String>,
-    /// PEM CA certificate that signed the server's certificate (https:// URLs).
+    /// PEM CA certificate to trust for https:// URLs, beside the system's
+    /// root certificates (for a server whose certificate a private CA
+    /// signed).
     #[arg(long, env = "AGENTRT_CA", global = true)]
     pub(crate) ca: Option<std::path::PathBuf>,
     /// PEM client certificate for mTLS (with --key).
@@ -152,6 +159,28 @@ pub(crate) enum Command {
     /// Operator calls (admin principals only).
     #[command(subcommand)]
     Admin(AdminCommand),
+    /// The server's health (readiness, liveness and overall, as probes
+    /// see them). Exits 10 when one asked for is not SERVING.
+    Health {
+        /// Only this service: readiness, liveness, or "" for the server
+        /// as a whole (default: all three).
+        #[arg(long)]
+        service: Option<String>,
+        /// Wait until every service asked for is SERVING, at most this
+        /// long (e.g. 30s), instead of answering at once.
+        #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+        wait: Option<Duration>,
+    },
+    /// This client's version and the server's (the server's needs an admin
+    /// principal).
+    Version,
+    /// Print a shell completion script, e.g.
+    /// `agentrt completions bash > /etc/bash_completion.d/agentrt` or
+    /// `agentrt completions zsh > "${fpath[1]}/_agentrt"`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
     /// Same as `sessions create`.
     #[command(hide = true)]
     Create(CreateArgs),
@@ -386,6 +415,28 @@ pub(crate) struct ChatArgs {
     /// turn at its next step (steer).
     #[arg(long, value_enum, default_value_t = BusyArg::Reject)]
     pub(crate) on_busy: BusyArg,
+    /// When the session already runs a turn, queue this message to run
+    /// after it and wait for it (the same as --on-busy enqueue).
+    #[arg(long, conflicts_with = "on_busy")]
+    pub(crate) wait_when_busy: bool,
+    /// An idempotency key (1-128 printable ASCII characters): repeating
+    /// the chat with the same key replays the turn's answer instead of
+    /// running it again.
+    #[arg(long, value_name = "KEY")]
+    pub(crate) request_id: Option<String>,
+    /// The most model steps of this turn's agent loop.
+    #[arg(long, value_name = "N")]
+    pub(crate) max_steps: Option<u32>,
+    /// Offer the model a tool that you execute: NAME=SCHEMA_FILE, where
+    /// the file holds the JSON Schema of its arguments (its top-level
+    /// "description", if any, describes the tool to the model); repeat for
+    /// several. When the model calls it, the call is shown and, if stdin is
+    /// a terminal, its result is read from there (one line; start it with
+    /// `!` to report an error). Otherwise the command ends with exit code
+    /// 9 and prints the `agentrt tool-result` command that answers it
+    /// (use --on-disconnect continue so the turn waits for it).
+    #[arg(long = "tool", value_name = "NAME=SCHEMA_FILE", value_parser = parse_tool)]
+    pub(crate) tools: Vec<(String, std::path::PathBuf)>,
     /// A server tool whose calls in this turn wait for an approval
     /// (`agentrt approve`); repeat for several, `*` for every one.
     #[arg(long = "require-approval", value_name = "TOOL")]
@@ -396,7 +447,9 @@ pub(crate) struct ChatArgs {
     /// message's input actor come from your credentials.
     #[arg(long, value_name = "ID[:DISPLAY NAME]", value_parser = parse_speaker)]
     pub(crate) speaker: Option<(String, String)>,
-    /// Do not show reasoning.
+    /// Do not show reasoning. (Shown by default: dimmed on a terminal;
+    /// on stderr when stdout is a pipe or file, which then carries the
+    /// answer alone.)
     #[arg(long)]
     pub(crate) no_reasoning: bool,
     /// A file to send with the message: an image (PNG, JPEG, GIF, WebP), a
@@ -465,12 +518,27 @@ impl From<BusyArg> for agentrt_client::OnBusy {
 pub(crate) enum AdminCommand {
     /// Live turns, cached runners, watchers, stored sessions, uptime.
     Stats,
-    /// Stop admitting turns and wait until none is live.
+    /// Stop admitting turns (readiness turns NOT_SERVING) and wait until
+    /// none is live.
     Drain {
         /// How long to wait, e.g. 30s.
         #[arg(long, value_parser = parse_duration)]
         timeout: Option<Duration>,
     },
+    /// Admit turns again after a drain (readiness turns SERVING again).
+    Undrain,
+    /// Set the default model (provider/model) of the runners built from
+    /// now on; running turns keep theirs.
+    SetDefaultModel {
+        /// provider/model.
+        model: String,
+        /// The default thinking level too.
+        #[arg(long, value_enum)]
+        thinking: Option<Thinking>,
+    },
+    /// Mark every cached runner for rebuild before its next turn (e.g.
+    /// after changing tools), without touching turns in flight.
+    Invalidate,
     /// Close cached runners (all, or one user's).
     Reset {
         /// Only this user's runners.
@@ -482,6 +550,18 @@ pub(crate) enum AdminCommand {
         /// The user id.
         user: String,
     },
+}
+
+/// `NAME=SCHEMA_FILE` of `chat --tool`.
+fn parse_tool(s: &str) -> Result<(String, std::path::PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, file)) if !name.trim().is_empty() && !file.is_empty() => {
+            Ok((name.trim().to_owned(), file.into()))
+        }
+        _ => Err(format!(
+            "{s:?}: write the tool as NAME=SCHEMA_FILE (e.g. lookup=lookup.schema.json)"
+        )),
+    }
 }
 
 /// `ID` or `ID:DISPLAY NAME` (the id cannot hold a `:`; the name may).
@@ -561,6 +641,32 @@ mod tests {
             panic!("not chat")
         };
         assert_eq!(args.speaker, Some(("u-2".to_owned(), "Bob".to_owned())));
+    }
+
+    #[test]
+    fn a_tool_is_a_name_and_a_schema_file() {
+        assert_eq!(
+            parse_tool("lookup=schemas/lookup.json"),
+            Ok(("lookup".to_owned(), "schemas/lookup.json".into()))
+        );
+        assert!(parse_tool("lookup").is_err());
+        assert!(parse_tool("=x.json").is_err());
+        assert!(parse_tool("lookup=").is_err());
+        let both = [
+            "agentrt",
+            "chat",
+            "--wait-when-busy",
+            "--on-busy",
+            "steer",
+            "x",
+        ];
+        assert!(Cli::try_parse_from(both).is_err(), "two busy strategies");
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory as _;
+        Cli::command().debug_assert();
     }
 
     #[test]

@@ -57,6 +57,10 @@ impl From<Error> for Failure {
             )
         } else if let Error::NotFound { message, .. } = &err {
             format!("{message} (list your sessions with `agentrt sessions list`)")
+        } else if let Error::FailedPrecondition { message, .. } = &err
+            && message.contains("archived")
+        {
+            format!("{message} (`agentrt sessions update SESSION --archived false` unarchives it)")
         } else {
             err.to_string()
         };

@@ -6,29 +6,65 @@
 //! goes through its [`Client`] facade, so the library carries no
 //! command-line code. Output is text for people or, with `--output json`,
 //! one JSON document per result (one JSON object per line for event
-//! streams) for scripts.
+//! streams) for scripts, in the protobuf JSON mapping.
+//!
+//! Modules: `args` (the command line), `commands` (one module per command
+//! group), `output` (text and JSON printing; stdout closed under us ends
+//! the command quietly), `json` (the protobuf JSON mapping), `failure`
+//! (errors in the user's terms, exit codes, connecting).
 //!
 //! [`Client`]: agentrt_client::Client
+
+/// `println!` for results: a closed stdout ends the command with exit
+/// code 0 instead of a panic.
+macro_rules! outln {
+    () => {
+        $crate::output::write_stdout(format_args!(""), true)
+    };
+    ($($arg:tt)*) => {
+        $crate::output::write_stdout(format_args!($($arg)*), true)
+    };
+}
+
+/// `print!` for results (see [`outln!`]).
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::output::write_stdout(format_args!($($arg)*), false)
+    };
+}
 
 mod args;
 mod commands;
 mod failure;
+mod json;
 mod output;
 
 use std::process::ExitCode;
 
-use clap::Parser as _;
+use clap::{CommandFactory as _, Parser as _};
 
 use args::{Cli, Command, Format, SessionsCommand};
 use commands::history::{history, turns};
-use commands::{admin::admin, blob::blob, chat::chat, sessions::sessions, stream::stream};
+use commands::stream::{Follow, stream};
+use commands::{admin::admin, blob::blob, chat::chat, sessions::sessions};
 use failure::{Outcome, connect, text_or_stdin};
 use output::Out;
 
 async fn run(cli: Cli) -> Outcome {
     let out = Out::new(cli.output == Format::Json);
+    if let Command::Completions { shell } = cli.command {
+        let mut script = Vec::new();
+        clap_complete::generate(shell, &mut Cli::command(), "agentrt", &mut script);
+        out!("{}", String::from_utf8_lossy(&script));
+        return Ok(());
+    }
     let client = connect(&cli).await?;
     match cli.command {
+        Command::Completions { .. } => Ok(()),
+        Command::Health { service, wait } => {
+            commands::health::health(&client, &out, service, wait).await
+        }
+        Command::Version => commands::health::version(&client, &out).await,
         Command::Sessions(cmd) => sessions(&client, &out, cmd).await,
         Command::Create(args) => sessions(&client, &out, SessionsCommand::Create(args)).await,
         Command::List(args) => sessions(&client, &out, SessionsCommand::List(args)).await,
@@ -39,7 +75,7 @@ async fn run(cli: Cli) -> Outcome {
             wait,
         } => {
             let events = client.watch(&session, after_seq, wait).await?;
-            let seen = stream(&out, events, true, None).await?;
+            let seen = stream(&out, events, &Follow::watching(&client)).await?;
             if seen.events == 0 && !out.json {
                 eprintln!("no live turn in session {session}");
             }

@@ -1,31 +1,61 @@
 //! Printing results: text for people, or JSON (one document per unary
-//! result, one object per line for event streams) for scripts.
+//! result, one object per line for event streams) for scripts, in the
+//! protobuf JSON mapping (see `json.rs`).
+//!
+//! Everything bound for stdout goes through [`outln!`] / [`out!`]: when
+//! stdout is closed under us (`agentrt chat ... | head -c 10`) the command
+//! ends quietly with exit code 0, as a filter in a pipe should, instead of
+//! panicking.
 
+use std::cell::Cell;
 use std::io::{IsTerminal as _, Write as _};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use agentrt_client::{ChatEvent, Event, proto};
 use serde_json::{Value, json};
+
+use crate::json;
+
+/// Writes to stdout; a closed stdout ends the process with exit code 0.
+pub(crate) fn write_stdout(args: std::fmt::Arguments<'_>, newline: bool) {
+    let mut stdout = std::io::stdout().lock();
+    let written = stdout.write_fmt(args).and_then(|()| {
+        if newline {
+            stdout.write_all(b"\n")
+        } else {
+            Ok(())
+        }
+    });
+    if let Err(err) = written {
+        if err.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("agentrt: cannot write the output: {err}");
+        std::process::exit(1);
+    }
+}
+
+/// Flushes stdout (a partial line of streamed text); a closed stdout ends
+/// the process with exit code 0.
+pub(crate) fn flush_stdout() {
+    if let Err(err) = std::io::stdout().flush()
+        && err.kind() == std::io::ErrorKind::BrokenPipe
+    {
+        std::process::exit(0);
+    }
+}
 
 /// Where and how results go.
 #[derive(Debug, Clone)]
 pub(crate) struct Out {
     pub(crate) json: bool,
-    /// ANSI dim for reasoning (stdout is a terminal).
-    dim: bool,
+    /// Stdout is a terminal: reasoning goes there, dimmed; otherwise it
+    /// goes to stderr, so stdout carries the answer alone.
+    terminal: bool,
     reasoning: bool,
-}
-
-fn timestamp(t: Option<&prost_types::Timestamp>) -> Value {
-    match t {
-        Some(t) => json!({"seconds": t.seconds, "nanos": t.nanos}),
-        None => Value::Null,
-    }
-}
-
-fn time(t: Option<SystemTime>) -> Value {
-    t.and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(Value::Null, |d| json!(d.as_secs_f64()))
+    /// The last thing printed was reasoning (a line break is due before
+    /// the answer).
+    in_reasoning: Cell<bool>,
 }
 
 fn role(r: i32) -> String {
@@ -34,75 +64,6 @@ fn role(r: i32) -> String {
         .as_str_name()
         .trim_start_matches("ROLE_")
         .to_lowercase()
-}
-
-fn usage(u: &proto::Usage) -> Value {
-    json!({
-        "input_tokens": u.input_tokens,
-        "output_tokens": u.output_tokens,
-        "reasoning_tokens": u.reasoning_tokens,
-        "cached_input_tokens": u.cached_input_tokens,
-    })
-}
-
-fn session_json(s: &proto::Session) -> Value {
-    json!({
-        "session_id": s.session_id,
-        "owner": s.owner,
-        "agent_id": s.agent_id,
-        "agent_version": s.agent_version,
-        "parent_session_id": s.parent_session_id,
-        "project_id": s.project_id,
-        "title": s.title,
-        "model": s.model,
-        "system_prompt": s.system_prompt,
-        "metadata": s.metadata,
-        "created_at": timestamp(s.created_at.as_ref()),
-        "last_active_at": timestamp(s.last_active_at.as_ref()),
-        "archived": s.archived,
-        "message_count": s.message_count,
-    })
-}
-
-fn block_json(b: &proto::ContentBlock) -> Value {
-    use proto::content_block::Block;
-    match &b.block {
-        Some(Block::Text(t)) => json!({"type": "text", "text": t.text}),
-        Some(Block::Thinking(t)) => json!({"type": "thinking", "thinking": t.thinking}),
-        Some(Block::Image(i)) => json!({
-            "type": "image", "mime_type": i.mime_type, "blob_id": i.blob_id,
-            "size": i.size, "name": i.name
-        }),
-        Some(Block::File(f)) => json!({
-            "type": "file", "mime_type": f.mime_type, "blob_id": f.blob_id,
-            "size": f.size, "name": f.name
-        }),
-        Some(Block::ToolCall(c)) => json!({
-            "type": "tool_call", "id": c.id, "name": c.name, "arguments_json": c.arguments_json
-        }),
-        Some(Block::ToolResult(r)) => json!({
-            "type": "tool_result", "call_id": r.call_id, "content": r.content, "is_error": r.is_error,
-            "media": r.media.iter().map(blob_json).collect::<Vec<_>>()
-        }),
-        None => json!({"type": "unknown"}),
-    }
-}
-
-fn blob_json(b: &proto::BlobRef) -> Value {
-    json!({
-        "blob_id": b.blob_id,
-        "kind": b.kind().as_str_name().trim_start_matches("MEDIA_KIND_").to_lowercase(),
-        "mime_type": b.mime_type,
-        "size": b.size,
-        "name": b.name,
-    })
-}
-
-fn reference_json(r: &proto::Reference) -> Value {
-    json!({
-        "kind": r.kind, "id": r.id, "uri": r.uri, "title": r.title,
-        "preview": r.preview, "mime_type": r.mime_type, "intent": r.intent,
-    })
 }
 
 /// "cat.png (image/png, 12 KB)".
@@ -125,32 +86,6 @@ fn describe_blob(name: &str, mime_type: &str, size: u64) -> String {
     }
 }
 
-fn message_json(m: &proto::Message) -> Value {
-    let mut out = json!({
-        "seq": m.seq,
-        "id": m.id,
-        "role": role(m.role),
-        "turn_id": m.turn_id,
-        "compacted": m.compacted,
-        "content": m.content.iter().map(block_json).collect::<Vec<_>>(),
-    });
-    if let Some(s) = &m.speaker {
-        out["speaker"] = json!({"id": s.id, "display_name": s.display_name});
-    }
-    if let Some(a) = &m.input_actor {
-        out["input_actor"] = json!({"kind": actor_kind(a.kind), "id": a.id, "admin": a.admin});
-    }
-    out
-}
-
-fn actor_kind(k: i32) -> String {
-    proto::InputActorKind::try_from(k)
-        .unwrap_or_default()
-        .as_str_name()
-        .trim_start_matches("INPUT_ACTOR_KIND_")
-        .to_lowercase()
-}
-
 /// `user`, or `user Alice` for a message with a speaker.
 fn author(m: &proto::Message) -> String {
     match &m.speaker {
@@ -166,23 +101,6 @@ fn outcome(o: i32) -> String {
         .as_str_name()
         .trim_start_matches("TURN_OUTCOME_")
         .to_lowercase()
-}
-
-fn turn_json(t: &proto::Turn) -> Value {
-    json!({
-        "turn_id": t.turn_id,
-        "request_id": t.request_id,
-        "outcome": outcome(t.outcome),
-        "cancel_reason": t.cancel_reason,
-        "user_message_seq": t.user_message_seq,
-        "started_at": timestamp(t.started_at.as_ref()),
-        "finished_at": timestamp(t.finished_at.as_ref()),
-        "model": t.model,
-        "steps": t.steps,
-        "usage": t.usage.as_ref().map(usage),
-        "cost": t.cost,
-        "error": t.error,
-    })
 }
 
 /// A message in one line of text.
@@ -211,139 +129,17 @@ fn message_text(m: &proto::Message) -> String {
         .join(" ")
 }
 
-fn event_json(e: &Event) -> Value {
-    let (kind, data) = match &e.kind {
-        ChatEvent::TurnStarted(t) => (
-            "turn_started",
-            json!({"model": t.model, "user_message_seq": t.user_message_seq,
-                   "system_overridden": t.system_overridden}),
-        ),
-        ChatEvent::Text(t) => ("text", json!({"text": t})),
-        ChatEvent::Reasoning(t) => ("reasoning", json!({"text": t})),
-        ChatEvent::Step { kind, index } => (
-            "step",
-            json!({"kind": kind.as_str_name().trim_start_matches("STEP_KIND_"), "index": index}),
-        ),
-        ChatEvent::MessageStored { seq, id, role } => (
-            "message_stored",
-            json!({"message_seq": seq, "message_id": id, "role": self::role(*role as i32)}),
-        ),
-        ChatEvent::Usage { usage, model } => (
-            "usage",
-            json!({"usage": self::usage(usage), "model": model}),
-        ),
-        ChatEvent::Error { code, message } => (
-            "error",
-            json!({"code": code.as_str_name().trim_start_matches("ERROR_CODE_"), "message": message}),
-        ),
-        ChatEvent::Heartbeat { phase, tool_name } => {
-            ("heartbeat", json!({"phase": phase, "tool_name": tool_name}))
-        }
-        ChatEvent::ToolUse(t) => (
-            "tool_use",
-            json!({"call_id": t.call_id, "name": t.tool_name,
-                   "status": t.status().as_str_name().trim_start_matches("TOOL_STATUS_")}),
-        ),
-        ChatEvent::ToolCall {
-            call_id,
-            name,
-            arguments_json,
-        } => (
-            "tool_call",
-            json!({"call_id": call_id, "name": name, "arguments_json": arguments_json}),
-        ),
-        ChatEvent::ApprovalRequired {
-            call_id,
-            name,
-            arguments_json,
-        } => (
-            "approval_required",
-            json!({"call_id": call_id, "name": name, "arguments_json": arguments_json}),
-        ),
-        ChatEvent::Compaction(c) => (
-            "compaction",
-            json!({"status": c.status().as_str_name().trim_start_matches("COMPACTION_STATUS_")}),
-        ),
-        ChatEvent::Image(i) => (
-            "image",
-            json!({"call_id": i.call_id, "blob": i.blob.as_ref().map(blob_json),
-                   "inline_bytes": i.data.len()}),
-        ),
-        ChatEvent::File(f) => (
-            "file",
-            json!({"call_id": f.call_id, "blob": f.blob.as_ref().map(blob_json),
-                   "uri": f.uri, "inline_bytes": f.data.len()}),
-        ),
-        ChatEvent::References(r) => (
-            "references",
-            json!({"call_id": r.call_id,
-                   "references": r.references.iter().map(reference_json).collect::<Vec<_>>()}),
-        ),
-        ChatEvent::Notice { code, message } => {
-            ("notice", json!({"code": code, "message": message}))
-        }
-        ChatEvent::Queued { position } => ("queued", json!({"position": position})),
-        ChatEvent::Steered { message_seq } => ("steered", json!({"message_seq": message_seq})),
-        ChatEvent::ReplayGap {
-            first_available_seq,
-            lagged,
-        } => (
-            "replay_gap",
-            json!({"first_available_seq": first_available_seq, "lagged": lagged}),
-        ),
-        ChatEvent::TurnFinished {
-            outcome,
-            cancel_reason,
-            usage,
-            duration,
-        } => (
-            "turn_finished",
-            json!({
-                "outcome": outcome.as_str_name().trim_start_matches("TURN_OUTCOME_"),
-                "cancel_reason": cancel_reason.as_str_name().trim_start_matches("CANCEL_REASON_"),
-                "usage": self::usage(usage),
-                "duration_ms": duration.as_millis() as u64,
-            }),
-        ),
-        // A kind newer than this build.
-        _ => ("unknown", json!({})),
-    };
-    json!({
-        "type": kind,
-        "session_id": e.session_id,
-        "turn_id": e.turn_id,
-        "seq": e.seq,
-        "at": time(e.at),
-        "data": data,
-    })
-}
-
-fn agent_json(a: &proto::Agent) -> Value {
-    let spec = a.spec.clone().unwrap_or_default();
-    json!({
-        "agent_id": a.agent_id,
-        "version": a.version,
-        "source": a.source().as_str_name().trim_start_matches("AGENT_SOURCE_"),
-        "created_at": timestamp(a.created_at.as_ref()),
-        "description": spec.description,
-        "system_prompt": spec.system_prompt,
-        "model": spec.model,
-        "tools": spec.tools.map(|t| t.names),
-        "delegates": spec.delegates,
-        "max_steps": spec.max_steps,
-    })
-}
-
 fn print_json(v: &Value) {
-    println!("{v}");
+    outln!("{v}");
 }
 
 impl Out {
     pub(crate) fn new(json: bool) -> Self {
         Self {
             json,
-            dim: std::io::stdout().is_terminal(),
+            terminal: std::io::stdout().is_terminal(),
             reasoning: true,
+            in_reasoning: Cell::new(false),
         }
     }
 
@@ -356,29 +152,29 @@ impl Out {
 
     pub(crate) fn session_id(&self, s: &proto::Session) {
         if self.json {
-            print_json(&session_json(s));
+            print_json(&json::of(s));
         } else {
-            println!("{}", s.session_id);
+            outln!("{}", s.session_id);
         }
     }
 
     pub(crate) fn session(&self, s: &proto::Session) {
         if self.json {
-            print_json(&session_json(s));
+            print_json(&json::of(s));
             return;
         }
-        println!("session   {}", s.session_id);
-        println!("title     {}", s.title);
+        outln!("session   {}", s.session_id);
+        outln!("title     {}", s.title);
         if !s.agent_id.is_empty() {
             match s.agent_version {
-                0 => println!("agent     {} (latest)", s.agent_id),
-                v => println!("agent     {} v{v}", s.agent_id),
+                0 => outln!("agent     {} (latest)", s.agent_id),
+                v => outln!("agent     {} v{v}", s.agent_id),
             }
         }
         if !s.parent_session_id.is_empty() {
-            println!("parent    {}", s.parent_session_id);
+            outln!("parent    {}", s.parent_session_id);
         }
-        println!(
+        outln!(
             "model     {}",
             if s.model.is_empty() {
                 "(default)"
@@ -387,21 +183,23 @@ impl Out {
             }
         );
         if !s.system_prompt.is_empty() {
-            println!("system    {}", s.system_prompt);
+            outln!("system    {}", s.system_prompt);
         }
-        println!("messages  {}", s.message_count);
-        println!("archived  {}", s.archived);
+        outln!("messages  {}", s.message_count);
+        outln!("archived  {}", s.archived);
     }
 
     pub(crate) fn sessions(&self, sessions: &[proto::Session]) {
         if self.json {
-            print_json(&json!({"sessions": sessions.iter().map(session_json).collect::<Vec<_>>()}));
+            print_json(&json!({"sessions": json::list(sessions)}));
             return;
         }
         for s in sessions {
-            println!(
+            outln!(
                 "{}\t{} messages\t{}",
-                s.session_id, s.message_count, s.title
+                s.session_id,
+                s.message_count,
+                s.title
             );
         }
     }
@@ -410,7 +208,7 @@ impl Out {
         if self.json {
             print_json(&json!({"session_id": session, "deleted": deleted}));
         } else if deleted {
-            println!("deleted {session}");
+            outln!("deleted {session}");
         }
     }
 
@@ -428,53 +226,36 @@ impl Out {
             return;
         }
         if stopped {
-            println!("stopped the live turn of {session}");
+            outln!("stopped the live turn of {session}");
         } else {
-            println!("nothing was running in {session}");
+            outln!("nothing was running in {session}");
         }
         if cleared > 0 {
-            println!("took {cleared} queued message(s) out of its inbox");
+            outln!("took {cleared} queued message(s) out of its inbox");
         }
     }
 
     pub(crate) fn status(&self, session: &str, s: &proto::SessionStatus) {
         if self.json {
-            print_json(&json!({
-                "session_id": session,
-                "live": s.live,
-                "turn_id": s.turn_id,
-                "phase": s.phase,
-                "started_at": timestamp(s.started_at.as_ref()),
-                "watcher_count": s.watcher_count,
-                "steering": s.steering,
-                "paused_turn_id": s.paused_turn_id,
-                "pending_calls": s.pending_calls.iter().map(|c| json!({
-                    "call_id": c.call_id,
-                    "tool_name": c.tool_name,
-                    "arguments_json": c.arguments_json,
-                    "wait": c.wait().as_str_name().trim_start_matches("PENDING_CALL_WAIT_"),
-                })).collect::<Vec<_>>(),
-                "queued": s.queued.iter().map(|q| json!({
-                    "id": q.id,
-                    "enqueued_at": timestamp(q.enqueued_at.as_ref()),
-                    "request_id": q.request_id,
-                    "model": q.model,
-                })).collect::<Vec<_>>(),
-            }));
+            let mut v = json::of(s);
+            v["session_id"] = json!(session);
+            print_json(&v);
             return;
         }
         if s.live {
-            println!(
+            outln!(
                 "{session}: turn {} live, phase {}, {} watcher(s)",
-                s.turn_id, s.phase, s.watcher_count
+                s.turn_id,
+                s.phase,
+                s.watcher_count
             );
         } else if !s.paused_turn_id.is_empty() {
-            println!(
+            outln!(
                 "{session}: turn {} paused, waiting for its pending calls",
                 s.paused_turn_id
             );
         } else {
-            println!("{session}: idle");
+            outln!("{session}: idle");
         }
         for c in &s.pending_calls {
             let how = match c.wait() {
@@ -483,39 +264,39 @@ impl Out {
                     "its result; answer it with `agentrt tool-result`"
                 }
             };
-            println!(
+            outln!(
                 "  waits for tool call {} {}({}): {how}",
-                c.call_id, c.tool_name, c.arguments_json
+                c.call_id,
+                c.tool_name,
+                c.arguments_json
             );
         }
         if s.steering > 0 {
-            println!(
+            outln!(
                 "  {} steering message(s) wait for its next step",
                 s.steering
             );
         }
         for (i, q) in s.queued.iter().enumerate() {
-            println!("  queued #{}: {} (runs as turn {})", i + 1, q.id, q.id);
+            outln!("  queued #{}: {} (runs as turn {})", i + 1, q.id, q.id);
         }
     }
 
     pub(crate) fn compacted(&self, session: &str, c: &proto::CompactSessionResponse) {
         if self.json {
-            print_json(&json!({
-                "session_id": session,
-                "compacted": c.compacted,
-                "tokens_before": c.tokens_before,
-                "tokens_after": c.tokens_after,
-                "summary_seq": c.summary_seq,
-                "messages_compacted": c.messages_compacted,
-            }));
+            let mut v = json::of(c);
+            v["session_id"] = json!(session);
+            print_json(&v);
         } else if c.compacted {
-            println!(
+            outln!(
                 "compacted {} messages: ~{} -> ~{} tokens (summary #{})",
-                c.messages_compacted, c.tokens_before, c.tokens_after, c.summary_seq
+                c.messages_compacted,
+                c.tokens_before,
+                c.tokens_after,
+                c.summary_seq
             );
         } else {
-            println!("nothing to compact in {session}");
+            outln!("nothing to compact in {session}");
         }
     }
 
@@ -523,7 +304,7 @@ impl Out {
         if self.json {
             print_json(&json!({"session_id": session, "call_id": call, "submitted": true}));
         } else {
-            println!("submitted the result of {call}");
+            outln!("submitted the result of {call}");
         }
     }
 
@@ -531,9 +312,9 @@ impl Out {
         if self.json {
             print_json(&json!({"session_id": session, "call_id": call, "approved": approved}));
         } else if approved {
-            println!("approved {call}");
+            outln!("approved {call}");
         } else {
-            println!("denied {call}");
+            outln!("denied {call}");
         }
     }
 
@@ -541,13 +322,13 @@ impl Out {
         if self.json {
             print_json(&json!({
                 "session_id": session,
-                "messages": messages.iter().map(message_json).collect::<Vec<_>>(),
+                "messages": json::list(messages),
                 "next_page_token": next,
             }));
             return;
         }
         for m in messages {
-            println!("#{} {}: {}", m.seq, author(m), message_text(m));
+            outln!("#{} {}: {}", m.seq, author(m), message_text(m));
         }
         if !next.is_empty() {
             eprintln!(
@@ -561,7 +342,7 @@ impl Out {
         if self.json {
             print_json(&json!({
                 "session_id": session,
-                "turns": turns.iter().map(turn_json).collect::<Vec<_>>(),
+                "turns": json::list(turns),
                 "next_page_token": next,
             }));
             return;
@@ -574,7 +355,7 @@ impl Out {
             } else {
                 format!(" error: {}", t.error)
             };
-            println!(
+            outln!(
                 "{} {} {} steps={} tokens in={} out={}{cost}{error}",
                 t.turn_id,
                 outcome(t.outcome),
@@ -592,15 +373,15 @@ impl Out {
     pub(crate) fn show(&self, s: &proto::Session, messages: &[proto::Message]) {
         if self.json {
             print_json(&json!({
-                "session": session_json(s),
-                "messages": messages.iter().map(message_json).collect::<Vec<_>>(),
+                "session": json::of(s),
+                "messages": json::list(messages),
             }));
             return;
         }
         self.session(s);
-        println!();
+        outln!();
         for m in messages {
-            println!("#{} {}: {}", m.seq, author(m), message_text(m));
+            outln!("#{} {}: {}", m.seq, author(m), message_text(m));
         }
     }
 
@@ -610,35 +391,83 @@ impl Out {
             .and_then(|d| Duration::try_from(d).ok())
             .unwrap_or_default();
         if self.json {
-            print_json(&json!({
-                "live_turns": s.live_turns,
-                "cached_runners": s.cached_runners,
-                "watchers": s.watchers,
-                "sessions_stored": s.sessions_stored,
-                "uptime_seconds": uptime.as_secs_f64(),
-                "version": s.version,
-                "draining": s.draining,
-                "default_model": s.default_model,
-            }));
+            print_json(&json::of(s));
             return;
         }
-        println!("version         {}", s.version);
-        println!("uptime          {}s", uptime.as_secs());
-        println!("live turns      {}", s.live_turns);
-        println!("cached runners  {}", s.cached_runners);
-        println!("watchers        {}", s.watchers);
-        println!("sessions        {}", s.sessions_stored);
-        println!("default model   {}", s.default_model);
-        println!("draining        {}", s.draining);
+        outln!("version         {}", s.version);
+        outln!("uptime          {}s", uptime.as_secs());
+        outln!("live turns      {}", s.live_turns);
+        outln!("cached runners  {}", s.cached_runners);
+        outln!("watchers        {}", s.watchers);
+        outln!("sessions        {}", s.sessions_stored);
+        outln!("default model   {}", s.default_model);
+        outln!("draining        {}", s.draining);
     }
 
     pub(crate) fn drained(&self, remaining: u32) {
         if self.json {
             print_json(&json!({"drained": remaining == 0, "remaining": remaining}));
         } else if remaining == 0 {
-            println!("drained: no live turns; new turns are refused");
+            outln!("drained: no live turns; new turns are refused");
         } else {
-            println!("{remaining} turn(s) still live; new turns are refused");
+            outln!("{remaining} turn(s) still live; new turns are refused");
+        }
+    }
+
+    pub(crate) fn undrained(&self, was_draining: bool) {
+        if self.json {
+            print_json(&json!({"was_draining": was_draining}));
+        } else if was_draining {
+            outln!("undrained: new turns are admitted again");
+        } else {
+            outln!("not draining: new turns were already admitted");
+        }
+    }
+
+    pub(crate) fn default_model(&self, model: &str, previous: &str) {
+        if self.json {
+            print_json(&json!({"model": model, "previous_model": previous}));
+        } else {
+            outln!("default model {model} (was {previous})");
+        }
+    }
+
+    pub(crate) fn invalidated(&self, count: u32) {
+        if self.json {
+            print_json(&json!({"invalidated": count}));
+        } else {
+            outln!("{count} runner(s) will be rebuilt before their next turn");
+        }
+    }
+
+    /// `health`: each service asked and what it reports.
+    pub(crate) fn health(&self, reports: &[(String, agentrt_client::Health)]) {
+        if self.json {
+            let map: serde_json::Map<String, Value> = reports
+                .iter()
+                .map(|(name, h)| (name.clone(), json!(h.as_str())))
+                .collect();
+            print_json(&Value::Object(map));
+            return;
+        }
+        for (name, h) in reports {
+            let name = if name.is_empty() { "(server)" } else { name };
+            outln!("{name:<10} {}", h.as_str());
+        }
+    }
+
+    /// `version`: this client's and, when it answered, the server's.
+    pub(crate) fn version(&self, server: Option<&str>, why_not: Option<&str>) {
+        let client = env!("CARGO_PKG_VERSION");
+        if self.json {
+            print_json(&json!({"client": client, "server": server}));
+            return;
+        }
+        outln!("client  {client}");
+        match (server, why_not) {
+            (Some(v), _) => outln!("server  {v}"),
+            (None, Some(why)) => outln!("server  unknown ({why})"),
+            (None, None) => outln!("server  unknown"),
         }
     }
 
@@ -646,53 +475,52 @@ impl Out {
         if self.json {
             print_json(&json!({"reset": count}));
         } else {
-            println!("closed {count} runner(s)");
+            outln!("closed {count} runner(s)");
         }
     }
 
     pub(crate) fn user_usage(&self, u: &proto::UserUsage) {
         let tokens = u.usage.unwrap_or_default();
         if self.json {
-            print_json(&json!({
-                "user_id": u.user_id,
-                "sessions": u.sessions,
-                "usage": usage(&tokens),
-                "cost": u.cost,
-            }));
+            print_json(&json::of(u));
         } else {
-            println!(
+            outln!(
                 "{}: {} session(s), tokens in={} out={}, ${:.6}",
-                u.user_id, u.sessions, tokens.input_tokens, tokens.output_tokens, u.cost
+                u.user_id,
+                u.sessions,
+                tokens.input_tokens,
+                tokens.output_tokens,
+                u.cost
             );
         }
     }
 
     pub(crate) fn agents(&self, agents: &[proto::Agent]) {
         if self.json {
-            print_json(&Value::Array(agents.iter().map(agent_json).collect()));
+            print_json(&json::list(agents));
             return;
         }
         for a in agents {
             let spec = a.spec.clone().unwrap_or_default();
-            println!("{}  v{}  {}", a.agent_id, a.version, spec.description);
+            outln!("{}  v{}  {}", a.agent_id, a.version, spec.description);
         }
     }
 
     pub(crate) fn agent(&self, a: &proto::Agent) {
         if self.json {
-            print_json(&agent_json(a));
+            print_json(&json::of(a));
             return;
         }
         let spec = a.spec.clone().unwrap_or_default();
         let source = a.source().as_str_name().trim_start_matches("AGENT_SOURCE_");
-        println!(
+        outln!(
             "agent        {} (version {}, {})",
             a.agent_id,
             a.version,
             source.to_lowercase()
         );
-        println!("description  {}", spec.description);
-        println!(
+        outln!("description  {}", spec.description);
+        outln!(
             "model        {}",
             if spec.model.is_empty() {
                 "(server default)"
@@ -701,13 +529,13 @@ impl Out {
             }
         );
         match &spec.tools {
-            None => println!("tools        (every server tool)"),
-            Some(t) => println!("tools        {}", t.names.join(", ")),
+            None => outln!("tools        (every server tool)"),
+            Some(t) => outln!("tools        {}", t.names.join(", ")),
         }
         if !spec.delegates.is_empty() {
-            println!("delegates    {}", spec.delegates.join(", "));
+            outln!("delegates    {}", spec.delegates.join(", "));
         }
-        println!("system prompt:\n{}", spec.system_prompt);
+        outln!("system prompt:\n{}", spec.system_prompt);
     }
 
     pub(crate) fn memory(
@@ -722,24 +550,25 @@ impl Out {
             return;
         }
         if sorted.is_empty() {
-            println!("no memory for agent {agent} (version {version})");
+            outln!("no memory for agent {agent} (version {version})");
         }
         for (name, text) in sorted {
-            println!("[{name}]\n{text}");
+            outln!("[{name}]\n{text}");
         }
     }
 
     /// Ends a partly written text line before an error message.
     pub(crate) fn end_line(&self) {
+        self.end_reasoning();
         if !self.json {
-            println!();
+            outln!();
         }
     }
 
     /// A blob written to `path` by `blob get`.
     pub(crate) fn blob_saved(&self, blob: &proto::BlobRef, path: &std::path::Path) {
         if self.json {
-            print_json(&json!({"blob": blob_json(blob), "path": path.display().to_string()}));
+            print_json(&json!({"blob": json::of(blob), "path": path.display().to_string()}));
         } else {
             eprintln!(
                 "saved {} to {}",
@@ -752,11 +581,11 @@ impl Out {
     /// A session's blobs (`blob list`): one per line, id then what it is.
     pub(crate) fn blobs(&self, blobs: &[proto::BlobRef]) {
         if self.json {
-            print_json(&json!({"blobs": blobs.iter().map(blob_json).collect::<Vec<_>>()}));
+            print_json(&json!({"blobs": json::list(blobs)}));
             return;
         }
         for b in blobs {
-            println!(
+            outln!(
                 "{}  {}",
                 b.blob_id,
                 describe_blob(&b.name, &b.mime_type, b.size)
@@ -767,9 +596,9 @@ impl Out {
     /// A blob `blob put` uploaded.
     pub(crate) fn blob_uploaded(&self, blob: &proto::BlobRef) {
         if self.json {
-            print_json(&blob_json(blob));
+            print_json(&json::of(blob));
         } else {
-            println!("{}", blob.blob_id);
+            outln!("{}", blob.blob_id);
             eprintln!(
                 "uploaded {}",
                 describe_blob(&blob.name, &blob.mime_type, blob.size)
@@ -786,19 +615,22 @@ impl Out {
 
     pub(crate) fn event(&self, e: &Event) {
         if self.json {
-            print_json(&event_json(e));
+            print_json(&json::event(e.proto()));
             return;
         }
-        let mut stdout = std::io::stdout();
         match &e.kind {
             ChatEvent::Text(t) => {
-                print!("{t}");
+                self.end_reasoning();
+                out!("{t}");
             }
             ChatEvent::Reasoning(t) if self.reasoning => {
-                if self.dim {
-                    print!("\x1b[2m{t}\x1b[0m");
+                self.in_reasoning.set(true);
+                if self.terminal {
+                    out!("\x1b[2m{t}\x1b[0m");
                 } else {
-                    print!("{t}");
+                    // Never on stdout when it is a pipe or file: that
+                    // carries the answer alone.
+                    eprint!("{t}");
                 }
             }
             ChatEvent::ToolUse(t) => {
@@ -885,7 +717,8 @@ impl Out {
             }
             ChatEvent::Error { message, .. } => eprintln!("\nerror: {message}"),
             ChatEvent::TurnFinished { outcome, usage, .. } => {
-                println!();
+                self.end_reasoning();
+                outln!();
                 eprintln!(
                     "[{} · {} in / {} out tokens]",
                     outcome.as_str_name().trim_start_matches("TURN_OUTCOME_"),
@@ -895,6 +728,18 @@ impl Out {
             }
             _ => {}
         }
-        let _ = stdout.flush();
+        flush_stdout();
+    }
+
+    /// Ends the reasoning printed last with a line break, so that the
+    /// answer starts on a line of its own.
+    fn end_reasoning(&self) {
+        if self.in_reasoning.replace(false) {
+            if self.terminal {
+                outln!();
+            } else {
+                eprintln!();
+            }
+        }
     }
 }

@@ -253,9 +253,11 @@ async fn chat_reads_stdin_creates_a_session_and_prints_reasoning_and_text() {
 
     let run = h.run(&["chat"], Some("what is up?\n")).await;
     assert_eq!(run.code, 0, "{run:?}");
-    // Reasoning first, then the text; no ANSI dim when stdout is a pipe.
-    assert_eq!(run.stdout, "pondering hello world\n", "{run:?}");
-    assert!(!run.stdout.contains('\x1b'), "{run:?}");
+    // stdout is a pipe: it carries the answer alone; the reasoning went
+    // to stderr, undimmed, on a line of its own.
+    assert_eq!(run.stdout, "hello world\n", "{run:?}");
+    assert!(run.stderr.contains("pondering \n"), "{run:?}");
+    assert!(!run.stderr.contains('\x1b'), "{run:?}");
     assert!(run.stderr.contains("[SUCCESS"), "{run:?}");
     let session = run
         .stderr
@@ -265,9 +267,9 @@ async fn chat_reads_stdin_creates_a_session_and_prints_reasoning_and_text() {
         .to_owned();
     let history = h.json(&["history", &session]).await;
     let messages = history["messages"].as_array().unwrap();
-    assert_eq!(messages[0]["role"], "user");
+    assert_eq!(messages[0]["role"], "ROLE_USER");
     assert_eq!(
-        messages[0]["content"][0]["text"], "what is up?",
+        messages[0]["content"][0]["text"]["text"], "what is up?",
         "{history}"
     );
 
@@ -326,14 +328,17 @@ async fn chat_json_is_one_object_per_event_and_the_options_reach_the_request() {
     let types: Vec<&str> = lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
     assert_eq!(types.first(), Some(&"turn_started"), "{types:?}");
     assert_eq!(types.last(), Some(&"turn_finished"), "{types:?}");
-    assert_eq!(lines.last().unwrap()["data"]["outcome"], "SUCCESS");
+    assert_eq!(
+        lines.last().unwrap()["turn_finished"]["outcome"],
+        "TURN_OUTCOME_SUCCESS"
+    );
     let text: String = lines
         .iter()
         .filter(|l| l["type"] == "text")
-        .map(|l| l["data"]["text"].as_str().unwrap())
+        .map(|l| l["text"]["text"].as_str().unwrap())
         .collect();
     assert_eq!(text, "ab");
-    assert_eq!(lines[0]["data"]["model"], "fake/other");
+    assert_eq!(lines[0]["turn_started"]["model"], "fake/other");
     let seqs: Vec<u64> = lines.iter().map(|l| l["seq"].as_u64().unwrap()).collect();
     assert_eq!(seqs, (1..=lines.len() as u64).collect::<Vec<_>>());
 
@@ -407,7 +412,7 @@ async fn busy_status_watch_and_stop() {
     loop {
         let line = lines.next_line().await.unwrap().expect("a watched event");
         let event: Value = serde_json::from_str(&line).unwrap();
-        let gated = event["type"] == "text" && event["data"]["text"] == BEFORE;
+        let gated = event["type"] == "text" && event["text"]["text"] == BEFORE;
         watched.push(event);
         if gated {
             break;
@@ -421,8 +426,11 @@ async fn busy_status_watch_and_stop() {
     assert_eq!(watched[0]["type"], "turn_started");
     let last = watched.last().unwrap();
     assert_eq!(
-        (last["type"].clone(), last["data"]["outcome"].clone()),
-        (json!("turn_finished"), json!("SUCCESS"))
+        (
+            last["type"].clone(),
+            last["turn_finished"]["outcome"].clone()
+        ),
+        (json!("turn_finished"), json!("TURN_OUTCOME_SUCCESS"))
     );
     assert!(live.finish().await.unwrap().status.is_none());
 
@@ -480,7 +488,7 @@ async fn on_busy_enqueue_and_steer_wait_for_their_turns() {
     let mut queued_lines = BufReader::new(queued.stdout.take().unwrap()).lines();
     let first = next_json(&mut queued_lines).await;
     assert_eq!(first["type"], "queued", "{first}");
-    assert_eq!(first["data"]["position"], 1);
+    assert_eq!(first["queued"]["position"], 1);
     let status = h.json(&["status", &session]).await;
     assert_eq!(status["queued"].as_array().unwrap().len(), 1, "{status}");
     assert_eq!(status["queued"][0]["id"], first["turn_id"]);
@@ -509,20 +517,26 @@ async fn on_busy_enqueue_and_steer_wait_for_their_turns() {
     assert_eq!(seen[0]["type"], "turn_started");
     assert!(seen.iter().all(|e| e["turn_id"] == first["turn_id"]));
     let last = seen.last().unwrap();
-    assert_eq!(last["data"]["outcome"], "SUCCESS", "{last}");
+    assert_eq!(
+        last["turn_finished"]["outcome"], "TURN_OUTCOME_SUCCESS",
+        "{last}"
+    );
 
     let steered = next_json(&mut steer_lines).await;
     assert_eq!(steered["type"], "steered", "{steered}");
-    assert_eq!(steered["data"]["message_seq"], 0);
+    assert_eq!(steered["steered"]["message_seq"], 0);
     let requeued = next_json(&mut steer_lines).await;
     assert_eq!(requeued["type"], "queued", "{requeued}");
-    assert_eq!(requeued["data"]["position"], 2);
+    assert_eq!(requeued["queued"]["position"], 2);
     let mut rest = Vec::new();
     while let Some(line) = steer_lines.next_line().await.unwrap() {
         rest.push(serde_json::from_str::<Value>(&line).unwrap());
     }
     assert!(steer.wait().await.unwrap().success());
-    assert_eq!(rest.last().unwrap()["data"]["outcome"], "SUCCESS");
+    assert_eq!(
+        rest.last().unwrap()["turn_finished"]["outcome"],
+        "TURN_OUTCOME_SUCCESS"
+    );
     let stop = h.json(&["stop", "--clear-inbox", &session]).await;
     assert_eq!(
         (stop["stopped"].clone(), stop["cleared"].clone()),
@@ -592,11 +606,8 @@ async fn tool_result_history_pages_compact_and_admin() {
     let messages = all["messages"].as_array().unwrap();
     assert_eq!(messages.len(), 4, "user, call, result, answer: {all}");
     assert_eq!(all["next_page_token"], "");
-    let result = &messages[2]["content"][0];
-    assert_eq!(
-        (result["type"].clone(), result["content"].clone()),
-        (json!("tool_result"), json!("the answer is 42"))
-    );
+    let result = &messages[2]["content"][0]["tool_result"];
+    assert_eq!(result["content"], json!("the answer is 42"), "{all}");
     let page = h.json(&["history", &session, "--limit", "1"]).await;
     assert_eq!(page["messages"].as_array().unwrap().len(), 1);
     assert_ne!(page["next_page_token"], "", "{page}");
@@ -614,7 +625,7 @@ async fn tool_result_history_pages_compact_and_admin() {
     assert_eq!(listed[0]["turn_id"], json!(turn), "{turns}");
     assert_eq!(
         (listed[0]["outcome"].clone(), listed[0]["steps"].clone()),
-        (json!("success"), json!(2)),
+        (json!("TURN_OUTCOME_SUCCESS"), json!(2)),
         "{turns}"
     );
     let text = h.run(&["turns", &session], None).await;
@@ -675,6 +686,323 @@ async fn a_bad_url_and_a_refused_connection_are_explained() {
     assert!(plaintext.stderr.contains("--insecure"), "{plaintext:?}");
     let usage = agentrt(&["chat", "--thinking", "enormous", "x"], None).await;
     assert_eq!(usage.code, 2, "{usage:?}");
+}
+
+/// A timestamp as the protobuf JSON mapping writes it (RFC 3339, UTC):
+/// `2026-12-03T18:40:24Z`, with optional fractional seconds.
+fn is_rfc3339(v: &Value) -> bool {
+    let Some(t) = v.as_str() else { return false };
+    let b = t.as_bytes();
+    let digits =
+        |r: std::ops::Range<usize>| b.get(r).is_some_and(|d| d.iter().all(u8::is_ascii_digit));
+    b.len() >= 20
+        && digits(0..4)
+        && b[4] == b'-'
+        && digits(5..7)
+        && b[7] == b'-'
+        && digits(8..10)
+        && b[10] == b'T'
+        && digits(11..13)
+        && b[13] == b':'
+        && digits(14..16)
+        && b[16] == b':'
+        && digits(17..19)
+        && t.ends_with('Z')
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_ends_a_streaming_chat_quietly_with_zero() {
+    let h = Harness::start(vec![]).await;
+    let session = h
+        .client()
+        .await
+        .create_session(Default::default())
+        .await
+        .unwrap()
+        .session_id;
+    let mut chat = command(&[
+        "--url",
+        &h.url,
+        "chat",
+        "--session",
+        &session,
+        "--model",
+        "gate/m",
+        "hi",
+    ]);
+    chat.stdin(Stdio::null());
+    let mut chat = chat.spawn().unwrap();
+    let mut stdout = chat.stdout.take().unwrap();
+    // The gated text is out: the reader goes away (as `head -c 10` does),
+    // then the turn goes on and the command has more to write.
+    let mut first = vec![0u8; BEFORE.len()];
+    tokio::io::AsyncReadExt::read_exact(&mut stdout, &mut first)
+        .await
+        .unwrap();
+    assert_eq!(first, BEFORE.as_bytes());
+    drop(stdout);
+    h.gate.release(1);
+    let out = chat.wait_with_output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    h.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_json_is_the_protobuf_mapping_with_usage_and_rfc3339_times() {
+    let h = Harness::start(vec![answer(&["fine"])]).await;
+    let run = h.run(&["chat", "how are you?"], None).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let session = run
+        .stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("session "))
+        .unwrap()
+        .to_owned();
+    let history = h.json(&["history", &session]).await;
+    let messages = history["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 2, "{history}");
+    let reply = &messages[1];
+    assert_eq!(reply["role"], "ROLE_ASSISTANT", "{reply}");
+    assert_eq!(reply["model"], "fake/m", "{reply}");
+    assert_eq!(reply["usage"]["input_tokens"], 10, "{reply}");
+    assert_eq!(reply["usage"]["output_tokens"], 3, "{reply}");
+    assert!(reply["stop_reason"].is_string(), "every field: {reply}");
+    for m in messages {
+        assert!(is_rfc3339(&m["created_at"]), "{m}");
+    }
+    let turns = h.json(&["turns", &session]).await;
+    let turn = &turns["turns"][0];
+    assert!(is_rfc3339(&turn["started_at"]), "{turn}");
+    assert!(is_rfc3339(&turn["finished_at"]), "{turn}");
+    let session_json = h.json(&["sessions", "get", &session]).await;
+    assert!(is_rfc3339(&session_json["created_at"]), "{session_json}");
+    h.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_version_and_undrain_after_a_drain() {
+    let h = Harness::start(vec![answer(&["back"])]).await;
+    let client = h.client().await;
+    let health = h.json(&["health"]).await;
+    assert_eq!(
+        health,
+        json!({"readiness": "SERVING", "liveness": "SERVING", "": "SERVING"})
+    );
+    let version = h.json(&["version"]).await;
+    assert_eq!(version["client"], env!("CARGO_PKG_VERSION"), "{version}");
+    assert_eq!(version["server"], env!("CARGO_PKG_VERSION"), "{version}");
+    let text = h.run(&["version"], None).await;
+    assert!(text.stdout.contains("server  "), "{text:?}");
+
+    let mut readiness = client.watch_health("readiness").await.unwrap();
+    let drained = h.json(&["admin", "drain", "--timeout", "5s"]).await;
+    assert_eq!(drained["drained"], true, "{drained}");
+    wait_for_health(&mut readiness, agentrt_client::Health::NotServing).await;
+    let not_ready = h.run(&["health", "--service", "readiness"], None).await;
+    assert_eq!(not_ready.code, 10, "{not_ready:?}");
+    assert!(not_ready.stdout.contains("NOT_SERVING"), "{not_ready:?}");
+    let live = h.run(&["health", "--service", "liveness"], None).await;
+    assert_eq!(live.code, 0, "liveness stays SERVING: {live:?}");
+    let refused = h.run(&["chat", "refused"], None).await;
+    assert_eq!(refused.code, 8, "{refused:?}");
+
+    let undrained = h.run(&["admin", "undrain"], None).await;
+    assert_eq!(undrained.code, 0, "{undrained:?}");
+    assert!(undrained.stdout.contains("admitted again"), "{undrained:?}");
+    wait_for_health(&mut readiness, agentrt_client::Health::Serving).await;
+    let ready = h
+        .run(&["health", "--service", "readiness", "--wait", "10s"], None)
+        .await;
+    assert_eq!(ready.code, 0, "{ready:?}");
+    let chat = h.run(&["chat", "are you back?"], None).await;
+    assert_eq!((chat.code, chat.stdout.as_str()), (0, "back\n"), "{chat:?}");
+    let again = h.json(&["admin", "undrain"]).await;
+    assert_eq!(again["was_draining"], false, "{again}");
+
+    let set = h.json(&["admin", "set-default-model", "fake/n"]).await;
+    assert_eq!(
+        (set["model"].clone(), set["previous_model"].clone()),
+        (json!("fake/n"), json!("fake/m"))
+    );
+    let stats = h.json(&["admin", "stats"]).await;
+    assert_eq!(stats["default_model"], "fake/n", "{stats}");
+    let invalidated = h.json(&["admin", "invalidate"]).await;
+    assert!(invalidated["invalidated"].is_u64(), "{invalidated}");
+    h.server.stop().await;
+}
+
+/// Follows a health watch until it reports `want` (bounded).
+async fn wait_for_health(
+    updates: &mut futures::stream::BoxStream<
+        'static,
+        Result<agentrt_client::Health, agentrt_client::Error>,
+    >,
+    want: agentrt_client::Health,
+) {
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while let Some(update) = updates.next().await {
+            if update.unwrap() == want {
+                return;
+            }
+        }
+        panic!("the health watch ended before {want:?}");
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {want:?} within 10 s"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_request_id_replays_and_max_steps_and_tools_reach_the_request() {
+    let h = Harness::start(vec![answer(&["once"]), tool_call_reply()]).await;
+    let session = h
+        .client()
+        .await
+        .create_session(Default::default())
+        .await
+        .unwrap()
+        .session_id;
+    let args = [
+        "chat",
+        "--session",
+        &session,
+        "--request-id",
+        "req-1",
+        "--max-steps",
+        "3",
+        "hello",
+    ];
+    let first = h.run(&args, None).await;
+    assert_eq!(
+        (first.code, first.stdout.as_str()),
+        (0, "once\n"),
+        "{first:?}"
+    );
+    let replay = h.run(&args, None).await;
+    assert_eq!(
+        (replay.code, replay.stdout.as_str()),
+        (0, "once\n"),
+        "{replay:?}"
+    );
+    assert_eq!(h.fake.requests().len(), 1, "the replay ran no model step");
+
+    // A caller tool: offered to the model; its call, with no terminal to
+    // answer it, ends the command with 9 and the way to answer it.
+    let dir = tempfile::tempdir().unwrap();
+    let schema = dir.path().join("lookup.json");
+    std::fs::write(
+        &schema,
+        r#"{"description": "looks a word up", "type": "object",
+            "properties": {"q": {"type": "string"}}}"#,
+    )
+    .unwrap();
+    let tool = format!("lookup={}", schema.display());
+    let called = h
+        .run(
+            &[
+                "chat",
+                "--session",
+                &session,
+                "--on-disconnect",
+                "continue",
+                "--tool",
+                &tool,
+                "look",
+            ],
+            None,
+        )
+        .await;
+    assert_eq!(called.code, 9, "{called:?}");
+    assert!(
+        called.stderr.contains("lookup({\"q\":\"x\"})"),
+        "{called:?}"
+    );
+    assert!(called.stderr.contains("agentrt tool-result"), "{called:?}");
+    let sent = h.fake.requests();
+    let tools = sent.last().unwrap().body["tools"].to_string();
+    assert!(
+        tools.contains("lookup") && tools.contains("looks a word up"),
+        "{tools}"
+    );
+    let bad = h
+        .run(&["chat", "--tool", "x=/no/such/schema.json", "hi"], None)
+        .await;
+    assert_eq!(bad.code, 2, "{bad:?}");
+    assert!(bad.stderr.contains("/no/such/schema.json"), "{bad:?}");
+    h.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_when_busy_queues_the_message_and_runs_it_after_the_live_turn() {
+    let h = Harness::start(vec![answer(&["my turn"])]).await;
+    let client = h.client().await;
+    let session = client
+        .create_session(Default::default())
+        .await
+        .unwrap()
+        .session_id;
+    let (live, _) = live_turn(&client, &session).await;
+    let mut chat = command(&[
+        "--url",
+        &h.url,
+        "--output",
+        "json",
+        "chat",
+        "--session",
+        &session,
+        "--wait-when-busy",
+        "next",
+    ]);
+    chat.stdin(Stdio::null());
+    let mut chat = chat.spawn().unwrap();
+    let mut lines = BufReader::new(chat.stdout.take().unwrap()).lines();
+    let first = next_json(&mut lines).await;
+    assert_eq!(first["type"], "queued", "{first}");
+    h.gate.release(1);
+    let mut last = Value::Null;
+    while let Ok(Some(line)) = lines.next_line().await {
+        last = serde_json::from_str(&line).unwrap();
+    }
+    assert!(chat.wait().await.unwrap().success());
+    assert_eq!(
+        last["turn_finished"]["outcome"], "TURN_OUTCOME_SUCCESS",
+        "{last}"
+    );
+    assert!(live.finish().await.unwrap().status.is_none());
+    h.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_to_a_port_that_hangs_up_suggests_https_and_completions_print() {
+    // A TLS server reads the HTTP/2 preface as a broken hello: it answers
+    // with a TLS alert and hangs up.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut buf = [0u8; 64];
+            let _ = tokio::io::AsyncReadExt::read(&mut conn, &mut buf).await;
+            let _ = conn
+                .write_all(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x46])
+                .await;
+        }
+    });
+    let url = format!("http://127.0.0.1:{port}");
+    let run = agentrt(&["--url", &url, "sessions", "list"], None).await;
+    assert_eq!(run.code, 3, "{run:?}");
+    assert!(
+        run.stderr.contains(&format!("https://127.0.0.1:{port}")),
+        "{run:?}"
+    );
+    assert!(!run.stderr.contains("ClientBuilder"), "{run:?}");
+
+    let script = agentrt(&["completions", "bash"], None).await;
+    assert_eq!(script.code, 0, "{script:?}");
+    assert!(
+        script.stdout.contains("agentrt") && script.stdout.contains("undrain"),
+        "{script:?}"
+    );
 }
 
 /// Server tool `local__note`: answers "noted" (with a small PNG when asked
@@ -782,9 +1110,8 @@ async fn chat_attaches_files_saves_what_tools_return_and_blob_gets_and_puts() {
         .as_array()
         .unwrap()
         .clone();
-    assert_eq!(blocks[1]["type"], "image", "{history}");
-    assert_eq!(blocks[2]["name"], "notes.txt", "{history}");
-    let blob_id = blocks[1]["blob_id"].as_str().unwrap().to_owned();
+    assert_eq!(blocks[2]["file"]["name"], "notes.txt", "{history}");
+    let blob_id = blocks[1]["image"]["blob_id"].as_str().unwrap().to_owned();
 
     // blob list: the image and the text file.
     let listed = h.json(&["blob", "list", &session]).await;
@@ -892,14 +1219,17 @@ async fn a_call_that_requires_approval_is_listed_and_approved() {
     loop {
         let event = next_json(&mut lines).await;
         if event["type"] == "approval_required" {
-            assert_eq!(event["data"]["call_id"], "call_1", "{event}");
-            assert_eq!(event["data"]["name"], "local__note", "{event}");
+            assert_eq!(event["approval_required"]["call_id"], "call_1", "{event}");
+            assert_eq!(event["approval_required"]["name"], "local__note", "{event}");
             break;
         }
     }
     let status = h.json(&["status", &session]).await;
     assert_eq!(status["pending_calls"][0]["call_id"], "call_1", "{status}");
-    assert_eq!(status["pending_calls"][0]["wait"], "APPROVAL", "{status}");
+    assert_eq!(
+        status["pending_calls"][0]["wait"], "PENDING_CALL_WAIT_APPROVAL",
+        "{status}"
+    );
     let approved = h.json(&["approve", &session, "call_1"]).await;
     assert_eq!(approved["approved"], true, "{approved}");
     let mut last = Value::Null;
@@ -936,7 +1266,7 @@ async fn agents_are_created_updated_and_read_memory_is_set_and_chat_runs_with_an
         .await;
     assert_eq!(created["version"], 1, "{created}");
     assert_eq!(
-        created["tools"],
+        created["spec"]["tools"]["names"],
         serde_json::json!(["memory_read"]),
         "{created}"
     );
@@ -947,8 +1277,8 @@ async fn agents_are_created_updated_and_read_memory_is_set_and_chat_runs_with_an
     assert_eq!(
         (
             &updated["version"],
-            &updated["description"],
-            &updated["system_prompt"]
+            &updated["spec"]["description"],
+            &updated["spec"]["system_prompt"]
         ),
         (
             &serde_json::json!(2),
@@ -960,7 +1290,7 @@ async fn agents_are_created_updated_and_read_memory_is_set_and_chat_runs_with_an
     let listed = h.json(&["agents", "list"]).await;
     assert_eq!(listed[0]["agent_id"], "helper", "{listed}");
     let v1 = h.json(&["agents", "get", "helper", "--version", "1"]).await;
-    assert_eq!(v1["description"], "helps", "{v1}");
+    assert_eq!(v1["spec"]["description"], "helps", "{v1}");
     // An unknown agent: a clear message and a non-zero exit.
     let run = h.run(&["agents", "get", "nobody"], None).await;
     assert_ne!(run.code, 0, "{run:?}");

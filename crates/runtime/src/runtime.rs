@@ -515,7 +515,7 @@ impl Runtime {
     /// returns, so every span it opened is closed.
     pub async fn shutdown(&self, grace: Duration, hard_limit: Duration) {
         let inner = &self.inner;
-        self.stop_admitting();
+        self.begin_shutdown();
         // Watchers waiting for a next turn that will never come end now.
         inner.slots.clear_waiters();
         inner
@@ -551,6 +551,14 @@ impl Runtime {
     /// so that nobody who saw NOT_SERVING can still get a turn admitted.
     pub fn stop_admitting(&self) {
         self.inner.lifecycle.stop_admitting();
+    }
+
+    /// Refuses new turns for good (UNAVAILABLE): the shutdown began, so,
+    /// unlike [`Runtime::stop_admitting`] (an admin drain), no
+    /// [`Runtime::undrain`] reopens it. [`Runtime::shutdown`] calls it
+    /// itself; call it earlier to refuse turns before telling anyone.
+    pub fn begin_shutdown(&self) {
+        self.inner.lifecycle.begin_shutdown();
     }
 
     /// Watches the draining flag (readiness follows it).

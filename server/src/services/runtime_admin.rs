@@ -5,7 +5,7 @@
 //! and then on every other live replica (the same call, sent to each
 //! one's internal listener; a call that arrived so acts only where it
 //! arrived); `SetDefaultModel` is stored by the core and every replica
-//! applies it; `Drain` acts on this replica; `DeleteSessions` acts here
+//! applies it; `Drain` and `Undrain` act on this replica; `DeleteSessions` acts here
 //! and, when a matching session's live turn runs on another replica, there
 //! too (where that turn is stopped). Each response names the replicas it
 //! acted on.
@@ -200,6 +200,18 @@ impl RuntimeAdmin for RuntimeAdminHandler {
             .map_err(from_runtime)?;
         Ok(Response::new(pb::DrainResponse {
             remaining: count(remaining),
+            replica_ids: self.own(),
+        }))
+    }
+
+    async fn undrain(
+        &self,
+        req: Request<pb::UndrainRequest>,
+    ) -> Result<Response<pb::UndrainResponse>, Status> {
+        let (call, _) = Call::open(req)?;
+        let was_draining = self.runtime.undrain(&call.who).map_err(from_runtime)?;
+        Ok(Response::new(pb::UndrainResponse {
+            was_draining,
             replica_ids: self.own(),
         }))
     }

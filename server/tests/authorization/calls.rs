@@ -103,6 +103,7 @@ pub(crate) const CASES: &[Case] = &[
     admin("agentrt.v1.RuntimeAdmin/SetDefaultModel"),
     admin("agentrt.v1.RuntimeAdmin/InvalidateRunners"),
     admin("agentrt.v1.RuntimeAdmin/Drain"),
+    admin("agentrt.v1.RuntimeAdmin/Undrain"),
     admin("agentrt.v1.RuntimeAdmin/GetRuntimeStats"),
     admin("agentrt.v1.RuntimeAdmin/GetUserUsage"),
     admin("agentrt.v1.AgentService/CreateAgent"),
@@ -431,6 +432,10 @@ pub(crate) async fn call(world: &World, case: &Case, user: User, target: &Target
                 }),
             };
             unary(admin.drain(authed(r, user)).await, ok)
+        }
+        ("agentrt.v1.RuntimeAdmin/Undrain", _) => {
+            let r = pb::UndrainRequest {};
+            unary(admin.undrain(authed(r, user)).await, ok)
         }
         ("agentrt.v1.RuntimeAdmin/GetRuntimeStats", _) => {
             let r = pb::GetRuntimeStatsRequest {};

@@ -10,6 +10,14 @@ pub(crate) async fn admin(client: &Client, out: &Out, cmd: AdminCommand) -> Outc
     match cmd {
         AdminCommand::Stats => out.stats(&client.runtime_stats().await?),
         AdminCommand::Drain { timeout } => out.drained(client.drain(timeout).await?),
+        AdminCommand::Undrain => out.undrained(client.undrain().await?),
+        AdminCommand::SetDefaultModel { model, thinking } => {
+            let previous = client
+                .set_default_model(&model, thinking.map(Into::into))
+                .await?;
+            out.default_model(&model, &previous);
+        }
+        AdminCommand::Invalidate => out.invalidated(client.invalidate_runners().await?),
         AdminCommand::Reset { user } => out.reset(client.reset_runners(&user).await?),
         AdminCommand::Usage { user } => out.user_usage(&client.user_usage(&user).await?),
     }

@@ -1,9 +1,9 @@
 //! The `chat` command: send a message and stream the answer.
 
-use agentrt_client::{ChatOptions, Client, OnDisconnect, proto};
+use agentrt_client::{ChatOptions, Client, OnBusy, OnDisconnect, proto};
 
 use crate::args::{ChatArgs, Disconnect};
-use crate::commands::stream::stream;
+use crate::commands::stream::{Follow, stream};
 use crate::failure::{Failure, Outcome, text_or_stdin};
 use crate::output::Out;
 
@@ -25,7 +25,23 @@ pub(crate) async fn chat(client: &Client, out: &Out, args: ChatArgs) -> Outcome 
     if let Disconnect::Continue = args.on_disconnect {
         options = options.on_disconnect(OnDisconnect::Continue);
     }
-    options = options.on_busy(args.on_busy.into());
+    options = options.on_busy(if args.wait_when_busy {
+        OnBusy::Enqueue
+    } else {
+        args.on_busy.into()
+    });
+    if let Some(id) = args.request_id {
+        options = options.request_id(id);
+    }
+    if let Some(n) = args.max_steps {
+        options = options.max_steps(n);
+    }
+    let mut tools = Vec::new();
+    for (name, file) in &args.tools {
+        let (description, schema) = tool_schema(name, file)?;
+        options = options.extra_tool(name, description, schema);
+        tools.push(name.clone());
+    }
     if !args.require_approval.is_empty() {
         options = options.require_approval(args.require_approval);
     }
@@ -70,8 +86,14 @@ pub(crate) async fn chat(client: &Client, out: &Out, args: ChatArgs) -> Outcome 
     if created {
         out.created(&session_id);
     }
-    let save = args.save_dir.as_deref().map(|dir| (client, dir));
-    let seen = stream(&out.with_reasoning(!args.no_reasoning), events, false, save).await?;
+    let follow = Follow {
+        client,
+        watching: false,
+        save_dir: args.save_dir.as_deref(),
+        tools: &tools,
+        continues: matches!(args.on_disconnect, Disconnect::Continue),
+    };
+    let seen = stream(&out.with_reasoning(!args.no_reasoning), events, &follow).await?;
     match seen.outcome {
         Some(proto::TurnOutcome::Success) => Ok(()),
         Some(other) => Err(Failure::new(
@@ -83,4 +105,41 @@ pub(crate) async fn chat(client: &Client, out: &Out, args: ChatArgs) -> Outcome 
         )),
         None => Err(Failure::new(1, "the stream ended before the turn finished")),
     }
+}
+
+/// A `--tool`'s description (the schema's top-level `description`, if
+/// any) and its JSON Schema, read from `file`.
+fn tool_schema(name: &str, file: &std::path::Path) -> Result<(String, String), Failure> {
+    let text = std::fs::read_to_string(file).map_err(|e| {
+        Failure::new(
+            2,
+            format!(
+                "cannot read the schema of tool {name} ({}): {e}",
+                file.display()
+            ),
+        )
+    })?;
+    let schema: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        Failure::new(
+            2,
+            format!(
+                "the schema of tool {name} ({}) is not JSON: {e}",
+                file.display()
+            ),
+        )
+    })?;
+    if !schema.is_object() {
+        return Err(Failure::new(
+            2,
+            format!(
+                "the schema of tool {name} ({}) must be a JSON object (a JSON Schema)",
+                file.display()
+            ),
+        ));
+    }
+    let description = schema["description"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    Ok((description, text))
 }

@@ -131,6 +131,15 @@ impl Runtime {
         Ok(self.live_turns())
     }
 
+    /// Admits turns again after [`Runtime::drain`] (admin principals only);
+    /// the draining flag, and so readiness, turns back. Returns whether it
+    /// was draining. UNAVAILABLE once the shutdown began: that is never
+    /// undone.
+    pub fn undrain(&self, who: &Principal) -> Result<bool, RuntimeError> {
+        require_admin(who)?;
+        self.inner.lifecycle.resume_admitting()
+    }
+
     /// What `user_id`'s sessions spent (admin principals only): their
     /// `spent` summed over every session the user owns, archived ones
     /// included, read page by page from the store.
@@ -285,5 +294,41 @@ mod tests {
             Err(RuntimeError::PermissionDenied(_))
         ));
         assert!(!rt.is_closed());
+        rt.stop_admitting();
+        assert!(matches!(
+            rt.undrain(&user),
+            Err(RuntimeError::PermissionDenied(_))
+        ));
+        assert!(rt.is_closed());
+    }
+
+    #[tokio::test]
+    async fn undrain_admits_turns_again_but_never_after_shutdown() {
+        let rt = runtime().await;
+        let who = Principal::local();
+        let id = session(&rt, &who).await;
+        let mut draining = rt.draining();
+        assert!(!rt.undrain(&who).unwrap(), "it was not draining");
+        assert_eq!(rt.drain(&who, Duration::ZERO).await.unwrap(), 0);
+        assert!(*draining.borrow_and_update());
+        assert!(matches!(
+            rt.chat(&who, input(&id, "builtin/echo")).await,
+            Err(RuntimeError::Unavailable(_))
+        ));
+        assert!(rt.undrain(&who).unwrap(), "it was draining");
+        assert!(!*draining.borrow_and_update());
+        assert!(!rt.is_closed());
+        let done = rt.chat(&who, input(&id, "builtin/echo")).await.unwrap();
+        assert!(done.collect::<Vec<_>>().await.last().unwrap().is_final());
+        // A drain after the undrain still waits for turns admitted since.
+        let live = rt.chat(&who, input(&id, "stall/x")).await.unwrap();
+        assert_eq!(rt.drain(&who, Duration::from_millis(50)).await.unwrap(), 1);
+        drop(live);
+        rt.shutdown(Duration::ZERO, Duration::from_secs(5)).await;
+        assert!(matches!(
+            rt.undrain(&who),
+            Err(RuntimeError::Unavailable(_))
+        ));
+        assert!(rt.is_closed());
     }
 }

@@ -36,6 +36,8 @@ const CLOSED: RuntimeError = RuntimeError::Unavailable("the server is draining o
 pub(crate) struct Lifecycle {
     /// No new turns: draining or shutting down.
     closed: AtomicBool,
+    /// Shutdown began: unlike an admin drain, it is never undone.
+    shutting_down: AtomicBool,
     draining: watch::Sender<bool>,
     /// Stops the background loops (the reaper): at shutdown, or when the
     /// runtime is dropped.
@@ -55,6 +57,7 @@ impl Lifecycle {
     pub(crate) fn new() -> Self {
         Self {
             closed: AtomicBool::new(false),
+            shutting_down: AtomicBool::new(false),
             draining: watch::Sender::new(false),
             background: CancellationToken::new(),
             turns_over: CancellationToken::new(),
@@ -87,6 +90,33 @@ impl Lifecycle {
     pub(crate) fn stop_admitting(&self) {
         self.closed.store(true, Ordering::Release);
         self.draining.send_replace(true);
+    }
+
+    /// Refuses new turns for good: shutdown began, and no
+    /// [`Lifecycle::resume_admitting`] undoes it.
+    pub(crate) fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+        self.stop_admitting();
+    }
+
+    /// Admits turns again after an admin drain; `Ok(true)` when it was
+    /// draining, `Ok(false)` when it was admitting already. Refused once
+    /// shutdown began.
+    pub(crate) fn resume_admitting(&self) -> Result<bool, RuntimeError> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(RuntimeError::Unavailable("the server is shutting down"));
+        }
+        // The drain's wait closed the tracker; turns admitted from now on
+        // are tracked for the next drain or the shutdown as before.
+        self.turns.reopen();
+        let was = self.closed.swap(false, Ordering::AcqRel);
+        self.draining.send_replace(false);
+        // A shutdown that began meanwhile wins: closed again.
+        if self.shutting_down.load(Ordering::Acquire) {
+            self.stop_admitting();
+            return Err(RuntimeError::Unavailable("the server is shutting down"));
+        }
+        Ok(was)
     }
 
     /// Watches the draining flag.
