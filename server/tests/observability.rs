@@ -380,8 +380,8 @@ async fn json_logs_and_metrics_show_turns_tokens_and_refusals_without_secrets() 
         "{text}"
     );
     for name in [
-        "rpc_server_call_duration_seconds_count{rpc_method=\"agentrt.v1.AgentRuntime/Chat\",rpc_status_code=\"OK\",rpc_system_name=\"grpc\"}",
-        "rpc_server_call_duration_seconds_count{rpc_method=\"agentrt.v1.AgentRuntime/Chat\",rpc_status_code=\"ABORTED\",rpc_system_name=\"grpc\"}",
+        "rpc_server_call_duration_seconds_count{rpc_method=\"agentrt.v1.AgentRuntime/Chat\",rpc_response_status_code=\"OK\",rpc_system_name=\"grpc\"}",
+        "rpc_server_call_duration_seconds_count{rpc_method=\"agentrt.v1.AgentRuntime/Chat\",rpc_response_status_code=\"ABORTED\",rpc_system_name=\"grpc\"}",
     ] {
         assert!(
             series(&text, name).is_some_and(|v| v >= 1.0),
