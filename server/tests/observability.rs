@@ -1,7 +1,9 @@
 //! Telemetry of the real `agentrt-server` binary as a child process:
 //! telemetry off exports nothing and starts no exporter thread (on does,
 //! and its JSON log lines carry the trace id); `--metrics-listen` serves
-//! the turn, token, RPC and refusal series; `--log-format json` writes
+//! the turn, token, RPC and refusal series, the process and build series,
+//! and a turn a crash left counted as interrupted at the next start;
+//! `--log-format json` writes
 //! flat, plain lines with one summary per turn, one line per refused call
 //! and no configured secret; text logs have no colour codes off a TTY.
 
@@ -245,6 +247,104 @@ async fn telemetry_off_exports_nothing_and_runs_no_exporter_thread_while_on_does
         "{summary}"
     );
     assert!(summary["span_id"].is_string(), "{summary}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_process_build_and_store_series_and_a_turn_a_crash_interrupted() {
+    let fake = FakeOpenAi::start(vec![FakeReply::Sse {
+        chunks: vec![text_chunk("partial")],
+        done: false,
+        then_hang: true,
+    }])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "default_model = \"mock/m\"\n\
+         [[providers]]\nname = \"mock\"\nkind = \"openai\"\nbase_url = \"{}\"\nmax_retries = 0\n",
+        fake.base_url()
+    );
+    let args = ["--metrics-listen", "127.0.0.1:0"];
+    let mut server = start(dir.path(), &config, &args, &[]).await;
+    let client = Client::connect(server.addr.clone()).await.unwrap();
+    let session = client
+        .create_session(Default::default())
+        .await
+        .unwrap()
+        .session_id;
+    let mut hanging = client.chat(&session, "hang").await.unwrap();
+    hanging.next().await.unwrap().unwrap();
+    fake.wait_requests(1).await;
+    // The process dies with the turn running: the next start finds it.
+    server.child.kill().await.unwrap();
+    drop(hanging);
+
+    let server = start(dir.path(), &config, &args, &[]).await;
+    let text = scrape(server.metrics.as_deref().unwrap()).await;
+    assert_eq!(
+        series(
+            &text,
+            "agentrt_turns_interrupted_total{agentrt_reason=\"restart\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        series(
+            &text,
+            "agentrt_turns_total{agentrt_turn_outcome=\"interrupted\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        !text.contains("agentrt_reason=\"lease_"),
+        "no lease series on sled: {text}"
+    );
+    assert_eq!(
+        series(&text, "agentrt_store_reachable"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(series(&text, "agentrt_store_writable"), Some(1.0), "{text}");
+
+    let version = env!("CARGO_PKG_VERSION");
+    let build = text
+        .lines()
+        .find(|l| l.starts_with("agentrt_build_info{"))
+        .unwrap_or_else(|| panic!("no build info in {text}"));
+    assert!(build.ends_with("} 1"), "{build}");
+    assert!(build.contains(&format!("version=\"{version}\"")), "{build}");
+    assert!(build.contains("rustc=\""), "{build}");
+
+    let positive = |name: &str| {
+        let v = series(&text, name).unwrap_or_else(|| panic!("no {name} in {text}"));
+        assert!(v > 0.0, "{name} = {v}");
+        v
+    };
+    positive("process_cpu_seconds_total");
+    let rss = positive("process_resident_memory_bytes");
+    let vsize = positive("process_virtual_memory_bytes");
+    assert!(vsize >= rss, "{vsize} < {rss}");
+    let fds = positive("process_open_fds");
+    assert!(fds <= positive("process_max_fds"), "{text}");
+    let started = positive("process_start_time_seconds");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        started <= now + 1.0 && started > now - WAIT.as_secs_f64() - 60.0,
+        "started {started}, now {now}"
+    );
+    for family in [
+        "# TYPE process_cpu_seconds_total counter",
+        "# TYPE process_resident_memory_bytes gauge",
+        "# TYPE process_start_time_seconds gauge",
+        "# TYPE agentrt_build_info gauge",
+    ] {
+        assert!(text.contains(family), "{family} in {text}");
+    }
+    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
