@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod a2a;
 mod agents;
 mod auth;
 mod blobs;
@@ -31,6 +32,7 @@ mod tls;
 mod tools;
 mod transport;
 
+pub use a2a::A2aSettings;
 pub use agents::{AgentConfig, DelegationSettings, MemorySettings, agent_specs};
 pub use auth::{AuthConfig, MtlsConfig};
 pub use blobs::BlobSettings;
@@ -101,6 +103,10 @@ pub struct Cli {
     /// (overrides `[cluster] advertise`), e.g. `http://10.0.0.5:50052`.
     #[arg(long, env = "AGENTRT_CLUSTER_ADVERTISE")]
     pub cluster_advertise: Option<String>,
+    /// The address the A2A agent card advertises (overrides `[a2a]
+    /// public_url`), e.g. `agent.example.com:443`.
+    #[arg(long, env = "AGENTRT_A2A_PUBLIC_URL")]
+    pub a2a_public_url: Option<String>,
     /// What to do instead of serving.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -428,6 +434,8 @@ struct FileConfig {
     delegation: DelegationSettings,
     #[serde(default)]
     hooks: Vec<HookConfig>,
+    #[serde(default)]
+    a2a: A2aSettings,
 }
 
 /// The effective configuration.
@@ -527,6 +535,8 @@ pub struct Config {
     /// The `[[hooks]]` entries: the operator's hooks, called around every
     /// turn in this order. Default: none.
     pub hooks: Vec<HookConfig>,
+    /// The `[a2a]` table: what the A2A agent card advertises.
+    pub a2a: A2aSettings,
 }
 
 impl Default for Config {
@@ -568,6 +578,7 @@ impl Default for Config {
             delegation: DelegationSettings::default(),
             file: None,
             hooks: Vec::new(),
+            a2a: A2aSettings::default(),
         }
     }
 }
@@ -654,6 +665,7 @@ impl Config {
             delegation: file.delegation,
             file: None,
             hooks: file.hooks,
+            a2a: file.a2a,
         })
     }
 
@@ -690,6 +702,9 @@ impl Config {
         }
         if let (Some(v), Some(cluster)) = (&cli.cluster_advertise, &mut self.cluster) {
             cluster.advertise = Some(v.clone());
+        }
+        if let Some(v) = &cli.a2a_public_url {
+            self.a2a.public_url = Some(v.clone());
         }
         self
     }
@@ -773,6 +788,7 @@ impl Config {
         self.validate_telemetry()?;
         self.validate_store()?;
         self.validate_cluster()?;
+        self.validate_a2a()?;
         Ok(())
     }
 }

@@ -13,10 +13,15 @@ use crate::config::Config;
 /// The A2A protocol version this binding implements.
 pub const PROTOCOL_VERSION: &str = "1.0";
 
-/// The card of a server with `config`, listening on `addr` (the URL
-/// callers dial: `host:port`, as gRPC clients take it), running `runtime`.
+/// The card of a server with `config`, listening on `addr`, running
+/// `runtime`. Its interface URL is `[a2a] public_url` when set, else the
+/// bound address (`host:port`, as gRPC clients take it).
 pub fn agent_card(config: &Config, addr: Option<SocketAddr>, runtime: &Runtime) -> a2a::AgentCard {
-    let url = addr.unwrap_or(config.listen).to_string();
+    let url = config
+        .a2a
+        .public_url
+        .clone()
+        .unwrap_or_else(|| addr.unwrap_or(config.listen).to_string());
     let mut security_schemes = HashMap::new();
     if !config.auth.api_keys.is_empty() {
         security_schemes.insert(
