@@ -173,12 +173,17 @@ async fn serve(config: Config, metrics: Option<prometheus::Registry>) -> ExitCod
         }
     };
     // Bound before the listening line, so whoever reads it can scrape.
+    let agent_card: std::sync::Arc<str> = prepared
+        .public_agent_card(listener.local_addr().ok())
+        .into();
     let metrics_task = match (config.metrics_listen, metrics) {
         (Some(addr), Some(registry)) => match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => Some((
                 l.local_addr().ok(),
                 tokio_util::task::AbortOnDropHandle::new(tokio::spawn(prometheus::serve(
-                    l, registry,
+                    l,
+                    registry,
+                    Some(agent_card),
                 ))),
             )),
             Err(err) => {

@@ -2,7 +2,8 @@
 //! telemetry off exports nothing and starts no exporter thread (on does,
 //! and its JSON log lines carry the trace id); `--metrics-listen` serves
 //! the turn, token, RPC and refusal series, the process and build series,
-//! and a turn a crash left counted as interrupted at the next start;
+//! and a turn a crash left counted as interrupted at the next start, and
+//! the A2A public card at its well-known path with the public URL;
 //! `--log-format json` writes
 //! flat, plain lines with one summary per turn, one line per refused call
 //! and no configured secret; text logs have no colour codes off a TTY.
@@ -344,6 +345,71 @@ async fn metrics_show_process_build_and_store_series_and_a_turn_a_crash_interrup
     ] {
         assert!(text.contains(family), "{family} in {text}");
     }
+    server.stop().await;
+}
+
+/// `GET path` on `addr`: the response head and body.
+async fn get(addr: &str, path: &str) -> (String, String) {
+    use tokio::io::AsyncWriteExt as _;
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(WAIT, stream.read_to_string(&mut response))
+        .await
+        .unwrap()
+        .unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    (head.to_owned(), body.to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_well_known_agent_card_names_the_public_url_from_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "{}[[auth.api_keys]]\nkey = \"{AUTH_KEY}\"\nuser = \"alice\"\n",
+        echo_config()
+    );
+    let server = start(
+        dir.path(),
+        &config,
+        &["--metrics-listen", "127.0.0.1:0"],
+        &[("AGENTRT_A2A_PUBLIC_URL", "agent.example.com:443")],
+    )
+    .await;
+    let (head, body) = get(
+        server.metrics.as_deref().unwrap(),
+        "/.well-known/agent-card.json",
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("Content-Type: application/json"), "{head}");
+    let card: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        card["supportedInterfaces"],
+        serde_json::json!([{
+            "url": "agent.example.com:443",
+            "protocolBinding": "GRPC",
+            "protocolVersion": "1.0",
+        }]),
+        "{card}"
+    );
+    assert_eq!(card["name"], "agentrt");
+    assert_eq!(card["capabilities"]["extendedAgentCard"], true, "{card}");
+    assert_eq!(
+        card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"], "Bearer",
+        "{card}"
+    );
+    assert_eq!(
+        card["securityRequirements"],
+        serde_json::json!([{"schemes": {"bearer": {"list": []}}}]),
+        "{card}"
+    );
+    assert!(!body.contains(AUTH_KEY), "{body}");
+    let (head, _) = get(server.metrics.as_deref().unwrap(), "/.well-known/other").await;
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
     server.stop().await;
 }
 
