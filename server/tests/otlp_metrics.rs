@@ -36,9 +36,11 @@ async fn a_turn_s_metrics_and_the_process_and_build_series_reach_an_otlp_receive
     assert!(!telemetry.traces_on());
 
     let dir = tempfile::tempdir().unwrap();
-    let mut config = Config::default();
-    config.listen = "127.0.0.1:0".parse().unwrap();
-    config.data_dir = dir.path().to_path_buf();
+    let config = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.path().to_path_buf(),
+        ..Config::default()
+    };
     let server = InProcessServer::start(ServerBuilder::new(config)).await;
     let client = Client::connect(server.url()).await.unwrap();
     let session = client
