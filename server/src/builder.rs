@@ -539,4 +539,15 @@ impl Prepared {
     pub fn replica_id(&self) -> Option<&str> {
         self.runtime.replica_id()
     }
+
+    /// The A2A public agent card as JSON, for a server bound to `addr`
+    /// (its URL is `[a2a] public_url` when set); see
+    /// [`crate::a2a::card::public_card_json`].
+    pub fn public_agent_card(&self, addr: Option<std::net::SocketAddr>) -> String {
+        crate::a2a::card::public_card_json(&crate::a2a::card::agent_card(
+            &self.config,
+            addr,
+            &self.runtime,
+        ))
+    }
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod a2a;
 mod agents;
 mod auth;
 mod blobs;
@@ -31,6 +32,7 @@ mod tls;
 mod tools;
 mod transport;
 
+pub use a2a::A2aSettings;
 pub use agents::{AgentConfig, DelegationSettings, MemorySettings, agent_specs};
 pub use auth::{AuthConfig, MtlsConfig};
 pub use blobs::BlobSettings;
@@ -112,6 +114,10 @@ pub struct Cli {
     /// proxy or mesh sidecar.
     #[arg(long, env = "AGENTRT_MAX_PENDING_REQUESTS_PER_IP")]
     pub max_pending_requests_per_ip: Option<usize>,
+    /// The address the A2A agent card advertises (overrides `[a2a]
+    /// public_url`), e.g. `agent.example.com:443`.
+    #[arg(long, env = "AGENTRT_A2A_PUBLIC_URL")]
+    pub a2a_public_url: Option<String>,
     /// What to do instead of serving.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -439,6 +445,8 @@ struct FileConfig {
     delegation: DelegationSettings,
     #[serde(default)]
     hooks: Vec<HookConfig>,
+    #[serde(default)]
+    a2a: A2aSettings,
 }
 
 /// The effective configuration.
@@ -538,6 +546,8 @@ pub struct Config {
     /// The `[[hooks]]` entries: the operator's hooks, called around every
     /// turn in this order. Default: none.
     pub hooks: Vec<HookConfig>,
+    /// The `[a2a]` table: what the A2A agent card advertises.
+    pub a2a: A2aSettings,
 }
 
 impl Default for Config {
@@ -579,6 +589,7 @@ impl Default for Config {
             delegation: DelegationSettings::default(),
             file: None,
             hooks: Vec::new(),
+            a2a: A2aSettings::default(),
         }
     }
 }
@@ -665,6 +676,7 @@ impl Config {
             delegation: file.delegation,
             file: None,
             hooks: file.hooks,
+            a2a: file.a2a,
         })
     }
 
@@ -707,6 +719,9 @@ impl Config {
         }
         if let Some(v) = cli.max_pending_requests_per_ip {
             self.transport.max_pending_requests_per_ip = v;
+        }
+        if let Some(v) = &cli.a2a_public_url {
+            self.a2a.public_url = Some(v.clone());
         }
         self
     }
@@ -790,6 +805,7 @@ impl Config {
         self.validate_telemetry()?;
         self.validate_store()?;
         self.validate_cluster()?;
+        self.validate_a2a()?;
         Ok(())
     }
 }

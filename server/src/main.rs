@@ -11,30 +11,48 @@ use agentrt_server::telemetry::{OtelEnv, Telemetry, prometheus};
 use agentrt_server::{Cli, Config, ServerError};
 use clap::Parser as _;
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(err) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %err, "cannot listen for SIGINT");
-            std::future::pending::<()>().await;
-        }
-    };
+/// Resolves on the first SIGTERM or SIGINT. The handlers are installed
+/// when this is called, not when it is first polled: a supervisor may
+/// signal as soon as it reads the address lines, and must not find the
+/// default action (an exit without the drain) there.
+fn shutdown_signal() -> impl Future<Output = ()> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    let (term, int) = {
+        use tokio::signal::unix::{SignalKind, signal};
+        let listen = |kind: SignalKind, name: &'static str| {
+            signal(kind)
+                .inspect_err(|err| tracing::error!(error = %err, "cannot listen for {name}"))
+                .ok()
+        };
+        (
+            listen(SignalKind::terminate(), "SIGTERM"),
+            listen(SignalKind::interrupt(), "SIGINT"),
+        )
+    };
+    async move {
+        #[cfg(unix)]
+        {
+            let next = |s: Option<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                () = next(int) => tracing::info!("SIGINT received"),
+                () = next(term) => tracing::info!("SIGTERM received"),
             }
-            Err(err) => {
-                tracing::error!(error = %err, "cannot listen for SIGTERM");
+        }
+        #[cfg(not(unix))]
+        {
+            if let Err(err) = tokio::signal::ctrl_c().await {
+                tracing::error!(error = %err, "cannot listen for SIGINT");
                 std::future::pending::<()>().await;
             }
+            tracing::info!("SIGINT received");
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => tracing::info!("SIGINT received"),
-        () = term => tracing::info!("SIGTERM received"),
     }
 }
 
@@ -155,6 +173,9 @@ async fn serve(config: Config, metrics: Option<prometheus::Registry>) -> ExitCod
         }
     };
     // Bound before the listening line, so whoever reads it can scrape.
+    let agent_card: std::sync::Arc<str> = prepared
+        .public_agent_card(listener.local_addr().ok())
+        .into();
     let metrics_task = match (config.metrics_listen, metrics) {
         (Some(addr), Some(registry)) => match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => Some((
@@ -163,6 +184,7 @@ async fn serve(config: Config, metrics: Option<prometheus::Registry>) -> ExitCod
                     l,
                     registry,
                     prepared.health_probe(),
+                    Some(agent_card),
                 ))),
             )),
             Err(err) => {
@@ -172,6 +194,7 @@ async fn serve(config: Config, metrics: Option<prometheus::Registry>) -> ExitCod
         },
         _ => None,
     };
+    let shutdown = shutdown_signal();
     if let Some(addr) = prepared.cluster_addr() {
         // Before the public line: whoever waits for that one can already
         // read this.
@@ -186,7 +209,7 @@ async fn serve(config: Config, metrics: Option<prometheus::Registry>) -> ExitCod
             println!("agentrt-server metrics on http://{bound}/metrics");
         }
     }
-    match prepared.serve(listener, shutdown_signal()).await {
+    match prepared.serve(listener, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("agentrt-server: {err}");

@@ -16,15 +16,19 @@
 //!   refused calls.
 //! - [`prometheus`]: a pull reader of the SDK rendered as Prometheus text,
 //!   and its `/metrics` listener.
+//! - [`process`]: the process series (CPU, memory, file descriptors, start
+//!   time) and `agentrt_build_info`, registered with the meter provider.
 
 pub mod env;
 pub mod logs;
+pub mod process;
 pub mod prometheus;
 pub mod rpc;
 
 use std::io::IsTerminal as _;
 use std::time::Duration;
 
+use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
@@ -134,6 +138,7 @@ impl Telemetry {
             }
             let provider = builder.build();
             opentelemetry::global::set_meter_provider(provider.clone());
+            process::register(&provider.meter(agentrt_runtime::telemetry::metrics::METER));
             Some(provider)
         } else {
             None

@@ -556,6 +556,29 @@ async fn the_version_header_and_the_key_are_checked() {
 }
 
 #[tokio::test]
+async fn the_card_advertises_the_configured_public_url_instead_of_the_bound_address() {
+    let fake = FakeOpenAi::start(vec![]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(&fake, dir.path());
+    config.a2a.public_url = Some("agent.example.com:443".to_owned());
+    let server = InProcessServer::start(ServerBuilder::new(config)).await;
+    let card = client(&server)
+        .await
+        .get_extended_agent_card(authed(a2a::GetExtendedAgentCardRequest::default(), KEY))
+        .await
+        .unwrap()
+        .into_inner();
+    let urls: Vec<&str> = card
+        .supported_interfaces
+        .iter()
+        .map(|i| i.url.as_str())
+        .collect();
+    assert_eq!(urls, ["agent.example.com:443"]);
+    assert_eq!(card.supported_interfaces[0].protocol_binding, "GRPC");
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn reflection_lists_the_a2a_service_with_its_options() {
     use prost::Message as _;
     let fds = prost_types::FileDescriptorSet::decode(agentrt_proto::FILE_DESCRIPTOR_SET).unwrap();

@@ -19,6 +19,7 @@ mod cluster {
     mod admission;
     mod drain;
     mod failover;
+    mod metrics;
     mod operator;
     mod outage;
     mod routing;

@@ -1,7 +1,10 @@
 //! Telemetry of the real `agentrt-server` binary as a child process:
 //! telemetry off exports nothing and starts no exporter thread (on does,
 //! and its JSON log lines carry the trace id); `--metrics-listen` serves
-//! the turn, token, RPC and refusal series; `--log-format json` writes
+//! the turn, token, RPC and refusal series, the process and build series,
+//! and a turn a crash left counted as interrupted at the next start, and
+//! the A2A public card at its well-known path with the public URL;
+//! `--log-format json` writes
 //! flat, plain lines with one summary per turn, one line per refused call
 //! and no configured secret; text logs have no colour codes off a TTY.
 
@@ -248,6 +251,169 @@ async fn telemetry_off_exports_nothing_and_runs_no_exporter_thread_while_on_does
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_process_build_and_store_series_and_a_turn_a_crash_interrupted() {
+    let fake = FakeOpenAi::start(vec![FakeReply::Sse {
+        chunks: vec![text_chunk("partial")],
+        done: false,
+        then_hang: true,
+    }])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "default_model = \"mock/m\"\n\
+         [[providers]]\nname = \"mock\"\nkind = \"openai\"\nbase_url = \"{}\"\nmax_retries = 0\n",
+        fake.base_url()
+    );
+    let args = ["--metrics-listen", "127.0.0.1:0"];
+    let mut server = start(dir.path(), &config, &args, &[]).await;
+    let client = Client::connect(server.addr.clone()).await.unwrap();
+    let session = client
+        .create_session(Default::default())
+        .await
+        .unwrap()
+        .session_id;
+    let mut hanging = client.chat(&session, "hang").await.unwrap();
+    hanging.next().await.unwrap().unwrap();
+    fake.wait_requests(1).await;
+    // The process dies with the turn running: the next start finds it.
+    server.child.kill().await.unwrap();
+    drop(hanging);
+
+    let server = start(dir.path(), &config, &args, &[]).await;
+    let text = scrape(server.metrics.as_deref().unwrap()).await;
+    assert_eq!(
+        series(
+            &text,
+            "agentrt_turns_interrupted_total{agentrt_reason=\"restart\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        series(
+            &text,
+            "agentrt_turns_total{agentrt_turn_outcome=\"interrupted\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        !text.contains("agentrt_reason=\"lease_"),
+        "no lease series on sled: {text}"
+    );
+    assert_eq!(
+        series(&text, "agentrt_store_reachable"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(series(&text, "agentrt_store_writable"), Some(1.0), "{text}");
+
+    let version = env!("CARGO_PKG_VERSION");
+    let build = text
+        .lines()
+        .find(|l| l.starts_with("agentrt_build_info{"))
+        .unwrap_or_else(|| panic!("no build info in {text}"));
+    assert!(build.ends_with("} 1"), "{build}");
+    assert!(build.contains(&format!("version=\"{version}\"")), "{build}");
+    assert!(build.contains("rustc=\""), "{build}");
+
+    let positive = |name: &str| {
+        let v = series(&text, name).unwrap_or_else(|| panic!("no {name} in {text}"));
+        assert!(v > 0.0, "{name} = {v}");
+        v
+    };
+    positive("process_cpu_seconds_total");
+    let rss = positive("process_resident_memory_bytes");
+    let vsize = positive("process_virtual_memory_bytes");
+    assert!(vsize >= rss, "{vsize} < {rss}");
+    let fds = positive("process_open_fds");
+    assert!(fds <= positive("process_max_fds"), "{text}");
+    let started = positive("process_start_time_seconds");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        started <= now + 1.0 && started > now - WAIT.as_secs_f64() - 60.0,
+        "started {started}, now {now}"
+    );
+    for family in [
+        "# TYPE process_cpu_seconds_total counter",
+        "# TYPE process_resident_memory_bytes gauge",
+        "# TYPE process_start_time_seconds gauge",
+        "# TYPE agentrt_build_info gauge",
+    ] {
+        assert!(text.contains(family), "{family} in {text}");
+    }
+    server.stop().await;
+}
+
+/// `GET path` on `addr`: the response head and body.
+async fn get(addr: &str, path: &str) -> (String, String) {
+    use tokio::io::AsyncWriteExt as _;
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(WAIT, stream.read_to_string(&mut response))
+        .await
+        .unwrap()
+        .unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    (head.to_owned(), body.to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_well_known_agent_card_names_the_public_url_from_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "{}[[auth.api_keys]]\nkey = \"{AUTH_KEY}\"\nuser = \"alice\"\n",
+        echo_config()
+    );
+    let server = start(
+        dir.path(),
+        &config,
+        &["--metrics-listen", "127.0.0.1:0"],
+        &[("AGENTRT_A2A_PUBLIC_URL", "agent.example.com:443")],
+    )
+    .await;
+    let (head, body) = get(
+        server.metrics.as_deref().unwrap(),
+        "/.well-known/agent-card.json",
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("Content-Type: application/json"), "{head}");
+    let card: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        card["supportedInterfaces"],
+        serde_json::json!([{
+            "url": "agent.example.com:443",
+            "protocolBinding": "GRPC",
+            "protocolVersion": "1.0",
+        }]),
+        "{card}"
+    );
+    assert_eq!(card["name"], "agentrt");
+    assert_eq!(card["capabilities"]["extendedAgentCard"], true, "{card}");
+    assert_eq!(
+        card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"], "Bearer",
+        "{card}"
+    );
+    assert_eq!(
+        card["securityRequirements"],
+        serde_json::json!([{"schemes": {"bearer": {"list": []}}}]),
+        "{card}"
+    );
+    assert!(!body.contains(AUTH_KEY), "{body}");
+    let (head, _) = get(server.metrics.as_deref().unwrap(), "/.well-known/other").await;
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_and_metrics_show_turns_tokens_and_refusals_without_secrets() {
     let fake = FakeOpenAi::start(vec![
         FakeReply::sse(vec![
@@ -380,8 +546,8 @@ async fn json_logs_and_metrics_show_turns_tokens_and_refusals_without_secrets() 
         "{text}"
     );
     for name in [
-        "rpc_server_call_duration_seconds_count{rpc_method=\"agentrt.v1.AgentRuntime/Chat\",rpc_status_code=\"OK\",rpc_system_name=\"grpc\"}",
-        "rpc_server_call_duration_seconds_count{rpc_method=\"agentrt.v1.AgentRuntime/Chat\",rpc_status_code=\"ABORTED\",rpc_system_name=\"grpc\"}",
+        "rpc_server_call_duration_seconds_count{rpc_method=\"agentrt.v1.AgentRuntime/Chat\",rpc_response_status_code=\"OK\",rpc_system_name=\"grpc\"}",
+        "rpc_server_call_duration_seconds_count{rpc_method=\"agentrt.v1.AgentRuntime/Chat\",rpc_response_status_code=\"ABORTED\",rpc_system_name=\"grpc\"}",
     ] {
         assert!(
             series(&text, name).is_some_and(|v| v >= 1.0),

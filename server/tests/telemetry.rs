@@ -185,7 +185,7 @@ async fn a_tool_using_turn_exports_rpc_agent_chat_and_tool_spans_under_the_calle
     assert_eq!(rpc.kind, 2, "SERVER");
     assert_eq!(rpc.attr("rpc.system.name"), Some("grpc"));
     assert_eq!(rpc.attr("rpc.method"), Some("agentrt.v1.AgentRuntime/Chat"));
-    assert_eq!(rpc.attr("rpc.status_code"), Some("OK"));
+    assert_eq!(rpc.attr("rpc.response.status_code"), Some("OK"));
     assert_eq!(rpc.service_name.as_deref(), Some("agentrt-under-test"));
 
     // RPC → invoke_agent → chat ×2 and execute_tool, all in one trace.

@@ -10,7 +10,8 @@
 # tests/a2a/node (package-lock.json). Starts the scripted fake upstream
 # (tests/polyglot/fake_upstream.py) and one agentrt-server on loopback
 # ephemeral ports — the fake as the default model, two API keys of two
-# users — then runs pytest tests/a2a/python and node --test in
+# users — and a second server whose A2A card (on its HTTP well-known path)
+# names the first; then runs pytest tests/a2a/python and node --test in
 # tests/a2a/node. Ends with `a2a: N passed, M failed`; exits non-zero when
 # anything failed. The steps are tests/support/suite.sh's.
 set -uo pipefail
@@ -32,6 +33,21 @@ suite_start_upstream
 suite_start_server
 export A2A_TARGET="$SERVER_ADDR" A2A_KEY="$KEY_A" A2A_OTHER_KEY="$KEY_B" \
     UPSTREAM_URL="http://$UPSTREAM_ADDR"
+
+# A second server whose card advertises the first one's address as its
+# public URL (as a pod's card names the Service, not the pod): the SDK reads
+# the card from its well-known HTTP path and must follow it to the first.
+A2A_PUBLIC_URL="localhost:${SERVER_ADDR##*:}"
+exec {CARD_FD}< <(AGENTRT_A2A_PUBLIC_URL="$A2A_PUBLIC_URL" exec "$BIN" --listen 127.0.0.1:0 \
+    --data-dir "$WORK/card-data" --config "$WORK/agentrt.toml" --metrics-listen 127.0.0.1:0 \
+    2>"$WORK/card-server.err")
+SUITE_PIDS+=("$!")
+line="$(await_line "$CARD_FD" '^agentrt-server metrics on http://127\.0\.0\.1:[0-9]+/metrics$')" ||
+    abort "the card server printed no metrics line" "$WORK/card-server.err"
+A2A_CARD_BASE="${line#agentrt-server metrics on }"
+A2A_CARD_BASE="${A2A_CARD_BASE%/metrics}"
+pass "card server: $A2A_CARD_BASE/.well-known/agent-card.json names $A2A_PUBLIC_URL"
+export A2A_CARD_BASE A2A_PUBLIC_URL
 
 run_suite "python a2a-sdk suite" "$WORK/pytest.log" pytest_counts \
     "$PY" -B -m pytest -p no:cacheprovider -q "$HERE/python"

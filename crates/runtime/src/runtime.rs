@@ -13,7 +13,8 @@
 //!   renewal, the sweeper of dead replicas' turns, the store's readiness;
 //! - `control`, `sessions`, `tools`, `admin`: the other calls of the API;
 //!   `stream`, `replay`: the turn streams they return; `recovery`,
-//!   `spans`: start-up repair and the turn's spans.
+//!   `spans`: start-up repair and the turn's spans; `gauges`: the gauges
+//!   read off the runtime's state when metrics are collected.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -39,6 +40,7 @@ mod compaction;
 mod context;
 mod control;
 mod delegate;
+mod gauges;
 mod hooks;
 mod inbox;
 mod jobs;
@@ -412,19 +414,8 @@ impl Runtime {
         let metrics = crate::telemetry::metrics::get();
         metrics.live_turns.add(0, &[]);
         metrics.watchers.add(0, &[]);
-        // Read at collection time; a weak reference, so the meter provider
-        // does not keep a stopped runtime alive.
-        let weak = Arc::downgrade(&runtime.inner);
-        let _gauge = opentelemetry::global::meter(crate::telemetry::metrics::METER)
-            .u64_observable_gauge("agentrt.runners.cached")
-            .with_unit("{runner}")
-            .with_description("Session runners cached in memory")
-            .with_callback(move |observer| {
-                if let Some(inner) = weak.upgrade() {
-                    observer.observe(inner.runners.len() as u64, &[]);
-                }
-            })
-            .build();
+        crate::telemetry::metrics::interrupted_series(shared);
+        gauges::register(&runtime);
         Ok(runtime)
     }
 

@@ -23,8 +23,9 @@ pub mod semconv {
     pub const RPC_SYSTEM_NAME: &str = "rpc.system.name";
     /// `rpc.method`: fully qualified (`pkg.Service/Method`), or `_OTHER`.
     pub const RPC_METHOD: &str = "rpc.method";
-    /// `rpc.status_code`: the gRPC status code's name (`OK`, `ABORTED`).
-    pub const RPC_STATUS_CODE: &str = "rpc.status_code";
+    /// `rpc.response.status_code`: the gRPC status code's name (`OK`,
+    /// `ABORTED`); Prometheus shows it as `rpc_response_status_code`.
+    pub const RPC_RESPONSE_STATUS_CODE: &str = "rpc.response.status_code";
     /// The method value for methods we do not serve.
     pub const RPC_METHOD_OTHER: &str = "_OTHER";
     /// `error.type`.
@@ -70,8 +71,14 @@ pub mod semconv {
 
     /// Our own: a turn's outcome (`success`, `error`, `canceled`, `timed_out`).
     pub const AGENTRT_TURN_OUTCOME: &str = "agentrt.turn.outcome";
-    /// Our own: why a call was refused (`SESSION_BUSY`, `QUOTA`, `DRAINING`…).
+    /// Our own: why a call was refused (`SESSION_BUSY`, `QUOTA`, `DRAINING`…),
+    /// or why a turn was interrupted (`restart`, `lease_expired`, `lease_lost`).
     pub const AGENTRT_REASON: &str = "agentrt.reason";
+
+    /// `db.client.connection.state` (`idle`, `used`).
+    pub const DB_CLIENT_CONNECTION_STATE: &str = "db.client.connection.state";
+    /// `db.client.connection.pool.name`.
+    pub const DB_CLIENT_CONNECTION_POOL_NAME: &str = "db.client.connection.pool.name";
 }
 
 /// Writes the current span's W3C trace context (`traceparent`,

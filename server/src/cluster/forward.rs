@@ -6,7 +6,8 @@
 //! by [`CONNECT_TIMEOUT`]. Every call carries the cluster key, the caller's
 //! principal and the caller's remaining deadline. The owner's answer comes
 //! back unchanged; only a failure to reach the owner at all becomes
-//! UNAVAILABLE naming the replica (its id, never its key).
+//! UNAVAILABLE naming the replica (its id, never its key). Each call is
+//! counted in `agentrt.cluster.forwarded`, by outcome.
 //!
 //! One generic call ([`Forwarder::call`]) serves every RPC of every
 //! service: a [`Peer`] is a generated client the forwarder can make from a
@@ -15,7 +16,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -23,8 +24,11 @@ use agentrt_proto::a2a::v1::a2a_service_client::A2aServiceClient;
 use agentrt_proto::v1::agent_runtime_client::AgentRuntimeClient;
 use agentrt_proto::v1::runtime_admin_client::RuntimeAdminClient;
 use agentrt_runtime::store::{Lease, Replica};
+use agentrt_runtime::telemetry::metrics::METER;
 use agentrt_runtime::types::Principal;
 use futures::Stream;
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::Counter;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -193,17 +197,42 @@ impl Forwarder {
         F: FnOnce(P, Request<T>) -> Fut,
         Fut: Future<Output = Result<Response<R>, Status>>,
     {
-        let client = P::connect(self.channel(to)?, self.max_message, MAX_ANSWER);
+        let channel = self.channel(to).inspect_err(|_| count("unreachable"))?;
+        let client = P::connect(channel, self.max_message, MAX_ANSWER);
         let mut req = Request::new(message);
         sign(&mut req, &self.key, who);
         if let Some(left) = deadline {
             req.set_timeout(left);
         }
-        send(client, req)
-            .await
+        let answer = send(client, req).await;
+        count(match &answer {
+            Ok(_) => "ok",
+            Err(status) if unreachable(status) => "unreachable",
+            Err(_) => "error",
+        });
+        answer
             .map(Response::into_inner)
             .map_err(|s| peer_status(to, s))
     }
+}
+
+/// Counts one forwarded call in `agentrt.cluster.forwarded` by `outcome`:
+/// `ok` (the owner answered; a stream counts when it starts), `error` (the
+/// owner answered with an error status) or `unreachable` (the owner could
+/// not be reached, or advertises no address to reach it at).
+fn count(outcome: &'static str) {
+    static FORWARDED: OnceLock<Counter<u64>> = OnceLock::new();
+    FORWARDED
+        .get_or_init(|| {
+            opentelemetry::global::meter(METER)
+                .u64_counter("agentrt.cluster.forwarded")
+                .with_unit("{call}")
+                .with_description(
+                    "Calls forwarded to the replica that owns the session's live turn, by outcome",
+                )
+                .build()
+        })
+        .add(1, &[KeyValue::new("outcome", outcome)]);
 }
 
 /// A generated client a forwarded call can go through.

@@ -288,10 +288,16 @@ fn render_data<T: Num>(out: &mut String, base: &str, help: &str, data: &MetricDa
     }
 }
 
-/// Serves `GET /metrics`, and `GET /readyz` and `GET /livez` from `health`
-/// (200 when SERVING, 503 otherwise), on `listener` until the task is
-/// dropped.
-pub async fn serve(listener: TcpListener, registry: Registry, health: HealthProbe) {
+/// Serves `GET /metrics`, `GET /readyz` and `GET /livez` from `health`
+/// (200 when SERVING, 503 otherwise), and with `agent_card` (the A2A public
+/// card's JSON) `GET /.well-known/agent-card.json`, on `listener` until the
+/// task is dropped.
+pub async fn serve(
+    listener: TcpListener,
+    registry: Registry,
+    health: HealthProbe,
+    agent_card: Option<Arc<str>>,
+) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
@@ -307,9 +313,11 @@ pub async fn serve(listener: TcpListener, registry: Registry, health: HealthProb
         };
         let registry = registry.clone();
         let health = health.clone();
+        let agent_card = agent_card.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            match tokio::time::timeout(TOTAL_TIMEOUT, scrape(stream, &registry, &health)).await {
+            let answer = scrape(stream, &registry, &health, agent_card.as_deref());
+            match tokio::time::timeout(TOTAL_TIMEOUT, answer).await {
                 Ok(Ok(())) => {}
                 Ok(Err(err)) => tracing::debug!(error = %err, "a metrics scrape failed"),
                 Err(_) => tracing::debug!(
@@ -324,6 +332,7 @@ async fn scrape(
     mut stream: TcpStream,
     registry: &Registry,
     health: &HealthProbe,
+    agent_card: Option<&str>,
 ) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
@@ -348,20 +357,25 @@ async fn scrape(
         parts.next().unwrap_or_default(),
     );
     let path = path.split(|b| *b == b'?').next().unwrap_or_default();
-    let (status, body) = match (method, path) {
-        (b"GET", b"/metrics") => ("200 OK", registry.render()),
-        (b"GET", b"/readyz") if health.ready() => ("200 OK", "ready\n".to_owned()),
-        (b"GET", b"/readyz") => ("503 Service Unavailable", "not ready\n".to_owned()),
-        (b"GET", b"/livez") if health.live() => ("200 OK", "live\n".to_owned()),
-        (b"GET", b"/livez") => ("503 Service Unavailable", "not live\n".to_owned()),
-        (b"GET", _) => (
+    let mut content_type = "text/plain; version=0.0.4; charset=utf-8";
+    let (status, body) = match (method, path, agent_card) {
+        (b"GET", b"/metrics", _) => ("200 OK", registry.render()),
+        (b"GET", b"/readyz", _) if health.ready() => ("200 OK", "ready\n".to_owned()),
+        (b"GET", b"/readyz", _) => ("503 Service Unavailable", "not ready\n".to_owned()),
+        (b"GET", b"/livez", _) if health.live() => ("200 OK", "live\n".to_owned()),
+        (b"GET", b"/livez", _) => ("503 Service Unavailable", "not live\n".to_owned()),
+        (b"GET", b"/.well-known/agent-card.json", Some(card)) => {
+            content_type = "application/json";
+            ("200 OK", card.to_owned())
+        }
+        (b"GET", _, _) => (
             "404 Not Found",
             "not found; try /metrics, /readyz or /livez\n".to_owned(),
         ),
         _ => ("405 Method Not Allowed", "only GET\n".to_owned()),
     };
     let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     for chunk in response.as_bytes().chunks(WRITE_CHUNK) {
@@ -400,7 +414,12 @@ mod tests {
     async fn sixteen_clients_that_never_send_or_read_do_not_starve_a_scrape() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(serve(listener, Registry::new(), HealthProbe::starting()));
+        let server = tokio::spawn(serve(
+            listener,
+            Registry::new(),
+            HealthProbe::starting(),
+            None,
+        ));
         let mut slow = Vec::new();
         for i in 0..32 {
             let mut c = TcpStream::connect(addr).await.unwrap();

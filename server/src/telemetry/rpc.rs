@@ -2,7 +2,7 @@
 //! service: the caller's W3C `traceparent`/`tracestate` is extracted here,
 //! once, and becomes the span's parent; the span is named and attributed
 //! per the RPC conventions (`{rpc.method}`, `rpc.system.name`,
-//! `rpc.method`, `rpc.status_code`, kind SERVER); its status comes from the
+//! `rpc.method`, `rpc.response.status_code`, kind SERVER); its status comes from the
 //! response headers (trailers-only answers) or the trailers of a stream.
 //! `rpc.server.call.duration` is recorded when the call ends, and a call
 //! refused before any message (a trailers-only error) gets one `info` line
@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use agentrt_runtime::telemetry::metrics::{CALL_SECONDS, METER};
 use agentrt_runtime::telemetry::semconv::{
-    AGENTRT_REASON, RPC_METHOD, RPC_METHOD_OTHER, RPC_STATUS_CODE, RPC_SYSTEM_NAME,
+    AGENTRT_REASON, RPC_METHOD, RPC_METHOD_OTHER, RPC_RESPONSE_STATUS_CODE, RPC_SYSTEM_NAME,
 };
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -182,7 +182,7 @@ impl Ending {
     fn finish(self, code: i32, refused: Option<&Status>) {
         let name = code_name(code);
         let method = self.method();
-        self.span.record(RPC_STATUS_CODE, name);
+        self.span.record(RPC_RESPONSE_STATUS_CODE, name);
         if code != 0 {
             self.span.record("otel.status_code", "error");
         }
@@ -192,7 +192,7 @@ impl Ending {
             &[
                 KeyValue::new(RPC_SYSTEM_NAME, "grpc"),
                 KeyValue::new(RPC_METHOD, method.clone()),
-                KeyValue::new(RPC_STATUS_CODE, name),
+                KeyValue::new(RPC_RESPONSE_STATUS_CODE, name),
             ],
         );
         if let Some(status) = refused {
@@ -251,7 +251,7 @@ where
             otel.kind = "server",
             { RPC_SYSTEM_NAME } = "grpc",
             { RPC_METHOD } = %label,
-            { RPC_STATUS_CODE } = Empty,
+            { RPC_RESPONSE_STATUS_CODE } = Empty,
             otel.status_code = Empty,
             method = %label,
             session_id = Empty,

@@ -3,8 +3,8 @@
 //! "postgres"` with the URL in an environment variable, a short lease,
 //! `[cluster]` on `127.0.0.1:0` with a shared key), all on one
 //! [`Upstream`]. A replica is started, SIGKILLed, SIGTERMed and restarted
-//! by index; its public and cluster addresses come from the two lines it
-//! prints on stdout.
+//! by index; its public, cluster and metrics addresses come from the three
+//! lines it prints on stdout.
 
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -40,6 +40,8 @@ pub(crate) struct Replica {
     pub(crate) url: String,
     /// `127.0.0.1:PORT` of the internal cluster service.
     pub(crate) cluster_addr: String,
+    /// `127.0.0.1:PORT` of its `/metrics` listener.
+    pub(crate) metrics_addr: String,
     pub(crate) client: Client,
     db_url: String,
     /// Reads what the process prints after its address lines, so a write
@@ -189,12 +191,23 @@ impl Cluster {
         let cluster_addr = cluster_addr.unwrap_or_else(|| {
             panic!("replica {i} announced no cluster service before its address")
         });
+        let line = tokio::time::timeout(START_TIMEOUT, lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("replica {i} printed no metrics address"))
+            .unwrap()
+            .unwrap_or_else(|| panic!("replica {i} exited before serving metrics"));
+        let metrics_addr = line
+            .strip_prefix("agentrt-server metrics on http://")
+            .and_then(|l| l.strip_suffix("/metrics"))
+            .unwrap_or_else(|| panic!("replica {i}: unexpected line on stdout {line:?}"))
+            .to_owned();
         let drain = tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         let client = Client::connect(url.clone()).await.unwrap();
         Replica {
             child,
             url,
             cluster_addr,
+            metrics_addr,
             client,
             db_url: db_url.to_owned(),
             _stdout: drain,
@@ -205,6 +218,7 @@ impl Cluster {
         format!(
             "default_model = \"fake/m\"\n\
              shutdown_grace = \"{grace}\"\n\
+             metrics_listen = \"127.0.0.1:0\"\n\
              \n\
              [store]\n\
              kind = \"postgres\"\n\
@@ -236,6 +250,34 @@ impl Drop for Cluster {
 }
 
 /// A Chat of one text block.
+/// Replica `metrics_addr`'s `/metrics` text.
+pub(crate) async fn scrape(metrics_addr: &str) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(metrics_addr).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        stream.read_to_string(&mut response),
+    )
+    .await
+    .expect("a scrape answered in time")
+    .unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_owned()
+}
+
+/// The value of the series `name{labels}` (labels as rendered, sorted).
+pub(crate) fn series(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' '))
+        .map(|v| v.parse().unwrap())
+}
+
 pub(crate) fn text_request(session: &str, text: &str) -> proto::ChatRequest {
     proto::ChatRequest {
         session_id: session.to_owned(),

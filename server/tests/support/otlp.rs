@@ -1,7 +1,8 @@
-//! A test OTLP/gRPC trace receiver: an in-process tonic server for
-//! `opentelemetry.proto.collector.trace.v1.TraceService` on a loopback
-//! port, handing every exported span to the test through a bounded
-//! channel.
+//! Test OTLP/gRPC receivers: in-process tonic servers for
+//! `opentelemetry.proto.collector.trace.v1.TraceService` ([`Receiver`])
+//! and `…metrics.v1.MetricsService` ([`MetricsReceiver`]) on loopback
+//! ports, handing every exported span or metric to the test through a
+//! bounded channel.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -138,5 +139,153 @@ impl Receiver {
             got.push(span);
         }
         got
+    }
+}
+
+/// One exported metric: its name, and the attribute sets of its data
+/// points (flattened to strings), each with the point's value when it is
+/// a number (sums and gauges; histograms carry their count).
+#[derive(Debug, Clone)]
+pub struct GotMetric {
+    pub name: String,
+    pub points: Vec<(HashMap<String, String>, f64)>,
+    pub service_name: Option<String>,
+}
+
+fn flatten(attrs: &[opentelemetry_proto::tonic::common::v1::KeyValue]) -> HashMap<String, String> {
+    attrs
+        .iter()
+        .map(|kv| {
+            (
+                kv.key.clone(),
+                text(kv.value.as_ref().and_then(|v| v.value.as_ref())),
+            )
+        })
+        .collect()
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn number(
+    value: Option<&opentelemetry_proto::tonic::metrics::v1::number_data_point::Value>,
+) -> f64 {
+    use opentelemetry_proto::tonic::metrics::v1::number_data_point::Value as N;
+    match value {
+        Some(N::AsDouble(d)) => *d,
+        Some(N::AsInt(i)) => *i as f64,
+        None => f64::NAN,
+    }
+}
+
+impl GotMetric {
+    #[allow(clippy::cast_precision_loss)]
+    fn new(
+        metric: opentelemetry_proto::tonic::metrics::v1::Metric,
+        service: Option<String>,
+    ) -> Self {
+        use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+        let points = match metric.data {
+            Some(Data::Sum(s)) => s
+                .data_points
+                .iter()
+                .map(|p| (flatten(&p.attributes), number(p.value.as_ref())))
+                .collect(),
+            Some(Data::Gauge(g)) => g
+                .data_points
+                .iter()
+                .map(|p| (flatten(&p.attributes), number(p.value.as_ref())))
+                .collect(),
+            Some(Data::Histogram(h)) => h
+                .data_points
+                .iter()
+                .map(|p| (flatten(&p.attributes), p.count as f64))
+                .collect(),
+            _ => Vec::new(),
+        };
+        Self {
+            name: metric.name,
+            points,
+            service_name: service,
+        }
+    }
+
+    /// The value of the point whose attributes include `attrs`.
+    pub fn value(&self, attrs: &[(&str, &str)]) -> Option<f64> {
+        self.points
+            .iter()
+            .find(|(a, _)| {
+                attrs
+                    .iter()
+                    .all(|(k, v)| a.get(*k).map(String::as_str) == Some(v))
+            })
+            .map(|(_, v)| *v)
+    }
+}
+
+#[derive(Debug)]
+struct MetricSink(mpsc::Sender<GotMetric>);
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::MetricsService
+    for MetricSink
+{
+    async fn export(
+        &self,
+        request: tonic::Request<
+            opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest,
+        >,
+    ) -> Result<
+        tonic::Response<
+            opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse,
+        >,
+        tonic::Status,
+    > {
+        for rm in request.into_inner().resource_metrics {
+            let service = rm.resource.as_ref().and_then(|r| {
+                r.attributes
+                    .iter()
+                    .find(|kv| kv.key == "service.name")
+                    .map(|kv| text(kv.value.as_ref().and_then(|v| v.value.as_ref())))
+            });
+            for sm in rm.scope_metrics {
+                for metric in sm.metrics {
+                    // A full channel drops the metric (the next export
+                    // sends it again): it never blocks the exporter.
+                    let _ = self.0.try_send(GotMetric::new(metric, service.clone()));
+                }
+            }
+        }
+        Ok(tonic::Response::new(
+            opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse {
+                partial_success: None,
+            },
+        ))
+    }
+}
+
+/// A test OTLP/gRPC metrics receiver
+/// (`opentelemetry.proto.collector.metrics.v1.MetricsService`).
+pub struct MetricsReceiver {
+    pub endpoint: String,
+    pub metrics: mpsc::Receiver<GotMetric>,
+    _server: tokio::task::JoinHandle<()>,
+}
+
+impl MetricsReceiver {
+    pub async fn start() -> Self {
+        use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::MetricsServiceServer;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, metrics) = mpsc::channel(4096);
+        let server = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(MetricsServiceServer::new(MetricSink(tx)))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await;
+        });
+        Self {
+            endpoint,
+            metrics,
+            _server: server,
+        }
     }
 }

@@ -2,8 +2,10 @@
 official SDK's own gRPC transport (a2a-sdk, `a2a.client.transports.grpc`).
 
 run.sh exports A2A_TARGET (host:port of agentrt-server), A2A_KEY (a valid
-API key), A2A_OTHER_KEY (another user's key) and UPSTREAM_URL (the fake
-upstream, for its request counters).
+API key), A2A_OTHER_KEY (another user's key), UPSTREAM_URL (the fake
+upstream, for its request counters), and A2A_CARD_BASE (the HTTP base URL
+of a second server whose public card names A2A_PUBLIC_URL, the first
+server's address).
 """
 
 from __future__ import annotations

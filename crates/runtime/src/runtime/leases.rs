@@ -210,12 +210,8 @@ impl Job for Sweeper {
                         turn_id = %turn.turn_id,
                         "turn interrupted: its replica's lease expired"
                     );
-                    crate::telemetry::metrics::get().turns.add(
-                        1,
-                        &[opentelemetry::KeyValue::new(
-                            crate::telemetry::semconv::AGENTRT_TURN_OUTCOME,
-                            "interrupted",
-                        )],
+                    crate::telemetry::metrics::turn_interrupted(
+                        crate::telemetry::metrics::Interruption::LeaseExpired,
                     );
                 }
             }

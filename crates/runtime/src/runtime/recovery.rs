@@ -1,9 +1,11 @@
 //! Start-up recovery: turns a previous process left running are marked
-//! INTERRUPTED, and tool calls they left without a result get an error
-//! result, so every tool call in history has exactly one result.
+//! INTERRUPTED (counted in `agentrt.turns.interrupted`, reason `restart`),
+//! and tool calls they left without a result get an error result, so every
+//! tool call in history has exactly one result.
 
 pub(crate) use crate::store::INTERRUPTED_TOOL;
 use crate::store::{Store, StoreError, open_call_results, settle_open_calls};
+use crate::telemetry::metrics::{self, Interruption};
 use crate::types::{TurnRecord, TurnStatus};
 
 /// Messages read per interrupted turn (a turn's messages are contiguous).
@@ -17,6 +19,7 @@ pub(crate) async fn recover(store: &dyn Store) -> Result<Vec<TurnRecord>, StoreE
             continue;
         }
         tracing::warn!(session_id = %turn.session_id, turn_id = %turn.turn_id, "turn interrupted by a previous shutdown");
+        metrics::turn_interrupted(Interruption::Restart);
         answer_open_calls(store, turn, INTERRUPTED_TOOL).await?;
     }
     Ok(interrupted)
@@ -38,6 +41,7 @@ async fn settle_paused(store: &dyn Store, turn: &mut TurnRecord) -> Result<(), S
         tracing::info!(session_id = %turn.session_id, turn_id = %turn.turn_id, "turn paused across the restart: it resumes when its calls are answered");
     } else {
         tracing::warn!(session_id = %turn.session_id, turn_id = %turn.turn_id, "turn interrupted by a previous shutdown");
+        metrics::turn_interrupted(Interruption::Restart);
         turn.pause = None;
         store.finish_turn(turn.clone()).await?;
     }

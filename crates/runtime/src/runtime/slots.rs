@@ -126,9 +126,14 @@ impl LiveTurn {
 
     /// Ends the turn because this replica lost the session's lease: it is
     /// cancelled (its model request closed), stores nothing more, and its
-    /// callers are told why. Idempotent.
+    /// callers are told why. Idempotent (counted once in
+    /// `agentrt.turns.interrupted`).
     pub(crate) fn lose_lease(&self) {
-        self.lease_lost.store(true, Ordering::Release);
+        if !self.lease_lost.swap(true, Ordering::AcqRel) {
+            crate::telemetry::metrics::turn_interrupted(
+                crate::telemetry::metrics::Interruption::LeaseLost,
+            );
+        }
         self.cancel(CancelReason::Shutdown);
     }
 
@@ -541,6 +546,15 @@ impl Slots {
             .iter()
             .map(|(id, t)| (id.clone(), Arc::clone(t)))
             .collect()
+    }
+
+    /// Live turns whose session lease this replica holds and renews.
+    pub(crate) fn leased_count(&self) -> usize {
+        lock(&self.table)
+            .live
+            .values()
+            .filter(|t| t.is_leased() && !t.lease_lost())
+            .count()
     }
 
     /// The session ids with a live turn.

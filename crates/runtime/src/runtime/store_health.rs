@@ -72,6 +72,11 @@ impl HealthWatch {
         }
     }
 
+    /// The state now.
+    pub(crate) fn now(&self) -> StoreHealth {
+        *self.state.borrow()
+    }
+
     /// `Err` while new turns must be refused without trying the store.
     pub(crate) fn admitting(&self) -> Result<(), RuntimeError> {
         match *self.state.borrow() {

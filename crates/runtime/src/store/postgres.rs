@@ -198,6 +198,7 @@ impl PostgresStore {
             .runtime(Runtime::Tokio1)
             .build()
             .map_err(|e| invalid(&format!("connection pool: {e}")))?;
+        pool_gauges(&pool);
         let store = Self {
             pool,
             target,
@@ -222,6 +223,61 @@ impl PostgresStore {
             .await
             .map_err(|e| error::pool_error(&self.target, e))
     }
+}
+
+/// The pool's gauges, read when metrics are collected, per the database
+/// client conventions (pool name `store`): `db.client.connection.count` by
+/// `db.client.connection.state` (`idle`, `used`), `db.client.connection.max`
+/// (`pool_size`) and `db.client.connection.pending_requests` (calls
+/// waiting for a connection). A weak reference: a dropped store reports
+/// nothing.
+fn pool_gauges(pool: &Pool) {
+    use crate::telemetry::semconv::{DB_CLIENT_CONNECTION_POOL_NAME, DB_CLIENT_CONNECTION_STATE};
+    use opentelemetry::KeyValue;
+
+    let meter = opentelemetry::global::meter(crate::telemetry::metrics::METER);
+    let name = || KeyValue::new(DB_CLIENT_CONNECTION_POOL_NAME, "store");
+    let to_i64 = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    let weak = pool.weak();
+    let _count = meter
+        .i64_observable_up_down_counter("db.client.connection.count")
+        .with_unit("{connection}")
+        .with_description("Connections to PostgreSQL in the pool, by state")
+        .with_callback(move |observer| {
+            if let Some(pool) = weak.upgrade() {
+                let status = pool.status();
+                let idle = status.available.min(status.size);
+                for (state, n) in [("idle", idle), ("used", status.size - idle)] {
+                    observer.observe(
+                        to_i64(n),
+                        &[name(), KeyValue::new(DB_CLIENT_CONNECTION_STATE, state)],
+                    );
+                }
+            }
+        })
+        .build();
+    let weak = pool.weak();
+    let _max = meter
+        .i64_observable_up_down_counter("db.client.connection.max")
+        .with_unit("{connection}")
+        .with_description("Most connections the pool opens (pool_size)")
+        .with_callback(move |observer| {
+            if let Some(pool) = weak.upgrade() {
+                observer.observe(to_i64(pool.status().max_size), &[name()]);
+            }
+        })
+        .build();
+    let weak = pool.weak();
+    let _pending = meter
+        .i64_observable_up_down_counter("db.client.connection.pending_requests")
+        .with_unit("{request}")
+        .with_description("Calls waiting for a pooled connection")
+        .with_callback(move |observer| {
+            if let Some(pool) = weak.upgrade() {
+                observer.observe(to_i64(pool.status().waiting), &[name()]);
+            }
+        })
+        .build();
 }
 
 #[async_trait]

@@ -59,6 +59,14 @@ pub struct Metrics {
     /// `agentrt.turns` finished, by outcome (`interrupted`: turns of a dead
     /// replica that the lease sweeper ended).
     pub turns: Counter<u64>,
+    /// `agentrt.turns.interrupted`: turns ended without finishing, by
+    /// `agentrt.reason` — `restart` (found running at start-up, left by a
+    /// previous process on this store), `lease_expired` (a replica that
+    /// stopped renewing its lease; counted by the replica that swept it),
+    /// `lease_lost` (this replica lost the session's lease and stopped its
+    /// own turn; the replica that sweeps it counts it again as
+    /// `lease_expired`).
+    pub interrupted_turns: Counter<u64>,
     /// `agentrt.turns.live`: turns running now.
     pub live_turns: UpDownCounter<i64>,
     /// `agentrt.turn.time_to_first_event` (s): admission to the first
@@ -107,6 +115,11 @@ impl Metrics {
                 .u64_counter("agentrt.turns")
                 .with_unit("{turn}")
                 .with_description("Turns finished, by outcome")
+                .build(),
+            interrupted_turns: meter
+                .u64_counter("agentrt.turns.interrupted")
+                .with_unit("{turn}")
+                .with_description("Turns ended without finishing, by reason")
                 .build(),
             live_turns: meter
                 .i64_up_down_counter("agentrt.turns.live")
@@ -311,6 +324,74 @@ pub(crate) fn turn_cost(provider: &str, model: &str, nano_usd: u64) {
         KeyValue::new(super::semconv::GEN_AI_REQUEST_MODEL, model),
     ];
     get().cost.add(crate::prices::usd(nano_usd), &attrs);
+}
+
+/// Why a turn was interrupted: the `agentrt.reason` of
+/// `agentrt.turns.interrupted`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Interruption {
+    /// Found running at start-up: a previous process on this store ended
+    /// without finishing it. Its record is now interrupted.
+    Restart,
+    /// Swept: its replica let the session's lease expire. Its record is now
+    /// interrupted.
+    LeaseExpired,
+    /// This replica lost the session's lease and stopped the turn, which
+    /// stores nothing more (another replica ends its record).
+    LeaseLost,
+}
+
+impl Interruption {
+    fn reason(self) -> &'static str {
+        match self {
+            Self::Restart => "restart",
+            Self::LeaseExpired => "lease_expired",
+            Self::LeaseLost => "lease_lost",
+        }
+    }
+}
+
+/// Makes the `agentrt.turns.interrupted` series exist at 0 before the
+/// first interruption (so a rate over them has a start): `restart` on
+/// every store, the lease reasons on a `shared` one.
+pub(crate) fn interrupted_series(shared: bool) {
+    let m = &get().interrupted_turns;
+    let reasons: &[Interruption] = if shared {
+        &[
+            Interruption::Restart,
+            Interruption::LeaseExpired,
+            Interruption::LeaseLost,
+        ]
+    } else {
+        &[Interruption::Restart]
+    };
+    for why in reasons {
+        m.add(
+            0,
+            &[KeyValue::new(super::semconv::AGENTRT_REASON, why.reason())],
+        );
+    }
+}
+
+/// Counts one interrupted turn. The turns whose record this replica ended
+/// as interrupted (`Restart`, `LeaseExpired`) are also `agentrt.turns`
+/// with outcome `interrupted`; a turn stopped on `LeaseLost` is counted
+/// there by the outcome it reported to its callers.
+pub(crate) fn turn_interrupted(why: Interruption) {
+    let m = get();
+    m.interrupted_turns.add(
+        1,
+        &[KeyValue::new(super::semconv::AGENTRT_REASON, why.reason())],
+    );
+    if why != Interruption::LeaseLost {
+        m.turns.add(
+            1,
+            &[KeyValue::new(
+                super::semconv::AGENTRT_TURN_OUTCOME,
+                "interrupted",
+            )],
+        );
+    }
 }
 
 /// Records a store operation's duration in `histogram`.
