@@ -19,7 +19,8 @@ pub enum StoreKind {
     /// sled in `data_dir` (with `store_cache_mb`): one process.
     #[default]
     Sled,
-    /// A PostgreSQL database (`url` or `url_env`), shareable by replicas.
+    /// A PostgreSQL database (`url`, `url_env` or `url_file`), shareable by
+    /// replicas.
     Postgres,
 }
 
@@ -31,13 +32,18 @@ pub struct StoreSettings {
     #[serde(default)]
     pub kind: StoreKind,
     /// The PostgreSQL URL (`postgres://user:password@host:port/db`), inline.
-    /// Exactly one of `url` and `url_env` with `kind = "postgres"`.
+    /// Exactly one of `url`, `url_env` and `url_file` with
+    /// `kind = "postgres"`.
     #[serde(default)]
     pub url: Option<String>,
     /// An environment variable holding the URL (keeps the password out of
     /// the TOML, e.g. from a Kubernetes Secret).
     #[serde(default)]
     pub url_env: Option<String>,
+    /// A file holding the URL (surrounding whitespace ignored), e.g. a
+    /// Kubernetes Secret mounted as a volume; read at start-up.
+    #[serde(default)]
+    pub url_file: Option<std::path::PathBuf>,
     /// Most connections to the database. Default 16; 1 to 1024.
     #[serde(default)]
     pub pool_size: Option<usize>,
@@ -53,6 +59,7 @@ impl std::fmt::Debug for StoreSettings {
             .field("kind", &self.kind)
             .field("url", &self.url.as_deref().map(redact_url))
             .field("url_env", &self.url_env)
+            .field("url_file", &self.url_file)
             .field("pool_size", &self.pool_size)
             .field("lease_ttl_ms", &self.lease_ttl_ms)
             .finish()
@@ -75,12 +82,28 @@ impl StoreSettings {
         Duration::from_millis(self.lease_ttl_ms.unwrap_or(DEFAULT_LEASE_TTL_MS))
     }
 
-    /// The database URL, read from `url` or through `env` for `url_env`.
-    /// Errors name the key or variable, never the URL.
+    /// How many of `url`, `url_env` and `url_file` are set.
+    fn url_sources(&self) -> usize {
+        usize::from(self.url.is_some())
+            + usize::from(self.url_env.is_some())
+            + usize::from(self.url_file.is_some())
+    }
+
+    /// The database URL, read from `url`, through `env` for `url_env`, or
+    /// from the file `url_file` names. Errors name the key, variable or
+    /// file, never the URL.
     pub fn resolve_url(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<String, ConfigError> {
-        match (&self.url, &self.url_env) {
-            (Some(url), None) => Ok(url.clone()),
-            (None, Some(var)) => match env(var) {
+        if self.url_sources() != 1 {
+            return Err(ConfigError(
+                "store: kind = \"postgres\" needs exactly one of url, url_env and url_file"
+                    .to_owned(),
+            ));
+        }
+        if let Some(url) = &self.url {
+            return Ok(url.clone());
+        }
+        if let Some(var) = &self.url_env {
+            return match env(var) {
                 Some(url) if !url.trim().is_empty() => Ok(url.trim().to_owned()),
                 Some(_) => Err(ConfigError(format!(
                     "store.url_env: environment variable {var} is empty"
@@ -88,10 +111,21 @@ impl StoreSettings {
                 None => Err(ConfigError(format!(
                     "store.url_env: environment variable {var} is not set"
                 ))),
-            },
-            (Some(_), Some(_)) | (None, None) => Err(ConfigError(
-                "store: kind = \"postgres\" needs exactly one of url and url_env".to_owned(),
-            )),
+            };
+        }
+        let path = self.url_file.as_deref().unwrap_or(std::path::Path::new(""));
+        let shown = path.display();
+        match std::fs::read_to_string(path) {
+            Ok(url) if is_postgres_url(url.trim()) => Ok(url.trim().to_owned()),
+            Ok(url) if url.trim().is_empty() => {
+                Err(ConfigError(format!("store.url_file: {shown} is empty")))
+            }
+            Ok(_) => Err(ConfigError(format!(
+                "store.url_file: {shown} does not hold a postgres:// or postgresql:// URL"
+            ))),
+            Err(e) => Err(ConfigError(format!(
+                "store.url_file: cannot read {shown}: {e}"
+            ))),
         }
     }
 
@@ -110,30 +144,38 @@ impl StoreSettings {
         }
         match self.kind {
             StoreKind::Sled => {
-                if self.url.is_some() || self.url_env.is_some() {
+                if self.url_sources() > 0 {
                     return Err(
-                        "url and url_env apply only to kind = \"postgres\" (kind is \"sled\")"
+                        "url, url_env and url_file apply only to kind = \"postgres\" (kind is \"sled\")"
                             .to_owned(),
                     );
                 }
             }
-            StoreKind::Postgres => match (&self.url, &self.url_env) {
-                (Some(_), Some(_)) => {
-                    return Err("set url or url_env, not both".to_owned());
+            StoreKind::Postgres => match self.url_sources() {
+                0 => return Err("kind = \"postgres\" needs url, url_env or url_file".to_owned()),
+                1 => {
+                    if let Some(url) = &self.url
+                        && !is_postgres_url(url)
+                    {
+                        return Err(format!(
+                            "url {} must start with postgres:// or postgresql://",
+                            redact_url(url)
+                        ));
+                    }
+                    if self.url_env.as_ref().is_some_and(String::is_empty) {
+                        return Err("url_env must name an environment variable".to_owned());
+                    }
+                    if self
+                        .url_file
+                        .as_ref()
+                        .is_some_and(|p| p.as_os_str().is_empty())
+                    {
+                        return Err("url_file must name a file".to_owned());
+                    }
                 }
-                (None, None) => {
-                    return Err("kind = \"postgres\" needs url or url_env".to_owned());
+                _ => {
+                    return Err("set one of url, url_env and url_file, not several".to_owned());
                 }
-                (Some(url), None) if !is_postgres_url(url) => {
-                    return Err(format!(
-                        "url {} must start with postgres:// or postgresql://",
-                        redact_url(url)
-                    ));
-                }
-                (None, Some(var)) if var.is_empty() => {
-                    return Err("url_env must name an environment variable".to_owned());
-                }
-                _ => {}
             },
         }
         Ok(())
@@ -193,10 +235,25 @@ mod tests {
         assert_eq!(c.store.pool_size(), 16);
         assert_eq!(c.store.lease_ttl(), Duration::from_secs(10));
         for (toml, says) in [
-            ("[store]\nkind = \"postgres\"", "needs url or url_env"),
+            (
+                "[store]\nkind = \"postgres\"",
+                "needs url, url_env or url_file",
+            ),
             (
                 "[store]\nkind = \"postgres\"\nurl = \"postgres://h/db\"\nurl_env = \"X\"",
-                "not both",
+                "not several",
+            ),
+            (
+                "[store]\nkind = \"postgres\"\nurl_env = \"X\"\nurl_file = \"/run/url\"",
+                "not several",
+            ),
+            (
+                "[store]\nkind = \"postgres\"\nurl_file = \"\"",
+                "must name a file",
+            ),
+            (
+                "[store]\nurl_file = \"/run/url\"",
+                "only to kind = \"postgres\"",
             ),
             (
                 "[store]\nkind = \"postgres\"\nurl = \"mysql://h/db\"",
@@ -234,6 +291,30 @@ mod tests {
         assert_eq!(url, "postgres://u:pw@h/db");
         let err = c.store.resolve_url(&|_| None).unwrap_err().0;
         assert!(err.contains("PG_URL") && err.contains("not set"), "{err}");
+    }
+
+    #[test]
+    fn url_file_is_read_trimmed_and_its_problems_never_show_its_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("db-url");
+        std::fs::write(&file, "  postgres://u:s3cret@h/db\n").unwrap();
+        let toml = format!(
+            "[store]\nkind = \"postgres\"\nurl_file = {:?}",
+            file.display().to_string()
+        );
+        let c = parse(&toml).unwrap();
+        let url = c.store.resolve_url(&|_| None).unwrap();
+        assert_eq!(url, "postgres://u:s3cret@h/db");
+        std::fs::write(&file, "mysql://u:s3cret@h/db").unwrap();
+        let err = c.store.resolve_url(&|_| None).unwrap_err().0;
+        assert!(err.contains("does not hold a postgres://"), "{err}");
+        assert!(!err.contains("s3cret"), "{err}");
+        std::fs::write(&file, "\n").unwrap();
+        let err = c.store.resolve_url(&|_| None).unwrap_err().0;
+        assert!(err.contains("is empty"), "{err}");
+        std::fs::remove_file(&file).unwrap();
+        let err = c.store.resolve_url(&|_| None).unwrap_err().0;
+        assert!(err.contains("cannot read"), "{err}");
     }
 
     #[test]

@@ -37,7 +37,9 @@ pub(super) async fn migrate(client: &mut Object) -> Result<Vec<i32>, StoreError>
         .map_err(|e| pg_error("begin migration", &e))?;
     // Another replica may be migrating: wait for it however long it takes
     // (the connection's lock_timeout is for session rows).
-    tx.batch_execute("SET LOCAL lock_timeout = 0")
+    // `CREATE TABLE IF NOT EXISTS` of an existing table sends a NOTICE that
+    // looks like an error in the log on every start: warnings and up only.
+    tx.batch_execute("SET LOCAL lock_timeout = 0; SET LOCAL client_min_messages = warning")
         .await
         .map_err(|e| pg_error("begin migration", &e))?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
