@@ -618,7 +618,7 @@ def dockerfile_checks(path, renders):
 
     def release_build():
         need(any(BUILD_COMMAND in v for s in stages.values() for o, v in s["ops"] if o == "RUN"),
-             f"no RUN {BUILD_COMMAND!r} (.ci/run's image stage runs that command)")
+             f"no RUN {BUILD_COMMAND!r} (the binary every image has)")
 
     def baked_model():
         fetched = [re.search(r"--model-path\s+(\S+)\s+fetch-model", v) for o, v in stages.get("model", {"ops": []})["ops"]
