@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use agentrt_runtime::store::PgSslMode;
 use serde::Deserialize;
 
 use super::{Config, ConfigError};
@@ -44,6 +45,20 @@ pub struct StoreSettings {
     /// Kubernetes Secret mounted as a volume; read at start-up.
     #[serde(default)]
     pub url_file: Option<std::path::PathBuf>,
+    /// TLS to the database, by libpq's `sslmode` names: `"disable"`,
+    /// `"prefer"` (TLS if the server offers it, unverified), `"require"`
+    /// (TLS, unverified: no defence against a man in the middle),
+    /// `"verify-ca"` (the chain verified), `"verify-full"` (the chain and
+    /// the URL's host name or IP). Default: the URL's `sslmode`, else
+    /// `"verify-full"` with a CA (`ca_file` or the URL's `sslrootcert`),
+    /// else `"prefer"`.
+    #[serde(default)]
+    pub tls: Option<PgSslMode>,
+    /// PEM file of the CA certificate(s) that verify the database's
+    /// certificate, read at start-up. Default: the URL's `sslrootcert`,
+    /// else the system's trust roots.
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Most connections to the database. Default 16; 1 to 1024.
     #[serde(default)]
     pub pool_size: Option<usize>,
@@ -60,6 +75,8 @@ impl std::fmt::Debug for StoreSettings {
             .field("url", &self.url.as_deref().map(redact_url))
             .field("url_env", &self.url_env)
             .field("url_file", &self.url_file)
+            .field("tls", &self.tls)
+            .field("ca_file", &self.ca_file)
             .field("pool_size", &self.pool_size)
             .field("lease_ttl_ms", &self.lease_ttl_ms)
             .finish()
@@ -144,9 +161,9 @@ impl StoreSettings {
         }
         match self.kind {
             StoreKind::Sled => {
-                if self.url_sources() > 0 {
+                if self.url_sources() > 0 || self.tls.is_some() || self.ca_file.is_some() {
                     return Err(
-                        "url, url_env and url_file apply only to kind = \"postgres\" (kind is \"sled\")"
+                        "url, url_env, url_file, tls and ca_file apply only to kind = \"postgres\" (kind is \"sled\")"
                             .to_owned(),
                     );
                 }
@@ -171,6 +188,13 @@ impl StoreSettings {
                         .is_some_and(|p| p.as_os_str().is_empty())
                     {
                         return Err("url_file must name a file".to_owned());
+                    }
+                    if self
+                        .ca_file
+                        .as_ref()
+                        .is_some_and(|p| p.as_os_str().is_empty())
+                    {
+                        return Err("ca_file must name a file".to_owned());
                     }
                 }
                 _ => {
