@@ -52,7 +52,7 @@ pub struct StoreSettings {
     /// the URL's host name or IP). Default: the URL's `sslmode`, else
     /// `"verify-full"` with a CA (`ca_file` or the URL's `sslrootcert`),
     /// else `"prefer"`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "de_tls")]
     pub tls: Option<PgSslMode>,
     /// PEM file of the CA certificate(s) that verify the database's
     /// certificate, read at start-up. Default: the URL's `sslrootcert`,
@@ -206,6 +206,16 @@ impl StoreSettings {
     }
 }
 
+/// `tls`, by libpq's names; a wrong one is an error naming the key.
+fn de_tls<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<PgSslMode>, D::Error> {
+    let name = String::deserialize(d)?;
+    PgSslMode::parse(&name).map(Some).ok_or_else(|| {
+        serde::de::Error::custom(
+            "store.tls must be \"disable\", \"prefer\", \"require\", \"verify-ca\" or \"verify-full\"",
+        )
+    })
+}
+
 /// Whether `url` looks like a PostgreSQL connection URL.
 fn is_postgres_url(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://")
@@ -303,6 +313,48 @@ mod tests {
             .unwrap_err()
             .0;
         assert!(err.contains("unknown variant"), "{err}");
+    }
+
+    #[test]
+    fn tls_takes_libpq_mode_names_and_a_ca_file() {
+        let c = parse(
+            "[store]\nkind = \"postgres\"\nurl_env = \"X\"\ntls = \"verify-full\"\nca_file = \"/run/db-ca/ca.crt\"",
+        )
+        .unwrap();
+        assert_eq!(c.store.tls, Some(PgSslMode::VerifyFull));
+        assert_eq!(
+            c.store.ca_file.as_deref(),
+            Some(std::path::Path::new("/run/db-ca/ca.crt"))
+        );
+        for mode in PgSslMode::ALL {
+            let toml = format!("[store]\nkind = \"postgres\"\nurl_env = \"X\"\ntls = \"{mode}\"");
+            assert_eq!(parse(&toml).unwrap().store.tls, Some(mode));
+        }
+        let err = Config::parse_toml("[store]\nkind = \"postgres\"\ntls = \"verify_full\"")
+            .unwrap_err()
+            .0;
+        assert_eq!(
+            err,
+            "line 3, column 7: store.tls must be \"disable\", \"prefer\", \"require\", \
+             \"verify-ca\" or \"verify-full\""
+        );
+        for (toml, says) in [
+            (
+                "[store]\ntls = \"require\"",
+                "tls and ca_file apply only to kind = \"postgres\"",
+            ),
+            (
+                "[store]\nca_file = \"/ca.pem\"",
+                "tls and ca_file apply only to kind = \"postgres\"",
+            ),
+            (
+                "[store]\nkind = \"postgres\"\nurl_env = \"X\"\nca_file = \"\"",
+                "ca_file must name a file",
+            ),
+        ] {
+            let err = parse(toml).unwrap_err().0;
+            assert!(err.contains(says), "{toml}: {err}");
+        }
     }
 
     #[test]

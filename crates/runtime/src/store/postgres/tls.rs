@@ -41,10 +41,8 @@ mod url;
 pub(super) use connect::Connector;
 
 /// How the store secures its connections: libpq's `sslmode`, by its
-/// names (`disable`, `prefer`, `require`, `verify-ca`, `verify-full`, also
-/// when deserialized).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
+/// names (`disable`, `prefer`, `require`, `verify-ca`, `verify-full`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PgSslMode {
     /// Plaintext only.
     Disable,
