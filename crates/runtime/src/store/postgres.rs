@@ -169,11 +169,14 @@ impl PostgresStore {
             return Err(invalid("connect_timeout must not be zero"));
         }
         let prepared = tls::prepare(&config.url, &config.tls).map_err(|why| invalid(&why))?;
-        // The parser's messages name the offending option, never its value.
-        let mut pg: tokio_postgres::Config = prepared
-            .url
-            .parse()
-            .map_err(|e| StoreError::Backend(format!("the PostgreSQL URL is invalid: {e}")))?;
+        // The parser's messages (the cause; its own text is only "invalid
+        // connection string") name the offending option, never its value.
+        let mut pg: tokio_postgres::Config = prepared.url.parse().map_err(|e| {
+            let cause = std::error::Error::source(&e)
+                .map(|cause| format!(": {cause}"))
+                .unwrap_or_default();
+            StoreError::Backend(format!("the PostgreSQL URL is invalid: {e}{cause}"))
+        })?;
         // A database that goes silent mid-statement (a partition, no RST)
         // is found by TCP keepalive within about 25 s, and unacknowledged
         // writes give up after `TCP_USER_TIMEOUT`, instead of waiting out

@@ -205,6 +205,16 @@ async fn tls_settings_that_contradict_the_url_are_refused_before_connecting() {
             .contains("tls = \"verify-full\" and sslmode=require in the URL disagree"),
         "{err}"
     );
+    // Client certificates are not supported: tokio-postgres names the
+    // option, and nothing shows the password.
+    let url = format!("{}?sslcert=%2Fclient.crt", db.scram_url);
+    let err = refused(tls_config(&url, Some(PgSslMode::Require), None))
+        .await
+        .to_string();
+    assert!(err.contains("unknown option `sslcert`"), "{err}");
+    let config: tokio_postgres::Config = db.scram_url.parse().unwrap();
+    let password = String::from_utf8(config.get_password().unwrap().to_vec()).unwrap();
+    assert!(!err.contains(&password), "{err}");
     let missing = db.ca_file.with_file_name("missing.pem");
     let err = refused(tls_config(&db.db.url, None, Some(&missing))).await;
     assert!(
