@@ -23,22 +23,25 @@
 //! unlike libpq, a Common Name alone does not match.
 //!
 //! Submodules: `url` (the `ssl…` parameters of a URL or key=value
-//! string), `connect` (tokio-postgres's `MakeTlsConnect` over
-//! tokio-rustls, with `tls-server-end-point` channel binding).
+//! string), `verify` (the certificate checks of `prefer`, `require` and
+//! `verify-ca`; `verify-full` is rustls's own), `connect`
+//! (tokio-postgres's `MakeTlsConnect` over tokio-rustls, with
+//! `tls-server-end-point` channel binding).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
+use rustls::RootCertStore;
+use rustls::client::danger::ServerCertVerifier;
+use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 mod connect;
 mod url;
+mod verify;
 
 pub(super) use connect::Connector;
+use verify::{ChainOnly, Unverified};
 
 /// How the store secures its connections: libpq's `sslmode`, by its
 /// names (`disable`, `prefer`, `require`, `verify-ca`, `verify-full`).
@@ -291,117 +294,6 @@ fn read_pem(path: &Path, key: &str) -> Result<Vec<CertificateDer<'static>>, Stri
         return Err(format!("{key} {shown} holds no PEM CERTIFICATE"));
     }
     Ok(certs)
-}
-
-/// `verify-ca`: the chain must lead to a trusted root; the name is not
-/// checked. The handshake's signature is, as always.
-#[derive(Debug)]
-struct ChainOnly {
-    roots: RootCertStore,
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl ChainOnly {
-    fn new(roots: RootCertStore, provider: &CryptoProvider) -> Self {
-        Self {
-            roots,
-            algorithms: provider.signature_verification_algorithms,
-        }
-    }
-}
-
-impl ServerCertVerifier for ChainOnly {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
-        rustls::client::verify_server_cert_signed_by_trust_anchor(
-            &cert,
-            &self.roots,
-            intermediates,
-            now,
-            self.algorithms.all,
-        )?;
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
-}
-
-/// `prefer` and `require`: any certificate is accepted. The handshake's
-/// signature is still checked, so the server holds the key of the
-/// certificate it showed (which channel binding relies on).
-#[derive(Debug)]
-struct Unverified {
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl Unverified {
-    fn new(provider: &CryptoProvider) -> Self {
-        Self {
-            algorithms: provider.signature_verification_algorithms,
-        }
-    }
-}
-
-impl ServerCertVerifier for Unverified {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
 }
 
 #[cfg(test)]
