@@ -312,7 +312,7 @@ impl ServerBuilder {
     }
 
     async fn open_postgres(&self, advertise: &str) -> Result<Arc<dyn Store>, ServerError> {
-        use agentrt_runtime::store::{PgConfig, PostgresStore};
+        use agentrt_runtime::store::{PgConfig, PgTls, PostgresStore};
         let settings = &self.config.store;
         let url = settings.resolve_url(&*self.env)?;
         let shown = redact_url(&url);
@@ -332,6 +332,10 @@ impl ServerBuilder {
             address: advertise.to_owned(),
             lease_ttl: settings.lease_ttl(),
             connect_timeout: DATABASE_CONNECT_TIMEOUT,
+            tls: PgTls {
+                mode: settings.tls,
+                ca_file: settings.ca_file.clone(),
+            },
         })
         .await
         .map_err(|source| ServerError::Database { url: shown, source })?;

@@ -9,7 +9,7 @@
 //! Modules: `harness` (the replica processes and what every test checks of
 //! a history), `upstream` (the fake model), and one module per behaviour;
 //! the outage test cuts one replica off the database with the testkit's
-//! `TcpProxy`.
+//! `TcpProxy`; `database_tls` runs replicas on a TLS-only PostgreSQL.
 
 mod cluster {
     pub(crate) mod harness;
@@ -17,6 +17,7 @@ mod cluster {
 
     mod a2a;
     mod admission;
+    mod database_tls;
     mod drain;
     mod failover;
     mod metrics;

@@ -42,7 +42,7 @@ pub use cluster::{Cluster, DefaultModel, Replica};
 pub use inbox::Inbox;
 pub use leases::{Lease, LeaseKey, Leases};
 pub use memory::MemoryStore;
-pub use postgres::{PgConfig, PostgresStore};
+pub use postgres::{PgConfig, PgSslMode, PgTls, PostgresStore};
 pub use size::{message_wire_bytes, session_wire_bytes, stored_bytes};
 
 /// Errors of a store.

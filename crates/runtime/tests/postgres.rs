@@ -6,12 +6,13 @@
 //!
 //! Modules: `schema` (migrations), `leases` (admission, expiry, takeover,
 //! sweeping, renewal), `registry` (input PostgreSQL refuses or bounds),
-//! `outage` (a database that goes away, via `proxy`),
-//! `measure` (the history query's plan; latencies, printed).
+//! `outage` (a database that goes away, via `proxy`), `tls` (TLS modes
+//! against the testkit's TLS-only server), `measure` (the history query's
+//! plan; latencies, printed).
 
 use std::time::{Duration, Instant};
 
-use agentrt_runtime::store::{CreateOutcome, Lease, PgConfig, PostgresStore, Store};
+use agentrt_runtime::store::{CreateOutcome, Lease, PgConfig, PgTls, PostgresStore, Store};
 use agentrt_runtime::types::{ContentBlock, NewMessage, NewSession, Role, Session, TurnRecord};
 use agentrt_testkit::pg::TestDb;
 
@@ -24,6 +25,7 @@ mod postgres {
     mod proxy;
     mod registry;
     mod schema;
+    mod tls;
 
     pub(crate) use super::*;
 }
@@ -37,6 +39,7 @@ fn config(url: &str, replica: &str, lease_ttl: Duration) -> PgConfig {
         address: format!("http://{replica}.test:50052"),
         lease_ttl,
         connect_timeout: Duration::from_secs(5),
+        tls: PgTls::default(),
     }
 }
 

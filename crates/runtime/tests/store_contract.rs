@@ -24,7 +24,7 @@ mod sled {
 mod postgres {
     use std::time::Duration;
 
-    use agentrt_runtime::store::{PgConfig, PostgresStore};
+    use agentrt_runtime::store::{PgConfig, PgTls, PostgresStore};
     use agentrt_testkit::pg::{self, TestDb};
 
     async fn open() -> Option<(PostgresStore, TestDb)> {
@@ -36,6 +36,7 @@ mod postgres {
             address: "http://127.0.0.1:9".to_owned(),
             lease_ttl: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(10),
+            tls: PgTls::default(),
         };
         let store = PostgresStore::connect(config).await.expect("connect");
         Some((store, db))

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use agentrt_runtime::store::PgSslMode;
 use serde::Deserialize;
 
 use super::{Config, ConfigError};
@@ -44,6 +45,20 @@ pub struct StoreSettings {
     /// Kubernetes Secret mounted as a volume; read at start-up.
     #[serde(default)]
     pub url_file: Option<std::path::PathBuf>,
+    /// TLS to the database, by libpq's `sslmode` names: `"disable"`,
+    /// `"prefer"` (TLS if the server offers it, unverified), `"require"`
+    /// (TLS, unverified: no defence against a man in the middle),
+    /// `"verify-ca"` (the chain verified), `"verify-full"` (the chain and
+    /// the URL's host name or IP). Default: the URL's `sslmode`, else
+    /// `"verify-full"` with a CA (`ca_file` or the URL's `sslrootcert`),
+    /// else `"prefer"`.
+    #[serde(default, deserialize_with = "de_tls")]
+    pub tls: Option<PgSslMode>,
+    /// PEM file of the CA certificate(s) that verify the database's
+    /// certificate, read at start-up. Default: the URL's `sslrootcert`,
+    /// else the system's trust roots.
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Most connections to the database. Default 16; 1 to 1024.
     #[serde(default)]
     pub pool_size: Option<usize>,
@@ -60,6 +75,8 @@ impl std::fmt::Debug for StoreSettings {
             .field("url", &self.url.as_deref().map(redact_url))
             .field("url_env", &self.url_env)
             .field("url_file", &self.url_file)
+            .field("tls", &self.tls)
+            .field("ca_file", &self.ca_file)
             .field("pool_size", &self.pool_size)
             .field("lease_ttl_ms", &self.lease_ttl_ms)
             .finish()
@@ -144,9 +161,9 @@ impl StoreSettings {
         }
         match self.kind {
             StoreKind::Sled => {
-                if self.url_sources() > 0 {
+                if self.url_sources() > 0 || self.tls.is_some() || self.ca_file.is_some() {
                     return Err(
-                        "url, url_env and url_file apply only to kind = \"postgres\" (kind is \"sled\")"
+                        "url, url_env, url_file, tls and ca_file apply only to kind = \"postgres\" (kind is \"sled\")"
                             .to_owned(),
                     );
                 }
@@ -172,6 +189,13 @@ impl StoreSettings {
                     {
                         return Err("url_file must name a file".to_owned());
                     }
+                    if self
+                        .ca_file
+                        .as_ref()
+                        .is_some_and(|p| p.as_os_str().is_empty())
+                    {
+                        return Err("ca_file must name a file".to_owned());
+                    }
                 }
                 _ => {
                     return Err("set one of url, url_env and url_file, not several".to_owned());
@@ -180,6 +204,16 @@ impl StoreSettings {
         }
         Ok(())
     }
+}
+
+/// `tls`, by libpq's names; a wrong one is an error naming the key.
+fn de_tls<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<PgSslMode>, D::Error> {
+    let name = String::deserialize(d)?;
+    PgSslMode::parse(&name).map(Some).ok_or_else(|| {
+        serde::de::Error::custom(
+            "store.tls must be \"disable\", \"prefer\", \"require\", \"verify-ca\" or \"verify-full\"",
+        )
+    })
 }
 
 /// Whether `url` looks like a PostgreSQL connection URL.
@@ -279,6 +313,48 @@ mod tests {
             .unwrap_err()
             .0;
         assert!(err.contains("unknown variant"), "{err}");
+    }
+
+    #[test]
+    fn tls_takes_libpq_mode_names_and_a_ca_file() {
+        let c = parse(
+            "[store]\nkind = \"postgres\"\nurl_env = \"X\"\ntls = \"verify-full\"\nca_file = \"/run/db-ca/ca.crt\"",
+        )
+        .unwrap();
+        assert_eq!(c.store.tls, Some(PgSslMode::VerifyFull));
+        assert_eq!(
+            c.store.ca_file.as_deref(),
+            Some(std::path::Path::new("/run/db-ca/ca.crt"))
+        );
+        for mode in PgSslMode::ALL {
+            let toml = format!("[store]\nkind = \"postgres\"\nurl_env = \"X\"\ntls = \"{mode}\"");
+            assert_eq!(parse(&toml).unwrap().store.tls, Some(mode));
+        }
+        let err = Config::parse_toml("[store]\nkind = \"postgres\"\ntls = \"verify_full\"")
+            .unwrap_err()
+            .0;
+        assert_eq!(
+            err,
+            "line 3, column 7: store.tls must be \"disable\", \"prefer\", \"require\", \
+             \"verify-ca\" or \"verify-full\""
+        );
+        for (toml, says) in [
+            (
+                "[store]\ntls = \"require\"",
+                "tls and ca_file apply only to kind = \"postgres\"",
+            ),
+            (
+                "[store]\nca_file = \"/ca.pem\"",
+                "tls and ca_file apply only to kind = \"postgres\"",
+            ),
+            (
+                "[store]\nkind = \"postgres\"\nurl_env = \"X\"\nca_file = \"\"",
+                "ca_file must name a file",
+            ),
+        ] {
+            let err = parse(toml).unwrap_err().0;
+            assert!(err.contains(says), "{toml}: {err}");
+        }
     }
 
     #[test]

@@ -61,6 +61,8 @@ pub(crate) struct Cluster {
     dir: tempfile::TempDir,
     key: String,
     grace: &'static str,
+    /// Extra `[store]` lines (TLS settings) of every replica's config.
+    store_tls: String,
     replicas: Vec<Option<Replica>>,
 }
 
@@ -74,19 +76,36 @@ impl Cluster {
     /// Like [`Cluster::start`], with this `shutdown_grace`.
     pub(crate) async fn start_with(n: usize, grace: &'static str) -> Option<Self> {
         let db = agentrt_testkit::pg::database().await?;
+        Some(Self::start_on(n, grace, db, String::new()).await)
+    }
+
+    /// `n` replicas on a fresh database of the testkit's TLS-only
+    /// PostgreSQL, each connecting with `tls = "verify-full"` and the test
+    /// CA as `ca_file`.
+    pub(crate) async fn start_tls(n: usize) -> Option<Self> {
+        let tls = agentrt_testkit::pg::tls_database().await?;
+        let store_tls = format!(
+            "tls = \"verify-full\"\nca_file = {:?}\n",
+            tls.ca_file.display().to_string()
+        );
+        Some(Self::start_on(n, "1s", tls.db, store_tls).await)
+    }
+
+    async fn start_on(n: usize, grace: &'static str, db: TestDb, store_tls: String) -> Self {
         let mut cluster = Self {
             upstream: Upstream::start().await,
             db,
             dir: tempfile::tempdir().unwrap(),
             key: format!("cluster-test-key-0123456789abcdef-{}", std::process::id()),
             grace,
+            store_tls,
             replicas: Vec::new(),
         };
         for _ in 0..n {
             let url = cluster.db.url.clone();
             cluster.add(&url).await;
         }
-        Some(cluster)
+        cluster
     }
 
     /// Starts one more replica whose database URL is `db_url` (the test
@@ -225,6 +244,7 @@ impl Cluster {
              url_env = \"{URL_ENV}\"\n\
              pool_size = 4\n\
              lease_ttl_ms = {ttl}\n\
+             {store_tls}\
              \n\
              [cluster]\n\
              listen = \"127.0.0.1:0\"\n\
@@ -236,6 +256,7 @@ impl Cluster {
              base_url = \"{base}\"\n",
             grace = self.grace,
             ttl = LEASE_TTL.as_millis(),
+            store_tls = self.store_tls,
             base = self.upstream.base_url(),
         )
     }

@@ -23,13 +23,15 @@
 //!   sweeps lapsed ones ([`Store::sweep_expired_leases`]).
 //!
 //! `docs/postgres.md` documents the schema, indexes, migrations and the
-//! lease protocol. TLS to the database is not built in (`NoTls`): run a
-//! TLS-terminating sidecar or pgbouncer on loopback.
+//! lease protocol. Connections use TLS as libpq's `sslmode` says
+//! ([`PgTls`], or `sslmode=` / `sslrootcert=` in the URL; `prefer` by
+//! default), over rustls: see `tls`.
 //!
 //! Submodules: `schema` (embedded migrations), `codec` (rows ↔ values),
-//! `error` (failures → [`StoreError`], password-free names), `write`
-//! (the locked-row write steps), `sessions`, `history`, `turns`, `leases`
-//! (the [`Store`] methods, by topic).
+//! `error` (failures → [`StoreError`], password-free names), `tls` (the
+//! TLS modes and the connector), `write` (the locked-row write steps),
+//! `sessions`, `history`, `turns`, `leases` (the [`Store`] methods, by
+//! topic).
 
 use std::time::Duration;
 
@@ -56,8 +58,11 @@ mod offboard;
 mod quota;
 mod schema;
 mod sessions;
+mod tls;
 mod turns;
 mod write;
+
+pub use tls::{PgSslMode, PgTls};
 
 /// How long sent data may stay unacknowledged before the connection is
 /// given up (`TCP_USER_TIMEOUT`).
@@ -95,6 +100,9 @@ pub struct PgConfig {
     pub lease_ttl: Duration,
     /// Bounds connecting, waiting for a pooled connection, and [`Store::ping`].
     pub connect_timeout: Duration,
+    /// TLS to the database, beside what the URL's `sslmode` and
+    /// `sslrootcert` say. Default: the URL's, else `prefer`.
+    pub tls: PgTls,
 }
 
 // The URL holds the password.
@@ -107,6 +115,7 @@ impl std::fmt::Debug for PgConfig {
             .field("address", &self.address)
             .field("lease_ttl", &self.lease_ttl)
             .field("connect_timeout", &self.connect_timeout)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -159,11 +168,15 @@ impl PostgresStore {
         if config.connect_timeout.is_zero() {
             return Err(invalid("connect_timeout must not be zero"));
         }
-        // The parser's messages name the offending option, never its value.
-        let mut pg: tokio_postgres::Config = config
-            .url
-            .parse()
-            .map_err(|e| StoreError::Backend(format!("the PostgreSQL URL is invalid: {e}")))?;
+        let prepared = tls::prepare(&config.url, &config.tls).map_err(|why| invalid(&why))?;
+        // The parser's messages (the cause; its own text is only "invalid
+        // connection string") name the offending option, never its value.
+        let mut pg: tokio_postgres::Config = prepared.url.parse().map_err(|e| {
+            let cause = std::error::Error::source(&e)
+                .map(|cause| format!(": {cause}"))
+                .unwrap_or_default();
+            StoreError::Backend(format!("the PostgreSQL URL is invalid: {e}{cause}"))
+        })?;
         // A database that goes silent mid-statement (a partition, no RST)
         // is found by TCP keepalive within about 25 s, and unacknowledged
         // writes give up after `TCP_USER_TIMEOUT`, instead of waiting out
@@ -174,15 +187,22 @@ impl PostgresStore {
             .keepalives_interval(Duration::from_secs(5))
             .keepalives_retries(3)
             .tcp_user_timeout(TCP_USER_TIMEOUT)
-            .application_name("agentrt");
+            .application_name("agentrt")
+            .ssl_mode(match prepared.mode {
+                PgSslMode::Disable => tokio_postgres::config::SslMode::Disable,
+                PgSslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+                PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull => {
+                    tokio_postgres::config::SslMode::Require
+                }
+            });
         let target = error::describe(&pg);
-        let manager = Manager::from_config(
-            pg,
-            tokio_postgres::NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match prepared.connector {
+            Some(connector) => Manager::from_config(pg, connector, manager_config),
+            None => Manager::from_config(pg, tokio_postgres::NoTls, manager_config),
+        };
         let session_settings = session_settings(config.lease_ttl);
         let pool = Pool::builder(manager)
             .post_create(Hook::async_fn(move |client, _| {
@@ -207,7 +227,10 @@ impl PostgresStore {
             lease_ttl_us,
             connect_timeout: config.connect_timeout,
         };
-        let mut client = store.client().await?;
+        let mut client = store
+            .client()
+            .await
+            .map_err(|e| error::tls_hint(e, prepared.mode))?;
         let applied = schema::migrate(&mut client).await?;
         if !applied.is_empty() {
             tracing::info!(database = %store.target, versions = ?applied, "applied schema migrations");

@@ -56,14 +56,39 @@ pub(super) fn pg_error(what: &str, e: &tokio_postgres::Error) -> StoreError {
             StoreError::Backend(text)
         };
     }
+    let source = std::error::Error::source(e);
     let transport = e.is_closed()
-        || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
+        || source.is_some_and(|s| s.is::<std::io::Error>())
         || e.to_string().starts_with("timeout")
         || e.to_string().starts_with("error connecting");
+    // tokio-postgres's own text is only the kind ("error performing TLS
+    // handshake"); the cause says what happened (refused, a certificate
+    // that does not verify). Neither holds the password.
+    let text = match source {
+        Some(cause) => format!("postgres {what}: {e}: {cause}"),
+        None => format!("postgres {what}: {e}"),
+    };
     if transport {
-        StoreError::Unavailable(format!("postgres {what}: {e}"))
+        StoreError::Unavailable(text)
     } else {
-        StoreError::Backend(format!("postgres {what}: {e}"))
+        StoreError::Backend(text)
+    }
+}
+
+/// The first connection's failure, with a hint when TLS is off and the
+/// server refused the login (SQLSTATE 28000: no `pg_hba.conf` line takes
+/// it, as when the server accepts TLS connections only).
+pub(super) fn tls_hint(e: StoreError, mode: super::PgSslMode) -> StoreError {
+    match e {
+        StoreError::Backend(why)
+            if mode == super::PgSslMode::Disable && why.ends_with("(SQLSTATE 28000)") =>
+        {
+            StoreError::Backend(format!(
+                "{why}; TLS is off (disable): if the server accepts TLS connections only, \
+                 set the TLS mode to require or stronger"
+            ))
+        }
+        other => other,
     }
 }
 
