@@ -9,7 +9,7 @@
 //! Modules: `harness` (the replica processes and what every test checks of
 //! a history), `upstream` (the fake model), and one module per behaviour;
 //! the outage test cuts one replica off the database with the testkit's
-//! `TcpProxy`.
+//! `TcpProxy`; `mtls` runs replicas with `[tls]`, mTLS between them.
 
 mod cluster {
     pub(crate) mod harness;
@@ -20,6 +20,7 @@ mod cluster {
     mod drain;
     mod failover;
     mod metrics;
+    mod mtls;
     mod operator;
     mod outage;
     mod routing;
