@@ -376,6 +376,16 @@ impl ServerBuilder {
                 settings.key_env.as_deref().unwrap_or_default()
             ))
         })?;
+        // With [tls], mTLS against the cluster's CA (validated: there is
+        // one); its files are read before the port is bound. Without,
+        // plaintext, as the warning says.
+        let tls = match settings.ca_for(&self.config.tls) {
+            Some(ca) => {
+                tls::ServerTls::for_cluster(&self.config.tls, ca, settings.server_name.as_deref())?
+                    .map(Arc::new)
+            }
+            None => None,
+        };
         let listener =
             TcpListener::bind(settings.listen)
                 .await
@@ -391,15 +401,6 @@ impl ServerBuilder {
                 addr: settings.listen,
                 source,
             })?;
-        // With [tls], mTLS against the cluster's CA (validated: there is
-        // one); without, plaintext, as the warning says.
-        let tls = match settings.ca_for(&self.config.tls) {
-            Some(ca) => {
-                tls::ServerTls::for_cluster(&self.config.tls, ca, settings.server_name.as_deref())?
-                    .map(Arc::new)
-            }
-            None => None,
-        };
         if tls.is_none() {
             tracing::warn!(
                 listen = %bound,

@@ -553,5 +553,21 @@ mod tests {
         assert!(err.contains("cannot be used together"), "{err}");
         std::fs::write(&key, pair.signing_key.serialize_pem()).unwrap();
         assert!(ServerTls::from_settings(&settings).unwrap().is_some());
+
+        // The cluster's material: its CA file is named as such.
+        let ca = dir.path().join("cluster-ca.pem");
+        let err = ServerTls::for_cluster(&settings, &ca, None).unwrap_err().0;
+        assert!(
+            err.contains("cluster CA file") && err.contains("cluster-ca.pem"),
+            "{err}"
+        );
+        std::fs::write(&ca, pair.cert.pem()).unwrap();
+        let cluster = ServerTls::for_cluster(&settings, &ca, Some("replica.test"))
+            .unwrap()
+            .expect("TLS is on");
+        assert!(cluster.requires_client_certificates());
+        assert!(cluster.material().client().is_some());
+        let public = ServerTls::from_settings(&settings).unwrap().unwrap();
+        assert!(public.material().client().is_none());
     }
 }
