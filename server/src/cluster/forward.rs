@@ -3,7 +3,10 @@
 //!
 //! Channels are cached by address — at most [`MAX_CHANNELS`], the least
 //! recently used dropped first — and connect lazily, each attempt bounded
-//! by [`CONNECT_TIMEOUT`]. Every call carries the cluster key, the caller's
+//! by [`CONNECT_TIMEOUT`]. With `[tls]` every channel is https with the
+//! client side of the internal listener's material (this replica's
+//! certificate, the cluster's CA); when its files change the cache is
+//! emptied, so new calls connect with the new material. Every call carries the cluster key, the caller's
 //! principal and the caller's remaining deadline. The owner's answer comes
 //! back unchanged; only a failure to reach the owner at all becomes
 //! UNAVAILABLE naming the replica (its id, never its key). Each call is
