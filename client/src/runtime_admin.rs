@@ -1,5 +1,6 @@
 //! `RuntimeAdmin`: statistics, drain and undrain, the default model,
-//! runner resets, offboarding (admin principals only).
+//! runner resets, offboarding, the replicas and their leases (admin
+//! principals only).
 
 use std::time::Duration;
 
@@ -112,6 +113,25 @@ impl Client {
         };
         let mut stub = self.admin.clone();
         self.call(None, req, |r| async move { stub.delete_sessions(r).await })
+            .await
+    }
+
+    /// One page of the replicas on the server's store and the leases of
+    /// the live turns they hold: every replica on each page, and
+    /// `page_size` leases (0: the server's default, 100) after
+    /// `page_token` (empty: the first page). Follow `next_page_token` to
+    /// the end for every lease (admin principals only).
+    pub async fn list_replicas(
+        &self,
+        page_size: u32,
+        page_token: &str,
+    ) -> Result<proto::ListReplicasResponse, Error> {
+        let req = proto::ListReplicasRequest {
+            page_size,
+            page_token: page_token.to_owned(),
+        };
+        let mut stub = self.admin.clone();
+        self.call(None, req, |r| async move { stub.list_replicas(r).await })
             .await
     }
 }

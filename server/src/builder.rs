@@ -380,6 +380,16 @@ impl ServerBuilder {
                 settings.key_env.as_deref().unwrap_or_default()
             ))
         })?;
+        // With [tls], mTLS against the cluster's CA (validated: there is
+        // one); its files are read before the port is bound. Without,
+        // plaintext, as the warning says.
+        let tls = match settings.ca_for(&self.config.tls) {
+            Some(ca) => {
+                tls::ServerTls::for_cluster(&self.config.tls, ca, settings.server_name.as_deref())?
+                    .map(Arc::new)
+            }
+            None => None,
+        };
         let listener =
             TcpListener::bind(settings.listen)
                 .await
@@ -395,12 +405,21 @@ impl ServerBuilder {
                 addr: settings.listen,
                 source,
             })?;
-        let advertise = settings.advertise_for(bound)?;
+        if tls.is_none() {
+            tracing::warn!(
+                listen = %bound,
+                "the internal cluster listener is plaintext: the cluster key and forwarded \
+                 calls cross the network unencrypted; configure [tls] (and [cluster] ca_file) \
+                 for mTLS between replicas, or keep the port on a network only replicas reach"
+            );
+        }
+        let advertise = settings.advertise_for(bound, tls.is_some())?;
         Ok(Some(ClusterParts {
             listener,
             bound,
             key,
             advertise,
+            tls,
         }))
     }
 
@@ -504,6 +523,8 @@ pub(crate) struct ClusterParts {
     pub(crate) bound: std::net::SocketAddr,
     pub(crate) key: WireKey,
     pub(crate) advertise: String,
+    /// mTLS on the listener and for the forwarder (with `[tls]`).
+    pub(crate) tls: Option<Arc<tls::ServerTls>>,
 }
 
 /// A server whose store is open and runtime started, not yet serving; see

@@ -223,7 +223,7 @@ mod tests {
 
     #[test]
     fn a_turn_elsewhere_is_forwarded_once_and_only_with_a_forwarder() {
-        let forward = Forwarder::new(WireKey::new(&ClusterKey::new("k")).unwrap(), 1 << 20);
+        let forward = Forwarder::new(WireKey::new(&ClusterKey::new("k")).unwrap(), None, 1 << 20);
         let fail = crate::status::from_runtime;
         // A caller's call, on a replica that can forward: to the owner.
         let (_, lease) = call(false)

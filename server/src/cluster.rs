@@ -13,7 +13,10 @@
 //!
 //! The internal listener serves the public services themselves behind
 //! [`peer_check`] instead of the authenticator: the key must match, and the
-//! principal is the one the forwarding replica authenticated. A call that
+//! principal is the one the forwarding replica authenticated. With `[tls]`
+//! the listener is mTLS first (a client certificate chained to the
+//! cluster's CA, see `config::cluster`) and the forwarder connects over
+//! https with this replica's certificate; without, it is plaintext. A call that
 //! arrived so is never forwarded again, so a call crosses at most one hop.
 //! The public port refuses a call that carries the principal header
 //! ([`refuse_peer_headers`]): only a replica may name a caller.

@@ -104,6 +104,14 @@ pub struct Cli {
     /// (overrides `[cluster] advertise`), e.g. `http://10.0.0.5:50052`.
     #[arg(long, env = "AGENTRT_CLUSTER_ADVERTISE")]
     pub cluster_advertise: Option<String>,
+    /// PEM CA of the replicas' certificates, for the mTLS of the internal
+    /// service with `[tls]` (overrides `[cluster] ca_file`).
+    #[arg(long, env = "AGENTRT_CLUSTER_CA_FILE")]
+    pub cluster_ca_file: Option<PathBuf>,
+    /// The name replicas' certificates are verified against on the
+    /// internal service with `[tls]` (overrides `[cluster] server_name`).
+    #[arg(long, env = "AGENTRT_CLUSTER_SERVER_NAME")]
+    pub cluster_server_name: Option<String>,
     /// Most connections open at once from one IP address (overrides
     /// `[transport] max_connections_per_ip`); 0 behind a proxy or mesh
     /// sidecar, where every caller has the proxy's address.
@@ -613,11 +621,26 @@ impl Config {
             }
             None => Self::default(),
         };
-        if cli.cluster_advertise.is_some() && file.cluster.is_none() {
-            return Err(ConfigError(
-                "--cluster-advertise (AGENTRT_CLUSTER_ADVERTISE) is set but the config has no                  [cluster] table"
-                    .to_owned(),
-            ));
+        if file.cluster.is_none() {
+            let flags = [
+                (
+                    "--cluster-advertise (AGENTRT_CLUSTER_ADVERTISE)",
+                    cli.cluster_advertise.is_some(),
+                ),
+                (
+                    "--cluster-ca-file (AGENTRT_CLUSTER_CA_FILE)",
+                    cli.cluster_ca_file.is_some(),
+                ),
+                (
+                    "--cluster-server-name (AGENTRT_CLUSTER_SERVER_NAME)",
+                    cli.cluster_server_name.is_some(),
+                ),
+            ];
+            if let Some((flag, _)) = flags.iter().find(|(_, set)| *set) {
+                return Err(ConfigError(format!(
+                    "{flag} is set but the config has no [cluster] table"
+                )));
+            }
         }
         let config = file.with_overrides(cli);
         config.validate()?;
@@ -711,8 +734,16 @@ impl Config {
         if let Some(v) = cli.metrics_listen {
             self.metrics_listen = Some(v);
         }
-        if let (Some(v), Some(cluster)) = (&cli.cluster_advertise, &mut self.cluster) {
-            cluster.advertise = Some(v.clone());
+        if let Some(cluster) = &mut self.cluster {
+            if let Some(v) = &cli.cluster_advertise {
+                cluster.advertise = Some(v.clone());
+            }
+            if let Some(v) = &cli.cluster_ca_file {
+                cluster.ca_file = Some(v.clone());
+            }
+            if let Some(v) = &cli.cluster_server_name {
+                cluster.server_name = Some(v.clone());
+            }
         }
         if let Some(v) = cli.max_connections_per_ip {
             self.transport.max_connections_per_ip = v;

@@ -25,7 +25,9 @@ use agentrt_runtime::types::{
     NewSession, Role, Session, SessionUpdate, ThinkingLevel, TurnRecord, TurnStatus, Usage, Wait,
 };
 
+mod admin;
 mod agents;
+pub use admin::replica_list;
 pub use agents::{agent_spec, agent_to_pb, memory_edits, memory_to_pb};
 
 /// A protobuf timestamp.

@@ -91,6 +91,7 @@ impl Prepared {
         let forward = cluster.as_ref().map(|c| {
             Arc::new(Forwarder::new(
                 c.key.clone(),
+                c.tls.clone(),
                 config.transport.max_request_bytes,
             ))
         });
@@ -232,8 +233,8 @@ impl Handlers {
 /// Serves the public services on the internal listener until `stop`, for
 /// calls other replicas forward here: behind the cluster key (the caller's
 /// principal is the forwarding replica's word) instead of the
-/// authenticator, under the public port's connection, stream and message
-/// limits.
+/// authenticator — and with `[tls]` behind mTLS against the cluster's CA —
+/// under the public port's connection, stream and message limits.
 fn serve_cluster(
     config: &Config,
     handlers: &Handlers,
@@ -272,7 +273,9 @@ fn serve_cluster(
             A2aServiceServer::new(handlers.a2a.clone()).max_decoding_message_size(max_request),
             peer(&parts.key),
         ));
-    let incoming = transport::incoming(parts.listener, t, None);
+    // With `[tls]`, mTLS: a client certificate chained to the cluster's
+    // CA is required before any call reaches the key check.
+    let incoming = transport::incoming(parts.listener, t, parts.tls);
     tokio::spawn(
         router.serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await }),
     )

@@ -1,6 +1,9 @@
 //! TLS on the gRPC listener: the rustls server configuration built from the
 //! `[tls]` files, reloaded when they change, and the names (URI SANs,
-//! subject CN) of a verified client certificate.
+//! subject CN) of a verified client certificate. The internal listener of
+//! `[cluster]` gets material of its own from the same certificate
+//! ([`ServerTls::for_cluster`]): mTLS against the cluster's CA, with the
+//! forwarder's client side built from the same files.
 //!
 //! The handshake itself runs in our accept loop ([`crate::transport`]),
 //! inside its handshake timeout and connection caps, so the HTTP/2 preface
@@ -131,12 +134,37 @@ pub(crate) fn stamp(path: &Path) -> Option<Stamp> {
     })
 }
 
+/// What a [`ServerTls`] serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Role {
+    /// The public gRPC listener: client certificates are required and
+    /// verified against `client_ca` when it is set.
+    Public,
+    /// The internal listener of `[cluster]`: client certificates are
+    /// always required, chained to `client_ca` (the cluster's CA); and the
+    /// forwarder's side is built from the same files — this replica's
+    /// certificate as its client certificate, the cluster's CA as the only
+    /// trust root, other replicas' certificates verified for `server_name`
+    /// (or the host of their advertised URL).
+    Cluster { server_name: Option<String> },
+}
+
 /// The files the material is read from.
 #[derive(Debug)]
 struct Files {
     cert: PathBuf,
     key: PathBuf,
     client_ca: Option<PathBuf>,
+    role: Role,
+}
+
+/// The files' contents, read once per build so that both sides of the
+/// cluster's material come from the same version of them.
+struct Pems {
+    chain: Vec<CertificateDer<'static>>,
+    cert: Vec<u8>,
+    key: Vec<u8>,
+    client_ca: Option<(Vec<u8>, Vec<CertificateDer<'static>>)>,
 }
 
 impl Files {
@@ -148,16 +176,123 @@ impl Files {
             .collect()
     }
 
-    fn build(&self) -> Result<rustls::ServerConfig, ConfigError> {
-        build(&self.cert, &self.key, self.client_ca.as_deref())
+    /// What the CA file is called in errors.
+    fn ca_name(&self) -> &'static str {
+        match self.role {
+            Role::Public => "TLS client CA file",
+            Role::Cluster { .. } => "cluster CA file",
+        }
+    }
+
+    fn read(&self) -> Result<Pems, ConfigError> {
+        let cert = read_file(&self.cert, "TLS certificate file")?;
+        let chain = parse_certs(&cert, &self.cert, "TLS certificate file")?;
+        let key = read_file(&self.key, "TLS key file")?;
+        let client_ca = match &self.client_ca {
+            Some(path) => {
+                let pem = read_file(path, self.ca_name())?;
+                let certs = parse_certs(&pem, path, self.ca_name())?;
+                Some((pem, certs))
+            }
+            None => None,
+        };
+        Ok(Pems {
+            chain,
+            cert,
+            key,
+            client_ca,
+        })
+    }
+
+    fn build(&self) -> Result<Material, ConfigError> {
+        let pems = self.read()?;
+        let server = Arc::new(self.server_config(&pems)?);
+        let client = match &self.role {
+            Role::Public => None,
+            Role::Cluster { server_name } => {
+                let (ca, _) = pems.client_ca.as_ref().ok_or_else(|| {
+                    ConfigError("the cluster's TLS needs the cluster's CA file".to_owned())
+                })?;
+                let mut client = tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+                    .identity(tonic::transport::Identity::from_pem(&pems.cert, &pems.key));
+                if let Some(name) = server_name {
+                    client = client.domain_name(name.clone());
+                }
+                Some(client)
+            }
+        };
+        Ok(Material { server, client })
+    }
+
+    fn server_config(&self, pems: &Pems) -> Result<rustls::ServerConfig, ConfigError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let private = PrivateKeyDer::from_pem_slice(&pems.key).map_err(|e| {
+            ConfigError(format!(
+                "TLS key file {} {} (expected PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY)",
+                self.key.display(),
+                pem_problem(&e)
+            ))
+        })?;
+        let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ConfigError(format!("TLS: {e}")))?;
+        let builder = match (&self.client_ca, &pems.client_ca) {
+            (Some(path), Some((_, certs))) => {
+                let what = self.ca_name();
+                let mut roots = RootCertStore::empty();
+                for ca in certs.iter().cloned() {
+                    roots.add(ca).map_err(|e| {
+                        ConfigError(format!(
+                            "{what} {}: not a usable CA certificate: {e}",
+                            path.display()
+                        ))
+                    })?;
+                }
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                        .build()
+                        .map_err(|e| ConfigError(format!("{what} {}: {e}", path.display())))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            _ => builder.with_no_client_auth(),
+        };
+        let mut config = builder
+            .with_single_cert(pems.chain.clone(), private)
+            .map_err(|e| {
+                ConfigError(format!(
+                    "TLS certificate {} and key {} cannot be used together: {e}",
+                    self.cert.display(),
+                    self.key.display()
+                ))
+            })?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(config)
     }
 }
 
-/// The TLS material of the listener, reloaded when its files change.
+/// The material of a [`ServerTls`] as built from one version of its files.
+#[derive(Debug)]
+pub struct Material {
+    server: Arc<rustls::ServerConfig>,
+    /// The forwarder's side (the internal listener's material only).
+    client: Option<tonic::transport::ClientTlsConfig>,
+}
+
+impl Material {
+    /// How the forwarder connects to other replicas: https with this
+    /// replica's certificate, trusting the cluster's CA only. `None` for
+    /// the public listener's material.
+    pub fn client(&self) -> Option<&tonic::transport::ClientTlsConfig> {
+        self.client.as_ref()
+    }
+}
+
+/// The TLS material of a listener, reloaded when its files change.
 #[derive(Debug)]
 pub struct ServerTls {
     files: Files,
-    current: RwLock<Arc<rustls::ServerConfig>>,
+    current: RwLock<Arc<Material>>,
     /// The files' stamps when last looked at (loaded or failed to load);
     /// also serialises reloads.
     seen: Mutex<Vec<Option<Stamp>>>,
@@ -182,9 +317,12 @@ fn pem_problem(err: &rustls::pki_types::pem::Error) -> String {
     }
 }
 
-fn read_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
-    let pem = read_file(path, what)?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
+fn parse_certs(
+    pem: &[u8],
+    path: &Path,
+    what: &str,
+) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| ConfigError(format!("{what} {} {}", path.display(), pem_problem(&e))))?;
     if certs.is_empty() {
@@ -196,53 +334,6 @@ fn read_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, C
     Ok(certs)
 }
 
-fn build(
-    cert: &Path,
-    key: &Path,
-    client_ca: Option<&Path>,
-) -> Result<rustls::ServerConfig, ConfigError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let chain = read_certs(cert, "TLS certificate file")?;
-    let key_pem = read_file(key, "TLS key file")?;
-    let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
-        ConfigError(format!(
-            "TLS key file {} {} (expected PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY)",
-            key.display(),
-            pem_problem(&e)
-        ))
-    })?;
-    let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ConfigError(format!("TLS: {e}")))?;
-    let builder = match client_ca {
-        Some(path) => {
-            let mut roots = RootCertStore::empty();
-            for ca in read_certs(path, "TLS client CA file")? {
-                roots.add(ca).map_err(|e| {
-                    ConfigError(format!(
-                        "TLS client CA file {}: not a usable CA certificate: {e}",
-                        path.display()
-                    ))
-                })?;
-            }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .map_err(|e| ConfigError(format!("TLS client CA file {}: {e}", path.display())))?;
-            builder.with_client_cert_verifier(verifier)
-        }
-        None => builder.with_no_client_auth(),
-    };
-    let mut config = builder.with_single_cert(chain, private).map_err(|e| {
-        ConfigError(format!(
-            "TLS certificate {} and key {} cannot be used together: {e}",
-            cert.display(),
-            key.display()
-        ))
-    })?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(config)
-}
-
 impl ServerTls {
     /// Loads the files of `settings`; `None` when TLS is off. Errors name
     /// the file.
@@ -250,19 +341,49 @@ impl ServerTls {
         let (Some(cert), Some(key)) = (&settings.cert, &settings.key) else {
             return Ok(None);
         };
-        let files = Files {
+        Self::load(Files {
             cert: cert.clone(),
             key: key.clone(),
             client_ca: settings.client_ca.clone(),
+            role: Role::Public,
+        })
+        .map(Some)
+    }
+
+    /// The material of the internal listener of `[cluster]` (see the
+    /// module docs of `config::cluster`): the certificate and key of
+    /// `settings`, client certificates required and chained to `ca`, and
+    /// the forwarder's side ([`Material::client`]) verifying other
+    /// replicas for `server_name` (default: the host of their advertised
+    /// URL). `None` when TLS is off. Errors name the file.
+    pub fn for_cluster(
+        settings: &TlsSettings,
+        ca: &Path,
+        server_name: Option<&str>,
+    ) -> Result<Option<Self>, ConfigError> {
+        let (Some(cert), Some(key)) = (&settings.cert, &settings.key) else {
+            return Ok(None);
         };
+        Self::load(Files {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: Some(ca.to_path_buf()),
+            role: Role::Cluster {
+                server_name: server_name.map(str::to_owned),
+            },
+        })
+        .map(Some)
+    }
+
+    fn load(files: Files) -> Result<Self, ConfigError> {
         // Stamped before reading, like every reload.
         let seen = Mutex::new(files.stamps());
         let current = RwLock::new(Arc::new(files.build()?));
-        Ok(Some(Self {
+        Ok(Self {
             files,
             current,
             seen,
-        }))
+        })
     }
 
     /// Whether client certificates are required (mTLS).
@@ -273,6 +394,13 @@ impl ServerTls {
     /// The configuration for a new connection, reloaded first when a file
     /// changed since it was last looked at.
     pub fn config(&self) -> Arc<rustls::ServerConfig> {
+        Arc::clone(&self.material().server)
+    }
+
+    /// The current material, reloaded first when a file changed since it
+    /// was last looked at. A reload makes a new [`Material`]: the same one
+    /// (`Arc::ptr_eq`) means the same files.
+    pub fn material(&self) -> Arc<Material> {
         // A connection accepted while another one reloads uses what is
         // loaded; the next one sees the result.
         if let Ok(mut seen) = self.seen.try_lock() {
@@ -299,16 +427,21 @@ impl ServerTls {
             cert,
             key,
             client_ca,
+            role,
         } = &self.files;
+        let listener = match role {
+            Role::Public => "public",
+            Role::Cluster { .. } => "cluster",
+        };
         match self.files.build() {
-            Ok(config) => {
-                *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+            Ok(material) => {
+                *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(material);
                 tracing::info!(cert = %cert.display(), key = %key.display(),
-                    client_ca = ?client_ca, reason = why,
+                    client_ca = ?client_ca, reason = why, listener,
                     "TLS certificate reloaded; new connections use it");
             }
             Err(err) => {
-                tracing::warn!(reason = why, error = %err,
+                tracing::warn!(reason = why, error = %err, listener,
                     "TLS certificate reload failed; new connections keep the previous certificate");
             }
         }
@@ -420,5 +553,21 @@ mod tests {
         assert!(err.contains("cannot be used together"), "{err}");
         std::fs::write(&key, pair.signing_key.serialize_pem()).unwrap();
         assert!(ServerTls::from_settings(&settings).unwrap().is_some());
+
+        // The cluster's material: its CA file is named as such.
+        let ca = dir.path().join("cluster-ca.pem");
+        let err = ServerTls::for_cluster(&settings, &ca, None).unwrap_err().0;
+        assert!(
+            err.contains("cluster CA file") && err.contains("cluster-ca.pem"),
+            "{err}"
+        );
+        std::fs::write(&ca, pair.cert.pem()).unwrap();
+        let cluster = ServerTls::for_cluster(&settings, &ca, Some("replica.test"))
+            .unwrap()
+            .expect("TLS is on");
+        assert!(cluster.requires_client_certificates());
+        assert!(cluster.material().client().is_some());
+        let public = ServerTls::from_settings(&settings).unwrap().unwrap();
+        assert!(public.material().client().is_none());
     }
 }

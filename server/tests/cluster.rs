@@ -9,7 +9,8 @@
 //! Modules: `harness` (the replica processes and what every test checks of
 //! a history), `upstream` (the fake model), and one module per behaviour;
 //! the outage test cuts one replica off the database with the testkit's
-//! `TcpProxy`; `database_tls` runs replicas on a TLS-only PostgreSQL.
+//! `TcpProxy`; `database_tls` runs replicas on a TLS-only PostgreSQL;
+//! `mtls` runs replicas with `[tls]`, mTLS between them.
 
 mod cluster {
     pub(crate) mod harness;
@@ -21,6 +22,7 @@ mod cluster {
     mod drain;
     mod failover;
     mod metrics;
+    mod mtls;
     mod operator;
     mod outage;
     mod routing;

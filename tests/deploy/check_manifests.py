@@ -17,8 +17,11 @@ terminationGracePeriodSeconds exceeds the preStop
 sleep plus `shutdown_grace` of the ConfigMap's config.toml, the data dir of
 config.toml is on the volumeClaimTemplate's mount (sled) or there is no
 volume claim at all, the database URL and the cluster key come from Secrets,
-each pod advertises its own IP on the declared internal port, that port is
-open only between agentrt pods and an HPA scales the Deployment (PostgreSQL),
+each pod advertises its own IP on the declared internal port (https:// with
+TLS, the replicas then trusting a CA from a Secret and verifying each other
+for a server name the Certificate names, with client auth allowed), that
+port is open only between agentrt pods and an HPA scales the Deployment
+(PostgreSQL),
 key files and TLS files
 lie on Secret mounts, the container runs as a numeric non-root user with a
 read-only root filesystem and no privileges, and the Services, the
@@ -331,9 +334,11 @@ def shared_store_replicas_are_stateless(r):
     port = int(listen.rsplit(":", 1)[1])
     need(r.port("cluster") == port, f"[cluster] listen port {port} != container port cluster")
     need(port != r.port("grpc"), "the internal service shares the public port")
+    # With TLS the internal port speaks mTLS, advertised as https://.
+    scheme = "https" if r.tls else "http"
     advertise = r.arg("--cluster-advertise")
-    need(advertise == f"http://$(POD_IP):{port}",
-         f"--cluster-advertise {advertise!r} is not http://$(POD_IP):{port}")
+    need(advertise == f"{scheme}://$(POD_IP):{port}",
+         f"--cluster-advertise {advertise!r} is not {scheme}://$(POD_IP):{port}")
     pod_ip = r.env("POD_IP").get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
     need(pod_ip == "status.podIP", "POD_IP is not the downward API's status.podIP")
     labels = w["spec"]["template"]["metadata"]["labels"]
@@ -533,6 +538,30 @@ def shape_grpc_route(r, d):
                for rule in d["spec"]["rules"] for m in rule.get("matches", [])}
     need(set(STREAMING) <= methods, "GRPCRoute does not name Chat and Subscribe")
     need(any(not rule.get("matches") for rule in d["spec"]["rules"]), "GRPCRoute has no catch-all rule")
+
+
+@check
+def replicas_verify_each_other_with_tls(r):
+    """PostgreSQL with TLS: the internal port's mTLS can work — the
+    replicas trust a CA file from the certificate's Secret, verify each
+    other for a server name (their pod IPs are in no certificate) that the
+    Certificate names, and the Certificate allows client auth."""
+    if r.store_kind == "sled" or not r.tls:
+        return
+    cluster = r.config.get("cluster", {})
+    ca = (r.setting("--cluster-ca-file", "AGENTRT_CLUSTER_CA_FILE") or cluster.get("ca_file")
+          or r.setting("--tls-client-ca", "AGENTRT_TLS_CLIENT_CA") or r.config.get("tls", {}).get("client_ca"))
+    need(ca, "TLS with [cluster] but no cluster CA (AGENTRT_CLUSTER_CA_FILE): the replicas could not start")
+    _, vol = r.mount_for(ca)
+    need(vol and "secret" in vol, f"the cluster CA file {ca} is not on a Secret mount")
+    name = r.setting("--cluster-server-name", "AGENTRT_CLUSTER_SERVER_NAME") or cluster.get("server_name")
+    need(name, "no AGENTRT_CLUSTER_SERVER_NAME: replicas would verify each other for pod IPs, "
+         "which no certificate names")
+    for cert in r.all("Certificate"):
+        need(name in cert["spec"].get("dnsNames", []),
+             f"Certificate {cert['metadata']['name']} does not name the cluster server name {name}")
+        need("client auth" in cert["spec"].get("usages", []),
+             f"Certificate {cert['metadata']['name']} does not allow client auth (the replicas present it)")
 
 
 def shape_certificate(r, d):
@@ -775,6 +804,18 @@ TLS_MUTATIONS = [
      lambda d: _first(d, "Service")["spec"]["ports"][0].update(appProtocol="grpc")),
 ]
 
+# Breaks of a PostgreSQL render with TLS, applied to the first one.
+PG_TLS_MUTATIONS = [
+    ("a replica certificate without client auth", "replicas_verify_each_other_with_tls",
+     lambda d: _first(d, "Certificate")["spec"].update(usages=["server auth"])),
+    ("a cluster server name the certificate does not name", "replicas_verify_each_other_with_tls",
+     lambda d: _env(d, "AGENTRT_CLUSTER_SERVER_NAME").update(value="agentrt.elsewhere.svc")),
+    ("no cluster CA", "replicas_verify_each_other_with_tls",
+     lambda d: _drop_env(d, "AGENTRT_CLUSTER_CA_FILE")),
+    ("the mTLS port advertised as plaintext", "shared_store_replicas_are_stateless",
+     lambda d: _container(d)[2]["args"].__setitem__(3, "http://$(POD_IP):50052")),
+]
+
 # Breaks of a render with telemetry on, applied to the first one.
 OTEL_MUTATIONS = [
     ("OTEL_RESOURCE_ATTRIBUTES before the POD_NAME it refers to", "env_references_resolve",
@@ -937,6 +978,9 @@ def main():
     tls = [r for r in renders if _safe(lambda x: x.tls, r, False)]
     if tls:
         results += self_test(tls[0], TLS_MUTATIONS)
+    pg_tls = [r for r in tls if _kind_or_none(r) == "postgres"]
+    if pg_tls:
+        results += self_test(pg_tls[0], PG_TLS_MUTATIONS)
     otel = [r for r in renders if _safe(lambda x: x.env("OTEL_RESOURCE_ATTRIBUTES"), r, None)]
     if otel:
         results += self_test(otel[0], OTEL_MUTATIONS)

@@ -550,6 +550,16 @@ pub(crate) enum AdminCommand {
         /// The user id.
         user: String,
     },
+    /// The replicas on the server's store (id, address, last heartbeat,
+    /// which one answered) and the leases of the live turns they hold.
+    Replicas {
+        /// One page of at most this many leases (default: every page).
+        #[arg(long)]
+        limit: Option<u32>,
+        /// Continue from a previous page's token (printed after a page).
+        #[arg(long, default_value = "")]
+        page_token: String,
+    },
 }
 
 /// `NAME=SCHEMA_FILE` of `chat --tool`.

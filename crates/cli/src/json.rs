@@ -56,6 +56,8 @@ names!(
     InvalidateRunnersResponse,
     ResetRunnersResponse,
     DeleteSessionsResponse,
+    Replica,
+    ReplicaLease,
 );
 
 /// `m` in the protobuf JSON mapping (see the module docs).

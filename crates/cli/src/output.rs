@@ -129,6 +129,51 @@ fn message_text(m: &proto::Message) -> String {
         .join(" ")
 }
 
+/// `rows` in columns two spaces apart (the last one unpadded).
+fn table<const N: usize>(rows: &[[String; N]]) {
+    let mut widths = [0usize; N];
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    for row in rows {
+        let mut line = String::new();
+        for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
+            if i + 1 == N {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        outln!("{}", line.trim_end());
+    }
+}
+
+/// A time as its distance from now: `12s ago`, `in 9s`; `-` when unset.
+fn when(at: Option<&prost_types::Timestamp>) -> String {
+    let Some(at) = at.and_then(|t| std::time::SystemTime::try_from(*t).ok()) else {
+        return "-".to_owned();
+    };
+    let now = std::time::SystemTime::now();
+    match now.duration_since(at) {
+        Ok(ago) => format!("{} ago", short(ago)),
+        Err(ahead) => format!("in {}", short(ahead.duration())),
+    }
+}
+
+/// `850ms`, `12s`, `5m`, `3h`, `2d`.
+fn short(d: Duration) -> String {
+    let secs = d.as_secs();
+    match secs {
+        0 => format!("{}ms", d.as_millis()),
+        1..=119 => format!("{secs}s"),
+        120..=7199 => format!("{}m", secs / 60),
+        7200..=172_799 => format!("{}h", secs / 3600),
+        _ => format!("{}d", secs / 86_400),
+    }
+}
+
 fn print_json(v: &Value) {
     outln!("{v}");
 }
@@ -492,6 +537,84 @@ impl Out {
                 tokens.output_tokens,
                 u.cost
             );
+        }
+    }
+
+    pub(crate) fn replicas(
+        &self,
+        replicas: &[proto::Replica],
+        leases: &[proto::ReplicaLease],
+        next: &str,
+    ) {
+        if self.json {
+            print_json(&json!({
+                "replicas": json::list(replicas),
+                "leases": json::list(leases),
+                "next_page_token": next,
+            }));
+            return;
+        }
+        let mut rows = vec![
+            [
+                "REPLICA",
+                "ADDRESS",
+                "STARTED",
+                "HEARTBEAT",
+                "LIVE",
+                "LEASES",
+            ]
+            .map(str::to_owned),
+        ];
+        for r in replicas {
+            let mut id = if r.replica_id.is_empty() {
+                "(single process)".to_owned()
+            } else {
+                r.replica_id.clone()
+            };
+            if r.this_replica {
+                id.push_str(" *");
+            }
+            let held = leases
+                .iter()
+                .filter(|l| l.replica_id == r.replica_id)
+                .count();
+            rows.push([
+                id,
+                if r.address.is_empty() {
+                    "-".to_owned()
+                } else {
+                    r.address.clone()
+                },
+                when(r.started_at.as_ref()),
+                when(r.heartbeat_at.as_ref()),
+                if r.live { "yes" } else { "no" }.to_owned(),
+                held.to_string(),
+            ]);
+        }
+        table(&rows);
+        if !leases.is_empty() {
+            outln!();
+            let mut rows = vec![
+                ["SESSION", "OWNER", "TURN", "REPLICA", "STARTED", "EXPIRES"].map(str::to_owned),
+            ];
+            for l in leases {
+                rows.push([
+                    l.session_id.clone(),
+                    l.owner.clone(),
+                    l.turn_id.clone(),
+                    if l.replica_id.is_empty() {
+                        "-".to_owned()
+                    } else {
+                        l.replica_id.clone()
+                    },
+                    when(l.started_at.as_ref()),
+                    when(l.expires_at.as_ref()),
+                ]);
+            }
+            table(&rows);
+        }
+        if !next.is_empty() {
+            eprintln!("(more: --page-token {next})");
         }
     }
 

@@ -1326,3 +1326,61 @@ async fn agents_are_created_updated_and_read_memory_is_set_and_chat_runs_with_an
     assert_eq!(none["sessions"], serde_json::json!([]), "{none}");
     h.server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_replicas_lists_this_process_and_its_live_turn() {
+    let h = Harness::start(vec![answer(&["ok"])]).await;
+    let client = h.client().await;
+    let session = client
+        .create_session(Default::default())
+        .await
+        .unwrap()
+        .session_id;
+    let (live, turn_id) = live_turn(&client, &session).await;
+
+    let listed = h.json(&["admin", "replicas"]).await;
+    let replicas = listed["replicas"].as_array().unwrap();
+    assert_eq!(replicas.len(), 1, "{listed}");
+    assert_eq!(replicas[0]["this_replica"], true, "{listed}");
+    assert_eq!(replicas[0]["live"], true, "{listed}");
+    assert!(is_rfc3339(&replicas[0]["heartbeat_at"]), "{listed}");
+    let leases = listed["leases"].as_array().unwrap();
+    assert_eq!(leases.len(), 1, "{listed}");
+    assert_eq!(
+        (
+            &leases[0]["session_id"],
+            &leases[0]["owner"],
+            &leases[0]["turn_id"]
+        ),
+        (&json!(session), &json!("local"), &json!(turn_id)),
+        "{listed}"
+    );
+    assert!(is_rfc3339(&leases[0]["started_at"]), "{listed}");
+    assert_eq!(listed["next_page_token"], "", "{listed}");
+
+    let text = h.run(&["admin", "replicas"], None).await;
+    assert_eq!(text.code, 0, "{text:?}");
+    let lines: Vec<&str> = text.stdout.lines().collect();
+    assert!(
+        lines[0].starts_with("REPLICA") && lines[0].ends_with("LEASES"),
+        "{text:?}"
+    );
+    let me: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(
+        (&me[..3], &me[me.len() - 2..]),
+        (&["(single", "process)", "*"][..], &["yes", "1"][..]),
+        "{text:?}"
+    );
+    let lease = lines
+        .iter()
+        .find(|l| l.starts_with(&session))
+        .expect("the lease's row");
+    assert!(
+        lease.contains(" local ") && lease.contains(&turn_id),
+        "{text:?}"
+    );
+
+    h.gate.release(1);
+    drop(live);
+    h.server.stop().await;
+}

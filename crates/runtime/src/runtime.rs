@@ -11,6 +11,8 @@
 //!   model runs what; `lifecycle`: draining, shutdown and every task;
 //! - `leases`: what changes on a store shared by several replicas — lease
 //!   renewal, the sweeper of dead replicas' turns, the store's readiness;
+//!   `cluster`: heartbeats and cluster-wide settings; `replicas`: the
+//!   replicas and their leases as operators list them;
 //! - `control`, `sessions`, `tools`, `admin`: the other calls of the API;
 //!   `stream`, `replay`: the turn streams they return; `recovery`,
 //!   `spans`: start-up repair and the turn's spans; `gauges`: the gauges
@@ -53,6 +55,7 @@ mod offboard;
 mod queued;
 mod recovery;
 mod replay;
+mod replicas;
 mod restricted;
 mod runners;
 mod sessions;
@@ -77,6 +80,10 @@ pub use compaction::CompactionReport;
 pub use context::load_context;
 pub use control::SessionStatus;
 pub use offboard::DeletedSessions;
+pub use replicas::{
+    LEASES_DEFAULT_PAGE, LEASES_MAX_PAGE, MAX_LISTED_REPLICAS, ReplicaList, ReplicaStatus,
+    TurnLease,
+};
 pub use sessions::{HistoryPage, SessionList};
 pub use store_health::StoreHealth;
 pub use stream::TurnStream;

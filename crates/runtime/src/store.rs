@@ -40,7 +40,7 @@ pub use self::sled::SledStore;
 pub use agents::AgentStore;
 pub use cluster::{Cluster, DefaultModel, Replica};
 pub use inbox::Inbox;
-pub use leases::{Lease, LeaseKey, Leases};
+pub use leases::{Lease, LeaseCursor, LeaseKey, Leases, ListedLease};
 pub use memory::MemoryStore;
 pub use postgres::{PgConfig, PgSslMode, PgTls, PostgresStore};
 pub use size::{message_wire_bytes, session_wire_bytes, stored_bytes};

@@ -55,6 +55,7 @@ macro_rules! store_contract_tests {
             memory_is_per_owner_and_agent_and_swapped_by_version,
             sessions_of_agent_pages_every_owners_sessions,
             forget_owner_drops_only_that_owners_spending,
+            listed_leases_page_by_replica_then_session,
         );
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn concurrent_appends_are_contiguous() {
@@ -86,6 +87,7 @@ mod agents;
 mod budget;
 mod compaction;
 mod keys;
+mod leases;
 mod offboard;
 mod pause;
 pub use agents::{
@@ -97,6 +99,7 @@ pub use compaction::{
     compaction_marks_covered_messages, compaction_rejects_bad_ranges, title_is_set_only_once,
 };
 pub use keys::a_key_extending_another_is_its_own_session;
+pub use leases::listed_leases_page_by_replica_then_session;
 pub use offboard::{
     forget_owner_drops_only_that_owners_spending, sessions_of_agent_pages_every_owners_sessions,
 };

@@ -3,7 +3,10 @@
 //!
 //! Channels are cached by address — at most [`MAX_CHANNELS`], the least
 //! recently used dropped first — and connect lazily, each attempt bounded
-//! by [`CONNECT_TIMEOUT`]. Every call carries the cluster key, the caller's
+//! by [`CONNECT_TIMEOUT`]. With `[tls]` every channel is https with the
+//! client side of the internal listener's material (this replica's
+//! certificate, the cluster's CA); when its files change the cache is
+//! emptied, so new calls connect with the new material. Every call carries the cluster key, the caller's
 //! principal and the caller's remaining deadline. The owner's answer comes
 //! back unchanged; only a failure to reach the owner at all becomes
 //! UNAVAILABLE naming the replica (its id, never its key). Each call is
@@ -16,7 +19,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -34,6 +37,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::{NO_LISTENER, WireKey, sign};
 use crate::clip;
+use crate::tls::{Material, ServerTls};
 
 /// Most cached channels (one per owner address).
 pub(crate) const MAX_CHANNELS: usize = 64;
@@ -52,10 +56,22 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub(crate) struct Forwarder {
     key: WireKey,
-    /// Most recently used last.
-    channels: Mutex<VecDeque<(String, Channel)>>,
+    /// The internal listener's material (`[tls]`): calls go over https
+    /// with its client side.
+    tls: Option<Arc<ServerTls>>,
+    channels: Mutex<Channels>,
     /// Largest message a forwarded call may send (the public request limit).
     max_message: usize,
+}
+
+/// The cached channels and the TLS material they were made with: when the
+/// files change (a renewed certificate) the cache is emptied, so new calls
+/// connect with the new material while calls in flight finish on theirs.
+#[derive(Debug, Default)]
+struct Channels {
+    /// Most recently used last.
+    cache: VecDeque<(String, Channel)>,
+    material: Option<Arc<Material>>,
 }
 
 /// Whether `status` says the owner could not be reached (made by this
@@ -118,22 +134,33 @@ pub(crate) fn peer_status(to: To<'_>, status: Status) -> Status {
         // Its own error map bounds it; bounded again all the same.
         return clip::status(status);
     }
+    // The causes say why (refused, a TLS handshake or certificate
+    // failure); none of them carries the key.
+    let mut cause = String::new();
+    let mut source = std::error::Error::source(&status);
+    while let Some(err) = source {
+        cause.push_str(": ");
+        cause.push_str(&err.to_string());
+        source = err.source();
+    }
     tracing::warn!(
         replica_id = %clip::id(to.replica_id()),
         address = %clip::id(to.address()),
-        error = %clip::message(status.message().to_owned()),
+        error = %clip::message(format!("{}{cause}", status.message())),
         "cannot reach another replica"
     );
     Status::unavailable(format!("{} cannot be reached from here; retry", to.which()))
 }
 
 impl Forwarder {
-    /// A forwarder whose calls carry `key`, sending messages up to
-    /// `max_message` bytes (receiving up to [`MAX_ANSWER`]).
-    pub(crate) fn new(key: WireKey, max_message: usize) -> Self {
+    /// A forwarder whose calls carry `key`, over https with the client
+    /// side of `tls` when given, sending messages up to `max_message`
+    /// bytes (receiving up to [`MAX_ANSWER`]).
+    pub(crate) fn new(key: WireKey, tls: Option<Arc<ServerTls>>, max_message: usize) -> Self {
         Self {
             key,
-            channels: Mutex::new(VecDeque::new()),
+            tls,
+            channels: Mutex::new(Channels::default()),
             max_message,
         }
     }
@@ -141,8 +168,20 @@ impl Forwarder {
     /// The channel to `to`: cached, or made (lazily connecting).
     fn channel(&self, to: To<'_>) -> Result<Channel, Status> {
         let address = to.address();
+        // Looked at before the lock: a reload reads files.
+        let material = self.tls.as_ref().map(|tls| tls.material());
         let channel = {
-            let mut cache = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+            let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+            let same = match (&channels.material, &material) {
+                (Some(was), Some(now)) => Arc::ptr_eq(was, now),
+                (None, None) => true,
+                _ => false,
+            };
+            if !same {
+                channels.cache.clear();
+                channels.material = material.clone();
+            }
+            let cache = &mut channels.cache;
             match cache.iter().position(|(a, _)| *a == address) {
                 Some(i) => {
                     let entry = cache.remove(i).expect("the position just found");
@@ -164,6 +203,7 @@ impl Forwarder {
                             clip::id(to.replica_id())
                         ))
                     })?;
+                    let endpoint = secure(endpoint, material.as_deref(), to)?;
                     let channel = endpoint
                         .connect_timeout(CONNECT_TIMEOUT)
                         .tcp_nodelay(true)
@@ -213,6 +253,32 @@ impl Forwarder {
         answer
             .map(Response::into_inner)
             .map_err(|s| peer_status(to, s))
+    }
+}
+
+/// `endpoint` with the TLS of `material` (https only), or plaintext
+/// without (http only): a replica with `[tls]` never sends the key and a
+/// call in plaintext, and one without cannot speak TLS.
+fn secure(endpoint: Endpoint, material: Option<&Material>, to: To<'_>) -> Result<Endpoint, Status> {
+    let https = endpoint.uri().scheme_str() == Some("https");
+    let replica = clip::id(to.replica_id());
+    match material.and_then(Material::client) {
+        Some(tls) if https => endpoint.tls_config(tls.clone()).map_err(|err| {
+            tracing::warn!(error = %err, "the cluster's TLS material cannot be used");
+            Status::unavailable(format!(
+                "this replica's cluster TLS material cannot be used to reach replica \
+                 {replica}; retry later"
+            ))
+        }),
+        Some(_) => Err(Status::unavailable(format!(
+            "replica {replica} advertises a plaintext (http://) address, and this replica \
+             forwards only over mTLS; retry when every replica serves [tls]"
+        ))),
+        None if https => Err(Status::unavailable(format!(
+            "replica {replica} serves its internal listener over TLS, and this replica has no \
+             [tls] to reach it with; retry when every replica serves [tls]"
+        ))),
+        None => Ok(endpoint),
     }
 }
 
@@ -314,7 +380,7 @@ mod tests {
     #[tokio::test]
     async fn the_channel_cache_is_bounded_and_keeps_the_recently_used() {
         let key = WireKey::new(&ClusterKey::new("k")).unwrap();
-        let f = Forwarder::new(key, 1 << 20);
+        let f = Forwarder::new(key, None, 1 << 20);
         f.channel(To::Owner(&lease("http://127.0.0.1:1"))).unwrap();
         for port in 2..=(MAX_CHANNELS as u16 + 5) {
             // Touch the first one now and then: it must survive.
@@ -322,10 +388,68 @@ mod tests {
             f.channel(To::Owner(&lease(&format!("http://127.0.0.1:{port}"))))
                 .unwrap();
         }
-        let cache = f.channels.lock().unwrap();
+        let cache = &f.channels.lock().unwrap().cache;
         assert_eq!(cache.len(), MAX_CHANNELS);
         assert!(cache.iter().any(|(a, _)| a == "http://127.0.0.1:1"));
         assert!(!cache.iter().any(|(a, _)| a == "http://127.0.0.1:2"));
+    }
+
+    /// Writes a new self-signed certificate and key into `dir` (renamed
+    /// into place, as a Secret update does) and returns `[tls]` for them.
+    fn certificate(dir: &std::path::Path) -> crate::config::TlsSettings {
+        let pair = rcgen::generate_simple_self_signed(vec!["replica.test".to_owned()]).unwrap();
+        for (name, pem) in [
+            ("cert.pem", pair.cert.pem()),
+            ("key.pem", pair.signing_key.serialize_pem()),
+        ] {
+            let staged = dir.join(format!("{name}.new"));
+            std::fs::write(&staged, pem).unwrap();
+            std::fs::rename(&staged, dir.join(name)).unwrap();
+        }
+        crate::config::TlsSettings {
+            cert: Some(dir.join("cert.pem")),
+            key: Some(dir.join("key.pem")),
+            client_ca: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn with_tls_only_https_replicas_are_reached_and_new_material_empties_the_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = certificate(dir.path());
+        // The certificate is its own CA here: only the material matters.
+        let tls = ServerTls::for_cluster(&settings, &dir.path().join("cert.pem"), None)
+            .unwrap()
+            .map(Arc::new);
+        let key = WireKey::new(&ClusterKey::new("k")).unwrap();
+        let f = Forwarder::new(key.clone(), tls, 1 << 20);
+        let err = f
+            .channel(To::Owner(&lease("http://127.0.0.1:1")))
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+        assert!(err.message().contains("plaintext"), "{}", err.message());
+        f.channel(To::Owner(&lease("https://127.0.0.1:1"))).unwrap();
+        f.channel(To::Owner(&lease("https://127.0.0.1:2"))).unwrap();
+        assert_eq!(f.channels.lock().unwrap().cache.len(), 2);
+        // A renewed certificate: channels made with the old one go.
+        certificate(dir.path());
+        f.channel(To::Owner(&lease("https://127.0.0.1:3"))).unwrap();
+        let cached: Vec<String> = f
+            .channels
+            .lock()
+            .unwrap()
+            .cache
+            .iter()
+            .map(|(a, _)| a.clone())
+            .collect();
+        assert_eq!(cached, ["https://127.0.0.1:3"]);
+
+        let plain = Forwarder::new(key, None, 1 << 20);
+        let err = plain
+            .channel(To::Owner(&lease("https://127.0.0.1:1")))
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+        assert!(err.message().contains("no [tls]"), "{}", err.message());
     }
 
     #[tokio::test]
@@ -337,7 +461,7 @@ mod tests {
             .unwrap()
             .port();
         let key = WireKey::new(&ClusterKey::new("sekrit-key")).unwrap();
-        let f = Forwarder::new(key, 1 << 20);
+        let f = Forwarder::new(key, None, 1 << 20);
         let who = Principal::local();
         let err = f
             .call(

@@ -8,7 +8,7 @@
 //! applies it; `Drain` and `Undrain` act on this replica; `DeleteSessions` acts here
 //! and, when a matching session's live turn runs on another replica, there
 //! too (where that turn is stopped). Each response names the replicas it
-//! acted on.
+//! acted on. `ListReplicas` reads the store: any replica answers for all.
 
 use std::time::Duration;
 
@@ -236,6 +236,20 @@ impl RuntimeAdmin for RuntimeAdminHandler {
             .await
             .map_err(from_runtime)?;
         Ok(Response::new(convert::user_usage(r.user_id, usage)))
+    }
+
+    async fn list_replicas(
+        &self,
+        req: Request<pb::ListReplicasRequest>,
+    ) -> Result<Response<pb::ListReplicasResponse>, Status> {
+        let (call, r) = Call::open(req)?;
+        let size = usize::try_from(r.page_size).unwrap_or(usize::MAX);
+        let list = self
+            .runtime
+            .list_replicas(&call.who, size, &r.page_token)
+            .await
+            .map_err(from_runtime)?;
+        Ok(Response::new(convert::replica_list(list)))
     }
 
     async fn delete_sessions(

@@ -113,6 +113,7 @@ pub(crate) const CASES: &[Case] = &[
     caller("agentrt.v1.AgentService/GetMemory"),
     caller("agentrt.v1.AgentService/UpdateMemory"),
     admin("agentrt.v1.RuntimeAdmin/DeleteSessions"),
+    admin("agentrt.v1.RuntimeAdmin/ListReplicas"),
     owned("lf.a2a.v1.A2AService/SendMessage", "context"),
     owned("lf.a2a.v1.A2AService/SendMessage", "task"),
     owned("lf.a2a.v1.A2AService/SendStreamingMessage", "context"),
@@ -508,6 +509,12 @@ pub(crate) async fn call(world: &World, case: &Case, user: User, target: &Target
             };
             unary(admin.delete_sessions(authed(r, user)).await, |a| {
                 format!("deleted {} remaining {}", a.deleted, a.remaining)
+            })
+        }
+        ("agentrt.v1.RuntimeAdmin/ListReplicas", _) => {
+            let r = pb::ListReplicasRequest::default();
+            unary(admin.list_replicas(authed(r, user)).await, |a| {
+                format!("{} replicas", a.replicas.len())
             })
         }
         ("lf.a2a.v1.A2AService/SendMessage", variant) => {

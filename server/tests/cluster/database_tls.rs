@@ -22,7 +22,7 @@ const B: usize = 1;
 #[tokio::test]
 async fn replicas_on_a_tls_only_database_with_verify_full_forward_a_stop() {
     let _serial = serial().await;
-    let Some(cluster) = Cluster::start_tls(2).await else {
+    let Some(cluster) = Cluster::start_db_tls(2).await else {
         return;
     };
     let session = cluster.session().await;

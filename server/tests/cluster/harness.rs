@@ -4,7 +4,8 @@
 //! `[cluster]` on `127.0.0.1:0` with a shared key), all on one
 //! [`Upstream`]. A replica is started, SIGKILLed, SIGTERMed and restarted
 //! by index; its public, cluster and metrics addresses come from the three
-//! lines it prints on stdout.
+//! lines it prints on stdout. With [`Tls`] every replica serves `[tls]`
+//! and the internal listener mTLS ([`Cluster::start_tls`]).
 
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -63,7 +64,25 @@ pub(crate) struct Cluster {
     grace: &'static str,
     /// Extra `[store]` lines (TLS settings) of every replica's config.
     store_tls: String,
+    tls: Option<Tls>,
     replicas: Vec<Option<Replica>>,
+}
+
+/// `[tls]` of every replica (one certificate they share) and the cluster's
+/// CA: both of their listeners then speak TLS, the internal one mTLS.
+#[derive(Debug, Clone)]
+pub(crate) struct Tls {
+    pub(crate) cert: std::path::PathBuf,
+    pub(crate) key: std::path::PathBuf,
+    /// `[cluster] ca_file`.
+    pub(crate) ca: std::path::PathBuf,
+    /// The CA's PEM, which the test's clients trust.
+    pub(crate) ca_pem: String,
+    /// `[cluster] server_name`, when set.
+    pub(crate) server_name: Option<String>,
+    /// The name the test's clients verify the public port's certificate
+    /// for (default: the host of its URL, 127.0.0.1).
+    pub(crate) client_domain: Option<String>,
 }
 
 impl Cluster {
@@ -75,23 +94,38 @@ impl Cluster {
 
     /// Like [`Cluster::start`], with this `shutdown_grace`.
     pub(crate) async fn start_with(n: usize, grace: &'static str) -> Option<Self> {
+        Self::start_full(n, grace, None).await
+    }
+
+    /// Like [`Cluster::start`], every replica serving `tls`.
+    pub(crate) async fn start_tls(n: usize, tls: Tls) -> Option<Self> {
+        Self::start_full(n, "1s", Some(tls)).await
+    }
+
+    async fn start_full(n: usize, grace: &'static str, tls: Option<Tls>) -> Option<Self> {
         let db = agentrt_testkit::pg::database().await?;
-        Some(Self::start_on(n, grace, db, String::new()).await)
+        Some(Self::start_on(n, grace, db, String::new(), tls).await)
     }
 
     /// `n` replicas on a fresh database of the testkit's TLS-only
     /// PostgreSQL, each connecting with `tls = "verify-full"` and the test
     /// CA as `ca_file`.
-    pub(crate) async fn start_tls(n: usize) -> Option<Self> {
+    pub(crate) async fn start_db_tls(n: usize) -> Option<Self> {
         let tls = agentrt_testkit::pg::tls_database().await?;
         let store_tls = format!(
             "tls = \"verify-full\"\nca_file = {:?}\n",
             tls.ca_file.display().to_string()
         );
-        Some(Self::start_on(n, "1s", tls.db, store_tls).await)
+        Some(Self::start_on(n, "1s", tls.db, store_tls, None).await)
     }
 
-    async fn start_on(n: usize, grace: &'static str, db: TestDb, store_tls: String) -> Self {
+    async fn start_on(
+        n: usize,
+        grace: &'static str,
+        db: TestDb,
+        store_tls: String,
+        tls: Option<Tls>,
+    ) -> Self {
         let mut cluster = Self {
             upstream: Upstream::start().await,
             db,
@@ -99,6 +133,7 @@ impl Cluster {
             key: format!("cluster-test-key-0123456789abcdef-{}", std::process::id()),
             grace,
             store_tls,
+            tls,
             replicas: Vec::new(),
         };
         for _ in 0..n {
@@ -202,7 +237,8 @@ impl Cluster {
             if let Some(addr) = line.strip_prefix("agentrt-server cluster service listening on ") {
                 cluster_addr = Some(addr.to_owned());
             } else if let Some(addr) = line.strip_prefix("agentrt-server listening on ") {
-                break format!("http://{addr}");
+                let scheme = if self.tls.is_some() { "https" } else { "http" };
+                break format!("{scheme}://{addr}");
             } else {
                 panic!("replica {i}: unexpected line on stdout {line:?}");
             }
@@ -221,7 +257,16 @@ impl Cluster {
             .unwrap_or_else(|| panic!("replica {i}: unexpected line on stdout {line:?}"))
             .to_owned();
         let drain = tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        let client = Client::connect(url.clone()).await.unwrap();
+        let client = match &self.tls {
+            None => Client::connect(url.clone()).await.unwrap(),
+            Some(tls) => {
+                let mut builder = Client::builder(url.clone()).ca_pem(tls.ca_pem.clone());
+                if let Some(domain) = &tls.client_domain {
+                    builder = builder.tls_domain(domain.clone());
+                }
+                builder.connect().await.unwrap()
+            }
+        };
         Replica {
             child,
             url,
@@ -234,6 +279,25 @@ impl Cluster {
     }
 
     fn config_text(&self) -> String {
+        let mut text = self.base_config();
+        if let Some(tls) = &self.tls {
+            text.push_str(&format!(
+                "\n[tls]\ncert = {:?}\nkey = {:?}\n",
+                tls.cert, tls.key
+            ));
+            // Keys of [cluster], right after its header.
+            let mut cluster = format!("ca_file = {:?}\n", tls.ca);
+            if let Some(name) = &tls.server_name {
+                cluster.push_str(&format!("server_name = {name:?}\n"));
+            }
+            let at =
+                text.find("[cluster]\n").expect("the config has [cluster]") + "[cluster]\n".len();
+            text.insert_str(at, &cluster);
+        }
+        text
+    }
+
+    fn base_config(&self) -> String {
         format!(
             "default_model = \"fake/m\"\n\
              shutdown_grace = \"{grace}\"\n\

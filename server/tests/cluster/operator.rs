@@ -1,7 +1,8 @@
 //! Operator calls on several replicas: `SetDefaultModel` sent to one
 //! replica is stored and reaches every other (and outlives restarts);
 //! `ResetRunners` and `InvalidateRunners` act on every live replica and
-//! name them; `Drain` names the one it drained.
+//! name them; `Drain` names the one it drained; `ListReplicas` on any
+//! replica lists them all with the leases of their live turns.
 
 use std::time::{Duration, Instant};
 
@@ -139,4 +140,79 @@ async fn runner_resets_reach_every_live_replica_and_name_them() {
     assert!(ids.contains(&drained.replica_ids[0]));
     // A still admits turns.
     assert_eq!(model_of_next_turn(&cluster, A).await, "fake/m");
+}
+
+/// `ListReplicas` (every lease on one page) asked of replica `i`.
+async fn list_replicas(cluster: &Cluster, i: usize) -> proto::ListReplicasResponse {
+    cluster
+        .client(i)
+        .admin()
+        .list_replicas(proto::ListReplicasRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+#[tokio::test]
+async fn list_replicas_shows_both_replicas_and_the_lease_of_the_one_running_a_turn() {
+    let _serial = serial().await;
+    let Some(cluster) = Cluster::start(2).await else {
+        return;
+    };
+    let session = cluster.session().await;
+    let mut events = cluster
+        .client(A)
+        .chat_with(text_request(&session, "hold listed 2"))
+        .await
+        .unwrap();
+    let seen = read_until(&mut events, Duration::from_secs(10), |e| {
+        matches!(e.kind, ChatEvent::Text(_))
+    })
+    .await;
+    let turn_id = seen.last().unwrap().turn_id.clone();
+    // Each replica marks itself.
+    let from_a = list_replicas(&cluster, A).await;
+    let a_id = from_a
+        .replicas
+        .iter()
+        .find(|r| r.this_replica)
+        .map(|r| r.replica_id.clone())
+        .expect("A marks itself");
+
+    // Asked of B, which runs nothing: the store answers for both.
+    let listed = list_replicas(&cluster, B).await;
+    assert_eq!(listed.replicas.len(), 2, "{listed:?}");
+    assert!(
+        listed
+            .replicas
+            .iter()
+            .all(|r| r.live && r.address.starts_with("http://"))
+    );
+    let this: Vec<&proto::Replica> = listed.replicas.iter().filter(|r| r.this_replica).collect();
+    assert_eq!(this.len(), 1, "one replica answered: {listed:?}");
+    assert_ne!(this[0].replica_id, a_id, "B answered");
+    assert_eq!(listed.leases.len(), 1, "{listed:?}");
+    let lease = &listed.leases[0];
+    assert_eq!(
+        (
+            lease.replica_id.as_str(),
+            lease.session_id.as_str(),
+            lease.turn_id.as_str()
+        ),
+        (a_id.as_str(), session.as_str(), turn_id.as_str())
+    );
+    assert!(
+        lease.expires_at.is_some() && lease.started_at.is_some(),
+        "{lease:?}"
+    );
+    assert!(listed.next_page_token.is_empty());
+
+    cluster.upstream.release("listed");
+    finish(events, Duration::from_secs(10)).await;
+    let after = list_replicas(&cluster, A).await;
+    assert!(
+        after.leases.is_empty(),
+        "the lease went with the turn: {after:?}"
+    );
+    assert_eq!(after.replicas.len(), 2);
 }

@@ -319,6 +319,7 @@ impl Runtime {
             from_inbox.clone().unwrap_or_else(crate::types::new_id),
             session.incarnation.clone(),
             input.request_id.clone(),
+            session.owner.clone(),
             TurnHub::new(self.inner.config.replay),
         ));
         let claimed = self

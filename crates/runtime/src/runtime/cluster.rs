@@ -28,7 +28,7 @@ pub(crate) const HEARTBEAT: Duration = Duration::from_secs(1);
 /// A replica whose last heartbeat is older than this is not live.
 pub(crate) const LIVE_WITHIN: Duration = Duration::from_secs(5);
 /// A replica silent this long has its row removed (by any replica).
-const FORGET_AFTER: Duration = Duration::from_secs(3600);
+pub(crate) const FORGET_AFTER: Duration = Duration::from_secs(3600);
 
 /// The first heartbeat, at start: other replicas' operator calls reach
 /// this one from now on.

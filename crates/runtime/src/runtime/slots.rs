@@ -32,6 +32,8 @@ pub(crate) struct LiveTurn {
     /// sees the turn only for that incarnation.
     pub(crate) incarnation: String,
     pub(crate) request_id: Option<String>,
+    /// The session's owner (listed with the turn's lease).
+    pub(crate) owner: String,
     pub(crate) started_at: SystemTime,
     pub(crate) hub: Arc<TurnHub>,
     pub(crate) cancel: CancellationToken,
@@ -62,12 +64,14 @@ impl LiveTurn {
         turn_id: String,
         incarnation: String,
         request_id: Option<String>,
+        owner: String,
         hub: TurnHub,
     ) -> Self {
         Self {
             turn_id,
             incarnation,
             request_id,
+            owner,
             started_at: SystemTime::now(),
             hub: Arc::new(hub),
             cancel: CancellationToken::new(),

@@ -48,6 +48,31 @@ pub struct LeaseKey {
     pub turn_id: String,
 }
 
+/// A lease as an operator lists it (`RuntimeAdmin.ListReplicas`): the
+/// lease, and whose session it is and when its turn began.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedLease {
+    /// The session.
+    pub session_id: String,
+    /// The session's owner.
+    pub owner: String,
+    /// The lease itself.
+    pub lease: Lease,
+    /// When the turn holding the lease was admitted (its record's start);
+    /// `None` if its record cannot be found.
+    pub turn_started_at: Option<SystemTime>,
+}
+
+/// Where a listing of leases goes on: after this replica's lease of this
+/// session (the order is by replica id, then session id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseCursor {
+    /// The holder of the last lease listed.
+    pub replica_id: String,
+    /// Its session.
+    pub session_id: String,
+}
+
 /// The lease capability of a shared store (see the module doc). Every
 /// method is required: an engine that shares state across replicas cannot
 /// leave one out and still compile.
@@ -76,4 +101,13 @@ pub trait Leases: Send + Sync + std::fmt::Debug {
     /// per turn. Returns the turns it changed. Safe to call from every
     /// replica at once.
     async fn sweep_expired_leases(&self) -> Result<Vec<TurnRecord>, StoreError>;
+
+    /// The leases in the store, every replica's — lapsed ones the sweepers
+    /// have not released yet included — ordered by replica id, then
+    /// session id (bytewise), starting after `after`, at most `limit`.
+    async fn list_leases(
+        &self,
+        after: Option<&LeaseCursor>,
+        limit: usize,
+    ) -> Result<Vec<ListedLease>, StoreError>;
 }

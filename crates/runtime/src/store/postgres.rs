@@ -41,8 +41,8 @@ use deadpool_postgres::{
 };
 
 use super::{
-    CreateOutcome, HistoryQuery, Lease, LeaseKey, Leases, ListQuery, MessagePage, SessionPage,
-    Store, StoreError,
+    CreateOutcome, HistoryQuery, Lease, LeaseCursor, LeaseKey, Leases, ListQuery, ListedLease,
+    MessagePage, SessionPage, Store, StoreError,
 };
 use crate::quota::WriteQuota;
 use crate::types::{Message, NewMessage, NewSession, Session, SessionUpdate, TurnRecord};
@@ -550,5 +550,13 @@ impl Leases for PostgresStore {
 
     async fn sweep_expired_leases(&self) -> Result<Vec<TurnRecord>, StoreError> {
         self.sweep().await
+    }
+
+    async fn list_leases(
+        &self,
+        after: Option<&LeaseCursor>,
+        limit: usize,
+    ) -> Result<Vec<ListedLease>, StoreError> {
+        self.listed_leases(after, limit).await
     }
 }

@@ -164,6 +164,7 @@ impl Runtime {
             record.turn_id.clone(),
             session.incarnation.clone(),
             record.request_id.clone(),
+            session.owner.clone(),
             TurnHub::new(self.inner.config.replay),
         ));
         // Every call the pause waits for gets its wait before the turn can

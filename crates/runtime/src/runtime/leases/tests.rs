@@ -15,8 +15,8 @@ use crate::events::{ErrorCode, EventKind, TurnOutcome};
 use crate::model::{ModelError, ModelEvent, ModelProvider, ModelRequest, ModelStream, Models};
 use crate::runtime::{ChatInput, Runtime, RuntimeConfig, StoreHealth, TurnStream};
 use crate::store::{
-    CreateOutcome, HistoryQuery, Lease, LeaseKey, Leases, ListQuery, MemoryStore, MessagePage,
-    SessionPage, Store, StoreError,
+    CreateOutcome, HistoryQuery, Lease, LeaseCursor, LeaseKey, Leases, ListQuery, ListedLease,
+    MemoryStore, MessagePage, SessionPage, Store, StoreError,
 };
 use crate::types::{
     ContentBlock, Message, NewMessage, NewSession, Principal, Session, SessionUpdate, TurnRecord,
@@ -282,6 +282,35 @@ impl Leases for Shared {
     }
     async fn sweep_expired_leases(&self) -> Result<Vec<TurnRecord>, StoreError> {
         Ok(Vec::new())
+    }
+    async fn list_leases(
+        &self,
+        after: Option<&LeaseCursor>,
+        limit: usize,
+    ) -> Result<Vec<ListedLease>, StoreError> {
+        let mut held: Vec<(String, Lease)> = lock(&self.leases)
+            .iter()
+            .map(|(id, lease)| (id.clone(), lease.clone()))
+            .collect();
+        held.sort_by(|a, b| (&a.1.replica_id, &a.0).cmp(&(&b.1.replica_id, &b.0)));
+        let mut listed = Vec::new();
+        for (session_id, lease) in held {
+            let past = after.is_none_or(|c| {
+                (lease.replica_id.as_str(), session_id.as_str())
+                    > (c.replica_id.as_str(), c.session_id.as_str())
+            });
+            if !past || listed.len() == limit {
+                continue;
+            }
+            let owner = self.inner.get_session(&session_id).await?.map(|s| s.owner);
+            listed.push(ListedLease {
+                session_id,
+                owner: owner.unwrap_or_default(),
+                lease,
+                turn_started_at: None,
+            });
+        }
+        Ok(listed)
     }
 }
 
@@ -633,4 +662,54 @@ async fn a_request_another_replica_admitted_and_finished_meanwhile_is_replayed_n
         stored,
         "nothing stored twice"
     );
+}
+
+#[tokio::test]
+async fn list_replicas_pages_the_stores_leases_by_replica_then_session() {
+    let store = Arc::new(Shared::default());
+    let rt = runtime(&store, Duration::from_secs(30)).await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(session(&rt).await);
+    }
+    {
+        let mut leases = lock(&store.leases);
+        leases.insert(ids[0].clone(), lease("t-0", "replica-z"));
+        leases.insert(ids[1].clone(), lease("t-1", ME));
+        leases.insert(ids[2].clone(), lease("t-2", ME));
+    }
+    // This replica's two first ("replica-me" < "replica-z"), by session.
+    let mut mine = [ids[1].clone(), ids[2].clone()];
+    mine.sort();
+    let who = Principal::local();
+    let first = rt.list_replicas(&who, 2, "").await.unwrap();
+    let listed: Vec<(&str, &str)> = first
+        .leases
+        .iter()
+        .map(|l| (l.replica_id.as_str(), l.session_id.as_str()))
+        .collect();
+    assert_eq!(listed, [(ME, mine[0].as_str()), (ME, mine[1].as_str())]);
+    assert!(
+        first
+            .leases
+            .iter()
+            .all(|l| l.owner == "local" && l.expires_at.is_some())
+    );
+    assert!(
+        first.replicas.is_empty(),
+        "this store has no heartbeat rows"
+    );
+    let second = rt
+        .list_replicas(&who, 2, &first.next_page_token)
+        .await
+        .unwrap();
+    assert_eq!(second.leases.len(), 1);
+    assert_eq!(
+        (
+            second.leases[0].replica_id.as_str(),
+            second.leases[0].turn_id.as_str()
+        ),
+        ("replica-z", "t-0")
+    );
+    assert!(second.next_page_token.is_empty());
 }

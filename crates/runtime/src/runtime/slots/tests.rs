@@ -39,6 +39,7 @@ fn turn(id: &str) -> Arc<LiveTurn> {
         id.into(),
         "i1".into(),
         None,
+        "alice".into(),
         TurnHub::new(ReplayLimits::default()),
     ))
 }

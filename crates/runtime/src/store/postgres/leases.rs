@@ -12,7 +12,7 @@ use deadpool_postgres::Object;
 use super::PostgresStore;
 use super::codec::{self, locked_cols};
 use super::write;
-use crate::store::{Lease, LeaseKey, StoreError};
+use crate::store::{Lease, LeaseCursor, LeaseKey, ListedLease, StoreError};
 use crate::types::TurnRecord;
 
 /// Most sessions one sweep handles (the next sweep takes the rest).
@@ -52,6 +52,52 @@ impl PostgresStore {
                 })?;
                 let lease = codec::lease(&id, row)?;
                 Ok((id, lease))
+            })
+            .collect()
+    }
+
+    /// One statement: the leases after `after` in (replica, session)
+    /// order, with their session's owner and their turn's record (for its
+    /// start). The partial index of leased sessions bounds the scan to the
+    /// sessions holding a lease.
+    pub(super) async fn listed_leases(
+        &self,
+        after: Option<&LeaseCursor>,
+        limit: usize,
+    ) -> Result<Vec<ListedLease>, StoreError> {
+        let client = self.client().await?;
+        // Replica ids are never empty: ("", "") is before every lease.
+        let (replica, session) =
+            after.map_or(("", ""), |c| (c.replica_id.as_str(), c.session_id.as_str()));
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let sql = "SELECT s.id, s.owner, s.lease_replica, s.lease_address, s.lease_turn, \
+                   s.lease_expires, t.turn_id, t.record \
+                   FROM sessions s LEFT JOIN turns t \
+                   ON t.session_id = s.id AND t.turn_id = s.lease_turn \
+                   WHERE s.lease_turn IS NOT NULL \
+                   AND (s.lease_replica COLLATE \"C\", s.id) > ($1, $2) \
+                   ORDER BY s.lease_replica COLLATE \"C\", s.id LIMIT $3";
+        let rows = codec::rows(&client, sql, &[&replica, &session, &limit]).await?;
+        rows.iter()
+            .map(|row| {
+                let corrupt = |e: tokio_postgres::Error| StoreError::Corrupt {
+                    key: "sessions/?".to_owned(),
+                    reason: e.to_string(),
+                };
+                let session_id: String = row.try_get("id").map_err(corrupt)?;
+                let owner: String = row.try_get("owner").map_err(corrupt)?;
+                let lease = codec::lease(&session_id, row)?;
+                let record: Option<&[u8]> = row.try_get("record").map_err(corrupt)?;
+                let turn_started_at = match record {
+                    Some(_) => Some(codec::turn(&session_id, row)?.started_at),
+                    None => None,
+                };
+                Ok(ListedLease {
+                    session_id,
+                    owner,
+                    lease,
+                    turn_started_at,
+                })
             })
             .collect()
     }
