@@ -41,7 +41,7 @@ mod url;
 mod verify;
 
 pub(super) use connect::Connector;
-use verify::{ChainOnly, Unverified};
+use verify::NameUnchecked;
 
 /// How the store secures its connections: libpq's `sslmode`, by its
 /// names (`disable`, `prefer`, `require`, `verify-ca`, `verify-full`).
@@ -212,12 +212,12 @@ pub(super) fn prepare(url: &str, settings: &PgTls) -> Result<Prepared, String> {
             });
         }
         // A CA file with prefer was refused above.
-        PgSslMode::Prefer => Arc::new(Unverified::new(&provider)),
+        PgSslMode::Prefer => Arc::new(NameUnchecked::unverified(&provider)),
         PgSslMode::Require => match &ca {
-            None => Arc::new(Unverified::new(&provider)),
-            Some(ca) => Arc::new(ChainOnly::new(roots(Some(ca))?, &provider)),
+            None => Arc::new(NameUnchecked::unverified(&provider)),
+            Some(ca) => Arc::new(NameUnchecked::chain_only(roots(Some(ca))?, &provider)),
         },
-        PgSslMode::VerifyCa => Arc::new(ChainOnly::new(roots(ca.as_ref())?, &provider)),
+        PgSslMode::VerifyCa => Arc::new(NameUnchecked::chain_only(roots(ca.as_ref())?, &provider)),
         PgSslMode::VerifyFull => rustls::client::WebPkiServerVerifier::builder_with_provider(
             Arc::new(roots(ca.as_ref())?),
             Arc::clone(&provider),

@@ -7,24 +7,36 @@ use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-/// `verify-ca`: the chain must lead to a trusted root; the name is not
-/// checked. The handshake's signature is, as always.
+/// A verifier that never checks the name: with roots (`verify-ca`) the
+/// chain must lead to one of them; without (`prefer`, `require`) any
+/// certificate is accepted. The handshake's signature is checked either
+/// way, so the server holds the key of the certificate it showed (which
+/// channel binding relies on).
 #[derive(Debug)]
-pub(super) struct ChainOnly {
-    roots: RootCertStore,
+pub(super) struct NameUnchecked {
+    roots: Option<RootCertStore>,
     algorithms: WebPkiSupportedAlgorithms,
 }
 
-impl ChainOnly {
-    pub(super) fn new(roots: RootCertStore, provider: &CryptoProvider) -> Self {
+impl NameUnchecked {
+    /// `verify-ca`: the chain must lead to one of `roots`.
+    pub(super) fn chain_only(roots: RootCertStore, provider: &CryptoProvider) -> Self {
         Self {
-            roots,
+            roots: Some(roots),
+            algorithms: provider.signature_verification_algorithms,
+        }
+    }
+
+    /// `prefer` and `require`: any certificate.
+    pub(super) fn unverified(provider: &CryptoProvider) -> Self {
+        Self {
+            roots: None,
             algorithms: provider.signature_verification_algorithms,
         }
     }
 }
 
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for NameUnchecked {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -33,65 +45,16 @@ impl ServerCertVerifier for ChainOnly {
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
-        rustls::client::verify_server_cert_signed_by_trust_anchor(
-            &cert,
-            &self.roots,
-            intermediates,
-            now,
-            self.algorithms.all,
-        )?;
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
-}
-
-/// `prefer` and `require`: any certificate is accepted. The handshake's
-/// signature is still checked, so the server holds the key of the
-/// certificate it showed (which channel binding relies on).
-#[derive(Debug)]
-pub(super) struct Unverified {
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl Unverified {
-    pub(super) fn new(provider: &CryptoProvider) -> Self {
-        Self {
-            algorithms: provider.signature_verification_algorithms,
+        if let Some(roots) = &self.roots {
+            let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
+            rustls::client::verify_server_cert_signed_by_trust_anchor(
+                &cert,
+                roots,
+                intermediates,
+                now,
+                self.algorithms.all,
+            )?;
         }
-    }
-}
-
-impl ServerCertVerifier for Unverified {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
         Ok(ServerCertVerified::assertion())
     }
 
