@@ -582,13 +582,10 @@ async fn run(cli: Cli) -> Result<bool, String> {
         }
     }
     if want("langgraph") && (!cli.smoke || asked("langgraph")) {
-        let venv = cli.langgraph_venv.clone().unwrap_or_else(|| {
-            let exe = std::env::current_exe().unwrap_or_default();
-            let target = exe.parent().and_then(|d| d.parent());
-            target
-                .map_or("target".into(), PathBuf::from)
-                .join("langgraph-venv")
-        });
+        let venv = cli
+            .langgraph_venv
+            .clone()
+            .unwrap_or_else(langgraph::default_venv);
         match langgraph::ensure_venv(&venv).await {
             Ok(venv) => {
                 let plan = langgraph::plan(cli.smoke, &env.plan, cli.langgraph_jobs);

@@ -92,6 +92,16 @@ impl Venv {
     }
 }
 
+/// `langgraph-venv` in the target directory of this executable
+/// (`target/release/agentrt-bench` → `target/langgraph-venv`).
+pub(crate) fn default_venv() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    exe.parent()
+        .and_then(Path::parent)
+        .map_or_else(|| PathBuf::from("target"), Path::to_path_buf)
+        .join("langgraph-venv")
+}
+
 /// The pins the venv must match: requirements then constraints.
 fn pins() -> Result<String, String> {
     let read = |name: &str| {
