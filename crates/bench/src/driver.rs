@@ -123,17 +123,17 @@ impl Recorder {
 
 /// Received token indices and instants of one stream.
 #[derive(Debug, Default)]
-struct Received {
+pub(crate) struct Received {
     tokens: Vec<(u32, Instant)>,
 }
 
 impl Received {
-    fn text(&mut self, text: &str, at: Instant) {
+    pub(crate) fn text(&mut self, text: &str, at: Instant) {
         self.tokens.extend(token_indices(text).map(|i| (i, at)));
     }
 
     /// Fills ttfe, lags, admission and first_relay from the fake's record.
-    async fn finish(self, sent: Instant, ticket: Option<&Ticket>, obs: &mut TurnObs) {
+    pub(crate) async fn finish(self, sent: Instant, ticket: Option<&Ticket>, obs: &mut TurnObs) {
         obs.tokens = self.tokens.len() as u64;
         obs.ttfe = self.tokens.first().map(|(_, t)| *t - sent);
         let Some(ticket) = ticket else { return };

@@ -12,11 +12,14 @@
 //! target/release/agentrt-bench --smoke                      # seconds, for CI
 //! target/release/agentrt-bench --only p10                   # PostgreSQL vs sled, forwarding
 //! target/release/agentrt-bench --only agents                # agent sessions beside plain ones
+//! target/release/agentrt-bench --only langgraph             # beside LangGraph's Agent Server
 //! ```
 //!
 //! The `p10` part needs PostgreSQL (the system's binaries, or
 //! `AGENTRT_TEST_PG_URL`); without it the part is skipped with a note, and
-//! `--smoke` runs it only when asked for with `--only p10`.
+//! `--smoke` runs it only when asked for with `--only p10`. The same holds
+//! for the `langgraph` part (Python 3.11+, PyPI for its venv's first fill;
+//! see [`langgraph`]).
 
 mod agents;
 mod baseline;
@@ -24,6 +27,7 @@ mod context;
 mod driver;
 mod durable;
 mod fake;
+mod langgraph;
 mod latency;
 mod load;
 mod local;
@@ -70,10 +74,12 @@ struct Cli {
     #[arg(long)]
     smoke: bool,
     /// Only these parts, comma-separated:
-    /// baselines,s1,agents,s2,s3,s4,s6,s7,s9,local,otel,p10.
+    /// baselines,s1,agents,s2,s3,s4,s6,s7,s9,local,otel,p10,langgraph.
     /// `otel` runs S2 at `--otel-sessions` with telemetry off, then on;
     /// `p10` runs S6 and S2 on sled and PostgreSQL and the forwarding
-    /// scenario (needs PostgreSQL; see `shared_store`).
+    /// scenario (needs PostgreSQL; see `shared_store`); `langgraph` runs
+    /// LangGraph's Agent Server beside agentrt (needs python3; see
+    /// `langgraph`).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Runs the server (and the echo baseline) under `taskset -c CPUS`.
@@ -93,6 +99,14 @@ struct Cli {
     /// the part is skipped when there is none].
     #[arg(long)]
     local_model: Option<PathBuf>,
+    /// The venv of the `langgraph` part, created and filled when missing
+    /// [default: `langgraph-venv` in the target dir of this executable].
+    #[arg(long)]
+    langgraph_venv: Option<PathBuf>,
+    /// `--n-jobs-per-worker` of LangGraph's raised configuration (its stock
+    /// one runs too).
+    #[arg(long, default_value_t = 100)]
+    langgraph_jobs: usize,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -565,6 +579,35 @@ async fn run(cli: Cli) -> Result<bool, String> {
                 r.p10_skipped = Some(e);
             }
             Err(e) => failures.push(e),
+        }
+    }
+    if want("langgraph") && (!cli.smoke || asked("langgraph")) {
+        let venv = cli
+            .langgraph_venv
+            .clone()
+            .unwrap_or_else(langgraph::default_venv);
+        match langgraph::ensure_venv(&venv).await {
+            Ok(venv) => {
+                let plan = langgraph::plan(cli.smoke, &env.plan, cli.langgraph_jobs);
+                match bounded(
+                    "langgraph",
+                    limit * 4,
+                    langgraph::langgraph(&env, &venv, &plan),
+                )
+                .await
+                {
+                    Ok(p) => {
+                        note_failures("langgraph", &langgraph::loads(&p), &mut failures);
+                        r.langgraph = Some(p);
+                    }
+                    Err(e) => failures.push(e),
+                }
+            }
+            Err(langgraph::Unavailable::Skip(why)) => {
+                eprintln!("agentrt-bench: langgraph skipped: {why}");
+                r.langgraph_skipped = Some(why);
+            }
+            Err(langgraph::Unavailable::Failed(e)) => failures.push(format!("langgraph: {e}")),
         }
     }
     let unknown = env

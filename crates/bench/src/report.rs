@@ -97,6 +97,10 @@ pub(crate) struct Report {
     pub(crate) p10: Option<shared_store::P10>,
     /// Why the p10 part did not run.
     pub(crate) p10_skipped: Option<String>,
+    /// LangGraph's Agent Server beside agentrt (`langgraph` part).
+    pub(crate) langgraph: Option<crate::langgraph::LangGraphPart>,
+    /// Why the langgraph part did not run.
+    pub(crate) langgraph_skipped: Option<String>,
     pub(crate) targets: Vec<Target>,
     pub(crate) failures: Vec<String>,
 }
@@ -169,6 +173,11 @@ pub(crate) fn markdown(r: &Report) -> String {
         out.push_str(&shared_store::markdown(p));
     } else if let Some(why) = &r.p10_skipped {
         let _ = writeln!(out, "\n## P10: PostgreSQL and forwarding\n\nskipped: {why}");
+    }
+    if let Some(p) = &r.langgraph {
+        out.push_str(&crate::langgraph::markdown(p));
+    } else if let Some(why) = &r.langgraph_skipped {
+        let _ = writeln!(out, "\n## Side by side with LangGraph\n\nskipped: {why}");
     }
     if !r.failures.is_empty() {
         let _ = writeln!(out, "\n## Failures\n");
