@@ -1,10 +1,11 @@
 //! `agentrt-bench`: drives the real `agentrt-server` binary (a child
 //! process) over loopback through the Rust client, against a timed fake
-//! OpenAI-compatible upstream running in this process, next to two
+//! OpenAI-compatible upstream running in this process, next to three
 //! baselines measured in the same run: a bare tonic echo of the same
-//! `ChatEvent`s (the transport limit) and the fake read directly with
-//! reqwest (the upstream limit). Prints markdown tables; `--json FILE`
-//! writes every number.
+//! `ChatEvent`s (the transport limit), the fake read directly with
+//! reqwest (the upstream limit) and a minimal relay (a tonic Chat relaying
+//! the fake's SSE with no storage: the floor every agentrt ratio is quoted
+//! against). Prints markdown tables; `--json FILE` writes every number.
 //!
 //! ```text
 //! cargo build --release -p agentrt-server -p agentrt-bench
@@ -12,6 +13,7 @@
 //! target/release/agentrt-bench --smoke                      # seconds, for CI
 //! target/release/agentrt-bench --only p10                   # PostgreSQL vs sled, forwarding
 //! target/release/agentrt-bench --only agents                # agent sessions beside plain ones
+//! target/release/agentrt-bench --only baselines,s2,s3       # against the minimal relay
 //! ```
 //!
 //! The `p10` part needs PostgreSQL (the system's binaries, or
@@ -20,6 +22,7 @@
 
 mod agents;
 mod baseline;
+mod burst;
 mod context;
 mod driver;
 mod durable;
@@ -30,6 +33,7 @@ mod local;
 mod markdown;
 mod otel;
 mod proc_stats;
+mod relay;
 mod report;
 mod saturation;
 mod scenarios;
@@ -105,6 +109,15 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: SocketAddr,
     },
+    /// (internal) Serves the minimal relay baseline to `--upstream`.
+    #[command(hide = true)]
+    RelayServer {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+        /// The upstream's OpenAI-compatible base URL (`http://HOST:PORT/v1`).
+        #[arg(long)]
+        upstream: String,
+    },
 }
 
 fn params(ttft_ms: u64, tokens: u32, rate: f64) -> StreamParams {
@@ -150,6 +163,9 @@ fn plan(smoke: bool) -> Plan {
             s2: params(1, 5, 500.0),
             s2_window: secs(0.3),
             s2_side_window: secs(0.2),
+            burst: params(1, 5, 500.0),
+            burst_samples: 8,
+            burst_max_rounds: 2,
             s3_levels: vec![2],
             s3_tokens: 200,
             s3_window: secs(0.3),
@@ -174,6 +190,9 @@ fn plan(smoke: bool) -> Plan {
         s2: params(20, 50, 50.0),
         s2_window: secs(10.0),
         s2_side_window: secs(4.0),
+        burst: params(20, 20, 100.0),
+        burst_samples: 300,
+        burst_max_rounds: 30,
         s3_levels: vec![8, 16, 32],
         s3_tokens: 2000,
         s3_window: secs(4.0),
@@ -329,6 +348,7 @@ fn targets(r: &Report) -> Vec<Target> {
             "turns/s",
         ));
     }
+    t.extend(report::relay_targets(r));
     t
 }
 
@@ -454,10 +474,23 @@ async fn run(cli: Cli) -> Result<bool, String> {
         for &c in &env.plan.s2_levels {
             match bounded(&format!("S2 c={c}"), limit, latency::s2_level(&env, c)).await {
                 Ok(l) => {
-                    note_failures("S2", &[&l.agentrt, &l.direct, &l.echo], &mut failures);
+                    let loads = [&l.agentrt, &l.direct, &l.echo, &l.relay];
+                    note_failures("S2", &loads, &mut failures);
                     r.s2.push(l);
                 }
                 Err(e) => failures.push(e),
+            }
+        }
+        for &c in &env.plan.s2_levels {
+            for kind in [burst::Sessions::New, burst::Sessions::Warm] {
+                let part = format!("S2 burst c={c} ({} sessions)", kind.name());
+                match bounded(&part, limit, burst::burst_level(&env, c, kind)).await {
+                    Ok(b) => {
+                        note_failures("S2 burst", &[&b.agentrt, &b.relay], &mut failures);
+                        r.s2_burst.push(b);
+                    }
+                    Err(e) => failures.push(e),
+                }
             }
         }
     }
@@ -485,7 +518,10 @@ async fn run(cli: Cli) -> Result<bool, String> {
         let unpaced = r.baselines.echo_unpaced.tokens_per_s;
         match bounded("S3", limit, saturation::s3(&env, echo, unpaced)).await {
             Ok(s) => {
-                let loads: Vec<&Load> = s.agentrt.iter().chain(&s.direct).collect();
+                let loads: Vec<&Load> = [&s.agentrt, &s.direct, &s.new_session, &s.relay]
+                    .into_iter()
+                    .flatten()
+                    .collect();
                 note_failures("S3", &loads, &mut failures);
                 r.s3 = Some(s);
             }
@@ -603,14 +639,26 @@ async fn run(cli: Cli) -> Result<bool, String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(Command::EchoServer { listen }) = cli.command {
-        return match baseline::run_echo_server(listen).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("agentrt-bench echo-server: {e}");
-                ExitCode::FAILURE
-            }
-        };
+    match cli.command {
+        Some(Command::EchoServer { listen }) => {
+            return match baseline::run_echo_server(listen).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("agentrt-bench echo-server: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Some(Command::RelayServer { listen, upstream }) => {
+            return match relay::run_relay_server(listen, &upstream).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("agentrt-bench relay-server: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        None => {}
     }
     match run(cli).await {
         Ok(true) => ExitCode::SUCCESS,
