@@ -14,7 +14,10 @@
 //! connection and its request ready, so no sleep decides when they start.
 //! The first round of each process is not measured (it opens the upstream
 //! connections); the rounds after it are, each with new sessions, until
-//! the level has about `burst_samples` Chats. Server CPU and RSS are taken
+//! the level has about `burst_samples` Chats. No round starts while
+//! agentrt still titles sessions after their first turns (a background
+//! write a user's next turn would not meet): the bench waits until their
+//! titles are set. Server CPU and RSS are taken
 //! around each round only (not the session set-up between rounds): CPU
 //! summed, RSS as the largest growth during one round over the RSS at its
 //! start, divided by the Chats of the round.
@@ -146,7 +149,15 @@ async fn run_rounds(
         }
         if kind == Sessions::Warm {
             warm_turns(env, &run.clients, &ids).await?;
+            if sessions {
+                settle_titles(&run.clients, &ids, limit).await?;
+            }
         }
+        let titles = if sessions && kind == Sessions::New {
+            Some(ids.clone())
+        } else {
+            None
+        };
         let barrier = Arc::new(Barrier::new(n + 1));
         let mut set = tokio::task::JoinSet::new();
         for (i, id) in ids.into_iter().enumerate() {
@@ -174,6 +185,9 @@ async fn run_rounds(
         let after = proc_stats::sample(pid).unwrap_or_default();
         let bench_after = proc_stats::sample_self();
         let (peak, threads) = sampler.stop().await;
+        if let Some(ids) = titles {
+            settle_titles(&run.clients, &ids, limit).await?;
+        }
         if round == 0 {
             continue;
         }
@@ -246,6 +260,50 @@ async fn warm_turns(
     match errors.first() {
         None => Ok(()),
         Some(e) => Err(format!("{} warm-up turns failed; first: {e}", errors.len())),
+    }
+}
+
+/// Waits until every session of `ids` has its title: the background job
+/// (a history read and a store write) agentrt starts after a session's
+/// first successful turn. A user's next turn comes well after it, so no
+/// burst is released while those jobs still run. Polls, bounded by `limit`.
+async fn settle_titles(
+    clients: &[agentrt_client::Client],
+    ids: &[String],
+    limit: Duration,
+) -> Result<(), String> {
+    let until = Instant::now() + limit;
+    let mut pending: Vec<usize> = (0..ids.len()).collect();
+    loop {
+        let checked: Vec<(usize, Result<bool, String>)> =
+            futures::stream::iter(std::mem::take(&mut pending))
+                .map(|i| async move {
+                    let c = &clients[i % clients.len()];
+                    let titled = c
+                        .get_session(&ids[i])
+                        .await
+                        .map(|s| !s.title.is_empty())
+                        .map_err(|e| format!("get session {}: {e}", ids[i]));
+                    (i, titled)
+                })
+                .buffer_unordered(32)
+                .collect()
+                .await;
+        for (i, titled) in checked {
+            if !titled? {
+                pending.push(i);
+            }
+        }
+        if pending.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= until {
+            return Err(format!(
+                "{} sessions still had no title {limit:?} after their first turn",
+                pending.len()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
 
