@@ -75,6 +75,8 @@ struct Cli {
     smoke: bool,
     /// Only these parts, comma-separated:
     /// baselines,s1,agents,s2,s3,s4,s6,s7,s9,local,otel,p10.
+    /// `s2` includes the bursts (N Chats at once, new and warm sessions)
+    /// beside the minimal relay;
     /// `otel` runs S2 at `--otel-sessions` with telemetry off, then on;
     /// `p10` runs S6 and S2 on sled and PostgreSQL and the forwarding
     /// scenario (needs PostgreSQL; see `shared_store`).
@@ -89,7 +91,8 @@ struct Cli {
     /// Sessions of the telemetry off/on comparison [default: 100; smoke: 4].
     #[arg(long)]
     otel_sessions: Option<usize>,
-    /// Replaces the S2 concurrency levels (e.g. `--s2-sessions 1000`).
+    /// Replaces the S2 concurrency levels, bursts included (e.g.
+    /// `--s2-sessions 1000`).
     #[arg(long, value_delimiter = ',')]
     s2_sessions: Vec<usize>,
     /// The local model's GGUF for the `local` part [default:
