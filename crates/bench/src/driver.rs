@@ -338,6 +338,17 @@ struct WireDelta {
     content: Option<String>,
 }
 
+/// The text delta of one OpenAI chat-completion chunk (`choices[0].delta.
+/// content`), `None` for a chunk without one (finish reason, usage).
+pub(crate) fn delta_content(data: &str) -> Result<Option<String>, serde_json::Error> {
+    let chunk: WireChunk = serde_json::from_str(data)?;
+    Ok(chunk
+        .choices
+        .into_iter()
+        .next()
+        .and_then(|c| c.delta?.content))
+}
+
 /// One stream read directly from the fake with reqwest (the upstream
 /// limit): SSE split, JSON decoded, as a minimal client would.
 pub(crate) async fn direct_stream(
@@ -384,14 +395,8 @@ pub(crate) async fn direct_stream(
                     done = true;
                     continue;
                 }
-                let chunk: WireChunk =
-                    serde_json::from_str(&data).map_err(|e| format!("direct json: {e}"))?;
-                if let Some(text) = chunk
-                    .choices
-                    .into_iter()
-                    .next()
-                    .and_then(|c| c.delta?.content)
-                {
+                let delta = delta_content(&data).map_err(|e| format!("direct json: {e}"))?;
+                if let Some(text) = delta {
                     got.text(&text, now);
                 }
             }

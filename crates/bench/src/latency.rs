@@ -1,7 +1,8 @@
 //! The latency scenarios: S1 single session (TTFE and relay lag of
 //! sequential turns) and S2 concurrency sweep (the same paced load through
-//! agentrt, through the bare echo and read directly from the fake), with
-//! their sections of the report.
+//! agentrt, through the bare echo, through the minimal relay and read
+//! directly from the fake), with their sections of the report. The S2
+//! bursts are in [`crate::burst`].
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -10,12 +11,12 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::driver::{Recorder, agentrt_turn, connections_for, direct_stream};
-use crate::load::{LOAD_HEAD, Load, decomposition, fail_note, lat2, lat3, load_row};
+use crate::load::{LOAD_HEAD, Load, VsRelay, decomposition, fail_note, lat2, lat3, load_row};
 use crate::markdown::{ms, num, table};
 use crate::proc_stats;
 use crate::scenarios::{
     Env, Measure, agentrt_loops, bench_only, create_session, create_sessions, direct_load,
-    echo_load, nominal,
+    echo_load, nominal, relay_load,
 };
 use crate::server::ServerSpec;
 
@@ -41,6 +42,10 @@ pub(crate) struct S2Level {
     pub(crate) lag_ratio: f64,
     /// agentrt KB/session ÷ echo KB/stream.
     pub(crate) mem_ratio: f64,
+    /// The minimal relay (baseline c) on the same load and window as
+    /// agentrt (empty in the P10 part's S2).
+    pub(crate) relay: Load,
+    pub(crate) vs_relay: VsRelay,
 }
 
 /// S1: one session, sequential turns, each preceded by the same stream read
@@ -78,7 +83,13 @@ pub(crate) async fn s1(env: &Env) -> Result<S1, String> {
 /// S2 at one concurrency: the same paced load read directly from the fake,
 /// through the bare echo, and through agentrt (fresh processes each).
 pub(crate) async fn s2_level(env: &Env, sessions: usize) -> Result<S2Level, String> {
-    s2_level_on(env, &env.spec, "S2", sessions).await
+    let mut level = s2_level_on(env, &env.spec, "S2", sessions).await?;
+    let p = env.plan.s2;
+    let label = format!("S2 relay c={sessions}");
+    let windows = (env.plan.s2_window, nominal(p));
+    level.relay = relay_load(env, &label, sessions, p, windows).await?;
+    level.vs_relay = VsRelay::of(&level.agentrt, &level.relay);
+    Ok(level)
 }
 
 /// [`s2_level`] with the agentrt server started as `spec` says (the P10
@@ -133,6 +144,8 @@ pub(crate) async fn s2_level_on(
         cpu_ratio: div(agentrt.cpu_us_per_event, echo.cpu_us_per_event),
         lag_ratio: div(agentrt.lag.p99_us, echo.lag.p99_us),
         mem_ratio: div(agentrt.rss_per_session_kb, echo.rss_per_session_kb),
+        relay: Load::default(),
+        vs_relay: VsRelay::default(),
         agentrt,
         direct,
         echo,
@@ -201,10 +214,12 @@ pub(crate) fn markdown_s2(levels: &[S2Level]) -> String {
     let _ = writeln!(out, "\nEvery run:\n");
     let rows: Vec<_> = levels
         .iter()
-        .flat_map(|l| [load_row(&l.agentrt), load_row(&l.direct), load_row(&l.echo)])
+        .flat_map(|l| [&l.agentrt, &l.direct, &l.echo, &l.relay])
+        .filter(|l| l.turns > 0)
+        .map(load_row)
         .collect();
     out.push_str(&table(LOAD_HEAD, &rows));
-    let loads: Vec<&Load> = levels.iter().map(|l| &l.agentrt).collect();
+    let loads: Vec<&Load> = levels.iter().flat_map(|l| [&l.agentrt, &l.relay]).collect();
     out.push_str(&decomposition(&loads));
     out
 }

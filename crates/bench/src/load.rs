@@ -68,6 +68,9 @@ pub(crate) struct Load {
     pub(crate) server_cpu_us: u64,
     /// Server CPU µs / events received.
     pub(crate) cpu_us_per_event: f64,
+    /// Server CPU µs / text tokens received (per model message relayed,
+    /// whatever the number of events they came in).
+    pub(crate) cpu_us_per_token: f64,
     /// Server CPU in cores (CPU time / wall time).
     pub(crate) server_cores: f64,
     /// The bench process (clients + fake) in cores.
@@ -110,6 +113,52 @@ impl Load {
         self.first_relay = Lat::from_hist(&t.first_relay);
         self.turn = Lat::from_hist(&t.turn);
         self
+    }
+}
+
+/// agentrt ÷ the minimal relay (baseline c) on the same load: each field
+/// is agentrt's value over the relay's (NaN when the relay's is 0).
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub(crate) struct VsRelay {
+    /// Chat sent → the upstream request received by the fake, p50.
+    pub(crate) admission_p50: f64,
+    pub(crate) admission_p99: f64,
+    /// The fake's first token → the first text event received, p50.
+    pub(crate) first_event_p50: f64,
+    pub(crate) first_event_p99: f64,
+    /// Chat sent → first text event, p99.
+    pub(crate) ttfe_p99: f64,
+    /// Text tokens (model messages) delivered per second.
+    pub(crate) tokens_per_s: f64,
+    /// Server CPU per text token.
+    pub(crate) cpu_per_token: f64,
+    /// RSS growth per concurrent call.
+    pub(crate) rss_per_call: f64,
+}
+
+impl VsRelay {
+    pub(crate) fn of(agentrt: &Load, relay: &Load) -> Self {
+        let div = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+        let (a, r) = (agentrt, relay);
+        Self {
+            admission_p50: div(a.admission.p50_us, r.admission.p50_us),
+            admission_p99: div(a.admission.p99_us, r.admission.p99_us),
+            first_event_p50: div(a.first_relay.p50_us, r.first_relay.p50_us),
+            first_event_p99: div(a.first_relay.p99_us, r.first_relay.p99_us),
+            ttfe_p99: div(a.ttfe.p99_us, r.ttfe.p99_us),
+            tokens_per_s: div(a.tokens_per_s, r.tokens_per_s),
+            cpu_per_token: div(a.cpu_us_per_token, r.cpu_us_per_token),
+            rss_per_call: div(a.rss_per_session_kb, r.rss_per_session_kb),
+        }
+    }
+}
+
+/// A ratio as `2.35×` (`n/a` when undefined).
+pub(crate) fn times(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v:.2}×")
+    } else {
+        "n/a".into()
     }
 }
 

@@ -1,10 +1,11 @@
 //! `agentrt-bench`: drives the real `agentrt-server` binary (a child
 //! process) over loopback through the Rust client, against a timed fake
-//! OpenAI-compatible upstream running in this process, next to two
+//! OpenAI-compatible upstream running in this process, next to three
 //! baselines measured in the same run: a bare tonic echo of the same
-//! `ChatEvent`s (the transport limit) and the fake read directly with
-//! reqwest (the upstream limit). Prints markdown tables; `--json FILE`
-//! writes every number.
+//! `ChatEvent`s (the transport limit), the fake read directly with
+//! reqwest (the upstream limit) and a minimal relay (a tonic Chat relaying
+//! the fake's SSE with no storage: the floor every agentrt ratio is quoted
+//! against). Prints markdown tables; `--json FILE` writes every number.
 //!
 //! ```text
 //! cargo build --release -p agentrt-server -p agentrt-bench
@@ -13,6 +14,7 @@
 //! target/release/agentrt-bench --only p10                   # PostgreSQL vs sled, forwarding
 //! target/release/agentrt-bench --only agents                # agent sessions beside plain ones
 //! target/release/agentrt-bench --only langgraph             # beside LangGraph's Agent Server
+//! target/release/agentrt-bench --only baselines,s2,s3       # against the minimal relay
 //! ```
 //!
 //! The `p10` part needs PostgreSQL (the system's binaries, or
@@ -23,6 +25,7 @@
 
 mod agents;
 mod baseline;
+mod burst;
 mod context;
 mod driver;
 mod durable;
@@ -34,6 +37,7 @@ mod local;
 mod markdown;
 mod otel;
 mod proc_stats;
+mod relay;
 mod report;
 mod saturation;
 mod scenarios;
@@ -75,6 +79,8 @@ struct Cli {
     smoke: bool,
     /// Only these parts, comma-separated:
     /// baselines,s1,agents,s2,s3,s4,s6,s7,s9,local,otel,p10,langgraph.
+    /// `s2` includes the bursts (N Chats at once, new and warm sessions)
+    /// beside the minimal relay;
     /// `otel` runs S2 at `--otel-sessions` with telemetry off, then on;
     /// `p10` runs S6 and S2 on sled and PostgreSQL and the forwarding
     /// scenario (needs PostgreSQL; see `shared_store`); `langgraph` runs
@@ -91,7 +97,8 @@ struct Cli {
     /// Sessions of the telemetry off/on comparison [default: 100; smoke: 4].
     #[arg(long)]
     otel_sessions: Option<usize>,
-    /// Replaces the S2 concurrency levels (e.g. `--s2-sessions 1000`).
+    /// Replaces the S2 concurrency levels, bursts included (e.g.
+    /// `--s2-sessions 1000`).
     #[arg(long, value_delimiter = ',')]
     s2_sessions: Vec<usize>,
     /// The local model's GGUF for the `local` part [default:
@@ -118,6 +125,15 @@ enum Command {
     EchoServer {
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: SocketAddr,
+    },
+    /// (internal) Serves the minimal relay baseline to `--upstream`.
+    #[command(hide = true)]
+    RelayServer {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+        /// The upstream's OpenAI-compatible base URL (`http://HOST:PORT/v1`).
+        #[arg(long)]
+        upstream: String,
     },
 }
 
@@ -164,6 +180,9 @@ fn plan(smoke: bool) -> Plan {
             s2: params(1, 5, 500.0),
             s2_window: secs(0.3),
             s2_side_window: secs(0.2),
+            burst: params(1, 5, 500.0),
+            burst_samples: 8,
+            burst_max_rounds: 2,
             s3_levels: vec![2],
             s3_tokens: 200,
             s3_window: secs(0.3),
@@ -188,6 +207,9 @@ fn plan(smoke: bool) -> Plan {
         s2: params(20, 50, 50.0),
         s2_window: secs(10.0),
         s2_side_window: secs(4.0),
+        burst: params(20, 20, 100.0),
+        burst_samples: 300,
+        burst_max_rounds: 30,
         s3_levels: vec![8, 16, 32],
         s3_tokens: 2000,
         s3_window: secs(4.0),
@@ -343,6 +365,7 @@ fn targets(r: &Report) -> Vec<Target> {
             "turns/s",
         ));
     }
+    t.extend(report::relay_targets(r));
     t
 }
 
@@ -468,10 +491,23 @@ async fn run(cli: Cli) -> Result<bool, String> {
         for &c in &env.plan.s2_levels {
             match bounded(&format!("S2 c={c}"), limit, latency::s2_level(&env, c)).await {
                 Ok(l) => {
-                    note_failures("S2", &[&l.agentrt, &l.direct, &l.echo], &mut failures);
+                    let loads = [&l.agentrt, &l.direct, &l.echo, &l.relay];
+                    note_failures("S2", &loads, &mut failures);
                     r.s2.push(l);
                 }
                 Err(e) => failures.push(e),
+            }
+        }
+        for &c in &env.plan.s2_levels {
+            for kind in [burst::Sessions::New, burst::Sessions::Warm] {
+                let part = format!("S2 burst c={c} ({} sessions)", kind.name());
+                match bounded(&part, limit, burst::burst_level(&env, c, kind)).await {
+                    Ok(b) => {
+                        note_failures("S2 burst", &[&b.agentrt, &b.relay], &mut failures);
+                        r.s2_burst.push(b);
+                    }
+                    Err(e) => failures.push(e),
+                }
             }
         }
     }
@@ -499,7 +535,10 @@ async fn run(cli: Cli) -> Result<bool, String> {
         let unpaced = r.baselines.echo_unpaced.tokens_per_s;
         match bounded("S3", limit, saturation::s3(&env, echo, unpaced)).await {
             Ok(s) => {
-                let loads: Vec<&Load> = s.agentrt.iter().chain(&s.direct).collect();
+                let loads: Vec<&Load> = [&s.agentrt, &s.direct, &s.new_session, &s.relay]
+                    .into_iter()
+                    .flatten()
+                    .collect();
                 note_failures("S3", &loads, &mut failures);
                 r.s3 = Some(s);
             }
@@ -646,14 +685,26 @@ async fn run(cli: Cli) -> Result<bool, String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(Command::EchoServer { listen }) = cli.command {
-        return match baseline::run_echo_server(listen).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("agentrt-bench echo-server: {e}");
-                ExitCode::FAILURE
-            }
-        };
+    match cli.command {
+        Some(Command::EchoServer { listen }) => {
+            return match baseline::run_echo_server(listen).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("agentrt-bench echo-server: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Some(Command::RelayServer { listen, upstream }) => {
+            return match relay::run_relay_server(listen, &upstream).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("agentrt-bench relay-server: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        None => {}
     }
     match run(cli).await {
         Ok(true) => ExitCode::SUCCESS,

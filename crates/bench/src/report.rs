@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::burst::{self, BurstLevel, Sessions};
 use crate::context::{self, ContextLoad};
 use crate::durable::{self, S7};
 use crate::latency::{self, S1, S2Level};
@@ -81,6 +82,8 @@ pub(crate) struct Report {
     /// Agent sessions beside plain ones (`agents` part).
     pub(crate) agents: Option<crate::agents::AgentsPart>,
     pub(crate) s2: Vec<S2Level>,
+    /// S2 bursts beside the minimal relay (`s2` part).
+    pub(crate) s2_burst: Vec<BurstLevel>,
     pub(crate) s3: Option<S3>,
     pub(crate) s4: Vec<S4Level>,
     pub(crate) s6: Vec<Load>,
@@ -131,9 +134,14 @@ pub(crate) fn markdown(r: &Report) -> String {
         targets_table(&mut out, r);
     }
     let b = &r.baselines;
-    if [&b.echo_ttfe, &b.echo_saturation, &b.echo_unpaced]
-        .iter()
-        .any(|l| l.turns > 0)
+    if [
+        &b.echo_ttfe,
+        &b.echo_saturation,
+        &b.echo_unpaced,
+        &b.relay_ttfe,
+    ]
+    .iter()
+    .any(|l| l.turns > 0)
     {
         out.push_str(&saturation::markdown_baselines(b));
     }
@@ -148,6 +156,11 @@ pub(crate) fn markdown(r: &Report) -> String {
     }
     if let Some(s3) = &r.s3 {
         out.push_str(&saturation::markdown_s3(s3));
+    }
+    let relay_s3 = r.s3.as_ref().filter(|s| !s.relay.is_empty());
+    let relay_s2 = r.s2.iter().any(|l| l.relay.turns > 0);
+    if !r.s2_burst.is_empty() || relay_s2 || relay_s3.is_some() {
+        out.push_str(&burst::markdown(&r.s2_burst, &r.s2, relay_s3));
     }
     if !r.s4.is_empty() {
         out.push_str(&saturation::markdown_s4(&r.s4));
@@ -188,6 +201,70 @@ pub(crate) fn markdown(r: &Report) -> String {
     out
 }
 
+/// The targets held against the minimal relay: with the burst level
+/// nearest 100 Chats at once, on new and on warm sessions, Chat → upstream
+/// request p50 ≤ 2× and p99 ≤ 3× the relay's and first-event p99 ≤ 2×; S3
+/// (on one session per loop, and on a new session per turn) at least 0.8×
+/// the relay's tokens/s and at most 1.5× its server CPU per token.
+pub(crate) fn relay_targets(r: &Report) -> Vec<Target> {
+    let mut t = Vec::new();
+    for kind in [Sessions::New, Sessions::Warm] {
+        let Some(b) = r
+            .s2_burst
+            .iter()
+            .filter(|b| b.kind == kind)
+            .min_by_key(|b| b.sessions.abs_diff(100))
+        else {
+            continue;
+        };
+        let what = format!("{} Chats at once, {} sessions", b.sessions, kind.name());
+        let v = &b.vs_relay;
+        t.push(Target::at_most(
+            &format!("Chat → upstream request p50 ÷ relay, {what}"),
+            2.0,
+            v.admission_p50,
+            "×",
+        ));
+        t.push(Target::at_most(
+            &format!("Chat → upstream request p99 ÷ relay, {what}"),
+            3.0,
+            v.admission_p99,
+            "×",
+        ));
+        t.push(Target::at_most(
+            &format!("first token → first event p99 ÷ relay, {what}"),
+            2.0,
+            v.first_event_p99,
+            "×",
+        ));
+    }
+    if let Some(s3) = r.s3.as_ref().filter(|s| !s.relay.is_empty()) {
+        let variants = [
+            ("S3", s3.saturation_vs_relay, s3.cpu_vs_relay),
+            (
+                "S3 new session per turn",
+                s3.new_session_saturation_vs_relay,
+                s3.new_session_cpu_vs_relay,
+            ),
+        ];
+        for (name, saturation, cpu) in variants {
+            t.push(Target::at_least(
+                &format!("saturation tokens/s ÷ relay, {name}"),
+                0.8,
+                saturation,
+                "×",
+            ));
+            t.push(Target::at_most(
+                &format!("server CPU per token at saturation ÷ relay, {name}"),
+                1.5,
+                cpu,
+                "×",
+            ));
+        }
+    }
+    t
+}
+
 /// The targets table (the run's summary).
 fn targets_table(out: &mut String, r: &Report) {
     let _ = writeln!(out, "## Summary: targets ({} run)\n", r.mode);
@@ -223,6 +300,128 @@ mod tests {
         let t = Target::at_least("events/s", 60_000.0, 30_000.0, "ev/s");
         assert!(!t.met);
         assert_eq!(t.measured, "30,000 ev/s");
+    }
+
+    fn load(admission_p50_us: f64, first_p99_us: f64, tokens_per_s: f64, cpu: f64) -> Load {
+        use crate::load::Lat;
+        Load {
+            turns: 10,
+            tokens_per_s,
+            cpu_us_per_token: cpu,
+            admission: Lat {
+                count: 10,
+                p50_us: admission_p50_us,
+                p99_us: admission_p50_us * 2.0,
+                ..Lat::default()
+            },
+            first_relay: Lat {
+                count: 10,
+                p99_us: first_p99_us,
+                ..Lat::default()
+            },
+            ..Load::default()
+        }
+    }
+
+    #[test]
+    fn relay_targets_are_agentrt_over_the_relay() {
+        use crate::load::VsRelay;
+        let burst = |sessions, kind, agentrt: Load, relay: Load| BurstLevel {
+            sessions,
+            kind,
+            rounds: 1,
+            connections: sessions,
+            vs_relay: VsRelay::of(&agentrt, &relay),
+            agentrt,
+            relay,
+        };
+        let relay = load(1_000.0, 500.0, 100_000.0, 4.0);
+        let r = Report {
+            s2_burst: vec![
+                // The level nearest 100 counts, not the other one.
+                burst(
+                    10,
+                    Sessions::New,
+                    load(9_000.0, 400.0, 0.0, 0.0),
+                    relay.clone(),
+                ),
+                burst(
+                    100,
+                    Sessions::New,
+                    load(1_500.0, 900.0, 0.0, 0.0),
+                    relay.clone(),
+                ),
+                burst(
+                    100,
+                    Sessions::Warm,
+                    load(2_500.0, 2_000.0, 0.0, 0.0),
+                    relay.clone(),
+                ),
+            ],
+            s3: Some(S3 {
+                agentrt: vec![load(0.0, 0.0, 90_000.0, 5.0)],
+                new_session: vec![load(0.0, 0.0, 70_000.0, 7.0)],
+                relay: vec![relay],
+                saturation_vs_relay: 0.9,
+                new_session_saturation_vs_relay: 0.7,
+                cpu_vs_relay: 1.25,
+                new_session_cpu_vs_relay: 1.75,
+                ..S3::default()
+            }),
+            ..Report::default()
+        };
+        let t = relay_targets(&r);
+        let met: Vec<(&str, bool)> = t.iter().map(|t| (t.name.as_str(), t.met)).collect();
+        assert_eq!(
+            met,
+            [
+                (
+                    "Chat → upstream request p50 ÷ relay, 100 Chats at once, new sessions",
+                    true
+                ),
+                (
+                    "Chat → upstream request p99 ÷ relay, 100 Chats at once, new sessions",
+                    true
+                ),
+                (
+                    "first token → first event p99 ÷ relay, 100 Chats at once, new sessions",
+                    true
+                ),
+                (
+                    "Chat → upstream request p50 ÷ relay, 100 Chats at once, warm sessions",
+                    false
+                ),
+                (
+                    "Chat → upstream request p99 ÷ relay, 100 Chats at once, warm sessions",
+                    true
+                ),
+                (
+                    "first token → first event p99 ÷ relay, 100 Chats at once, warm sessions",
+                    false
+                ),
+                ("saturation tokens/s ÷ relay, S3", true),
+                ("server CPU per token at saturation ÷ relay, S3", true),
+                (
+                    "saturation tokens/s ÷ relay, S3 new session per turn",
+                    false
+                ),
+                (
+                    "server CPU per token at saturation ÷ relay, S3 new session per turn",
+                    false
+                ),
+            ]
+        );
+        assert_eq!(t[0].measured, "1.50 ×");
+        // A relay without a value gives no ratio, and no met target.
+        let none = VsRelay::of(&load(1_000.0, 1.0, 1.0, 1.0), &Load::default());
+        assert!(none.admission_p50.is_nan());
+        assert!(!Target::at_most("x", 2.0, none.admission_p50, "×").met);
+        let md = markdown(&r);
+        assert!(md.contains("## Against the minimal relay"), "{md}");
+        assert!(
+            md.contains("| 100 | warm | 1 | 2.50 / 1.00 (2.50×) | 5.00 / 2.00 (2.50×) |"),
+            "{md}"
+        );
     }
 
     #[test]

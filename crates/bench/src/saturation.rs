@@ -1,18 +1,23 @@
-//! Throughput: the bare-echo baselines (TTFE floor, paced saturation,
-//! unpaced), S3 saturation with unpaced fake streams, and S4 fan-out to
-//! Subscribe watchers, with their sections of the report.
+//! Throughput: the baselines (the bare echo's TTFE floor, paced saturation
+//! and unpaced streams; the minimal relay's TTFE floor), S3 saturation with
+//! unpaced fake streams (agentrt on one session per loop and on a new
+//! session per turn, beside the relay), and S4 fan-out to Subscribe
+//! watchers, with their sections of the report.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use agentrt_client::Client;
 use serde::Serialize;
 
 use crate::driver::{
-    Recorder, agentrt_turn_with, connect_clients, connections_for, echo_call, watch_turn,
+    Recorder, TurnObs, agentrt_turn, agentrt_turn_with, connect_clients, connections_for,
+    echo_call, watch_turn,
 };
 use crate::fake::StreamParams;
-use crate::load::{LOAD_HEAD, Load, fail_note, lat3, load_row};
+use crate::load::{LOAD_HEAD, Load, VsRelay, fail_note, lat3, load_row};
 use crate::markdown::{num, table};
 use crate::scenarios::{
     Env, Measure, agentrt_loops, create_session, create_sessions, direct_load, echo_load,
@@ -27,6 +32,9 @@ pub(crate) struct Baselines {
     pub(crate) echo_saturation: Load,
     /// Bare echo, unpaced streams (tonic batches events): informational.
     pub(crate) echo_unpaced: Load,
+    /// The minimal relay, 1 stream of 1 token from the fake, sequential
+    /// calls: the TTFE floor of a relay.
+    pub(crate) relay_ttfe: Load,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -43,6 +51,21 @@ pub(crate) struct S3 {
     pub(crate) ratio_direct: f64,
     /// ÷ min(a, b).
     pub(crate) throughput_ratio: f64,
+    /// Tokens per stream.
+    pub(crate) tokens: u32,
+    /// agentrt with a new session for every turn.
+    pub(crate) new_session: Vec<Load>,
+    /// The minimal relay (baseline c) at the same levels.
+    pub(crate) relay: Vec<Load>,
+    pub(crate) new_session_max_tokens_per_s: f64,
+    pub(crate) relay_max_tokens_per_s: f64,
+    /// Best agentrt tokens/s ÷ best relay tokens/s.
+    pub(crate) saturation_vs_relay: f64,
+    pub(crate) new_session_saturation_vs_relay: f64,
+    /// Server CPU per token at agentrt's best level ÷ the relay's at the
+    /// same level.
+    pub(crate) cpu_vs_relay: f64,
+    pub(crate) new_session_cpu_vs_relay: f64,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -112,10 +135,41 @@ pub(crate) async fn baselines(env: &Env) -> Result<Baselines, String> {
         plan.s3_window,
     )
     .await?;
+    // The relay's TTFE floor: the same sequential calls, each one upstream
+    // request to the fake.
+    let relay = env.fresh_relay(1).await?;
+    for _ in 0..10 {
+        agentrt_turn(
+            &relay.clients[0],
+            "r",
+            Some((&env.fake, one)),
+            "",
+            plan.turn_limit,
+        )
+        .await;
+    }
+    let rec = Recorder::default();
+    let measure = Measure::begin(relay.server.pid());
+    let start = Instant::now();
+    for _ in 0..plan.echo_ttfe_calls {
+        let c = &relay.clients[0];
+        rec.add(agentrt_turn(c, "r", Some((&env.fake, one)), "", plan.turn_limit).await);
+    }
+    let relay_ttfe = measure
+        .end(
+            "relay TTFE, 1 stream, sequential",
+            1,
+            &rec.take(),
+            start.elapsed(),
+            relay.rss_startup_kb,
+        )
+        .await;
+    relay.server.terminate(Duration::from_secs(5)).await;
     Ok(Baselines {
         echo_ttfe,
         echo_saturation,
         echo_unpaced,
+        relay_ttfe,
     })
 }
 
@@ -157,9 +211,63 @@ pub(crate) async fn s3(env: &Env, echo_saturation: f64, echo_unpaced: f64) -> Re
         );
     }
     run.server.terminate(Duration::from_secs(10)).await;
+
+    // A new session for every turn, on a fresh server.
+    let run = env.fresh_server("s3-new", connections_for(max_n)).await?;
+    for &n in &plan.s3_levels {
+        let rec = Arc::new(Recorder::default());
+        let measure = Measure::begin(run.server.pid());
+        let windows = (plan.s3_window, Duration::ZERO, grace);
+        let tag = format!("s3n-{n}");
+        let elapsed = new_session_loops(env, &run.clients, &tag, n, &rec, p, windows).await;
+        out.new_session.push(
+            measure
+                .end(
+                    &format!("S3 agentrt c={n}, new session per turn"),
+                    n,
+                    &rec.take(),
+                    elapsed,
+                    run.rss_startup_kb,
+                )
+                .await,
+        );
+    }
+    run.server.terminate(Duration::from_secs(10)).await;
+
+    // The minimal relay.
+    let relay = env.fresh_relay(connections_for(max_n)).await?;
+    for &n in &plan.s3_levels {
+        let ids: Vec<String> = (0..n).map(|i| format!("s3-{n}-{i}")).collect();
+        let rec = Arc::new(Recorder::default());
+        let measure = Measure::begin(relay.server.pid());
+        let windows = (plan.s3_window, Duration::ZERO, grace);
+        let elapsed = agentrt_loops(env, &relay.clients, ids, &rec, p, windows).await;
+        out.relay.push(
+            measure
+                .end(
+                    &format!("S3 relay c={n}"),
+                    n,
+                    &rec.take(),
+                    elapsed,
+                    relay.rss_startup_kb,
+                )
+                .await,
+        );
+    }
+    relay.server.terminate(Duration::from_secs(5)).await;
+
     let best = |v: &[Load]| v.iter().map(|l| l.tokens_per_s).fold(0.0, f64::max);
+    out.tokens = plan.s3_tokens;
     out.max_tokens_per_s = best(&out.agentrt);
     out.direct_max_tokens_per_s = best(&out.direct);
+    out.new_session_max_tokens_per_s = best(&out.new_session);
+    out.relay_max_tokens_per_s = best(&out.relay);
+    let vs = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+    out.saturation_vs_relay = vs(out.max_tokens_per_s, out.relay_max_tokens_per_s);
+    out.new_session_saturation_vs_relay =
+        vs(out.new_session_max_tokens_per_s, out.relay_max_tokens_per_s);
+    out.cpu_vs_relay = cpu_vs_relay(&out.agentrt, &out.relay);
+    out.new_session_cpu_vs_relay = cpu_vs_relay(&out.new_session, &out.relay);
     let div = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     out.ratio_echo = div(out.max_tokens_per_s, echo_saturation);
     out.ratio_echo_unpaced = div(out.max_tokens_per_s, echo_unpaced);
@@ -169,6 +277,63 @@ pub(crate) async fn s3(env: &Env, echo_saturation: f64, echo_unpaced: f64) -> Re
         echo_saturation.min(out.direct_max_tokens_per_s),
     );
     Ok(out)
+}
+
+/// Server CPU per token of the best `agentrt` level (most tokens/s) ÷
+/// the relay's at the same number of sessions (NaN without one).
+fn cpu_vs_relay(agentrt: &[Load], relay: &[Load]) -> f64 {
+    let best = agentrt
+        .iter()
+        .max_by(|a, b| a.tokens_per_s.total_cmp(&b.tokens_per_s));
+    best.and_then(|a| {
+        let r = relay.iter().find(|r| r.sessions == a.sessions)?;
+        Some(VsRelay::of(a, r).cpu_per_token)
+    })
+    .unwrap_or(f64::NAN)
+}
+
+/// Like [`agentrt_loops`], but every turn runs in a session created for it
+/// just before (`{tag}-{k}`); the CreateSession is part of the loop (and of
+/// the throughput), not of the turn's latencies.
+async fn new_session_loops(
+    env: &Env,
+    clients: &[Client],
+    tag: &str,
+    sessions: usize,
+    rec: &Arc<Recorder>,
+    p: StreamParams,
+    (window, stagger, grace): (Duration, Duration, Duration),
+) -> Duration {
+    let (rec, fake, clients, limit) = (
+        Arc::clone(rec),
+        Arc::clone(&env.fake),
+        Arc::new(clients.to_vec()),
+        env.plan.turn_limit,
+    );
+    let next = Arc::new(AtomicU64::new(0));
+    let tag = Arc::new(tag.to_owned());
+    crate::driver::run_loops(sessions, window, stagger, grace, move |i| {
+        let (rec, fake, clients, next, tag) = (
+            Arc::clone(&rec),
+            Arc::clone(&fake),
+            Arc::clone(&clients),
+            Arc::clone(&next),
+            Arc::clone(&tag),
+        );
+        async move {
+            let c = &clients[i % clients.len()];
+            let id = format!("{tag}-{}", next.fetch_add(1, Ordering::Relaxed));
+            let obs = match create_session(c, &id).await {
+                Ok(()) => agentrt_turn(c, &id, Some((&fake, p)), "", limit).await,
+                Err(e) => TurnObs {
+                    error: Some(e),
+                    ..TurnObs::default()
+                },
+            };
+            rec.add(obs);
+        }
+    })
+    .await
 }
 
 /// S4: for each watcher count, one paced turn watched live by that many
@@ -254,11 +419,16 @@ pub(crate) async fn s4(env: &Env) -> Result<Vec<S4Level>, String> {
 pub(crate) fn markdown_baselines(b: &Baselines) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "\n## Baselines\n");
-    let rows: Vec<_> = [&b.echo_ttfe, &b.echo_saturation, &b.echo_unpaced]
-        .into_iter()
-        .filter(|l| l.turns > 0)
-        .map(load_row)
-        .collect();
+    let rows: Vec<_> = [
+        &b.echo_ttfe,
+        &b.echo_saturation,
+        &b.echo_unpaced,
+        &b.relay_ttfe,
+    ]
+    .into_iter()
+    .filter(|l| l.turns > 0)
+    .map(load_row)
+    .collect();
     out.push_str(&table(LOAD_HEAD, &rows));
     out
 }

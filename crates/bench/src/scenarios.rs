@@ -2,7 +2,7 @@
 //! fake and the server binary ([`Env`]), fresh server processes with warmed
 //! clients, CPU/RSS measurement around a load ([`Measure`]), and the loads
 //! several scenarios run: reads straight from the fake, calls to the bare
-//! echo, paced agentrt turns.
+//! echo, turns through the minimal relay, paced agentrt turns.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +33,11 @@ pub(crate) struct Plan {
     pub(crate) s2: StreamParams,
     pub(crate) s2_window: Duration,
     pub(crate) s2_side_window: Duration,
+    /// The streams of the S2 bursts (see [`crate::burst`]).
+    pub(crate) burst: StreamParams,
+    /// Chats measured per burst level (rounds of N at once), about.
+    pub(crate) burst_samples: usize,
+    pub(crate) burst_max_rounds: usize,
     pub(crate) s3_levels: Vec<usize>,
     pub(crate) s3_tokens: u32,
     pub(crate) s3_window: Duration,
@@ -54,8 +59,8 @@ pub(crate) struct Env {
     pub(crate) root: tempfile::TempDir,
 }
 
-/// A fresh agentrt server with its own data dir, plus warmed client
-/// connections.
+/// A fresh server (agentrt with its own data dir, or the minimal relay),
+/// plus warmed client connections.
 #[derive(Debug)]
 pub(crate) struct Running {
     pub(crate) server: Child,
@@ -106,6 +111,36 @@ impl Env {
             server,
             clients,
             dir,
+            rss_startup_kb,
+        })
+    }
+}
+
+impl Env {
+    /// Starts the minimal relay (baseline c) on the run's fake, connects
+    /// `connections` clients and runs one short turn on each (`dir` is the
+    /// run's temp root: the relay writes nothing).
+    pub(crate) async fn fresh_relay(&self, connections: usize) -> Result<Running, String> {
+        let server = Child::relay(self.spec.cpus.as_deref(), &self.fake.base_url()).await?;
+        let clients = connect_clients(&server.url(), connections).await?;
+        let warm = StreamParams {
+            ttft: Duration::ZERO,
+            tokens: 5,
+            rate: 0.0,
+        };
+        for (i, c) in clients.iter().enumerate() {
+            let id = format!("warm-{i}");
+            let obs =
+                agentrt_turn(c, &id, Some((&self.fake, warm)), "", self.plan.turn_limit).await;
+            if let Some(e) = obs.error {
+                return Err(format!("relay warm-up turn: {e}"));
+            }
+        }
+        let rss_startup_kb = server.stats().rss_kb;
+        Ok(Running {
+            server,
+            clients,
+            dir: self.root.path().to_owned(),
             rss_startup_kb,
         })
     }
@@ -173,6 +208,11 @@ impl Measure {
             server_cpu_us: cpu_us,
             cpu_us_per_event: if totals.events > 0 {
                 cpu_us as f64 / totals.events as f64
+            } else {
+                0.0
+            },
+            cpu_us_per_token: if totals.tokens > 0 {
+                cpu_us as f64 / totals.tokens as f64
             } else {
                 0.0
             },
@@ -286,6 +326,29 @@ pub(crate) async fn echo_load(
         .end(label, sessions, &rec.take(), elapsed, rss_startup_kb)
         .await;
     echo.terminate(Duration::from_secs(5)).await;
+    Ok(load)
+}
+
+/// `sessions` loops of turns through a fresh minimal relay (baseline c)
+/// for `window`, their starts spread over `stagger`: the same driver and
+/// the same fake streams as [`agentrt_loops`].
+pub(crate) async fn relay_load(
+    env: &Env,
+    label: &str,
+    sessions: usize,
+    p: StreamParams,
+    (window, stagger): (Duration, Duration),
+) -> Result<Load, String> {
+    let run = env.fresh_relay(connections_for(sessions)).await?;
+    let ids: Vec<String> = (0..sessions).map(|i| format!("relay-{i}")).collect();
+    let rec = Arc::new(Recorder::default());
+    let measure = Measure::begin(run.server.pid());
+    let grace = env.plan.turn_limit + Duration::from_secs(5);
+    let elapsed = agentrt_loops(env, &run.clients, ids, &rec, p, (window, stagger, grace)).await;
+    let load = measure
+        .end(label, sessions, &rec.take(), elapsed, run.rss_startup_kb)
+        .await;
+    run.server.terminate(Duration::from_secs(5)).await;
     Ok(load)
 }
 

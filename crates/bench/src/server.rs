@@ -1,5 +1,6 @@
-//! Child servers: the real `agentrt-server` binary (config in a temp dir)
-//! and the bare echo (this binary re-run as `agentrt-bench echo-server`).
+//! Child servers: the real `agentrt-server` binary (config in a temp dir),
+//! the bare echo and the minimal relay (this binary re-run as
+//! `agentrt-bench echo-server` / `relay-server`).
 //! A child is killed when its handle drops; [`Child::terminate`] sends
 //! SIGTERM and waits (bounded) for the exit.
 
@@ -122,6 +123,23 @@ impl Child {
 
     /// Starts this binary as the bare tonic echo.
     pub(crate) async fn echo(cpus: Option<&str>) -> Result<Self, String> {
+        Self::bench_child(cpus, &["echo-server"], "agentrt-bench echo listening on ").await
+    }
+
+    /// Starts this binary as the minimal relay to `upstream` (the fake's
+    /// base URL).
+    pub(crate) async fn relay(cpus: Option<&str>, upstream: &str) -> Result<Self, String> {
+        Self::bench_child(
+            cpus,
+            &["relay-server", "--upstream", upstream],
+            "agentrt-bench relay listening on ",
+        )
+        .await
+    }
+
+    /// This binary run as the internal subcommand `args` on
+    /// `127.0.0.1:0`, ready once it prints `prefix` and its address.
+    async fn bench_child(cpus: Option<&str>, args: &[&str], prefix: &str) -> Result<Self, String> {
         let me = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
         let mut cmd = match cpus {
             Some(cpus) => {
@@ -131,14 +149,9 @@ impl Child {
             }
             None => Command::new(me),
         };
-        cmd.args(["echo-server", "--listen", "127.0.0.1:0"]);
+        cmd.args(args).args(["--listen", "127.0.0.1:0"]);
         cmd.stderr(Stdio::inherit());
-        let mut child = Self::spawn(
-            cmd,
-            "agentrt-bench echo listening on ",
-            Duration::from_secs(20),
-        )
-        .await?;
+        let mut child = Self::spawn(cmd, prefix, Duration::from_secs(20)).await?;
         child.ready_after = child.listening_after;
         Ok(child)
     }
