@@ -59,8 +59,9 @@ use crate::scenarios::{Env, Measure, agentrt_loops, create_sessions, direct_load
 
 use self::client::{LgClient, TurnEnd};
 pub(crate) use self::markdown::section as markdown;
-use self::peer::{Peer, PeerSpec, TreeSampler, Venv, process_tree, sample_all};
-pub(crate) use self::peer::{Unavailable, default_venv, ensure_venv};
+use self::peer::{Peer, PeerSpec, TreeSampler, process_tree, sample_all};
+pub(crate) use self::peer::{default_venv, ensure_venv};
+use crate::venv::Venv;
 
 /// Sizes of the part.
 #[derive(Debug, Clone)]

@@ -36,6 +36,7 @@ mod load;
 mod local;
 mod markdown;
 mod otel;
+mod plots;
 mod proc_stats;
 mod relay;
 mod report;
@@ -43,6 +44,7 @@ mod saturation;
 mod scenarios;
 mod server;
 mod shared_store;
+mod venv;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -74,6 +76,15 @@ struct Cli {
     /// Also writes the markdown tables here.
     #[arg(long)]
     markdown: Option<PathBuf>,
+    /// Draws the run's scaling curves as PNG files into this directory
+    /// (`crates/bench/plot/plot.py`, from the run's JSON; matplotlib pinned
+    /// in a venv of its own, see `--plot-venv`).
+    #[arg(long)]
+    plots: Option<PathBuf>,
+    /// The venv `--plots` draws with [default: `target/plot-venv`, beside
+    /// this executable's directory; created and filled on first use].
+    #[arg(long)]
+    plot_venv: Option<PathBuf>,
     /// Every scenario at tiny sizes (seconds); fails only if something breaks.
     #[arg(long)]
     smoke: bool,
@@ -215,7 +226,7 @@ fn plan(smoke: bool) -> Plan {
         s3_window: secs(4.0),
         s4_watchers: vec![1, 10, 100],
         s4: params(100, 1000, 500.0),
-        s6_levels: vec![1, 8, 64],
+        s6_levels: vec![1, 8, 64, 256],
         s6_window: secs(5.0),
         s7_sessions: 10_000,
         s7_concurrency: 64,
@@ -404,7 +415,7 @@ async fn bounded<T>(
 
 async fn run(cli: Cli) -> Result<bool, String> {
     let started = Instant::now();
-    let binary = match cli.server {
+    let binary = match cli.server.clone() {
         Some(p) => p,
         None => std::env::current_exe()
             .map_err(|e| format!("current_exe: {e}"))?
@@ -642,11 +653,11 @@ async fn run(cli: Cli) -> Result<bool, String> {
                     Err(e) => failures.push(e),
                 }
             }
-            Err(langgraph::Unavailable::Skip(why)) => {
+            Err(venv::Unavailable::Skip(why)) => {
                 eprintln!("agentrt-bench: langgraph skipped: {why}");
                 r.langgraph_skipped = Some(why);
             }
-            Err(langgraph::Unavailable::Failed(e)) => failures.push(format!("langgraph: {e}")),
+            Err(venv::Unavailable::Failed(e)) => failures.push(format!("langgraph: {e}")),
         }
     }
     let unknown = env
@@ -671,6 +682,9 @@ async fn run(cli: Cli) -> Result<bool, String> {
         let json = serde_json::to_string_pretty(&r).map_err(|e| format!("json: {e}"))?;
         std::fs::write(path, json).map_err(|e| format!("write {}: {e}", path.display()))?;
     }
+    if let Some(dir) = &cli.plots {
+        draw_plots(&r, &cli, dir).await?;
+    }
     let c = env.fake.counters();
     eprintln!(
         "agentrt-bench: {:.1} s; fake: {} connections for {} requests ({} compaction summaries)",
@@ -680,6 +694,26 @@ async fn run(cli: Cli) -> Result<bool, String> {
         c.summaries.load(std::sync::atomic::Ordering::Relaxed),
     );
     Ok(r.failures.is_empty())
+}
+
+/// `--plots DIR`: the run's JSON (the `--json` file, or `DIR/bench.json`)
+/// drawn into `DIR`.
+async fn draw_plots(r: &report::Report, cli: &Cli, dir: &std::path::Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let json = match &cli.json {
+        Some(path) => path.clone(),
+        None => {
+            let path = dir.join("bench.json");
+            let text = serde_json::to_string_pretty(r).map_err(|e| format!("json: {e}"))?;
+            std::fs::write(&path, text).map_err(|e| format!("write {}: {e}", path.display()))?;
+            path
+        }
+    };
+    let venv = cli.plot_venv.clone().unwrap_or_else(plots::default_venv);
+    for file in plots::draw(&json, dir, &venv).await? {
+        eprintln!("agentrt-bench: plot {}", file.display());
+    }
+    Ok(())
 }
 
 #[tokio::main]

@@ -16,6 +16,7 @@ use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::process::Command;
 
 use crate::proc_stats::{self, ProcSample};
+use crate::venv::{self, Pins, Unavailable, Venv, output, tail};
 
 /// The checked-in directory with `graph.py`, `langgraph.json` and the pins.
 pub(crate) const GRAPH_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/langgraph");
@@ -35,9 +36,6 @@ const REPORTED: &[&str] = &[
     "openai",
     "uvicorn",
 ];
-
-/// The file in the venv recording which pins it was filled from.
-const STAMP: &str = ".agentrt-bench-pins";
 
 /// Environment given to the server: what keeps it offline and quiet.
 /// `(name, value)`; the names in [`ENV_REMOVED`] are taken out.
@@ -72,130 +70,22 @@ pub(crate) const ENV_REMOVED: &[&str] = &[
     "all_proxy",
 ];
 
-/// Why the part did not run: a machine without what it needs (skipped with
-/// a note), or a real failure.
-#[derive(Debug)]
-pub(crate) enum Unavailable {
-    Skip(String),
-    Failed(String),
-}
-
-/// A venv with the pinned server installed.
-#[derive(Debug, Clone)]
-pub(crate) struct Venv {
-    pub(crate) dir: PathBuf,
-}
-
-impl Venv {
-    fn bin(&self, name: &str) -> PathBuf {
-        self.dir.join("bin").join(name)
-    }
-}
+/// What the server's venv is filled from.
+pub(crate) const PINS: Pins = Pins {
+    dir: GRAPH_DIR,
+    marker: "langgraph",
+    part: "langgraph",
+};
 
 /// `langgraph-venv` in the target directory of this executable
 /// (`target/release/agentrt-bench` → `target/langgraph-venv`).
 pub(crate) fn default_venv() -> PathBuf {
-    let exe = std::env::current_exe().unwrap_or_default();
-    exe.parent()
-        .and_then(Path::parent)
-        .map_or_else(|| PathBuf::from("target"), Path::to_path_buf)
-        .join("langgraph-venv")
+    venv::beside_target("langgraph-venv")
 }
 
-/// The pins the venv must match: requirements then constraints.
-fn pins() -> Result<String, String> {
-    let read = |name: &str| {
-        let path = Path::new(GRAPH_DIR).join(name);
-        std::fs::read_to_string(&path).map_err(|e| format!("read {}: {e}", path.display()))
-    };
-    Ok(read("requirements.txt")? + &read("constraints.txt")?)
-}
-
-async fn output(cmd: &mut Command, limit: Duration) -> Result<std::process::Output, String> {
-    cmd.stdin(Stdio::null()).kill_on_drop(true);
-    match tokio::time::timeout(limit, cmd.output()).await {
-        Ok(r) => r.map_err(|e| e.to_string()),
-        Err(_) => Err(format!("took longer than {limit:?}")),
-    }
-}
-
-fn tail(bytes: &[u8]) -> String {
-    let text = String::from_utf8_lossy(bytes);
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(8)..].join("\n")
-}
-
-/// The venv at `dir`, created with `python3 -m venv` and filled with `pip`
-/// when it is missing or was filled from other pins. Skips (rather than
-/// fails) when there is no `python3` 3.11+ or it cannot make a venv.
+/// The venv at `dir` with the pinned server installed (see [`venv::ensure`]).
 pub(crate) async fn ensure_venv(dir: &Path) -> Result<Venv, Unavailable> {
-    let venv = Venv {
-        dir: dir.to_path_buf(),
-    };
-    let pins = pins().map_err(Unavailable::Failed)?;
-    let stamp = dir.join(STAMP);
-    if venv.bin("langgraph").is_file() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == pins) {
-        return Ok(venv);
-    }
-    if !venv.bin("python").is_file() {
-        let check = "import sys; print('%d.%d' % sys.version_info[:2]); \
-                     sys.exit(0 if sys.version_info >= (3, 11) else 3)";
-        let out = output(
-            Command::new("python3").args(["-c", check]),
-            Duration::from_secs(30),
-        )
-        .await
-        .map_err(|e| Unavailable::Skip(format!("python3 is not available: {e}")))?;
-        if !out.status.success() {
-            let version = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-            return Err(Unavailable::Skip(format!(
-                "python3 is {version}; LangGraph's in-memory server needs 3.11 or newer"
-            )));
-        }
-        eprintln!(
-            "agentrt-bench: langgraph: creating the venv {}",
-            dir.display()
-        );
-        let out = output(
-            Command::new("python3").arg("-m").arg("venv").arg(dir),
-            Duration::from_secs(120),
-        )
-        .await
-        .map_err(|e| Unavailable::Skip(format!("python3 -m venv: {e}")))?;
-        if !out.status.success() {
-            return Err(Unavailable::Skip(format!(
-                "python3 -m venv {} failed (on Debian: apt-get install python3-venv): {}",
-                dir.display(),
-                tail(&out.stderr)
-            )));
-        }
-    }
-    eprintln!(
-        "agentrt-bench: langgraph: installing the pinned server into {} (pip, once)",
-        dir.display()
-    );
-    let graph_dir = Path::new(GRAPH_DIR);
-    let out = output(
-        Command::new(venv.bin("python"))
-            .args(["-m", "pip", "install", "--disable-pip-version-check", "-q"])
-            .arg("-r")
-            .arg(graph_dir.join("requirements.txt"))
-            .arg("-c")
-            .arg(graph_dir.join("constraints.txt")),
-        Duration::from_secs(900),
-    )
-    .await
-    .map_err(|e| Unavailable::Failed(format!("pip install: {e}")))?;
-    if !out.status.success() {
-        return Err(Unavailable::Failed(format!(
-            "pip install into {} failed: {}",
-            dir.display(),
-            tail(&out.stderr)
-        )));
-    }
-    std::fs::write(&stamp, pins)
-        .map_err(|e| Unavailable::Failed(format!("write {}: {e}", stamp.display())))?;
-    Ok(venv)
+    venv::ensure(dir, PINS).await
 }
 
 /// The Python version and the [`REPORTED`] distributions' versions.
