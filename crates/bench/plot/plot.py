@@ -20,6 +20,7 @@ stderr. Prints the files written, one per line.
 
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -96,7 +97,7 @@ def s2_latency(run, out, written):
         return
     xs = [r["sessions"] for r in rows]
     lg, _ = langgraph_series(run)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 6.2))
     for ax, field, title in (
         (left, "admission", "Chat → upstream request"),
         (right, "ttfe", "time to first event"),
@@ -137,7 +138,7 @@ def s2_latency(run, out, written):
         ax.set_title(f"S2: {title}", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         plain_ticks(ax)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
     finish(fig, run, out, "s2-latency.png", written)
 
 
@@ -146,7 +147,7 @@ def s2_bursts(run, out, written):
     if not rows:
         print("plot: no S2 bursts in this run; s2-bursts.png skipped", file=sys.stderr)
         return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5.6))
     for ax, field, title in (
         (axes[0], "admission", "Chat → upstream request"),
         (axes[1], "first_relay", "upstream first token → first event"),
@@ -174,7 +175,7 @@ def s2_bursts(run, out, written):
         ax.set_title(f"S2 bursts: {title}", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         plain_ticks(ax)
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     finish(fig, run, out, "s2-bursts.png", written)
 
 
@@ -218,9 +219,9 @@ def saturation(run, out, written):
             bars.append((label, load, COLORS["relay" if label == "relay" else "agentrt"]))
     for p in (run.get("langgraph") or {}).get("probes", []):
         if p["runtime"] != "agentrt":
-            bars.append((p["runtime"].replace(" (", "\n("), p["saturation"], lg_color(p["runtime"])))
+            bars.append((p["runtime"], p["saturation"], lg_color(p["runtime"])))
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    labels = [b[0] for b in bars]
+    labels = [textwrap.fill(b[0].replace("\n", " "), 12) for b in bars]
     tokens = [b[1]["tokens_per_s"] for b in bars]
     cpu = [b[1]["server_cpu_us"] / max(b[1]["tokens"], 1) for b in bars]
     left.bar(labels, tokens, color=[b[2] for b in bars])
