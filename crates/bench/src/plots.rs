@@ -53,3 +53,21 @@ pub(crate) async fn draw(json: &Path, dir: &Path, venv_dir: &Path) -> Result<Vec
         .map(PathBuf::from)
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plot_venv_is_pinned_exactly_and_the_script_is_there() {
+        let pins = venv::pins(PINS).expect("pins readable");
+        assert!(pins.contains("matplotlib=="), "{pins}");
+        for line in pins
+            .lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        {
+            assert!(line.contains("=="), "not an exact pin: {line}");
+        }
+        assert!(Path::new(PLOT_DIR).join("plot.py").is_file());
+    }
+}

@@ -56,7 +56,7 @@ pub(crate) fn beside_target(name: &str) -> PathBuf {
 }
 
 /// The pins a venv must match: requirements then constraints.
-fn pins(pins: Pins) -> Result<String, String> {
+pub(crate) fn pins(pins: Pins) -> Result<String, String> {
     let read = |name: &str| {
         let path = Path::new(pins.dir).join(name);
         std::fs::read_to_string(&path).map_err(|e| format!("read {}: {e}", path.display()))

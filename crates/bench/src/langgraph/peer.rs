@@ -516,7 +516,7 @@ mod tests {
 
     #[test]
     fn the_pins_name_the_server_at_an_exact_version() {
-        let pins = pins().expect("pins readable");
+        let pins = venv::pins(PINS).expect("pins readable");
         assert!(pins.contains("langgraph-cli[inmem]=="), "{pins}");
         assert!(pins.contains("langchain-openai=="), "{pins}");
         for line in pins
