@@ -171,7 +171,7 @@ async fn run_rounds(
         }
         let before = proc_stats::sample(pid).unwrap_or_default();
         let bench_before = proc_stats::sample_self();
-        let sampler = RssSampler::start(pid, Duration::from_millis(20));
+        let sampler = RssSampler::start(vec![pid], Duration::from_millis(20));
         barrier.wait().await;
         let start = Instant::now();
         let mut observed = Vec::with_capacity(n);

@@ -59,8 +59,9 @@ use crate::scenarios::{Env, Measure, agentrt_loops, create_sessions, direct_load
 
 use self::client::{LgClient, TurnEnd};
 pub(crate) use self::markdown::section as markdown;
-use self::peer::{Peer, PeerSpec, TreeSampler, process_tree, sample_all};
+use self::peer::{Peer, PeerSpec, process_tree};
 pub(crate) use self::peer::{default_venv, ensure_venv};
+use crate::proc_stats::{RssSampler, sample_all};
 use crate::venv::Venv;
 
 /// Sizes of the part.
@@ -356,7 +357,7 @@ struct TreeMeasure {
     pids: Vec<u32>,
     start: ProcSample,
     bench_start: ProcSample,
-    sampler: TreeSampler,
+    sampler: RssSampler,
 }
 
 impl TreeMeasure {
@@ -364,7 +365,7 @@ impl TreeMeasure {
         Self {
             start: sample_all(&pids),
             bench_start: proc_stats::sample_self(),
-            sampler: TreeSampler::start(pids.clone(), Duration::from_millis(50)),
+            sampler: RssSampler::start(pids.clone(), Duration::from_millis(50)),
             pids,
         }
     }

@@ -116,7 +116,7 @@ pub(crate) async fn local(
     let client = Client::connect(server.url())
         .await
         .map_err(|e| format!("connect: {e}"))?;
-    let sampler = RssSampler::start(server.pid(), Duration::from_millis(20));
+    let sampler = RssSampler::start(vec![server.pid()], Duration::from_millis(20));
     for _ in 0..runs {
         // Titled, so no background title generation (which shares the one
         // inference thread) runs between the measured turns.

@@ -79,8 +79,21 @@ pub(crate) fn sample_self() -> ProcSample {
     sample(std::process::id()).unwrap_or_default()
 }
 
-/// Samples a process's `VmRSS` and thread count every `every` in the
-/// background and keeps the largest values seen, until [`RssSampler::stop`].
+/// The sum over `pids` (those still alive).
+pub(crate) fn sample_all(pids: &[u32]) -> ProcSample {
+    let mut total = ProcSample::default();
+    for s in pids.iter().filter_map(|&p| sample(p)) {
+        total.cpu_us += s.cpu_us;
+        total.rss_kb += s.rss_kb;
+        total.hwm_kb += s.hwm_kb;
+        total.threads += s.threads;
+    }
+    total
+}
+
+/// Samples the summed `VmRSS` and thread count of some processes (one, or
+/// a process tree) every `every` in the background and keeps the largest
+/// values seen, until [`RssSampler::stop`].
 #[derive(Debug)]
 pub(crate) struct RssSampler {
     peak_kb: Arc<AtomicU64>,
@@ -90,7 +103,7 @@ pub(crate) struct RssSampler {
 }
 
 impl RssSampler {
-    pub(crate) fn start(pid: u32, every: Duration) -> Self {
+    pub(crate) fn start(pids: Vec<u32>, every: Duration) -> Self {
         let peak_kb = Arc::new(AtomicU64::new(0));
         let peak_threads = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
@@ -100,10 +113,9 @@ impl RssSampler {
             let stop = Arc::clone(&stop);
             async move {
                 while !stop.load(Ordering::Relaxed) {
-                    if let Some(s) = sample(pid) {
-                        peak_kb.fetch_max(s.rss_kb, Ordering::Relaxed);
-                        peak_threads.fetch_max(s.threads, Ordering::Relaxed);
-                    }
+                    let s = sample_all(&pids);
+                    peak_kb.fetch_max(s.rss_kb, Ordering::Relaxed);
+                    peak_threads.fetch_max(s.threads, Ordering::Relaxed);
                     tokio::time::sleep(every).await;
                 }
             }

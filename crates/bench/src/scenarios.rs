@@ -181,7 +181,7 @@ impl Measure {
             pid,
             start: proc_stats::sample(pid).unwrap_or_default(),
             bench_start: proc_stats::sample_self(),
-            rss: RssSampler::start(pid, Duration::from_millis(50)),
+            rss: RssSampler::start(vec![pid], Duration::from_millis(50)),
         }
     }
 

@@ -9,13 +9,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::process::Command;
 
-use crate::proc_stats::{self, ProcSample};
 use crate::venv::{self, Pins, Unavailable, Venv, output, tail};
 
 /// The checked-in directory with `graph.py`, `langgraph.json` and the pins.
@@ -406,67 +405,6 @@ pub(crate) fn process_tree(pid: u32) -> Vec<u32> {
         i += 1;
     }
     tree
-}
-
-/// The sum over `pids` (those still alive).
-pub(crate) fn sample_all(pids: &[u32]) -> ProcSample {
-    let mut total = ProcSample::default();
-    for s in pids.iter().filter_map(|&p| proc_stats::sample(p)) {
-        total.cpu_us += s.cpu_us;
-        total.rss_kb += s.rss_kb;
-        total.hwm_kb += s.hwm_kb;
-        total.threads += s.threads;
-    }
-    total
-}
-
-/// Samples the summed `VmRSS` and threads of a process tree every `every`
-/// and keeps the largest, until [`TreeSampler::stop`].
-#[derive(Debug)]
-pub(crate) struct TreeSampler {
-    peak_kb: Arc<AtomicU64>,
-    peak_threads: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl TreeSampler {
-    pub(crate) fn start(pids: Vec<u32>, every: Duration) -> Self {
-        let peak_kb = Arc::new(AtomicU64::new(0));
-        let peak_threads = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let task = tokio::spawn({
-            let (peak_kb, peak_threads, stop) = (
-                Arc::clone(&peak_kb),
-                Arc::clone(&peak_threads),
-                Arc::clone(&stop),
-            );
-            async move {
-                while !stop.load(Ordering::Relaxed) {
-                    let s = sample_all(&pids);
-                    peak_kb.fetch_max(s.rss_kb, Ordering::Relaxed);
-                    peak_threads.fetch_max(s.threads, Ordering::Relaxed);
-                    tokio::time::sleep(every).await;
-                }
-            }
-        });
-        Self {
-            peak_kb,
-            peak_threads,
-            stop,
-            task,
-        }
-    }
-
-    /// The peak summed `VmRSS` (kB) and thread count.
-    pub(crate) async fn stop(self) -> (u64, u64) {
-        self.stop.store(true, Ordering::Relaxed);
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.task).await;
-        (
-            self.peak_kb.load(Ordering::Relaxed),
-            self.peak_threads.load(Ordering::Relaxed),
-        )
-    }
 }
 
 #[cfg(test)]

@@ -11,10 +11,11 @@ use agentrt_client::{ChatEvent, Client};
 use futures::StreamExt as _;
 
 use super::client::{Item, LgClient, RunStream, TurnEnd};
-use super::peer::{Peer, process_tree, sample_all};
+use super::peer::{Peer, process_tree};
 use super::{LgPlan, Probe, Probes, TreeMeasure, WARM, create_threads, peer_loops, warm};
 use crate::driver::{Recorder, agentrt_turn, chat_request};
 use crate::load::Lat;
+use crate::proc_stats::sample_all;
 use crate::scenarios::{Env, Measure, agentrt_loops, create_session, create_sessions};
 
 /// Latencies and outcomes of a probe's samples.
