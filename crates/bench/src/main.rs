@@ -9,7 +9,7 @@
 //!
 //! ```text
 //! cargo build --release -p agentrt-server -p agentrt-bench
-//! target/release/agentrt-bench --json target/bench.json     # full, ~6 min
+//! target/release/agentrt-bench --json target/bench.json --plots docs/bench   # full, ~13 min
 //! target/release/agentrt-bench --smoke                      # seconds, for CI
 //! target/release/agentrt-bench --only p10                   # PostgreSQL vs sled, forwarding
 //! target/release/agentrt-bench --only agents                # agent sessions beside plain ones
