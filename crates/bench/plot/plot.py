@@ -53,6 +53,18 @@ def plain_ticks(ax):
             axis.set_minor_formatter(NullFormatter())
 
 
+def latency_axes(ax, xlabel, title, ncol):
+    """Log-log latency (ms) axes with the legend below them."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("ms")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    plain_ticks(ax)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol)
+
+
 def subtitle(run):
     m = run.get("machine", {})
     return (
@@ -131,14 +143,7 @@ def s2_latency(run, out, written):
                     color=lg_color(label),
                     label=f"{label} {q[:3]}",
                 )
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("concurrent sessions (paced turns)")
-        ax.set_ylabel("ms")
-        ax.set_title(f"S2: {title}", fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-        plain_ticks(ax)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
+        latency_axes(ax, "concurrent sessions (paced turns)", f"S2: {title}", ncol=3)
     finish(fig, run, out, "s2-latency.png", written)
 
 
@@ -168,14 +173,7 @@ def s2_bursts(run, out, written):
                         alpha=1.0 if kind == "new" else 0.6,
                         label=f"{who}, {kind} sessions, {q[:3]}",
                     )
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("Chats released at the same instant")
-        ax.set_ylabel("ms")
-        ax.set_title(f"S2 bursts: {title}", fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-        plain_ticks(ax)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+        latency_axes(ax, "Chats released at the same instant", f"S2 bursts: {title}", ncol=2)
     finish(fig, run, out, "s2-bursts.png", written)
 
 

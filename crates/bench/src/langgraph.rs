@@ -54,14 +54,13 @@ use serde::Serialize;
 use crate::driver::{Recorder, Totals, connections_for};
 use crate::fake::StreamParams;
 use crate::load::{Lat, Load};
-use crate::proc_stats::{self, ProcSample};
 use crate::scenarios::{Env, Measure, agentrt_loops, create_sessions, direct_load, nominal};
 
 use self::client::{LgClient, TurnEnd};
 pub(crate) use self::markdown::section as markdown;
 use self::peer::{Peer, PeerSpec, process_tree};
 pub(crate) use self::peer::{default_venv, ensure_venv};
-use crate::proc_stats::{RssSampler, sample_all};
+use crate::proc_stats::sample_all;
 use crate::venv::Venv;
 
 /// Sizes of the part.
@@ -351,62 +350,6 @@ async fn start_peer(
     Ok(peer)
 }
 
-/// CPU and memory of a process tree around a load (as
-/// [`Measure`] for one process).
-struct TreeMeasure {
-    pids: Vec<u32>,
-    start: ProcSample,
-    bench_start: ProcSample,
-    sampler: RssSampler,
-}
-
-impl TreeMeasure {
-    fn begin(pids: Vec<u32>) -> Self {
-        Self {
-            start: sample_all(&pids),
-            bench_start: proc_stats::sample_self(),
-            sampler: RssSampler::start(pids.clone(), Duration::from_millis(50)),
-            pids,
-        }
-    }
-
-    async fn end(
-        self,
-        label: &str,
-        sessions: usize,
-        totals: &Totals,
-        elapsed: Duration,
-        rss_startup_kb: u64,
-    ) -> Load {
-        let end = sample_all(&self.pids);
-        let bench_end = proc_stats::sample_self();
-        let (peak, threads) = self.sampler.stop().await;
-        let peak = peak.max(end.rss_kb);
-        let wall_us = elapsed.as_secs_f64() * 1e6;
-        let cpu_us = end.cpu_us.saturating_sub(self.start.cpu_us);
-        let bench_us = bench_end.cpu_us.saturating_sub(self.bench_start.cpu_us);
-        Load {
-            label: label.to_owned(),
-            sessions,
-            server_cpu_us: cpu_us,
-            cpu_us_per_event: if totals.events > 0 {
-                cpu_us as f64 / totals.events as f64
-            } else {
-                0.0
-            },
-            server_cores: cpu_us as f64 / wall_us,
-            bench_cores: bench_us as f64 / wall_us,
-            rss_startup_kb,
-            rss_peak_kb: peak,
-            rss_hwm_kb: end.hwm_kb,
-            threads_peak: threads.max(end.threads),
-            rss_per_session_kb: peak.saturating_sub(rss_startup_kb) as f64 / sessions.max(1) as f64,
-            ..Load::default()
-        }
-        .with_totals(totals, elapsed.as_secs_f64())
-    }
-}
-
 /// agentrt's paced load at `c` sessions (S2's agentrt pass, same params).
 async fn agentrt_level(env: &Env, plan: &LgPlan, c: usize) -> Result<Run, String> {
     let run = env
@@ -524,7 +467,7 @@ async fn peer_level(
     let tree = process_tree(peer.pid());
     let rss_startup_kb = sample_all(&tree).rss_kb;
     let threads = create_threads(&client, c).await?;
-    let measure = TreeMeasure::begin(tree);
+    let measure = Measure::begin_tree(tree);
     let (totals, unfinished, elapsed) =
         peer_loops(env, &client, threads, plan.paced, plan.window, plan.drain).await;
     let load = measure

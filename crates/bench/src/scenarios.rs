@@ -166,10 +166,11 @@ pub(crate) async fn create_sessions(clients: &[Client], ids: &[String]) -> Resul
     results.into_iter().collect()
 }
 
-/// CPU and memory of a process around a load.
+/// CPU and memory of a server around a load: one process, or a process
+/// tree summed (LangGraph's server and its workers).
 #[derive(Debug)]
 pub(crate) struct Measure {
-    pid: u32,
+    pids: Vec<u32>,
     start: ProcSample,
     bench_start: ProcSample,
     rss: RssSampler,
@@ -177,11 +178,15 @@ pub(crate) struct Measure {
 
 impl Measure {
     pub(crate) fn begin(pid: u32) -> Self {
+        Self::begin_tree(vec![pid])
+    }
+
+    pub(crate) fn begin_tree(pids: Vec<u32>) -> Self {
         Self {
-            pid,
-            start: proc_stats::sample(pid).unwrap_or_default(),
+            start: proc_stats::sample_all(&pids),
             bench_start: proc_stats::sample_self(),
-            rss: RssSampler::start(vec![pid], Duration::from_millis(50)),
+            rss: RssSampler::start(pids.clone(), Duration::from_millis(50)),
+            pids,
         }
     }
 
@@ -195,7 +200,7 @@ impl Measure {
         elapsed: Duration,
         rss_startup_kb: u64,
     ) -> Load {
-        let end = proc_stats::sample(self.pid).unwrap_or_default();
+        let end = proc_stats::sample_all(&self.pids);
         let bench_end = proc_stats::sample_self();
         let (peak, threads) = self.rss.stop().await;
         let peak = peak.max(end.rss_kb);

@@ -12,7 +12,7 @@ use futures::StreamExt as _;
 
 use super::client::{Item, LgClient, RunStream, TurnEnd};
 use super::peer::{Peer, process_tree};
-use super::{LgPlan, Probe, Probes, TreeMeasure, WARM, create_threads, peer_loops, warm};
+use super::{LgPlan, Probe, Probes, WARM, create_threads, peer_loops, warm};
 use crate::driver::{Recorder, agentrt_turn, chat_request};
 use crate::load::Lat;
 use crate::proc_stats::sample_all;
@@ -169,7 +169,7 @@ pub(super) async fn peer_probes(
     // Saturation: unpaced turns.
     let threads = create_threads(&client, plan.sat_sessions).await?;
     let rss_sat = sample_all(&tree).rss_kb;
-    let measure = TreeMeasure::begin(tree);
+    let measure = Measure::begin_tree(tree);
     let (totals, unfinished, elapsed) =
         peer_loops(env, &client, threads, plan.sat, plan.sat_window, plan.drain).await;
     let saturation = measure
