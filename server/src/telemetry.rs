@@ -33,10 +33,14 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing::Subscriber;
 use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::Filter;
 use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt as _;
-use tracing_subscriber::{EnvFilter, Layer as _};
+use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 pub use env::OtelEnv;
 
@@ -82,6 +86,42 @@ pub struct Telemetry {
 #[derive(Debug, thiserror::Error)]
 #[error("telemetry: {0}")]
 pub struct TelemetryError(pub String);
+
+/// The log lines in `format`, on stderr.
+fn log_layer<S>(format: LogFormat) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .boxed(),
+        LogFormat::Json => logs::JsonLayer::stderr().boxed(),
+    }
+}
+
+/// `AGENTRT_LOG` as a filter of the log layer alone: static directives
+/// (`info`, `agentrt=debug,h2=warn`) as [`Targets`], which keeps no state
+/// per span; directives on spans or fields as an [`EnvFilter`].
+fn per_layer_log_filter<S>(spec: &str) -> Box<dyn Filter<S> + Send + Sync>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    match spec.parse::<Targets>() {
+        Ok(targets) => Box::new(targets),
+        Err(_) => Box::new(EnvFilter::new(spec)),
+    }
+}
+
+/// `AGENTRT_LOG` as the filter of the whole subscriber, as [`per_layer_log_filter`]
+/// chooses it.
+fn global_log_filter(spec: &str) -> Box<dyn Layer<Registry> + Send + Sync> {
+    match spec.parse::<Targets>() {
+        Ok(targets) => targets.boxed(),
+        Err(_) => EnvFilter::new(spec).boxed(),
+    }
+}
 
 impl Telemetry {
     /// Installs the global subscriber (logs in `format`, filtered by
@@ -144,27 +184,28 @@ impl Telemetry {
             None
         };
 
-        let filter = log_filter.map_or_else(|| EnvFilter::new("info"), EnvFilter::new);
-        let fmt = match format {
-            LogFormat::Text => tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::stderr().is_terminal())
-                .with_filter(filter)
-                .boxed(),
-            LogFormat::Json => logs::JsonLayer::stderr().with_filter(filter).boxed(),
+        let spec = log_filter.unwrap_or("info");
+        let installed = match &tracer {
+            // The log filter is then the only filter: it applies to the
+            // whole subscriber, so the spans it disables are never created,
+            // and entering a span (every poll of an instrumented future)
+            // does no per-layer bookkeeping.
+            None => tracing_subscriber::registry()
+                .with(global_log_filter(spec))
+                .with(log_layer(format))
+                .try_init(),
+            Some(provider) => tracing_subscriber::registry()
+                .with(log_layer(format).with_filter(per_layer_log_filter(spec)))
+                .with(
+                    tracing_opentelemetry::layer()
+                        .with_tracer(provider.tracer("agentrt"))
+                        .with_location(false)
+                        .with_threads(false)
+                        .with_filter(LevelFilter::INFO),
+                )
+                .try_init(),
         };
-        let otel_layer = tracer.as_ref().map(|provider| {
-            tracing_opentelemetry::layer()
-                .with_tracer(provider.tracer("agentrt"))
-                .with_location(false)
-                .with_threads(false)
-                .with_filter(LevelFilter::INFO)
-        });
-        tracing_subscriber::registry()
-            .with(fmt)
-            .with(otel_layer)
-            .try_init()
-            .map_err(|e| TelemetryError(format!("a subscriber is already installed: {e}")))?;
+        installed.map_err(|e| TelemetryError(format!("a subscriber is already installed: {e}")))?;
         Ok(Self {
             tracer,
             meter,

@@ -5,8 +5,9 @@
 //! error and refuses every later operation until the database is opened
 //! again — a full disk, once met, needs a restart even after space
 //! returns. So the store does not wait for `ENOSPC`: it reads the free
-//! space of the data directory's filesystem (statvfs, a microsecond) before
-//! it writes and
+//! space of the data directory's filesystem (statvfs) before it writes —
+//! a reading that showed room is trusted for [`ROOM_FRESH`], so a burst of
+//! writes does not make a system call each — and
 //!
 //! - refuses *new* work — a session, a turn, an import, a session update —
 //!   while less than the reserve is free ([`Disk::admit`]);
@@ -23,18 +24,27 @@
 //! claiming liveness and is restarted.
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use crate::store::StoreError;
 
 /// The reserve of [`super::SledStore::open`]: 128 MiB.
 pub(crate) const DEFAULT_MIN_FREE_BYTES: u64 = 128 << 20;
 
+/// How long a reading of free space that showed room is trusted. What a
+/// store can write in that time is far below any useful reserve; a reading
+/// without room is never reused, so writes resume as soon as space is back.
+pub(super) const ROOM_FRESH: Duration = Duration::from_millis(50);
+
 /// Free space and the failed state of one sled store.
 #[derive(Debug)]
 pub(super) struct Disk {
     path: PathBuf,
     min_free: u64,
+    /// The last reading of free space, in bytes, and when it was taken;
+    /// only readings at or above the reserve are kept.
+    room: Mutex<Option<(Instant, u64)>>,
     /// Set once, by the first write sled failed: why.
     failed: OnceLock<String>,
 }
@@ -44,6 +54,7 @@ impl Disk {
         Self {
             path,
             min_free,
+            room: Mutex::new(None),
             failed: OnceLock::new(),
         }
     }
@@ -83,8 +94,22 @@ impl Disk {
         if needed == 0 {
             return Ok(());
         }
+        // A poisoned lock only means a panic elsewhere held it: the reading
+        // inside is still a reading.
+        if let Some((at, free)) = *self.room.lock().unwrap_or_else(|p| p.into_inner())
+            && free >= needed
+            && at.elapsed() < ROOM_FRESH
+        {
+            return Ok(());
+        }
         match fs2::available_space(&self.path) {
-            Ok(free) if free >= needed => Ok(()),
+            Ok(free) if free >= needed => {
+                if free >= self.min_free {
+                    *self.room.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some((Instant::now(), free));
+                }
+                Ok(())
+            }
             Ok(free) => Err(StoreError::DiskFull(format!(
                 "{} MiB free on the data directory's filesystem, under the {} MiB the store keeps \
                  in reserve (store_min_free_mb); {refused}",
