@@ -101,25 +101,45 @@ where
     }
 }
 
-/// `AGENTRT_LOG` as a filter of the log layer alone: static directives
-/// (`info`, `agentrt=debug,h2=warn`) as [`Targets`], which keeps no state
-/// per span; directives on spans or fields as an [`EnvFilter`].
-fn per_layer_log_filter<S>(spec: &str) -> Box<dyn Filter<S> + Send + Sync>
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-{
-    match spec.parse::<Targets>() {
-        Ok(targets) => Box::new(targets),
-        Err(_) => Box::new(EnvFilter::new(spec)),
-    }
+/// `AGENTRT_LOG`, parsed once: static directives (`info`,
+/// `agentrt=debug,h2=warn`) as [`Targets`], which keeps no state per span;
+/// directives on spans or fields as an [`EnvFilter`].
+#[derive(Debug)]
+enum LogFilter {
+    Targets(Box<Targets>),
+    Env(Box<EnvFilter>),
 }
 
-/// `AGENTRT_LOG` as the filter of the whole subscriber, as [`per_layer_log_filter`]
-/// chooses it.
-fn global_log_filter(spec: &str) -> Box<dyn Layer<Registry> + Send + Sync> {
-    match spec.parse::<Targets>() {
-        Ok(targets) => targets.boxed(),
-        Err(_) => EnvFilter::new(spec).boxed(),
+impl LogFilter {
+    fn parse(spec: &str) -> Self {
+        // `Targets` parses `agentrt[turn]=debug` as a target named
+        // `agentrt[turn]` and ignores field names, so a spec with a span or
+        // field part never goes to it.
+        if !spec.contains(['[', '{'])
+            && let Ok(targets) = spec.parse::<Targets>()
+        {
+            return Self::Targets(Box::new(targets));
+        }
+        Self::Env(Box::new(EnvFilter::new(spec)))
+    }
+
+    /// As the filter of the whole subscriber.
+    fn global(self) -> Box<dyn Layer<Registry> + Send + Sync> {
+        match self {
+            Self::Targets(targets) => targets,
+            Self::Env(env) => env,
+        }
+    }
+
+    /// As a filter of one layer alone.
+    fn per_layer<S>(self) -> Box<dyn Filter<S> + Send + Sync>
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        match self {
+            Self::Targets(targets) => targets,
+            Self::Env(env) => env,
+        }
     }
 }
 
@@ -184,18 +204,18 @@ impl Telemetry {
             None
         };
 
-        let spec = log_filter.unwrap_or("info");
+        let filter = LogFilter::parse(log_filter.unwrap_or("info"));
         let installed = match &tracer {
             // The log filter is then the only filter: it applies to the
             // whole subscriber, so the spans it disables are never created,
             // and entering a span (every poll of an instrumented future)
             // does no per-layer bookkeeping.
             None => tracing_subscriber::registry()
-                .with(global_log_filter(spec))
+                .with(filter.global())
                 .with(log_layer(format))
                 .try_init(),
             Some(provider) => tracing_subscriber::registry()
-                .with(log_layer(format).with_filter(per_layer_log_filter(spec)))
+                .with(log_layer(format).with_filter(filter.per_layer()))
                 .with(
                     tracing_opentelemetry::layer()
                         .with_tracer(provider.tracer("agentrt"))
@@ -250,6 +270,38 @@ impl Telemetry {
             && let Err(err) = m.shutdown()
         {
             eprintln!("agentrt-server: stopping the metric exporter: {err}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LogFilter;
+
+    #[test]
+    fn static_directives_are_targets_and_span_or_field_directives_an_env_filter() {
+        for spec in [
+            "info",
+            "agentrt=debug,h2=warn",
+            "warn,agentrt_runtime=trace",
+            "agentrt",
+        ] {
+            assert!(
+                matches!(LogFilter::parse(spec), LogFilter::Targets(_)),
+                "{spec}"
+            );
+        }
+        for spec in [
+            "agentrt[turn]=debug",
+            "[turn{session_id=abc}]=debug",
+            "info,[{session_id}]=trace",
+            "agentrt[{session_id}]=debug",
+            "agentrt[turn{x}]=debug",
+        ] {
+            assert!(
+                matches!(LogFilter::parse(spec), LogFilter::Env(_)),
+                "{spec}"
+            );
         }
     }
 }
